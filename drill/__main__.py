@@ -1,0 +1,3 @@
+from drill.cli.app import main
+
+main()

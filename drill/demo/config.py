@@ -1,0 +1,60 @@
+"""The demo run's configuration, recorded in the run directory as ``run.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+RUN_FILE = "run.json"
+
+
+@dataclass(kw_only=True, slots=True)
+class DemoConfig:
+    steps: int = 100
+    """Optimizer steps to train."""
+    save_every: int = 20
+    """Save a checkpoint every this many steps (and at the last step)."""
+    keep: int = 3
+    """Keep-last-K retention: older checkpoints are deleted after each save."""
+    seed: int = 1234
+    vocab_size: int = 64
+    block_size: int = 32
+    """Context length in tokens."""
+    n_layer: int = 2
+    n_head: int = 2
+    n_embd: int = 64
+    dropout: float = 0.1
+    """Dropout makes the run depend on its RNG state, which a resume must restore."""
+    batch_size: int = 16
+    corpus_tokens: int = 65_536
+    """Length of the synthetic token stream."""
+    lr: float = 3e-3
+    warmup_steps: int = 10
+    weight_decay: float = 0.01
+    threads: int = 1
+    """torch CPU threads; pinned so a replay can reproduce the run bit for bit."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError("steps must be at least 1: a run that never steps saves nothing worth restoring")
+        if self.save_every < 1:
+            raise ValueError("save_every must be at least 1")
+        if self.keep < 1:
+            raise ValueError("keep must be at least 1: keep-last-0 would delete every checkpoint it writes")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.corpus_tokens < (self.block_size + 1) * self.batch_size:
+            raise ValueError("corpus_tokens is too small for one batch of block_size windows")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def write(self, run_dir: Path) -> None:
+        (run_dir / RUN_FILE).write_text(json.dumps({"kind": "drill-demo", "config": self.to_dict()}, indent=2) + "\n")
+
+    @classmethod
+    def read(cls, run_dir: Path) -> DemoConfig:
+        doc = json.loads((run_dir / RUN_FILE).read_text())
+        return cls(**doc["config"])

@@ -1,0 +1,58 @@
+"""Errors a user can act on, each mapped to one documented exit code.
+
+Anything else that escapes is a bug in drill and exits with ``INTERNAL``.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes; the CLI documents these in ``drill --help`` and the README."""
+
+    PASSED = 0
+    """The drill ran and every check passed."""
+    FAILED = 1
+    """The drill ran and a check failed: the checkpoint is not (fully) restorable."""
+    USAGE = 2
+    """Bad option or argument; nothing was read and nothing was recorded."""
+    NOTHING_TO_DRILL = 3
+    """The root is missing or holds no complete checkpoint matching the request."""
+    DATABASE = 4
+    """The record database cannot be reached, or its schema is behind or ahead."""
+    ERROR = 5
+    """The drill could not finish for a reason outside the checkpoint (recorded as ``error``)."""
+    INTERNAL = 70
+    """A bug in drill (EX_SOFTWARE); re-run with ``--debug`` for the traceback."""
+    INTERRUPTED = 130
+    """Interrupted by SIGINT/SIGTERM; the drill is recorded as ``aborted``."""
+
+
+class DrillError(Exception):
+    """An error with a one-line message for the user and an exit code."""
+
+    exit_code: ExitCode = ExitCode.ERROR
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(DrillError):
+    exit_code = ExitCode.USAGE
+
+
+class NothingToDrill(DrillError):
+    exit_code = ExitCode.NOTHING_TO_DRILL
+
+
+class DatabaseError(DrillError):
+    exit_code = ExitCode.DATABASE
+
+
+class NotFound(DrillError):
+    """A record asked for by id does not exist."""
+
+    exit_code = ExitCode.USAGE

@@ -1,0 +1,57 @@
+"""What a restore did, as evidence for the checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class FileRead:
+    relative_path: str
+    size: int | None
+    """Size on storage when the restore began; None when it could not be stat'ed."""
+    bytes_read: int = 0
+    error: str | None = None
+    error_kind: str | None = None
+    """``missing``, ``unreadable``, ``escapes`` or ``short-read``."""
+    items: int = 0
+    """How many state entries the checkpoint's metadata places in this file."""
+
+
+@dataclass(slots=True)
+class ItemFailure:
+    key: str
+    relative_path: str | None
+    reason: str
+
+
+@dataclass(slots=True)
+class RestoreResult:
+    uri: str
+    format: str
+    device: str
+    state: dict[str, Any] = field(default_factory=dict)
+    """Flat ``part.key.path`` → tensor on ``device`` or a plain Python value."""
+    files: list[FileRead] = field(default_factory=list)
+    failures: list[ItemFailure] = field(default_factory=list)
+    metadata_error: str | None = None
+    tensors_loaded: int = 0
+    tensor_bytes: int = 0
+    values_loaded: int = 0
+    read_seconds: float = 0.0
+    """Time the restore waited on storage (bytes not yet read)."""
+    load_seconds: float = 0.0
+    """Time spent deserializing and copying onto the device."""
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(f.bytes_read for f in self.files)
+
+    @property
+    def bytes_on_storage(self) -> int:
+        return sum(f.size or 0 for f in self.files)
+
+    @property
+    def failed_keys(self) -> set[str]:
+        return {f.key for f in self.failures}
