@@ -55,8 +55,11 @@ def select(discovery: Discovery, selector: Selector) -> CheckpointRef:
     if not found:
         if discovery.incomplete:
             names = ", ".join(s.name for s in discovery.incomplete)
-            raise NothingToDrill(f"no complete checkpoint under {discovery.root}: only incomplete saves ({names})")
-        raise NothingToDrill(f"no checkpoint under {discovery.root}")
+            raise NothingToDrill(
+                f"no complete checkpoint under {discovery.root}: only incomplete saves ({names})",
+                hint="a save still in progress finishes with .metadata; if none is running, no resume is possible",
+            )
+        raise NothingToDrill(f"no checkpoint under {discovery.root}", hint="is this the run directory holding step-N/?")
     if selector.kind == "latest":
         return found[-1]
     if selector.kind == "oldest":
@@ -69,7 +72,10 @@ def select(discovery: Discovery, selector: Selector) -> CheckpointRef:
             if inc.step == selector.step:
                 raise NothingToDrill(f"step {selector.step} is an incomplete save ({inc.reason}): {inc.uri}")
         steps = ", ".join(str(r.step) for r in found)
-        raise NothingToDrill(f"no checkpoint for step {selector.step} under {discovery.root} (retained steps: {steps})")
+        raise NothingToDrill(
+            f"no checkpoint for step {selector.step} under {discovery.root} (retained steps: {steps})",
+            hint=f"drill a retained one: drill run --root {discovery.root} --checkpoint step:{found[-1].step}",
+        )
     assert selector.path is not None
     candidates = [selector.path, os.path.join(discovery.root, selector.path)]
     for ref in found:

@@ -1,0 +1,57 @@
+"""Every file the checkpoint's metadata names is present and was read in full."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from drill.findings import CheckResult, Finding, Severity
+from drill.restore import RestoreResult
+from drill.units import human_bytes
+
+if TYPE_CHECKING:
+    from drill.checks import Expectations
+
+NAME = "files"
+
+_CODES = {
+    "missing": ("file-missing", "is missing"),
+    "unreadable": ("file-unreadable", "cannot be read"),
+    "escapes": ("path-escapes", "would be read from outside the checkpoint"),
+    "short-read": ("file-changed", "changed size while it was read"),
+}
+
+
+def check_files(restore: RestoreResult, expectations: Expectations) -> CheckResult:
+    findings = []
+    for f in restore.files:
+        if f.error_kind is None:
+            continue
+        code, verb = _CODES.get(f.error_kind, ("file-unreadable", "cannot be read"))
+        holds = f" and holds {f.items} state entries" if f.items else ""
+        findings.append(
+            Finding(
+                check=NAME,
+                code=code,
+                severity=Severity.ERROR,
+                subject=f.relative_path,
+                message=f"{f.relative_path} {verb} ({f.error}){holds}: a resume from this checkpoint would fail",
+                expected="present and readable",
+                actual=f.error,
+                hint="restore the file from a replica or drill an older checkpoint: drill run --checkpoint step:N",
+            )
+        )
+    ok = [f for f in restore.files if f.error_kind is None]
+    total = restore.bytes_read
+    if findings:
+        summary = f"{len(findings)} of {len(restore.files)} files missing or unreadable"
+    else:
+        summary = f"all {len(restore.files)} files present and read in full ({human_bytes(total)})"
+    evidence = {
+        "files": [
+            {"path": f.relative_path, "size": f.size, "bytes_read": f.bytes_read, "entries": f.items, "error": f.error}
+            for f in restore.files
+        ],
+        "files_ok": len(ok),
+        "bytes_read": total,
+    }
+    return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)

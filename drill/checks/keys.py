@@ -1,0 +1,91 @@
+"""The checkpoint holds the parts a resume needs: model, optimizer, LR scheduler, data loader,
+RNG and train state — and each part holds what that part is made of."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from drill import parts
+from drill.findings import CheckResult, Finding, Severity
+from drill.restore import RestoreResult
+
+if TYPE_CHECKING:
+    from drill.checks import Expectations
+
+NAME = "keys"
+
+# Sub-keys without which a part cannot be loaded back into its object.
+_PART_SHAPE = {
+    parts.OPTIMIZER: ("state", "param_groups"),
+    parts.TRAIN_STATE: ("step",),
+}
+
+
+def check_keys(restore: RestoreResult, expectations: Expectations) -> CheckResult:
+    if restore.metadata_error is not None:
+        return CheckResult(name=NAME, summary="not checked: the checkpoint index could not be loaded", skipped=True)
+    counts = Counter(key.split(".", 1)[0] for key in restore.state)
+    findings = []
+    for part in expectations.required_parts:
+        if counts[part] == 0:
+            findings.append(
+                Finding(
+                    check=NAME,
+                    code="part-missing",
+                    severity=Severity.ERROR,
+                    subject=part,
+                    message=f"no {part} state in the checkpoint: {parts.WHAT_A_RESUME_LOSES.get(part, 'a resume would lose it')}",
+                    expected=f"{part}.*",
+                    actual="absent",
+                    hint="save it with the other Stateful objects passed to dcp.save",
+                )
+            )
+    for part, needed in _PART_SHAPE.items():
+        if counts[part] == 0:
+            continue
+        for sub in needed:
+            prefix = f"{part}.{sub}"
+            if not any(k == prefix or k.startswith(prefix + ".") for k in restore.state):
+                findings.append(
+                    Finding(
+                        check=NAME,
+                        code="part-incomplete",
+                        severity=Severity.ERROR,
+                        subject=prefix,
+                        message=f"{part} has no {sub!r}: {parts.WHAT_A_RESUME_LOSES.get(part, '')}".rstrip(": "),
+                        expected=prefix,
+                        actual="absent",
+                    )
+                )
+    if counts[parts.MODEL] and not any(
+        k.startswith(parts.MODEL + ".") and hasattr(v, "shape") for k, v in restore.state.items()
+    ):
+        findings.append(
+            Finding(
+                check=NAME,
+                code="model-without-tensors",
+                severity=Severity.ERROR,
+                subject=parts.MODEL,
+                message="the model part holds no tensors: a resume would start from untrained weights",
+            )
+        )
+    unknown = sorted(p for p in counts if p not in parts.CANONICAL_PARTS and p != parts.EXTRA)
+    for part in unknown:
+        findings.append(
+            Finding(
+                check=NAME,
+                code="part-unknown",
+                severity=Severity.INFO,
+                subject=part,
+                message=f"{part} ({counts[part]} entries) is not a canonical part; drill restores it but does not check it",
+            )
+        )
+    present = {p: counts[p] for p in sorted(counts)}
+    missing = [f.subject for f in findings if f.code == "part-missing"]
+    if any(f.severity is Severity.ERROR for f in findings):
+        summary = "missing: " + ", ".join(str(f.subject) for f in findings if f.severity is Severity.ERROR)
+    else:
+        summary = "all expected parts present: " + ", ".join(p for p in expectations.required_parts)
+    evidence = {"parts": present, "required": list(expectations.required_parts), "missing": missing}
+    return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)

@@ -1,0 +1,1 @@
+"""The ``drill`` command: parse, call one library function, render, return an exit code."""

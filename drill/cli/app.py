@@ -1,0 +1,274 @@
+"""``drill``: the command-line skin over the library."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from drill import __version__
+from drill.cli.common import DbOption, DebugOption, JsonOption, error_boundary, fail, print_json, stderr, stdout
+from drill.errors import ExitCode
+
+EXIT_CODES = """\
+Exit codes: 0 passed · 1 failed (a check found a problem) · 2 usage error ·
+3 nothing to drill (root missing, no complete checkpoint, step not retained) ·
+4 database unreachable or schema not at head · 5 drill error (recorded as error) ·
+70 internal error (a bug; --debug shows the traceback) · 130 interrupted (recorded as aborted)."""
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors as one ``drill: error: …`` line on stderr with exit code 2, not a box."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:  # type: ignore[override]
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:
+            rv = int(ExitCode.INTERRUPTED)
+        except typer.TyperException as exc:  # click's usage errors, as vendored by typer
+            stderr().print(f"drill: error: {exc.format_message()}", markup=False)  # type: ignore[attr-defined]
+            rv = getattr(exc, "exit_code", int(ExitCode.USAGE))
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(
+    cls=OneLineErrors,
+    name="drill",
+    help="Restore drills for PyTorch training checkpoints: prove that a run can really resume.",
+    epilog=EXIT_CODES,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+db_app = typer.Typer(cls=OneLineErrors, help="Manage the record database's schema.", no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(db_app, name="db")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"drill {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+) -> None:
+    pass
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@app.command()
+@error_boundary
+def run(
+    root: Annotated[str | None, typer.Option("--root", help="Run directory holding the checkpoints (step-N/).")] = None,
+    checkpoint: Annotated[
+        str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")
+    ] = "latest",
+    device: Annotated[str, typer.Option("--device", help="Restore onto auto (CUDA if present), cpu, cuda or cuda:N.")] = "auto",
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Restore one checkpoint onto a device, check it, and record the drill.
+
+    Every file is read and every tensor is loaded onto the device; the verdict, every check's
+    evidence and the restore latency per phase are recorded in the database.
+
+    Example: drill run --root ./demo-run --checkpoint latest
+    """
+    from drill.cli.progress import RichProgress
+    from drill.cli.render import outcome_document, render_outcome
+    from drill.records.db import open_database, safe_url
+    from drill.records.store import Records
+    from drill.runner import DrillRequest, resolve_device, run_drill
+    from drill.select import parse_selector
+
+    request = DrillRequest(selector=parse_selector(checkpoint), root=root, device=device)
+    resolve_device(device)  # flags are validated before any I/O
+    database = open_database(db)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        with RichProgress(enabled=True) as progress:
+            outcome = run_drill(request, Records(database), progress)
+    except KeyboardInterrupt:
+        raise fail("interrupted: the drill is recorded as aborted", ExitCode.INTERRUPTED) from None
+    finally:
+        database.close()
+    url = safe_url(database.url)
+    if json:
+        print_json(outcome_document(outcome, url))
+    else:
+        render_outcome(stdout(), outcome, url)
+    if outcome.exit_code != ExitCode.PASSED and outcome.message:
+        stderr().print(f"drill: {outcome.status}: {outcome.message}", markup=False)
+    raise typer.Exit(int(outcome.exit_code))
+
+
+@app.command()
+@error_boundary
+def demo(
+    directory: Annotated[Path, typer.Argument(help="New run directory to write (must be empty or absent).")],
+    steps: Annotated[int, typer.Option(help="Optimizer steps to train.")] = 100,
+    save_every: Annotated[int, typer.Option("--save-every", help="Save a DCP checkpoint every K steps.")] = 20,
+    keep: Annotated[int, typer.Option(help="Keep the last L checkpoints (older ones are deleted).")] = 3,
+    n_layer: Annotated[int, typer.Option("--n-layer", help="Transformer blocks.")] = 2,
+    n_embd: Annotated[int, typer.Option("--n-embd", help="Embedding width (≈ 12·layers·width² parameters).")] = 64,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Train a small deterministic transformer and write a real run with DCP checkpoints.
+
+    The run directory gets run.json (the configuration), drill-steps.jsonl (loss, grad norm
+    and batch fingerprint per step) and step-N/ checkpoints holding model, optimizer, LR
+    scheduler, data loader, RNG and train state.
+
+    Example: drill demo ./demo-run --steps 100 --save-every 20 --keep 3
+    """
+    from drill.demo import DemoConfig, train
+    from drill.errors import UsageError
+
+    try:
+        cfg = DemoConfig(steps=steps, save_every=save_every, keep=keep, n_layer=n_layer, n_embd=n_embd)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise UsageError(f"{directory} exists and is not an empty directory; the demo writes a fresh run")
+    err = stderr()
+    with err.status("training", spinner="dots") as status:
+        result = train(
+            directory,
+            cfg,
+            on_step=lambda r: status.update(f"training: step {r.step}/{cfg.steps}, loss {r.loss:.4f}"),
+        )
+    doc = {
+        "run_dir": str(directory.resolve()),
+        "steps": cfg.steps,
+        "seconds": result.seconds,
+        "first_loss": result.losses[0],
+        "last_loss": result.losses[-1],
+        "saved": result.saved,
+        "retained": [f"step-{s}" for s in result.retained],
+    }
+    if json:
+        print_json(doc)
+        return
+    out = stdout()
+    out.print(
+        f"trained {cfg.steps} steps in {result.seconds:.1f} s: loss {doc['first_loss']:.4f} → {doc['last_loss']:.4f}",
+        markup=False,
+    )
+    out.print(f"retained checkpoints: {', '.join(doc['retained'])} in {doc['run_dir']}", markup=False)
+    out.print(f"next: drill run --root {directory} --checkpoint latest", markup=False, style="dim")
+
+
+@app.command()
+@error_boundary
+def history(
+    root: Annotated[str | None, typer.Option("--root", help="Only drills of this run directory.")] = None,
+    limit: Annotated[int, typer.Option(help="Show at most this many drills, newest first.")] = 50,
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """List recorded drills, newest first: what was drilled, when, verdict, latency.
+
+    Example: drill history --root ./demo-run
+    """
+    import os
+
+    from drill.cli.render import render_history
+    from drill.records.db import open_database
+    from drill.records.store import Records
+
+    database = open_database(db)
+    try:
+        root_key = os.path.abspath(root) if root and "://" not in root else root
+        drills = Records(database).history(run_root=root_key, limit=limit)
+    finally:
+        database.close()
+    if json:
+        print_json(drills)
+    elif not drills:
+        stderr().print("no drills recorded" + (f" for {root}" if root else ""), markup=False)
+    else:
+        render_history(stdout(), drills)
+
+
+@app.command()
+@error_boundary
+def show(
+    drill_id: Annotated[int, typer.Argument(help="The drill's id, as `drill history` lists it.")],
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Show one drill with every check's evidence and findings.
+
+    Example: drill show 12 --json
+    """
+    from drill.cli.render import render_drill
+    from drill.records.db import open_database
+    from drill.records.store import Records
+
+    database = open_database(db)
+    try:
+        doc = Records(database).get(drill_id)
+    finally:
+        database.close()
+    if json:
+        print_json(doc)
+    else:
+        render_drill(stdout(), doc)
+
+
+@db_app.command("upgrade")
+@error_boundary
+def db_upgrade(db: DbOption = None, debug: DebugOption = False) -> None:
+    """Migrate the record database's schema to this drill's version (Alembic head).
+
+    Needed for PostgreSQL after installing a new drill; the embedded SQLite upgrades itself.
+
+    Example: drill db upgrade --db postgresql://drill@db.internal/drill
+    """
+    from drill.records.db import resolve_url, safe_url, upgrade
+
+    url = resolve_url(db)
+    before, after = upgrade(url)
+    if before == after:
+        stdout().print(f"{safe_url(url)} is up to date (revision {after})", markup=False)
+    else:
+        stdout().print(f"{safe_url(url)} upgraded from {before or 'empty'} to {after}", markup=False)
+
+
+@db_app.command("status")
+@error_boundary
+def db_status(db: DbOption = None, json: JsonOption = False, debug: DebugOption = False) -> None:
+    """Show the database's schema revision next to the one this drill needs.
+
+    Example: drill db status --db postgresql://drill@db.internal/drill
+    """
+    from drill.records.db import schema_status
+
+    status = schema_status(db)
+    if json:
+        print_json(status)
+        return
+    state = "up to date" if status["current"] == status["head"] else "behind: run `drill db upgrade`"
+    stdout().print(f"{status['url']}: revision {status['current'] or 'none'}, drill needs {status['head']} ({state})", markup=False)
+    if status["current"] != status["head"]:
+        raise typer.Exit(int(ExitCode.DATABASE))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,79 @@
+"""Options shared by every command, the error boundary, and the consoles.
+
+stdout carries data (tables, ``--json`` documents); stderr carries talk (progress, errors).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from drill.errors import DrillError, ExitCode
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="Record database URL (sqlite:///PATH, postgresql://…) or an SQLite file path. "
+        "Default: $DRILL_DATABASE_URL, else ~/.local/share/drill/drill.db.",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")]
+DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks for unexpected errors.")]
+
+
+def stdout() -> Console:
+    return Console(soft_wrap=True, highlight=False)
+
+
+def stderr() -> Console:
+    return Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str, code: ExitCode, hint: str | None = None) -> typer.Exit:
+    """Print ``drill: error: …`` (one line, plus an optional hint line) and return the exit."""
+    err = stderr()
+    err.print(f"drill: error: {message}", markup=False)
+    if hint:
+        err.print(f"hint: {hint}", markup=False)
+    return typer.Exit(int(code))
+
+
+def error_boundary(fn: F) -> F:
+    """Turn :class:`DrillError` into its one-line message and exit code; anything else is a
+    bug, shown as one line unless ``--debug`` asks for the traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DrillError as exc:
+            if kwargs.get("debug"):
+                raise
+            raise fail(exc.message, exc.exit_code, exc.hint) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if kwargs.get("debug"):
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise fail(
+                f"internal error: {type(exc).__name__}: {first} (re-run with --debug for the traceback)",
+                ExitCode.INTERNAL,
+            ) from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,105 @@
+"""SQLAlchemy 2.0 typed models of drill's records."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+DRILL_STATUSES = ("running", "passed", "failed", "error", "aborted")
+"""``running`` while a drill is in progress; a crash leaves it there as a visible trace."""
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC in and out, also on SQLite (which stores naive text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("drill stores aware datetimes only")
+        return value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+JSONDocument = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime, dict[str, Any]: JSONDocument}
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_root: Mapped[str] = mapped_column(String(2048), index=True)
+    uri: Mapped[str] = mapped_column(String(2048), unique=True)
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    format: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
+    file_count: Mapped[int | None] = mapped_column(Integer)
+    first_seen: Mapped[datetime]
+    last_seen: Mapped[datetime]
+
+    drills: Mapped[list[Drill]] = relationship(back_populates="checkpoint")
+
+
+class Drill(Base):
+    __tablename__ = "drills"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    checkpoint_id: Mapped[int | None] = mapped_column(ForeignKey("checkpoints.id"), index=True)
+    run_root: Mapped[str] = mapped_column(String(2048), index=True)
+    selector: Mapped[str] = mapped_column(String(2048))
+    trigger: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    device: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(index=True)
+    finished_at: Mapped[datetime | None]
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    phase: Mapped[str] = mapped_column(String(32))
+    """The last phase reached: where a crashed or aborted drill stopped."""
+    error: Mapped[str | None] = mapped_column(Text)
+    restore_seconds: Mapped[float | None] = mapped_column(Float)
+    """Drill start until the state was on the device: discover + read + load."""
+    discover_seconds: Mapped[float | None] = mapped_column(Float)
+    read_seconds: Mapped[float | None] = mapped_column(Float)
+    load_seconds: Mapped[float | None] = mapped_column(Float)
+    checks_seconds: Mapped[float | None] = mapped_column(Float)
+    bytes_read: Mapped[int | None] = mapped_column(BigInteger)
+    throughput_bps: Mapped[float | None] = mapped_column(Float)
+    """Bytes read per second of read + load."""
+    drill_version: Mapped[str] = mapped_column(String(32))
+    torch_version: Mapped[str | None] = mapped_column(String(64))
+
+    checkpoint: Mapped[Checkpoint | None] = relationship(back_populates="drills")
+    checks: Mapped[list[CheckRecord]] = relationship(
+        back_populates="drill", order_by="CheckRecord.id", cascade="all, delete-orphan"
+    )
+
+
+class CheckRecord(Base):
+    __tablename__ = "check_results"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    drill_id: Mapped[int] = mapped_column(ForeignKey("drills.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    summary: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any]]
+    seconds: Mapped[float] = mapped_column(Float)
+
+    drill: Mapped[Drill] = relationship(back_populates="checks")

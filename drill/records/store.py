@@ -1,0 +1,203 @@
+"""Writing and reading drill records.
+
+A drill row is committed when the drill starts and completed when it ends, each in its own
+short transaction, so a crash mid-drill leaves a ``running`` row behind as a visible trace and
+never rolls back a record already written.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, selectinload
+
+from drill import __version__
+from drill.errors import DatabaseError, NotFound
+from drill.findings import CheckResult
+from drill.records.db import Database, _reason, safe_url
+from drill.records.models import Checkpoint, CheckRecord, Drill
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass(slots=True, kw_only=True)
+class Timings:
+    restore: float | None = None
+    discover: float | None = None
+    read: float | None = None
+    load: float | None = None
+    checks: float | None = None
+
+
+class Records:
+    """The one place that reads and writes drill's tables."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        try:
+            with self.db.sessions.begin() as session:
+                yield session
+        except SQLAlchemyError as exc:
+            raise DatabaseError(f"database {safe_url(self.db.url)}: {_reason(exc)}") from None
+
+    # -- writing ----------------------------------------------------------------------------
+    def begin_drill(self, *, run_root: str, selector: str, trigger: str, device: str, torch_version: str | None) -> int:
+        with self._session() as s:
+            drill = Drill(
+                run_root=run_root,
+                selector=selector,
+                trigger=trigger,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                device=device,
+                started_at=utcnow(),
+                status="running",
+                phase="start",
+                drill_version=__version__,
+                torch_version=torch_version,
+            )
+            s.add(drill)
+            s.flush()
+            return drill.id
+
+    def set_phase(self, drill_id: int, phase: str) -> None:
+        with self._session() as s:
+            s.get_one(Drill, drill_id).phase = phase
+
+    def attach_checkpoint(
+        self, drill_id: int, *, run_root: str, uri: str, step: int | None, format: str, nbytes: int | None, file_count: int | None
+    ) -> int:
+        """Record (or refresh) the checkpoint and link the drill to it."""
+        now = utcnow()
+        with self._session() as s:
+            ckpt = s.scalar(select(Checkpoint).where(Checkpoint.uri == uri))
+            if ckpt is None:
+                ckpt = Checkpoint(run_root=run_root, uri=uri, step=step, format=format, first_seen=now, last_seen=now)
+                s.add(ckpt)
+            ckpt.last_seen = now
+            if nbytes is not None:
+                ckpt.bytes = nbytes
+            if file_count is not None:
+                ckpt.file_count = file_count
+            s.flush()
+            s.get_one(Drill, drill_id).checkpoint_id = ckpt.id
+            return ckpt.id
+
+    def add_checks(self, drill_id: int, results: list[CheckResult]) -> None:
+        with self._session() as s:
+            for r in results:
+                s.add(
+                    CheckRecord(
+                        drill_id=drill_id,
+                        name=r.name,
+                        status=r.status.value,
+                        summary=r.summary,
+                        evidence=_jsonable(r.evidence_document()),
+                        seconds=r.seconds,
+                    )
+                )
+
+    def finish_drill(
+        self,
+        drill_id: int,
+        *,
+        status: str,
+        timings: Timings,
+        bytes_read: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        with self._session() as s:
+            d = s.get_one(Drill, drill_id)
+            d.status = status
+            d.finished_at = utcnow()
+            d.error = error
+            d.restore_seconds = timings.restore
+            d.discover_seconds = timings.discover
+            d.read_seconds = timings.read
+            d.load_seconds = timings.load
+            d.checks_seconds = timings.checks
+            d.bytes_read = bytes_read
+            busy = (timings.read or 0.0) + (timings.load or 0.0)
+            d.throughput_bps = bytes_read / busy if bytes_read and busy > 0 else None
+
+    # -- reading ----------------------------------------------------------------------------
+    def history(self, *, run_root: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        with self._session() as s:
+            q = select(Drill).options(selectinload(Drill.checkpoint)).order_by(Drill.id.desc()).limit(limit)
+            if run_root is not None:
+                q = q.where(Drill.run_root == run_root)
+            return [drill_document(d) for d in s.scalars(q)]
+
+    def get(self, drill_id: int) -> dict[str, Any]:
+        with self._session() as s:
+            d = s.scalar(
+                select(Drill)
+                .where(Drill.id == drill_id)
+                .options(selectinload(Drill.checkpoint), selectinload(Drill.checks))
+            )
+            if d is None:
+                raise NotFound(f"no drill with id {drill_id}")
+            return drill_document(d, with_checks=True)
+
+
+def drill_document(d: Drill, *, with_checks: bool = False) -> dict[str, Any]:
+    """A drill as the JSON document ``drill history/show --json`` print."""
+    ckpt = d.checkpoint
+    doc: dict[str, Any] = {
+        "id": d.id,
+        "status": d.status,
+        "run_root": d.run_root,
+        "selector": d.selector,
+        "checkpoint": None
+        if ckpt is None
+        else {"uri": ckpt.uri, "step": ckpt.step, "format": ckpt.format, "bytes": ckpt.bytes, "files": ckpt.file_count},
+        "trigger": d.trigger,
+        "host": d.host,
+        "pid": d.pid,
+        "device": d.device,
+        "started_at": d.started_at.isoformat(),
+        "finished_at": d.finished_at.isoformat() if d.finished_at else None,
+        "phase": d.phase,
+        "error": d.error,
+        "restore_seconds": d.restore_seconds,
+        "phases": {
+            "discover": d.discover_seconds,
+            "read": d.read_seconds,
+            "load": d.load_seconds,
+            "checks": d.checks_seconds,
+        },
+        "bytes_read": d.bytes_read,
+        "throughput_bps": d.throughput_bps,
+        "drill_version": d.drill_version,
+        "torch_version": d.torch_version,
+    }
+    if with_checks:
+        doc["checks"] = [
+            {"name": c.name, "status": c.status, "summary": c.summary, "seconds": c.seconds, "evidence": c.evidence}
+            for c in d.checks
+        ]
+    return doc
+
+
+def _jsonable(value: Any) -> Any:
+    """Evidence as plain JSON: tuples to lists, anything exotic to its ``str``."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

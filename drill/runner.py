@@ -1,0 +1,218 @@
+"""One drill, end to end: discover → select → restore → check → record.
+
+:func:`run_drill` is what ``drill run`` calls; everything it does is recorded, from a drill
+row committed before the first byte is read to the verdict written after the last check.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from drill.checks import Expectations, run_checks
+from drill.discover import CheckpointRef, discover
+from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError
+from drill.findings import CheckResult, CheckStatus, Finding, Severity
+from drill.records.store import Records, Timings
+from drill.restore import NullProgress, Progress, RestoreResult
+from drill.select import Selector, select
+from drill.storage import storage_for
+
+
+@dataclass(kw_only=True, slots=True)
+class DrillRequest:
+    selector: Selector
+    root: str | None = None
+    """The run directory; may be omitted when the selector is a checkpoint path."""
+    device: str = "auto"
+    """``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    trigger: str = "manual"
+    expectations: Expectations = field(default_factory=Expectations)
+
+    def __post_init__(self) -> None:
+        if self.root is None:
+            if self.selector.kind != "path":
+                raise UsageError(f"--root is required with --checkpoint {self.selector}: only a checkpoint path names its run")
+            assert self.selector.path is not None
+            self.root = os.path.dirname(os.path.abspath(self.selector.path.rstrip("/")))
+
+
+@dataclass(kw_only=True, slots=True)
+class DrillOutcome:
+    drill_id: int
+    status: str
+    """``passed``, ``failed``, ``error`` or ``aborted``: what the record says."""
+    exit_code: ExitCode
+    checkpoint: CheckpointRef | None
+    checks: list[CheckResult]
+    timings: Timings
+    bytes_read: int | None
+    device: str
+    message: str | None = None
+    """Why the drill did not pass, in one line (for stderr)."""
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for c in self.checks for f in c.findings]
+
+
+def resolve_device(spec: str):  # type: ignore[no-untyped-def]
+    """``auto|cpu|cuda|cuda:N`` → ``torch.device``; raises :class:`UsageError` when unusable."""
+    import torch
+
+    spec = spec.strip().lower()
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "cuda" or spec.startswith("cuda:"):
+        index = spec[5:] if spec.startswith("cuda:") else "0"
+        if not index.isdigit():
+            raise UsageError(f"--device {spec!r}: expected cuda or cuda:N")
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {spec}: CUDA is not available on this host (use --device cpu or auto)")
+        if int(index) >= torch.cuda.device_count():
+            raise UsageError(f"--device {spec}: this host has {torch.cuda.device_count()} CUDA device(s)")
+        return torch.device(f"cuda:{index}")
+    raise UsageError(f"unknown --device {spec!r}: expected auto, cpu, cuda or cuda:N")
+
+
+def _nothing_to_drill_check(exc: NothingToDrill, discovery_evidence: dict) -> CheckResult:
+    return CheckResult(
+        name="discover",
+        summary=exc.message,
+        findings=[
+            Finding(
+                check="discover",
+                code="no-checkpoint",
+                severity=Severity.ERROR,
+                subject=discovery_evidence.get("root"),
+                message=exc.message,
+                hint=exc.hint,
+            )
+        ],
+        evidence=discovery_evidence,
+    )
+
+
+def run_drill(request: DrillRequest, records: Records, progress: Progress | None = None) -> DrillOutcome:
+    """Run one drill and record it; returns the outcome (never raises for a bad checkpoint).
+
+    Raises :class:`UsageError` for a bad request (before anything is recorded) and
+    :class:`DatabaseError` when the record cannot be written; re-raises ``KeyboardInterrupt``
+    after recording the drill as ``aborted``.
+    """
+    import torch
+
+    # Imported before the clock starts: a module import is drill's cost, not the restore's.
+    from drill.restore.dcp import restore_dcp
+
+    progress = progress or NullProgress()
+    device = resolve_device(request.device)
+    assert request.root is not None
+    root = request.root
+    storage = storage_for(root)
+    started = time.perf_counter()
+    timings = Timings()
+    drill_id = records.begin_drill(
+        run_root=os.path.abspath(root) if "://" not in root else root,
+        selector=str(request.selector),
+        trigger=request.trigger,
+        device=str(device),
+        torch_version=torch.__version__,
+    )
+    restore: RestoreResult | None = None
+    ref: CheckpointRef | None = None
+    checks: list[CheckResult] = []
+
+    def finish(status: str, exit_code: ExitCode, message: str | None = None, error: str | None = None) -> DrillOutcome:
+        records.finish_drill(
+            drill_id, status=status, timings=timings, bytes_read=restore.bytes_read if restore else None, error=error or message
+        )
+        return DrillOutcome(
+            drill_id=drill_id,
+            status=status,
+            exit_code=exit_code,
+            checkpoint=ref,
+            checks=checks,
+            timings=timings,
+            bytes_read=restore.bytes_read if restore else None,
+            device=str(device),
+            message=message,
+        )
+
+    try:
+        progress.phase("discover")
+        try:
+            found = discover(storage, root)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise NothingToDrill(
+                f"run root {root} does not exist or is not a directory ({exc.strerror})",
+                hint="check the path; is the checkpoint filesystem mounted on this host?",
+            ) from None
+        except PermissionError as exc:
+            raise NothingToDrill(f"run root {root} cannot be listed ({exc.strerror})") from None
+        finally:
+            timings.discover = time.perf_counter() - started
+        evidence = {
+            "root": root,
+            "complete": [c.name for c in found.checkpoints],
+            "incomplete": [{"name": s.name, "reason": s.reason} for s in found.incomplete],
+        }
+        ref = select(found, request.selector)
+        records.set_phase(drill_id, "restore")
+        restore_started = time.perf_counter()
+        restore = restore_dcp(storage, ref, device, progress)
+        timings.read, timings.load = restore.read_seconds, restore.load_seconds
+        # Restore latency is what a resume would pay: finding the checkpoint plus getting its
+        # state onto the device; drill's own record keeping is left out.
+        timings.restore = timings.discover + (time.perf_counter() - restore_started)
+        records.attach_checkpoint(
+            drill_id,
+            run_root=os.path.abspath(root) if "://" not in root else root,
+            uri=ref.uri,
+            step=ref.step,
+            format=ref.format,
+            nbytes=restore.bytes_on_storage or None,
+            file_count=len(restore.files) or None,
+        )
+        records.set_phase(drill_id, "checks")
+        progress.phase("checks")
+        checks_started = time.perf_counter()
+        checks = run_checks(restore, request.expectations)
+        checks.insert(0, CheckResult(name="discover", summary=_discovery_summary(found, ref), evidence=evidence))
+        timings.checks = time.perf_counter() - checks_started
+        records.add_checks(drill_id, checks)
+        restore.state.clear()  # free the restored tensors (and device memory) promptly
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        failed = [c for c in checks if c.status is CheckStatus.FAILED]
+        if failed:
+            first = next(f for c in failed for f in c.findings if f.severity is Severity.ERROR)
+            return finish("failed", ExitCode.FAILED, message=first.message)
+        return finish("passed", ExitCode.PASSED)
+    except NothingToDrill as exc:
+        checks = [_nothing_to_drill_check(exc, {"root": root})]
+        records.add_checks(drill_id, checks)
+        return finish("failed", ExitCode.NOTHING_TO_DRILL, message=exc.message)
+    except KeyboardInterrupt:
+        finish("aborted", ExitCode.INTERRUPTED, message="interrupted")
+        raise
+    except DrillError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded as `error`, with its traceback
+        return finish(
+            "error",
+            ExitCode.ERROR,
+            message=f"drill error: {type(exc).__name__}: {exc}".splitlines()[0],
+            error=traceback.format_exc(),
+        )
+
+
+def _discovery_summary(found, ref: CheckpointRef) -> str:  # type: ignore[no-untyped-def]
+    text = f"{len(found.checkpoints)} complete checkpoint(s) retained; selected {ref.name}"
+    if found.incomplete:
+        text += f"; {len(found.incomplete)} incomplete save(s) skipped: " + ", ".join(s.name for s in found.incomplete)
+    return text
