@@ -18,7 +18,7 @@ from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.records.store import Records, Timings
 from drill.restore import NullProgress, Progress, RestoreResult
 from drill.select import Selector, select
-from drill.storage import storage_for
+from drill.storage import Storage, storage_for
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,7 +97,9 @@ def _nothing_to_drill_check(exc: NothingToDrill, discovery_evidence: dict) -> Ch
     )
 
 
-def run_drill(request: DrillRequest, records: Records, progress: Progress | None = None) -> DrillOutcome:
+def run_drill(
+    request: DrillRequest, records: Records, progress: Progress | None = None, storage: Storage | None = None
+) -> DrillOutcome:
     """Run one drill and record it; returns the outcome (never raises for a bad checkpoint).
 
     Raises :class:`UsageError` for a bad request (before anything is recorded) and
@@ -113,7 +115,7 @@ def run_drill(request: DrillRequest, records: Records, progress: Progress | None
     device = resolve_device(request.device)
     assert request.root is not None
     root = request.root
-    storage = storage_for(root)
+    storage = storage or storage_for(root)
     started = time.perf_counter()
     timings = Timings()
     drill_id = records.begin_drill(

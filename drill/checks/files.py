@@ -48,7 +48,14 @@ def check_files(restore: RestoreResult, expectations: Expectations) -> CheckResu
         summary = f"all {len(restore.files)} files present and read in full ({human_bytes(total)})"
     evidence = {
         "files": [
-            {"path": f.relative_path, "size": f.size, "bytes_read": f.bytes_read, "entries": f.items, "error": f.error}
+            {
+                "path": f.relative_path,
+                "size": f.size,
+                "bytes_read": f.bytes_read,
+                "xxh3_128": f.digest,
+                "entries": f.items,
+                "error": f.error,
+            }
             for f in restore.files
         ],
         "files_ok": len(ok),

@@ -15,6 +15,8 @@ class FileRead:
     error: str | None = None
     error_kind: str | None = None
     """``missing``, ``unreadable``, ``escapes`` or ``short-read``."""
+    digest: str | None = None
+    """xxh3-128 of the bytes read, computed in the same pass that restores them."""
     items: int = 0
     """How many state entries the checkpoint's metadata places in this file."""
 

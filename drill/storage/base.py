@@ -38,6 +38,11 @@ class Storage(Protocol):
         """A binary stream reading ``uri`` from its first byte."""
         ...
 
+    def map(self, uri: str) -> memoryview | None:
+        """The whole object as a read-only memory map, or ``None`` where the backend cannot
+        map (object storage): the caller then reads it with :meth:`open`."""
+        ...
+
     def child(self, base: str, relative: str) -> str:
         """The URI of ``relative`` inside ``base``; raises :class:`PathEscapesCheckpoint` when it
         would resolve outside ``base``."""

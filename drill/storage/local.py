@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat as stat_mod
 from pathlib import PurePosixPath
@@ -41,6 +42,17 @@ class LocalStorage:
         if os.path.isdir(path):
             raise IsADirectoryError(21, "Is a directory", path)
         return open(path, "rb", buffering=0)
+
+    def map(self, uri: str) -> memoryview | None:
+        # Mapping the page cache avoids copying every byte into a fresh buffer (and the page
+        # faults of first touching it), which made a read-then-load restore 3x slower than
+        # DCP's own reader. The cost: a file truncated *while* mapped raises SIGBUS; drills
+        # that must survive that run in a child process.
+        path = _path(uri)
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return memoryview(b"")
+            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
     def child(self, base: str, relative: str) -> str:
         rel = PurePosixPath(relative)

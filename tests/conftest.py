@@ -1,0 +1,102 @@
+"""Shared fixtures: real demo checkpoints, real databases (SQLite and the live PostgreSQL)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from drill.demo import DemoConfig, train
+
+# A run small enough to train in a second or two, with three retained checkpoints.
+SMALL_RUN = DemoConfig(steps=30, save_every=10, keep=3)
+
+POSTGRES_URL = os.environ.get("DRILL_TEST_POSTGRES_URL", "postgresql+psycopg://127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def pristine_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real demo run, trained once per session. Never modify it: copy it (``demo_run``)."""
+    run_dir = tmp_path_factory.mktemp("pristine") / "run"
+    train(run_dir, SMALL_RUN)
+    return run_dir
+
+
+@pytest.fixture
+def demo_run(pristine_run: Path, tmp_path: Path) -> Path:
+    """A private copy of the demo run that a test may break."""
+    dst = tmp_path / "run"
+    shutil.copytree(pristine_run, dst)
+    return dst
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'drill.db'}"
+
+
+def _postgres_available() -> str | None:
+    from sqlalchemy import create_engine, text
+
+    try:
+        engine = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
+        with engine.connect() as conn:
+            conn.execute(text("select 1"))
+        engine.dispose()
+        return None
+    except Exception as exc:  # noqa: BLE001
+        return str(exc).splitlines()[0]
+
+
+@pytest.fixture(scope="session")
+def postgres_reachable() -> None:
+    problem = _postgres_available()
+    if problem is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL at {POSTGRES_URL} is required in CI: {problem}")
+        pytest.skip(f"PostgreSQL at {POSTGRES_URL} is not reachable: {problem}")
+
+
+@pytest.fixture
+def postgres_url(postgres_reachable: None) -> Iterator[str]:
+    """A URL whose connections live in a fresh, empty schema, dropped afterwards."""
+    from sqlalchemy import create_engine, text
+
+    schema = f"drill_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_URL)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Each record test runs on the embedded SQLite and on the live PostgreSQL."""
+    if request.param == "sqlite":
+        return request.getfixturevalue("sqlite_url")
+    url = request.getfixturevalue("postgres_url")
+    from drill.records.db import upgrade
+
+    upgrade(url)  # a shared PostgreSQL is upgraded by its operator, never implicitly
+    return url
+
+
+@pytest.fixture
+def cli() -> CliRunner:
+    return CliRunner()
+
+
+def invoke(runner: CliRunner, *args: str):  # type: ignore[no-untyped-def]
+    from drill.cli.app import app
+
+    return runner.invoke(app, list(args), catch_exceptions=False)

@@ -1,0 +1,216 @@
+"""The CLI end to end through typer's CliRunner: exact exit codes, stdout data, stderr talk."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from drill.records.db import open_database
+from drill.records.store import Records
+from drill.runner import DrillRequest, run_drill
+from drill.select import parse_selector
+from tests.conftest import invoke
+from tests.faults import FaultyStorage
+
+
+def _drills(db_url: str) -> list[dict]:
+    db = open_database(db_url)
+    try:
+        return Records(db).history(limit=1000)
+    finally:
+        db.close()
+
+
+def test_run_latest_passes_and_is_recorded(cli: CliRunner, demo_run: Path, db_url: str) -> None:
+    res = invoke(cli, "run", "--root", str(demo_run), "--checkpoint", "latest", "--db", db_url)
+    assert res.exit_code == 0, res.stderr
+    assert "PASSED" in res.stdout and "step-30" in res.stdout
+    assert res.stderr == ""
+    (drill,) = _drills(db_url)
+    assert drill["status"] == "passed"
+    assert drill["checkpoint"]["step"] == 30
+    assert drill["restore_seconds"] > 0 and drill["bytes_read"] > 0
+    assert all(drill["phases"][p] is not None for p in ("discover", "read", "load", "checks"))
+
+
+def test_run_json_is_one_document_on_stdout(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
+    res = invoke(cli, "run", "--root", str(demo_run), "-c", "step:20", "--json", "--db", sqlite_url)
+    assert res.exit_code == 0
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "passed" and doc["checkpoint"]["step"] == 20
+    assert [c["name"] for c in doc["checks"]] == ["discover", "files", "load", "keys"]
+    assert doc["bytes_read"] == sum(p.stat().st_size for p in (demo_run / "step-20").iterdir())
+    assert doc["database"] == sqlite_url
+
+
+def test_run_by_path_needs_no_root(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
+    res = invoke(cli, "run", "-c", str(demo_run / "step-10"), "--json", "--db", sqlite_url)
+    assert res.exit_code == 0
+    assert json.loads(res.stdout)["checkpoint"]["step"] == 10
+
+
+def test_deleted_shard_fails_the_drill_naming_the_file(cli: CliRunner, demo_run: Path, db_url: str) -> None:
+    os.remove(demo_run / "step-30" / "__0_1.distcp")
+    res = invoke(cli, "run", "--root", str(demo_run), "--json", "--db", db_url)
+    assert res.exit_code == 1
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "failed"
+    files = next(c for c in doc["checks"] if c["name"] == "files")
+    assert files["status"] == "failed"
+    assert [(f["code"], f["subject"]) for f in files["findings"]] == [("file-missing", "__0_1.distcp")]
+    assert "__0_1.distcp" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    shown = invoke(cli, "show", str(doc["drill_id"]), "--db", db_url)
+    assert "file-missing [__0_1.distcp]" in shown.stdout
+
+
+def test_unreadable_file_fails_the_drill(demo_run: Path, sqlite_url: str) -> None:
+    records = Records(open_database(sqlite_url))
+    outcome = run_drill(
+        DrillRequest(selector=parse_selector("latest"), root=str(demo_run)),
+        records,
+        storage=FaultyStorage({"__0_0.distcp"}),
+    )
+    assert outcome.status == "failed"
+    assert [(f.code, f.subject) for f in outcome.findings if f.check == "files"] == [("file-unreadable", "__0_0.distcp")]
+    records.db.close()
+
+
+def test_missing_part_fails_the_keys_check(tmp_path: Path, sqlite_url: str, cli: CliRunner) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    with pytest.warns(UserWarning):
+        dcp.save({"model": {"w": torch.ones(3)}, "train_state": {"step": 1}}, checkpoint_id=str(tmp_path / "step-1"))
+    res = invoke(cli, "run", "--root", str(tmp_path), "--json", "--db", sqlite_url)
+    assert res.exit_code == 1
+    keys = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "keys")
+    assert {f["subject"] for f in keys["findings"] if f["code"] == "part-missing"} == {
+        "optimizer",
+        "lr_scheduler",
+        "dataloader",
+        "rng",
+    }
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "code", "stderr_has"),
+    [
+        ("none", ["--root", "{tmp}/absent"], 3, "does not exist"),
+        ("empty", ["--root", "{tmp}/empty"], 3, "no checkpoint under"),
+        ("incomplete", ["--root", "{tmp}/inc"], 3, "only incomplete saves (step-5)"),
+        ("demo", ["--root", "{run}", "-c", "step:7"], 3, "retained steps: 10, 20, 30"),
+        ("demo", ["--root", "{run}", "-c", "newest"], 2, "unknown --checkpoint form 'newest'"),
+        ("demo", ["--root", "{run}", "--device", "tpu"], 2, "unknown --device 'tpu'"),
+        ("demo", ["-c", "latest"], 2, "--root is required"),
+        ("demo", ["--root", "{run}", "--bogus"], 2, "No such option: --bogus"),
+    ],
+)
+def test_bad_input_is_one_line_with_its_exit_code_and_keeps_records(
+    cli: CliRunner, demo_run: Path, tmp_path: Path, db_url: str, setup: str, args: list[str], code: int, stderr_has: str
+) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "inc" / "step-5").mkdir(parents=True)
+    (tmp_path / "inc" / "step-5" / "__0_0.distcp").write_bytes(b"partial")
+    assert invoke(cli, "run", "--root", str(demo_run), "--db", db_url).exit_code == 0
+    before = _drills(db_url)
+
+    argv = [a.format(tmp=tmp_path, run=demo_run) for a in args]
+    res = invoke(cli, "run", *argv, "--db", db_url)
+    assert res.exit_code == code
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and stderr_has in lines[0], res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+
+    after = _drills(db_url)
+    assert after[-len(before) :] == before  # every earlier record intact
+    if code == 3:  # a drill that found nothing to restore is itself on the record
+        assert len(after) == len(before) + 1 and after[0]["status"] == "failed"
+    else:  # usage errors are caught before anything is recorded
+        assert len(after) == len(before)
+
+
+def test_unreachable_database_exits_4_without_secrets(cli: CliRunner, demo_run: Path) -> None:
+    res = invoke(cli, "run", "--root", str(demo_run), "--db", "postgresql://u:hunter2@127.0.0.1:1/x")
+    assert res.exit_code == 4
+    assert "cannot reach database" in res.stderr and "hunter2" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error for a host without CUDA")
+def test_cuda_on_a_cpu_host_is_a_usage_error(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
+    res = invoke(cli, "run", "--root", str(demo_run), "--device", "cuda", "--db", sqlite_url)
+    assert res.exit_code == 2 and "CUDA is not available" in res.stderr
+
+
+def test_history_and_show(cli: CliRunner, demo_run: Path, db_url: str, tmp_path: Path) -> None:
+    invoke(cli, "run", "--root", str(demo_run), "--db", db_url)
+    invoke(cli, "run", "--root", str(tmp_path / "absent"), "--db", db_url)
+    res = invoke(cli, "history", "--json", "--db", db_url)
+    docs = json.loads(res.stdout)
+    assert [d["status"] for d in docs] == ["failed", "passed"]
+    only = json.loads(invoke(cli, "history", "--root", str(demo_run), "--json", "--db", db_url).stdout)
+    assert [d["id"] for d in only] == [docs[1]["id"]]
+
+    table = invoke(cli, "history", "--db", db_url)
+    assert table.exit_code == 0 and "PASSED" in table.stdout and "FAILED" in table.stdout
+
+    shown = json.loads(invoke(cli, "show", str(docs[1]["id"]), "--json", "--db", db_url).stdout)
+    assert [c["name"] for c in shown["checks"]] == ["discover", "files", "load", "keys"]
+    assert shown["checks"][1]["evidence"]["files_ok"] == 3
+    missing = invoke(cli, "show", "9999", "--db", db_url)
+    assert missing.exit_code == 2 and "no drill with id 9999" in missing.stderr
+
+
+def test_history_of_an_empty_database(cli: CliRunner, sqlite_url: str) -> None:
+    res = invoke(cli, "history", "--db", sqlite_url)
+    assert res.exit_code == 0 and res.stdout == "" and "no drills recorded" in res.stderr
+
+
+def test_db_upgrade_and_status(cli: CliRunner, postgres_url: str) -> None:
+    status = invoke(cli, "db", "status", "--db", postgres_url)
+    assert status.exit_code == 4 and "behind" in status.stdout
+    res = invoke(cli, "db", "upgrade", "--db", postgres_url)
+    assert res.exit_code == 0 and "upgraded from empty to 0001" in res.stdout
+    again = invoke(cli, "db", "upgrade", "--db", postgres_url)
+    assert "up to date" in again.stdout
+    assert json.loads(invoke(cli, "db", "status", "--json", "--db", postgres_url).stdout)["current"] == "0001"
+
+
+def test_run_against_a_postgres_schema_that_is_behind(cli: CliRunner, demo_run: Path, postgres_url: str) -> None:
+    res = invoke(cli, "run", "--root", str(demo_run), "--db", postgres_url)
+    assert res.exit_code == 4 and "drill db upgrade" in res.stderr
+
+
+def test_demo_command(cli: CliRunner, tmp_path: Path) -> None:
+    res = invoke(cli, "demo", str(tmp_path / "run"), "--steps", "6", "--save-every", "2", "--keep", "2", "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["retained"] == ["step-4", "step-6"] and doc["saved"] == [2, 4, 6]
+    again = invoke(cli, "demo", str(tmp_path / "run"))
+    assert again.exit_code == 2 and "not an empty directory" in again.stderr
+    bad = invoke(cli, "demo", str(tmp_path / "other"), "--keep", "0")
+    assert bad.exit_code == 2 and "keep-last-0" in bad.stderr
+
+
+def test_internal_errors_are_one_line_unless_debug(cli: CliRunner, demo_run: Path, sqlite_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import drill.records.store as store
+
+    def boom(*a, **k):  # type: ignore[no-untyped-def]
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(store.Records, "history", boom)
+    res = invoke(cli, "history", "--db", sqlite_url)
+    assert res.exit_code == 70
+    assert res.stderr.strip() == "drill: error: internal error: RuntimeError: kaboom (re-run with --debug for the traceback)"
+    with pytest.raises(RuntimeError):
+        invoke(cli, "history", "--db", sqlite_url, "--debug")
+
+
+def test_version(cli: CliRunner) -> None:
+    from drill import __version__
+
+    assert invoke(cli, "--version").stdout.strip() == f"drill {__version__}"

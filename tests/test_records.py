@@ -1,0 +1,123 @@
+"""Records on real databases: Alembic migrations on SQLite and on the live PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import timezone
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect, text
+
+from drill.errors import DatabaseError
+from drill.findings import CheckResult, Finding, Severity
+from drill.records.db import alembic_config, head_revision, open_database, resolve_url, schema_status, upgrade
+from drill.records.store import Records, Timings
+
+TABLES = {"alembic_version", "checkpoints", "drills", "check_results"}
+
+
+def test_embedded_sqlite_upgrades_itself_on_first_use(sqlite_url: str) -> None:
+    db = open_database(sqlite_url)
+    assert TABLES <= set(inspect(db.engine).get_table_names())
+    db.close()
+    assert schema_status(sqlite_url)["current"] == head_revision()
+
+
+@pytest.mark.postgres
+def test_postgres_behind_gives_a_clear_error_naming_the_command(postgres_url: str) -> None:
+    with pytest.raises(DatabaseError, match=r"run `drill db upgrade"):
+        open_database(postgres_url)
+    before, after = upgrade(postgres_url)
+    assert (before, after) == (None, head_revision())
+    db = open_database(postgres_url)
+    assert TABLES <= set(inspect(db.engine).get_table_names())
+    db.close()
+
+
+def test_migrations_downgrade_and_upgrade_again(db_url: str) -> None:
+    from alembic import command
+
+    engine = create_engine(resolve_url(db_url))
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "base")
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "head")
+    assert TABLES <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
+def test_schema_newer_than_drill_is_refused(sqlite_url: str) -> None:
+    open_database(sqlite_url).close()
+    engine = create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    with pytest.raises(DatabaseError, match="newer than this drill knows"):
+        open_database(sqlite_url)
+
+
+def test_unreachable_database_is_one_line_without_the_password() -> None:
+    with pytest.raises(DatabaseError) as info:
+        open_database("postgresql://drill:s3cret@127.0.0.1:1/drill")
+    assert "s3cret" not in info.value.message
+    assert "\n" not in info.value.message
+
+
+def test_drill_row_is_visible_while_running_and_completed_at_the_end(db_url: str) -> None:
+    records = Records(open_database(db_url))
+    drill_id = records.begin_drill(run_root="/r", selector="latest", trigger="manual", device="cpu", torch_version="x")
+    running = records.get(drill_id)
+    assert running["status"] == "running" and running["finished_at"] is None
+
+    records.attach_checkpoint(drill_id, run_root="/r", uri="/r/step-3", step=3, format="dcp", nbytes=100, file_count=2)
+    finding = Finding(check="files", code="file-missing", severity=Severity.ERROR, subject="a.distcp", message="gone")
+    records.add_checks(drill_id, [CheckResult(name="files", summary="1 missing", findings=[finding], evidence={"n": (1, 2)})])
+    records.finish_drill(drill_id, status="failed", timings=Timings(restore=2.0, read=1.0, load=0.5), bytes_read=3000)
+
+    doc = records.get(drill_id)
+    assert doc["status"] == "failed"
+    assert doc["checkpoint"] == {"uri": "/r/step-3", "step": 3, "format": "dcp", "bytes": 100, "files": 2}
+    assert doc["throughput_bps"] == pytest.approx(2000.0)
+    assert doc["checks"][0]["evidence"] == {
+        "n": [1, 2],
+        "findings": [{"check": "files", "code": "file-missing", "severity": "error", "subject": "a.distcp", "message": "gone"}],
+    }
+    started = records.history()[0]["started_at"]
+    assert started.endswith("+00:00")
+    records.db.close()
+
+
+def test_checkpoint_rows_are_shared_between_drills(db_url: str) -> None:
+    records = Records(open_database(db_url))
+    ids = []
+    for _ in range(2):
+        d = records.begin_drill(run_root="/r", selector="latest", trigger="manual", device="cpu", torch_version=None)
+        ids.append(records.attach_checkpoint(d, run_root="/r", uri="/r/step-3", step=3, format="dcp", nbytes=1, file_count=1))
+    assert ids[0] == ids[1]
+    assert len(records.history(run_root="/r")) == 2
+    assert records.history(run_root="/elsewhere") == []
+    records.db.close()
+
+
+def test_datetimes_come_back_aware_in_utc(db_url: str) -> None:
+    from sqlalchemy import select
+
+    from drill.records.models import Drill
+
+    db = open_database(db_url)
+    records = Records(db)
+    records.begin_drill(run_root="/r", selector="latest", trigger="manual", device="cpu", torch_version=None)
+    with db.sessions() as s:
+        started = s.scalars(select(Drill.started_at)).one()
+    assert started.tzinfo is not None and started.utcoffset() == timezone.utc.utcoffset(None)
+    db.close()
+
+
+def test_default_location_is_per_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("DRILL_DATABASE_URL", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert resolve_url(None) == f"sqlite:///{tmp_path}/drill/drill.db"
+    monkeypatch.setenv("DRILL_DATABASE_URL", "postgresql://db/drill")
+    assert resolve_url(None) == "postgresql+psycopg://db/drill"
+    assert resolve_url("relative.db").startswith("sqlite:////")
