@@ -37,6 +37,10 @@ class DrillRequest:
                 raise UsageError(f"--root is required with --checkpoint {self.selector}: only a checkpoint path names its run")
             assert self.selector.path is not None
             self.root = os.path.dirname(os.path.abspath(self.selector.path.rstrip("/")))
+        if "://" not in self.root:
+            # Records key on absolute paths, so `drill history --root` finds a run however it
+            # was spelled when drilled.
+            self.root = os.path.abspath(self.root)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -119,7 +123,7 @@ def run_drill(
     started = time.perf_counter()
     timings = Timings()
     drill_id = records.begin_drill(
-        run_root=os.path.abspath(root) if "://" not in root else root,
+        run_root=root,
         selector=str(request.selector),
         trigger=request.trigger,
         device=str(device),
@@ -173,7 +177,7 @@ def run_drill(
         timings.restore = timings.discover + (time.perf_counter() - restore_started)
         records.attach_checkpoint(
             drill_id,
-            run_root=os.path.abspath(root) if "://" not in root else root,
+            run_root=root,
             uri=ref.uri,
             step=ref.step,
             format=ref.format,

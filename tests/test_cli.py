@@ -214,3 +214,11 @@ def test_version(cli: CliRunner) -> None:
     from drill import __version__
 
     assert invoke(cli, "--version").stdout.strip() == f"drill {__version__}"
+
+
+def test_relative_root_is_recorded_absolute(cli: CliRunner, demo_run: Path, sqlite_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(demo_run.parent)
+    assert invoke(cli, "run", "--root", "run", "--db", sqlite_url).exit_code == 0
+    (drill,) = json.loads(invoke(cli, "history", "--root", str(demo_run), "--json", "--db", sqlite_url).stdout)
+    assert drill["checkpoint"]["uri"] == str(demo_run / "step-30")
+    assert drill["run_root"] == str(demo_run)
