@@ -212,7 +212,7 @@ def run_drill(
         return finish(
             "error",
             ExitCode.ERROR,
-            message=f"drill error: {type(exc).__name__}: {exc}".splitlines()[0],
+            message=f"{type(exc).__name__}: {exc}".splitlines()[0],
             error=traceback.format_exc(),
         )
 

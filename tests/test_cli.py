@@ -222,3 +222,37 @@ def test_relative_root_is_recorded_absolute(cli: CliRunner, demo_run: Path, sqli
     (drill,) = json.loads(invoke(cli, "history", "--root", str(demo_run), "--json", "--db", sqlite_url).stdout)
     assert drill["checkpoint"]["uri"] == str(demo_run / "step-30")
     assert drill["run_root"] == str(demo_run)
+
+
+class _InterruptOnRead:
+    def phase(self, name: str, total_bytes: int | None = None) -> None:
+        if name == "read":
+            raise KeyboardInterrupt
+
+    def advance(self, nbytes: int) -> None:
+        pass
+
+
+def test_interrupted_drill_is_recorded_aborted(demo_run: Path, db_url: str) -> None:
+    records = Records(open_database(db_url))
+    with pytest.raises(KeyboardInterrupt):
+        run_drill(DrillRequest(selector=parse_selector("latest"), root=str(demo_run)), records, _InterruptOnRead())
+    (drill,) = records.history()
+    assert drill["status"] == "aborted" and drill["phase"] == "restore" and drill["finished_at"]
+    records.db.close()
+
+
+def test_unexpected_failure_is_recorded_as_error_with_traceback(
+    cli: CliRunner, demo_run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import drill.restore.dcp as dcp_restore
+
+    def broken(*a, **k):  # type: ignore[no-untyped-def]
+        raise RuntimeError("device fell off the bus")
+
+    monkeypatch.setattr(dcp_restore, "restore_dcp", broken)
+    res = invoke(cli, "run", "--root", str(demo_run), "--json", "--db", sqlite_url)
+    assert res.exit_code == 5
+    assert res.stderr.strip() == "drill: error: RuntimeError: device fell off the bus"
+    shown = json.loads(invoke(cli, "show", str(json.loads(res.stdout)["drill_id"]), "--json", "--db", sqlite_url).stdout)
+    assert shown["status"] == "error" and "Traceback" in shown["error"]
