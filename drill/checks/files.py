@@ -52,7 +52,7 @@ def check_files(restore: RestoreResult, expectations: Expectations) -> CheckResu
                 "path": f.relative_path,
                 "size": f.size,
                 "bytes_read": f.bytes_read,
-                "xxh3_128": f.digest,
+                "xxh3_128": f.hashes.digest if f.hashes else None,
                 "entries": f.items,
                 "error": f.error,
             }

@@ -5,6 +5,6 @@ the checks can name every missing file and every key a resume would lose.
 """
 
 from drill.restore.progress import NullProgress, Progress
-from drill.restore.result import FileRead, ItemFailure, RestoreResult
+from drill.restore.result import FileRead, HashPlan, ItemFailure, RestoreResult
 
-__all__ = ["FileRead", "ItemFailure", "NullProgress", "Progress", "RestoreResult"]
+__all__ = ["FileRead", "HashPlan", "ItemFailure", "NullProgress", "Progress", "RestoreResult"]

@@ -11,7 +11,6 @@ file and entry it could not restore instead of stopping at the first.
 from __future__ import annotations
 
 import io
-import mmap
 import os
 import threading
 import time
@@ -23,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import xxhash
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import StorageReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -32,87 +30,15 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from drill.discover import DCP_METADATA, CheckpointRef
+from drill.integrity.hashing import FileHashes
 from drill.restore.progress import NullProgress, Progress
-from drill.restore.result import FileRead, ItemFailure, RestoreResult
+from drill.restore.stream import ViewReader, read_whole
+from drill.restore.result import FileRead, HashPlan, ItemFailure, RestoreResult
 from drill.safe_pickle import restricted_loads
 from drill.storage import PathEscapesCheckpoint, Storage
 
-READ_CHUNK = 8 << 20
-"""Read size: large enough to stream at page-cache speed, small enough to report progress."""
-
-
 class MetadataUnreadable(Exception):
     pass
-
-
-def read_whole(storage: Storage, uri: str, size: int, progress: Progress) -> tuple[memoryview, str]:
-    """Every byte of ``uri``, read exactly once, with its xxh3-128 digest.
-
-    Where the storage can map the file, the bytes are hashed straight from the page cache and
-    later deserialized from the same mapping; otherwise they are read into one page-aligned
-    buffer (an anonymous ``mmap``: a ``bytearray`` starts mid-page and reads ~3x slower).
-    xxhash releases the GIL, so files hash in parallel on the reader threads.
-    """
-    hasher = xxhash.xxh3_128()
-    mapped = storage.map(uri)
-    if mapped is not None:
-        if len(mapped) != size:
-            raise EOFError(f"file changed size while it was opened: {len(mapped)} bytes, {size} when listed")
-        for pos in range(0, size, READ_CHUNK):
-            chunk = mapped[pos : pos + READ_CHUNK]
-            hasher.update(chunk)
-            progress.advance(len(chunk))
-        return mapped, hasher.hexdigest()
-    buf = mmap.mmap(-1, size) if size else bytearray()
-    view = memoryview(buf)
-    pos = 0
-    with storage.open(uri) as f:
-        while pos < size:
-            n = f.readinto(view[pos : pos + READ_CHUNK])
-            if not n:
-                break
-            hasher.update(view[pos : pos + n])
-            pos += n
-            progress.advance(n)
-        extra = f.read(1)
-    if pos < size:
-        raise EOFError(f"file shrank while reading: {pos} of {size} bytes")
-    if extra:
-        raise EOFError(f"file grew while reading: more than {size} bytes")
-    return view, hasher.hexdigest()
-
-
-class ViewReader(io.RawIOBase):
-    """A seekable stream over a slice of a file buffer, without copying it.
-
-    ``torch.load`` reads through ``readinto``, so tensor bytes go straight from the file
-    buffer into the new storage (``BytesIO(view.tobytes())`` would copy them twice).
-    """
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self._view = view
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[no-untyped-def, override]
-        n = max(0, min(len(b), len(self._view) - self._pos))
-        memoryview(b).cast("B")[:n] = self._view[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -143,8 +69,11 @@ class _Loaded:
 class DrillReader(StorageReader):
     """A DCP ``StorageReader`` over a :class:`Storage` that records instead of raising."""
 
-    def __init__(self, storage: Storage, uri: str, result: RestoreResult, progress: Progress, workers: int = 4) -> None:
+    def __init__(
+        self, storage: Storage, uri: str, result: RestoreResult, progress: Progress, plan: HashPlan, workers: int = 4
+    ) -> None:
         super().__init__()
+        self.plan = plan
         self.storage = storage
         self.uri = uri
         self.result = result
@@ -197,7 +126,7 @@ class DrillReader(StorageReader):
         try:
             uri = self.storage.child(self.uri, DCP_METADATA)
             record.size = self.storage.stat(uri).size
-            view, record.digest = read_whole(self.storage, uri, record.size, self.progress)
+            view, record.hashes = self._read(uri, DCP_METADATA, record.size)
             data = view.tobytes()
             record.bytes_read = len(data)
         except OSError as exc:
@@ -215,11 +144,22 @@ class DrillReader(StorageReader):
             metadata.storage_meta = StorageMeta()
         return metadata
 
+    def _read(self, uri: str, relative_path: str, size: int) -> tuple[memoryview, FileHashes | None]:
+        return read_whole(
+            self.storage,
+            uri,
+            size,
+            self.progress.advance,
+            hash=self.plan.wants(relative_path),
+            chunk_size=self.plan.chunk_size,
+            sha256=relative_path in self.plan.sha256,
+        )
+
     def _read_one(self, relative_path: str, record: FileRead) -> _Loaded:
         try:
             uri = self.storage.child(self.uri, relative_path)
             record.size = self.storage.stat(uri).size
-            view, record.digest = read_whole(self.storage, uri, record.size, self.progress)
+            view, record.hashes = self._read(uri, relative_path, record.size)
             record.bytes_read = len(view)
             return _Loaded(relative_path, view, None)
         except (OSError, EOFError) as exc:
@@ -302,12 +242,17 @@ def skeleton(metadata: Metadata, device: torch.device) -> dict[str, Any]:
 
 
 def restore_dcp(
-    storage: Storage, ref: CheckpointRef, device: torch.device, progress: Progress | None = None
+    storage: Storage,
+    ref: CheckpointRef,
+    device: torch.device,
+    progress: Progress | None = None,
+    plan: HashPlan | None = None,
 ) -> RestoreResult:
-    """Read every file of the DCP checkpoint ``ref`` and load every entry onto ``device``."""
+    """Read every file of the DCP checkpoint ``ref`` once — hashing it as ``plan`` says — and
+    load every entry onto ``device``."""
     progress = progress or NullProgress()
     result = RestoreResult(uri=ref.uri, format="dcp", device=str(device))
-    reader = DrillReader(storage, ref.uri, result, progress)
+    reader = DrillReader(storage, ref.uri, result, progress, plan or HashPlan())
     try:
         metadata = reader.read_metadata()
     except MetadataUnreadable as exc:

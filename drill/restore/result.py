@@ -5,6 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
+
+
+@dataclass(frozen=True, slots=True)
+class HashPlan:
+    """Which files the restore hashes while reading them, and how."""
+
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    files: frozenset[str] | None = None
+    """None: every file (the default); else only these (a sampled drill)."""
+    sha256: frozenset[str] = frozenset()
+    """Files a foreign manifest lists with SHA-256 digests, hashed with that too."""
+
+    def wants(self, path: str) -> bool:
+        return self.files is None or path in self.files
+
 
 @dataclass(slots=True)
 class FileRead:
@@ -15,8 +31,8 @@ class FileRead:
     error: str | None = None
     error_kind: str | None = None
     """``missing``, ``unreadable``, ``escapes`` or ``short-read``."""
-    digest: str | None = None
-    """xxh3-128 of the bytes read, computed in the same pass that restores them."""
+    hashes: FileHashes | None = None
+    """Chunk digests of the bytes read, computed in the same pass that restores them."""
     items: int = 0
     """How many state entries the checkpoint's metadata places in this file."""
 

@@ -1,0 +1,152 @@
+"""Structural proofs for unsealed checkpoints: consistent, though not content-hashed.
+
+- DCP: every storage entry in ``.metadata`` (file, offset, length) lies inside an existing
+  file, entries do not overlap, and every byte of every data file belongs to some entry.
+- torch.save (zip): the central directory parses and every record's CRC-32 matches.
+- safetensors: the header parses and its data offsets tile the file exactly.
+
+Each function returns findings (empty when consistent) and the evidence it examined.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+import zlib
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from drill.findings import Finding, Severity
+
+NAME = "integrity"
+
+
+def _finding(code: str, subject: str, message: str, **kw: Any) -> Finding:
+    return Finding(check=NAME, code=code, severity=kw.pop("severity", Severity.ERROR), subject=subject, message=message, **kw)
+
+
+def dcp_structure(storage_data: Mapping[Any, Any], sizes: Mapping[str, int]) -> tuple[list[Finding], dict[str, Any]]:
+    """``storage_data`` is DCP ``Metadata.storage_data``; ``sizes`` the files on storage."""
+    findings: list[Finding] = []
+    spans: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for index, info in storage_data.items():
+        spans[info.relative_path].append((int(info.offset), int(info.length), getattr(index, "fqn", str(index))))
+    for path, entries in sorted(spans.items()):
+        if path not in sizes:
+            findings.append(_finding("file-missing", path, f"{path} holds {len(entries)} entries but is not in the checkpoint"))
+            continue
+        size = sizes[path]
+        entries.sort()
+        cursor = 0
+        for offset, length, fqn in entries:
+            end = offset + length
+            if end > size:
+                findings.append(
+                    _finding(
+                        "entry-out-of-bounds",
+                        path,
+                        f"{fqn} is stored at bytes {offset}..{end} of {path}, which has only {size} bytes: truncated",
+                        expected=f">= {end} bytes",
+                        actual=size,
+                    )
+                )
+            if offset < cursor:
+                findings.append(_finding("entries-overlap", path, f"{fqn} at byte {offset} overlaps the previous entry (ends at {cursor})"))
+            elif offset > cursor:
+                findings.append(
+                    _finding("bytes-uncovered", path, f"bytes {cursor}..{offset} of {path} belong to no entry", severity=Severity.WARNING)
+                )
+            cursor = max(cursor, end)
+        if cursor < size:
+            findings.append(
+                _finding(
+                    "bytes-uncovered",
+                    path,
+                    f"bytes {cursor}..{size} of {path} belong to no entry (file longer than its metadata says)",
+                    expected=cursor,
+                    actual=size,
+                )
+            )
+    evidence = {"entries": sum(len(v) for v in spans.values()), "data_files": sorted(spans)}
+    return findings, evidence
+
+
+def zip_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str, Any]]:
+    """A torch.save file: parse the central directory and check every record's CRC-32."""
+    from drill.restore.stream import ViewReader
+
+    try:
+        archive = zipfile.ZipFile(ViewReader(data))
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        return [_finding("zip-corrupt", path, f"{path}: the zip central directory is unreadable ({exc})")], {}
+    findings = []
+    with archive:
+        infos = archive.infolist()
+        for info in infos:
+            try:
+                with archive.open(info) as member:
+                    crc = 0
+                    while block := member.read(1 << 20):
+                        crc = zlib.crc32(block, crc)
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                findings.append(_finding("zip-record-corrupt", path, f"{path}: record {info.filename} cannot be read ({exc})"))
+                continue
+            if crc != info.CRC:
+                findings.append(
+                    _finding(
+                        "crc-mismatch",
+                        path,
+                        f"{path}: record {info.filename} fails its CRC-32",
+                        expected=f"{info.CRC:08x}",
+                        actual=f"{crc:08x}",
+                    )
+                )
+    return findings, {"records": len(infos)}
+
+
+def safetensors_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str, Any]]:
+    """A safetensors file: header length, JSON header, data offsets tiling the data section."""
+    size = len(data)
+    if size < 8:
+        return [_finding("safetensors-corrupt", path, f"{path} is {size} bytes, too short for a header")], {}
+    (header_len,) = struct.unpack("<Q", data[:8])
+    if 8 + header_len > size:
+        return [_finding("safetensors-corrupt", path, f"{path}: header of {header_len} bytes runs past the file ({size} bytes)")], {}
+    try:
+        header = json.loads(bytes(data[8 : 8 + header_len]))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return [_finding("safetensors-corrupt", path, f"{path}: the header is not JSON")], {}
+    data_size = size - 8 - header_len
+    spans = []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = meta["data_offsets"]
+        spans.append((begin, end, name))
+    findings = []
+    cursor = 0
+    for begin, end, name in sorted(spans):
+        if end > data_size:
+            findings.append(_finding("entry-out-of-bounds", path, f"{path}: {name} ends at {end}, past the data section ({data_size} bytes)"))
+        if begin != cursor:
+            findings.append(_finding("entries-overlap" if begin < cursor else "bytes-uncovered", path, f"{path}: {name} starts at {begin}, expected {cursor}"))
+        cursor = max(cursor, end)
+    if cursor != data_size and not findings:
+        findings.append(_finding("bytes-uncovered", path, f"{path}: tensors cover {cursor} of {data_size} data bytes"))
+    return findings, {"tensors": len(spans)}
+
+
+def sniff(data: memoryview) -> str | None:
+    """``zip`` (torch.save), ``safetensors`` or None."""
+    if bytes(data[:4]) == b"PK\x03\x04":
+        return "zip"
+    if len(data) >= 9:
+        (n,) = struct.unpack("<Q", data[:8])
+        if 0 < n < len(data) and bytes(data[8:9]) == b"{":
+            return "safetensors"
+    return None
+
+
+__all__ = ["dcp_structure", "safetensors_structure", "sniff", "zip_structure"]
