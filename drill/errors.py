@@ -52,6 +52,12 @@ class DatabaseError(DrillError):
     exit_code = ExitCode.DATABASE
 
 
+class IntegrityConflict(DrillError):
+    """The checkpoint no longer matches the manifest that seals it."""
+
+    exit_code = ExitCode.FAILED
+
+
 class NotFound(DrillError):
     """A record asked for by id does not exist."""
 

@@ -12,12 +12,16 @@ import traceback
 from dataclasses import dataclass, field
 
 from drill.checks import Expectations, run_checks
+from drill.coverage import update_coverage
 from drill.discover import CheckpointRef, discover
 from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
+from drill.integrity.sampling import SampleSpec
 from drill.records.store import Records, Timings
 from drill.restore import NullProgress, Progress, RestoreResult
 from drill.select import Selector, select
+from drill.integrity.structure import dcp_structure
+from drill.integrity.verify import IntegrityPlan, Observed, hash_remaining, integrity_check, plan_integrity
 from drill.storage import Storage, storage_for
 
 
@@ -30,6 +34,12 @@ class DrillRequest:
     """``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
     trigger: str = "manual"
     expectations: Expectations = field(default_factory=Expectations)
+    sample: SampleSpec = field(default_factory=lambda: SampleSpec("all"))
+    """Which files to hash; every file unless a sampled drill is asked for."""
+    require_sealed: bool = False
+    """Fail an unsealed checkpoint instead of accepting a structural proof."""
+    coverage_days: float = 7.0
+    """Report the share of the checkpoint's bytes verified within this many days."""
 
     def __post_init__(self) -> None:
         if self.root is None:
@@ -168,9 +178,21 @@ def run_drill(
             "incomplete": [{"name": s.name, "reason": s.reason} for s in found.incomplete],
         }
         ref = select(found, request.selector)
+        checkpoint_id = records.attach_checkpoint(
+            drill_id, run_root=root, uri=ref.uri, step=ref.step, format=ref.format, nbytes=None, file_count=None
+        )
+        discovered = CheckResult(name="discover", summary=_discovery_summary(found, ref), evidence=evidence)
+        ledger = records.last_verified(checkpoint_id) if request.sample.kind == "auto" else {}
+        plan = plan_integrity(storage, ref.uri, request.sample, {p: t for p, (t, _) in ledger.items()})
+        records.set_evidence_level(drill_id, sample=str(request.sample), evidence_level=plan.evidence_level)
+        if plan.refuse:
+            checks = [discovered, integrity_check(plan, {})]
+            records.add_checks(drill_id, checks)
+            return finish("failed", ExitCode.FAILED, message=checks[-1].findings[0].message)
+
         records.set_phase(drill_id, "restore")
         restore_started = time.perf_counter()
-        restore = restore_dcp(storage, ref, device, progress)
+        restore = restore_dcp(storage, ref, device, progress, plan.hash_plan)
         timings.read, timings.load = restore.read_seconds, restore.load_seconds
         # Restore latency is what a resume would pay: finding the checkpoint plus getting its
         # state onto the device; drill's own record keeping is left out.
@@ -181,14 +203,16 @@ def run_drill(
             uri=ref.uri,
             step=ref.step,
             format=ref.format,
-            nbytes=restore.bytes_on_storage or None,
-            file_count=len(restore.files) or None,
+            nbytes=sum(plan.on_storage.values()) or None,
+            file_count=len(plan.on_storage) or None,
         )
         records.set_phase(drill_id, "checks")
         progress.phase("checks")
         checks_started = time.perf_counter()
-        checks = run_checks(restore, request.expectations)
-        checks.insert(0, CheckResult(name="discover", summary=_discovery_summary(found, ref), evidence=evidence))
+        integrity = _integrity(storage, plan, restore, request)
+        checks = [discovered, integrity, *run_checks(restore, request.expectations)]
+        if plan.manifest is not None:
+            update_coverage(records, checkpoint_id, drill_id, plan, integrity, request.coverage_days)
         timings.checks = time.perf_counter() - checks_started
         records.add_checks(drill_id, checks)
         restore.state.clear()  # free the restored tensors (and device memory) promptly
@@ -215,6 +239,23 @@ def run_drill(
             message=f"{type(exc).__name__}: {exc}".splitlines()[0],
             error=traceback.format_exc(),
         )
+
+
+def _integrity(storage: Storage, plan: IntegrityPlan, restore: RestoreResult, request: DrillRequest) -> CheckResult:
+    """The integrity check over the bytes the restore read (and hashed) in its one pass."""
+    started = time.perf_counter()
+    observed = {
+        f.relative_path: Observed(hashes=f.hashes, error=f.error)
+        for f in restore.files
+        if f.hashes is not None or f.error is not None
+    }
+    hash_remaining(storage, plan, observed)
+    structure = None
+    if plan.manifest is None and restore.index is not None:
+        structure = dcp_structure(restore.index, plan.on_storage)
+    result = integrity_check(plan, observed, require_sealed=request.require_sealed, structure=structure)
+    result.seconds = time.perf_counter() - started
+    return result
 
 
 def _discovery_summary(found, ref: CheckpointRef) -> str:  # type: ignore[no-untyped-def]

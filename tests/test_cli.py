@@ -43,8 +43,8 @@ def test_run_json_is_one_document_on_stdout(cli: CliRunner, demo_run: Path, sqli
     assert res.exit_code == 0
     doc = json.loads(res.stdout)
     assert doc["status"] == "passed" and doc["checkpoint"]["step"] == 20
-    assert [c["name"] for c in doc["checks"]] == ["discover", "files", "load", "keys"]
-    assert doc["bytes_read"] == sum(p.stat().st_size for p in (demo_run / "step-20").iterdir())
+    assert [c["name"] for c in doc["checks"]] == ["discover", "integrity", "files", "load", "keys"]
+    assert doc["bytes_read"] == sum(p.stat().st_size for p in (demo_run / "step-20").iterdir() if p.name != "drill-manifest.json")
     assert doc["database"] == sqlite_url
 
 
@@ -60,9 +60,10 @@ def test_deleted_shard_fails_the_drill_naming_the_file(cli: CliRunner, demo_run:
     assert res.exit_code == 1
     doc = json.loads(res.stdout)
     assert doc["status"] == "failed"
-    files = next(c for c in doc["checks"] if c["name"] == "files")
-    assert files["status"] == "failed"
-    assert [(f["code"], f["subject"]) for f in files["findings"]] == [("file-missing", "__0_1.distcp")]
+    for name in ("files", "integrity"):  # the metadata needs it, and the manifest listed it
+        check = next(c for c in doc["checks"] if c["name"] == name)
+        assert check["status"] == "failed"
+        assert [(f["code"], f["subject"]) for f in check["findings"]] == [("file-missing", "__0_1.distcp")]
     assert "__0_1.distcp" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     shown = invoke(cli, "show", str(doc["drill_id"]), "--db", db_url)
     assert "file-missing [__0_1.distcp]" in shown.stdout
@@ -159,8 +160,9 @@ def test_history_and_show(cli: CliRunner, demo_run: Path, db_url: str, tmp_path:
     assert table.exit_code == 0 and "PASSED" in table.stdout and "FAILED" in table.stdout
 
     shown = json.loads(invoke(cli, "show", str(docs[1]["id"]), "--json", "--db", db_url).stdout)
-    assert [c["name"] for c in shown["checks"]] == ["discover", "files", "load", "keys"]
-    assert shown["checks"][1]["evidence"]["files_ok"] == 3
+    assert [c["name"] for c in shown["checks"]] == ["discover", "integrity", "files", "load", "keys"]
+    assert shown["checks"][2]["evidence"]["files_ok"] == 3
+    assert shown["evidence_level"] == "sealed" and shown["sample"] == "all"
     missing = invoke(cli, "show", "9999", "--db", db_url)
     assert missing.exit_code == 2 and "no drill with id 9999" in missing.stderr
 
@@ -174,10 +176,10 @@ def test_db_upgrade_and_status(cli: CliRunner, postgres_url: str) -> None:
     status = invoke(cli, "db", "status", "--db", postgres_url)
     assert status.exit_code == 4 and "behind" in status.stdout
     res = invoke(cli, "db", "upgrade", "--db", postgres_url)
-    assert res.exit_code == 0 and "upgraded from empty to 0001" in res.stdout
+    assert res.exit_code == 0 and "upgraded from empty to 0002" in res.stdout
     again = invoke(cli, "db", "upgrade", "--db", postgres_url)
     assert "up to date" in again.stdout
-    assert json.loads(invoke(cli, "db", "status", "--json", "--db", postgres_url).stdout)["current"] == "0001"
+    assert json.loads(invoke(cli, "db", "status", "--json", "--db", postgres_url).stdout)["current"] == "0002"
 
 
 def test_run_against_a_postgres_schema_that_is_behind(cli: CliRunner, demo_run: Path, postgres_url: str) -> None:

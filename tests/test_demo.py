@@ -21,7 +21,7 @@ def test_run_directory_layout(pristine_run: Path) -> None:
     assert names == ["drill-steps.jsonl", "run.json", "step-10", "step-20", "step-30"]
     for step in (10, 20, 30):
         files = {p.name for p in (pristine_run / f"step-{step}").iterdir()}
-        assert ".metadata" in files
+        assert ".metadata" in files and "drill-manifest.json" in files
         assert sum(name.endswith(".distcp") for name in files) == 2
     assert json.loads((pristine_run / "run.json").read_text())["config"]["steps"] == SMALL_RUN.steps
 

@@ -11,7 +11,20 @@ import typer
 from typer.core import TyperGroup
 
 from drill import __version__
-from drill.cli.common import DbOption, DebugOption, JsonOption, error_boundary, fail, print_json, stderr, stdout
+from drill.cli.common import (
+    CoverageDaysOption,
+    DbOption,
+    DebugOption,
+    JsonOption,
+    RequireSealedOption,
+    SampleOption,
+    error_boundary,
+    fail,
+    parse_sample_option,
+    print_json,
+    stderr,
+    stdout,
+)
 from drill.errors import ExitCode
 
 EXIT_CODES = """\
@@ -76,13 +89,17 @@ def run(
         str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")
     ] = "latest",
     device: Annotated[str, typer.Option("--device", help="Restore onto auto (CUDA if present), cpu, cuda or cuda:N.")] = "auto",
+    sample: SampleOption = "all",
+    require_sealed: RequireSealedOption = False,
+    coverage_days: CoverageDaysOption = 7.0,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """Restore one checkpoint onto a device, check it, and record the drill.
+    """Restore one checkpoint onto a device, verify and check it, and record the drill.
 
-    Every file is read and every tensor is loaded onto the device; the verdict, every check's
+    Every file is read once and every tensor is loaded onto the device; the bytes are hashed
+    in the same pass and compared with the checkpoint's manifest. The verdict, every check's
     evidence and the restore latency per phase are recorded in the database.
 
     Example: drill run --root ./demo-run --checkpoint latest
@@ -94,7 +111,14 @@ def run(
     from drill.runner import DrillRequest, resolve_device, run_drill
     from drill.select import parse_selector
 
-    request = DrillRequest(selector=parse_selector(checkpoint), root=root, device=device)
+    request = DrillRequest(
+        selector=parse_selector(checkpoint),
+        root=root,
+        device=device,
+        sample=parse_sample_option(sample),
+        require_sealed=require_sealed,
+        coverage_days=coverage_days,
+    )
     resolve_device(device)  # flags are validated before any I/O
     database = open_database(db)
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -112,6 +136,99 @@ def run(
         render_outcome(stdout(), outcome, url)
     if outcome.exit_code != ExitCode.PASSED and outcome.message:
         stderr().print(f"drill: {outcome.status}: {outcome.message}", markup=False)
+    raise typer.Exit(int(outcome.exit_code))
+
+
+@app.command()
+@error_boundary
+def seal(
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory to seal.")],
+    force: Annotated[bool, typer.Option("--force", help="Replace a manifest that seals different content.")] = False,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Write drill-manifest.json into a checkpoint: every file's size and xxh3-128 digests.
+
+    Costs about one read of the files. An identical manifest is left alone; a different one
+    means the checkpoint changed after sealing, and is replaced only with --force.
+
+    Example: drill seal ./demo-run/step-100
+    """
+    import os
+
+    from drill.errors import IntegrityConflict, NothingToDrill
+    from drill.integrity.manifest import SealConflict
+    from drill.integrity.manifest import seal as seal_checkpoint
+    from drill.units import human_bytes
+
+    if not os.path.isdir(checkpoint):
+        raise NothingToDrill(f"{checkpoint} is not a checkpoint directory")
+    try:
+        result = seal_checkpoint(checkpoint, force=force)
+    except SealConflict as exc:
+        raise IntegrityConflict(str(exc), hint=f"verify it first: drill verify {checkpoint}") from None
+    m = result.manifest
+    doc = {"manifest": result.path, "written": result.written, "step": m.step, "files": len(m.files), "bytes": m.total_bytes}
+    if json:
+        print_json(doc)
+        return
+    verb = "sealed" if result.written else "already sealed (identical manifest)"
+    stdout().print(f"{verb}: {len(m.files)} files, {human_bytes(m.total_bytes)} → {result.path}", markup=False)
+
+
+@app.command()
+@error_boundary
+def verify(
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory, or a single torch.save / safetensors file.")],
+    sample: SampleOption = "all",
+    require_sealed: RequireSealedOption = False,
+    coverage_days: CoverageDaysOption = 7.0,
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Verify a checkpoint's bytes without loading its tensors.
+
+    Sealed: every file's size and digests against drill-manifest.json (and a framework's own
+    manifest, if any). Unsealed: a structural proof — DCP metadata against the files, a
+    torch.save zip's CRC-32s, a safetensors header's offsets. Updates the coverage ledger.
+
+    Example: drill verify ./demo-run/step-100 --sample auto
+    """
+    from drill.cli.render import render_check
+    from drill.records.db import open_database
+    from drill.records.store import Records
+    from drill.units import human_bytes, human_seconds
+    from drill.verifier import verify_checkpoint
+
+    spec = parse_sample_option(sample)
+    database = open_database(db)
+    try:
+        outcome = verify_checkpoint(
+            checkpoint, sample=spec, require_sealed=require_sealed, records=Records(database), coverage_days=coverage_days
+        )
+    finally:
+        database.close()
+    r = outcome.result
+    if json:
+        print_json(
+            {
+                "checkpoint": outcome.uri,
+                "status": r.status.value,
+                "summary": r.summary,
+                "seconds": outcome.seconds,
+                "bytes_hashed": outcome.bytes_hashed,
+                "evidence": r.evidence,
+                "findings": [f.to_dict() for f in r.findings],
+            }
+        )
+    else:
+        out = stdout()
+        render_check(out, r)
+        out.print(f"{human_bytes(outcome.bytes_hashed)} hashed in {human_seconds(outcome.seconds)}", markup=False, style="dim")
+    if outcome.exit_code != ExitCode.PASSED:
+        first = next(f for f in r.findings if f.severity.value == "error")
+        stderr().print(f"drill: failed: {first.message}", markup=False)
     raise typer.Exit(int(outcome.exit_code))
 
 

@@ -28,6 +28,20 @@ DbOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")]
+SampleOption = Annotated[
+    str,
+    typer.Option(
+        "--sample",
+        help="Verify a subset: all, n/t (bucket n of t), P%, SIZE (e.g. 2GiB), auto[:P%|:SIZE] "
+        "(least recently verified first). A sampled drill says it was sampled.",
+    ),
+]
+RequireSealedOption = Annotated[
+    bool, typer.Option("--require-sealed", help="Fail a checkpoint without a drill manifest instead of accepting a structural proof.")
+]
+CoverageDaysOption = Annotated[
+    float, typer.Option("--coverage-days", help="Report the share of bytes verified within this many days.")
+]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks for unexpected errors.")]
 
 
@@ -77,3 +91,13 @@ def error_boundary(fn: F) -> F:
             ) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def parse_sample_option(text: str):  # type: ignore[no-untyped-def]
+    from drill.errors import UsageError
+    from drill.integrity.sampling import SampleSpecError, parse_sample
+
+    try:
+        return parse_sample(text)
+    except SampleSpecError as exc:
+        raise UsageError(f"--sample {text!r}: {exc}") from None

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from drill.findings import Severity
+from drill.findings import CheckResult, Severity
 from drill.runner import DrillOutcome
 from drill.units import human_bytes, human_rate, human_seconds
 
@@ -56,6 +56,24 @@ def outcome_document(outcome: DrillOutcome, db_url: str) -> dict[str, Any]:
     }
 
 
+def render_findings(console: Console, findings: list) -> None:  # type: ignore[type-arg]
+    for f in findings:
+        if f.severity is Severity.INFO:
+            continue
+        colour = "red" if f.severity is Severity.ERROR else "yellow"
+        where = escape(f" [{f.subject}]") if f.subject else ""
+        console.print(f"[{colour}]{f.severity.value}[/] {f.code}{where}: ", end="")
+        console.print(f.message, markup=False)
+        if f.hint:
+            console.print(f"  hint: {f.hint}", markup=False, style="dim")
+
+
+def render_check(console: Console, check: CheckResult) -> None:
+    console.print(f"[bold]{escape(check.name)}[/] {_styled(check.status.value)}  ", end="")
+    console.print(check.summary, markup=False)
+    render_findings(console, check.findings)
+
+
 def render_outcome(console: Console, outcome: DrillOutcome, db_url: str) -> None:
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     table.add_column("check")
@@ -65,16 +83,9 @@ def render_outcome(console: Console, outcome: DrillOutcome, db_url: str) -> None
         table.add_row(escape(c.name), _styled(c.status.value), escape(c.summary))
     if outcome.checks:
         console.print(table)
-    problems = [f for f in outcome.findings if f.severity is not Severity.INFO]
-    if problems:
+    if any(f.severity is not Severity.INFO for f in outcome.findings):
         console.print()
-    for f in problems:
-        colour = "red" if f.severity is Severity.ERROR else "yellow"
-        where = escape(f" [{f.subject}]") if f.subject else ""
-        console.print(f"[{colour}]{f.severity.value}[/] {f.code}{where}: ", end="")
-        console.print(f.message, markup=False)
-        if f.hint:
-            console.print(f"  hint: {f.hint}", markup=False, style="dim")
+    render_findings(console, outcome.findings)
     t = outcome.timings
     ref = outcome.checkpoint
     console.print()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
@@ -84,6 +84,10 @@ class Drill(Base):
     """Bytes read per second of read + load."""
     drill_version: Mapped[str] = mapped_column(String(32))
     torch_version: Mapped[str | None] = mapped_column(String(64))
+    sample: Mapped[str | None] = mapped_column(String(64))
+    """``all`` or the sampling spec: a sampled drill says it was sampled."""
+    evidence_level: Mapped[str | None] = mapped_column(String(16))
+    """``sealed`` (content hashes) or ``unsealed`` (structural proof only)."""
 
     checkpoint: Mapped[Checkpoint | None] = relationship(back_populates="drills")
     checks: Mapped[list[CheckRecord]] = relationship(
@@ -103,3 +107,18 @@ class CheckRecord(Base):
     seconds: Mapped[float] = mapped_column(Float)
 
     drill: Mapped[Drill] = relationship(back_populates="checks")
+
+
+class FileVerification(Base):
+    """The coverage ledger: the last time each file's bytes matched its sealed digest."""
+
+    __tablename__ = "file_verifications"
+    __table_args__ = (UniqueConstraint("checkpoint_id", "path", name="uq_file_verifications_checkpoint_path"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    checkpoint_id: Mapped[int] = mapped_column(ForeignKey("checkpoints.id", ondelete="CASCADE"))
+    path: Mapped[str] = mapped_column(String(1024))
+    size: Mapped[int] = mapped_column(BigInteger)
+    xxh3_128: Mapped[str] = mapped_column(String(32))
+    verified_at: Mapped[datetime]
+    drill_id: Mapped[int | None] = mapped_column(ForeignKey("drills.id", ondelete="SET NULL"))

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import select
@@ -23,7 +23,7 @@ from drill import __version__
 from drill.errors import DatabaseError, NotFound
 from drill.findings import CheckResult
 from drill.records.db import Database, _reason, safe_url
-from drill.records.models import Checkpoint, CheckRecord, Drill
+from drill.records.models import Checkpoint, CheckRecord, Drill, FileVerification
 
 
 def utcnow() -> datetime:
@@ -73,9 +73,26 @@ class Records:
             s.flush()
             return drill.id
 
+    def set_evidence_level(self, drill_id: int, *, sample: str, evidence_level: str) -> None:
+        with self._session() as s:
+            d = s.get_one(Drill, drill_id)
+            d.sample = sample
+            d.evidence_level = evidence_level
+
     def set_phase(self, drill_id: int, phase: str) -> None:
         with self._session() as s:
             s.get_one(Drill, drill_id).phase = phase
+
+    def ensure_checkpoint(self, *, run_root: str, uri: str, step: int | None, format: str) -> int:
+        """The checkpoint's id, recording it first if it is new."""
+        now = utcnow()
+        with self._session() as s:
+            ckpt = s.scalar(select(Checkpoint).where(Checkpoint.uri == uri))
+            if ckpt is None:
+                ckpt = Checkpoint(run_root=run_root, uri=uri, step=step, format=format, first_seen=now, last_seen=now)
+                s.add(ckpt)
+                s.flush()
+            return ckpt.id
 
     def attach_checkpoint(
         self, drill_id: int, *, run_root: str, uri: str, step: int | None, format: str, nbytes: int | None, file_count: int | None
@@ -133,6 +150,49 @@ class Records:
             busy = (timings.read or 0.0) + (timings.load or 0.0)
             d.throughput_bps = bytes_read / busy if bytes_read and busy > 0 else None
 
+    def record_verified(self, checkpoint_id: int, drill_id: int | None, files: dict[str, tuple[int, str]]) -> None:
+        """Ledger: these files (path → (size, digest)) just matched their sealed digests."""
+        now = utcnow()
+        with self._session() as s:
+            rows = {
+                r.path: r
+                for r in s.scalars(select(FileVerification).where(FileVerification.checkpoint_id == checkpoint_id))
+            }
+            for path, (size, digest) in files.items():
+                row = rows.get(path)
+                if row is None:
+                    row = FileVerification(checkpoint_id=checkpoint_id, path=path, size=size, xxh3_128=digest, verified_at=now)
+                    s.add(row)
+                row.size, row.xxh3_128, row.verified_at, row.drill_id = size, digest, now, drill_id
+
+    def forget_verified(self, checkpoint_id: int, paths: set[str]) -> None:
+        """Ledger: these files just failed verification; earlier proofs no longer hold."""
+        if not paths:
+            return
+        with self._session() as s:
+            for row in s.scalars(
+                select(FileVerification).where(FileVerification.checkpoint_id == checkpoint_id, FileVerification.path.in_(paths))
+            ):
+                s.delete(row)
+
+    def last_verified(self, checkpoint_id: int) -> dict[str, tuple[datetime, str]]:
+        """Ledger: path → (when it last matched, the digest it matched)."""
+        with self._session() as s:
+            rows = s.scalars(select(FileVerification).where(FileVerification.checkpoint_id == checkpoint_id))
+            return {r.path: (r.verified_at, r.xxh3_128) for r in rows}
+
+    def coverage(self, checkpoint_id: int, files: dict[str, tuple[int, str]], days: float) -> float:
+        """Fraction of ``files``' bytes (path → (size, sealed digest)) verified within ``days``."""
+        total = sum(size for size, _ in files.values())
+        if not total:
+            return 1.0
+        since = utcnow() - timedelta(days=days)
+        seen = self.last_verified(checkpoint_id)
+        fresh = sum(
+            size for path, (size, digest) in files.items() if path in seen and seen[path][1] == digest and seen[path][0] >= since
+        )
+        return fresh / total
+
     # -- reading ----------------------------------------------------------------------------
     def history(self, *, run_root: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         with self._session() as s:
@@ -183,6 +243,8 @@ def drill_document(d: Drill, *, with_checks: bool = False) -> dict[str, Any]:
         "throughput_bps": d.throughput_bps,
         "drill_version": d.drill_version,
         "torch_version": d.torch_version,
+        "sample": d.sample,
+        "evidence_level": d.evidence_level,
     }
     if with_checks:
         doc["checks"] = [

@@ -258,6 +258,7 @@ def restore_dcp(
     except MetadataUnreadable as exc:
         result.metadata_error = str(exc)
         return result
+    result.index = metadata.storage_data
     progress.phase("read", total_bytes=_checkpoint_bytes(storage, ref.uri, metadata))
     state = skeleton(metadata, device)
     planner = SafeLoadPlanner(result.failures)

@@ -54,6 +54,8 @@ class RestoreResult:
     files: list[FileRead] = field(default_factory=list)
     failures: list[ItemFailure] = field(default_factory=list)
     metadata_error: str | None = None
+    index: Any = None
+    """The format's own index of where each entry lives (DCP: ``Metadata.storage_data``)."""
     tensors_loaded: int = 0
     tensor_bytes: int = 0
     values_loaded: int = 0
