@@ -258,3 +258,34 @@ def test_unexpected_failure_is_recorded_as_error_with_traceback(
     assert res.stderr.strip() == "drill: error: RuntimeError: device fell off the bus"
     shown = json.loads(invoke(cli, "show", str(json.loads(res.stdout)["drill_id"]), "--json", "--db", sqlite_url).stdout)
     assert shown["status"] == "error" and "Traceback" in shown["error"]
+
+
+def test_seal_and_verify_commands(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
+    ckpt = demo_run / "step-20"
+    os.remove(ckpt / "drill-manifest.json")
+    unsealed = invoke(cli, "verify", str(ckpt), "--db", sqlite_url)
+    assert unsealed.exit_code == 0 and "unsealed: structurally consistent" in unsealed.stdout
+    strict = invoke(cli, "verify", str(ckpt), "--require-sealed", "--db", sqlite_url)
+    assert strict.exit_code == 1 and "not-sealed" in strict.stdout
+
+    sealed = invoke(cli, "seal", str(ckpt), "--json")
+    assert sealed.exit_code == 0 and json.loads(sealed.stdout)["written"] is True
+    assert "already sealed" in invoke(cli, "seal", str(ckpt)).stdout
+    doc = json.loads(invoke(cli, "verify", str(ckpt), "--json", "--db", sqlite_url).stdout)
+    assert doc["status"] == "passed" and doc["evidence"]["coverage"]["percent"] == 100.0
+
+    (ckpt / "__0_0.distcp").write_bytes(b"x")
+    conflict = invoke(cli, "seal", str(ckpt))
+    assert conflict.exit_code == 1 and "seals different content" in conflict.stderr
+    bad = invoke(cli, "verify", str(ckpt), "--db", sqlite_url)
+    assert bad.exit_code == 1 and "size-mismatch [__0_0.distcp]" in bad.stdout
+    assert bad.stderr.startswith("drill: failed: __0_0.distcp is truncated")
+    assert invoke(cli, "verify", str(demo_run / "nope"), "--db", sqlite_url).exit_code == 3
+    assert invoke(cli, "verify", str(ckpt), "--sample", "9/4", "--db", sqlite_url).exit_code == 2
+
+
+def test_run_sampled_says_so(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
+    res = invoke(cli, "run", "--root", str(demo_run), "--sample", "1/3", "--json", "--db", sqlite_url)
+    assert res.exit_code == 0
+    integrity = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "integrity")
+    assert "sampled 1/3" in integrity["summary"]

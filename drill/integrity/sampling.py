@@ -85,7 +85,7 @@ def parse_sample(text: str) -> SampleSpec:
         return SampleSpec("auto", fraction=0.25)
     if t.startswith("auto:"):
         fraction, nbytes = _budget(t[5:])
-        return SampleSpec("auto", fraction=fraction, nbytes=nbytes)
+        return SampleSpec("auto", nbytes=nbytes) if nbytes else SampleSpec("auto", fraction=fraction)
     if "/" in t:
         a, _, b = t.partition("/")
         if not (a.isdigit() and b.isdigit()) or not 1 <= int(a) <= int(b):

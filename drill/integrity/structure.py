@@ -91,7 +91,9 @@ def zip_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str,
                     while block := member.read(1 << 20):
                         crc = zlib.crc32(block, crc)
             except (zipfile.BadZipFile, OSError, EOFError) as exc:
-                findings.append(_finding("zip-record-corrupt", path, f"{path}: record {info.filename} cannot be read ({exc})"))
+                # zipfile checks the CRC itself as the record ends, and raises on a mismatch.
+                code = "crc-mismatch" if "CRC" in str(exc) else "zip-record-corrupt"
+                findings.append(_finding(code, path, f"{path}: record {info.filename} fails ({exc})", expected=f"{info.CRC:08x}"))
                 continue
             if crc != info.CRC:
                 findings.append(

@@ -1,0 +1,271 @@
+"""Integrity: every fault on a real sealed checkpoint turns the drill red with its finding."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from drill.errors import ExitCode
+from drill.findings import CheckStatus
+from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
+from drill.integrity.manifest import MANIFEST_NAME, SealConflict, parse_manifest, read_manifest, seal
+from drill.records.db import open_database
+from drill.records.store import Records
+from drill.runner import DrillOutcome, DrillRequest, run_drill
+from drill.safe_pickle import restricted_loads
+from drill.select import parse_selector
+from drill.storage import LocalStorage
+from drill.verifier import verify_checkpoint
+
+
+def _drill(run: Path, db: str, storage=None, **kw) -> DrillOutcome:  # type: ignore[no-untyped-def]
+    records = Records(open_database(db))
+    try:
+        return run_drill(DrillRequest(selector=parse_selector("latest"), root=str(run), **kw), records, storage=storage)
+    finally:
+        records.db.close()
+
+
+def _integrity(outcome: DrillOutcome):  # type: ignore[no-untyped-def]
+    return next(c for c in outcome.checks if c.name == "integrity")
+
+
+def _codes(outcome: DrillOutcome, check: str = "integrity") -> list[tuple[str, str | None]]:
+    return [(f.code, f.subject) for c in outcome.checks if c.name == check for f in c.findings]
+
+
+def test_demo_checkpoints_are_sealed(pristine_run: Path) -> None:
+    for step in (10, 20, 30):
+        manifest, _ = read_manifest(LocalStorage(), str(pristine_run / f"step-{step}"))
+        assert manifest is not None and manifest.step == step
+        assert {f.path for f in manifest.files} == {".metadata", "__0_0.distcp", "__0_1.distcp"}
+        assert manifest.frameworks["torch"] == torch.__version__
+
+
+def test_clean_sealed_checkpoint_proves_every_byte(demo_run: Path, sqlite_url: str) -> None:
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status == "passed"
+    integrity = _integrity(outcome)
+    assert integrity.summary.startswith("sealed: every byte matches the manifest (3 files")
+    assert integrity.evidence["evidence_level"] == "sealed"
+    assert integrity.evidence["bytes_verified"] == integrity.evidence["bytes_listed"]
+    assert integrity.evidence["coverage"] == {"days": 7.0, "percent": 100.0}
+
+
+def test_flipped_bit_is_located_to_its_byte_range(demo_run: Path, sqlite_url: str) -> None:
+    shard = demo_run / "step-30" / "__0_1.distcp"
+    data = bytearray(shard.read_bytes())
+    middle = len(data) // 2
+    data[middle] ^= 0x10
+    shard.write_bytes(data)
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status == "failed"
+    (finding,) = _integrity(outcome).findings
+    assert (finding.code, finding.subject) == ("digest-mismatch", "__0_1.distcp")
+    chunk = middle // DEFAULT_CHUNK_SIZE * DEFAULT_CHUNK_SIZE
+    assert f"bytes {chunk}..{min(chunk + DEFAULT_CHUNK_SIZE, len(data))}" in finding.message
+
+
+def test_flipped_bit_range_with_small_chunks(demo_run: Path) -> None:
+    ckpt = demo_run / "step-20"
+    seal(ckpt, chunk_size=4096, force=True)
+    shard = ckpt / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[10_000] ^= 1
+    shard.write_bytes(data)
+    result = verify_checkpoint(str(ckpt)).result
+    assert [f.code for f in result.findings] == ["digest-mismatch"]
+    assert "bytes 8192..12288" in result.findings[0].message
+
+
+@pytest.mark.parametrize(("new_size", "how"), [(1000, "truncated"), (0, "truncated")])
+def test_truncated_and_zero_byte_shards(demo_run: Path, sqlite_url: str, new_size: int, how: str) -> None:
+    shard = demo_run / "step-30" / "__0_0.distcp"
+    with open(shard, "r+b") as f:
+        f.truncate(new_size)
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status == "failed"
+    (finding,) = _integrity(outcome).findings
+    assert finding.code == "size-mismatch" and how in finding.message and finding.actual == new_size
+
+
+def test_deleted_shard(demo_run: Path, sqlite_url: str) -> None:
+    os.remove(demo_run / "step-30" / "__0_0.distcp")
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.exit_code == ExitCode.FAILED
+    assert _codes(outcome) == [("file-missing", "__0_0.distcp")]
+
+
+def test_extra_stray_file(demo_run: Path, sqlite_url: str) -> None:
+    (demo_run / "step-30" / "stray.bin").write_bytes(b"not part of the save")
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status == "failed"
+    assert _codes(outcome) == [("file-unlisted", "stray.bin")]
+
+
+def test_two_equal_size_shards_swapped(tmp_path: Path, sqlite_url: str) -> None:
+    ckpt = tmp_path / "run" / "step-1"
+    state = {name: {"w": torch.full((4096,), float(i))} for i, name in enumerate(("model", "optimizer"))}
+    with pytest.warns(UserWarning):
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(ckpt), thread_count=2))
+    a, b = ckpt / "__0_0.distcp", ckpt / "__0_1.distcp"
+    assert a.stat().st_size == b.stat().st_size
+    seal(ckpt)
+    tmp = ckpt / "swap"
+    a.rename(tmp), b.rename(a), tmp.rename(b)
+    result = verify_checkpoint(str(ckpt)).result
+    assert sorted((f.code, f.subject) for f in result.findings) == [
+        ("digest-mismatch", "__0_0.distcp"),
+        ("digest-mismatch", "__0_1.distcp"),
+    ]
+
+
+def test_manifest_edited_by_hand(demo_run: Path, sqlite_url: str) -> None:
+    path = demo_run / "step-30" / MANIFEST_NAME
+    doc = json.loads(path.read_text())
+    doc["files"][1]["size"] += 1
+    path.write_text(json.dumps(doc))
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status == "failed"
+    assert ("manifest-digest-mismatch", MANIFEST_NAME) in _codes(outcome)
+
+
+def test_manifest_that_is_not_json(demo_run: Path, sqlite_url: str) -> None:
+    (demo_run / "step-30" / MANIFEST_NAME).write_bytes(b"\x00garbage{")
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status == "failed"
+    assert _codes(outcome)[0] == ("manifest-not-json", MANIFEST_NAME)
+    # the restore still ran, and says the rest of the checkpoint is intact
+    assert next(c for c in outcome.checks if c.name == "load").status is CheckStatus.PASSED
+
+
+class _RecordingStorage(LocalStorage):
+    def __init__(self) -> None:
+        self.opened: list[str] = []
+
+    def open(self, uri: str) -> BinaryIO:
+        self.opened.append(uri)
+        return super().open(uri)
+
+    def map(self, uri: str) -> memoryview | None:
+        self.opened.append(uri)
+        return super().map(uri)
+
+
+@pytest.mark.parametrize("evil", ["../../etc/passwd", "/etc/passwd"])
+def test_manifest_path_escaping_is_rejected_before_anything_is_opened(demo_run: Path, sqlite_url: str, evil: str) -> None:
+    ckpt = demo_run / "step-30"
+    manifest, _ = read_manifest(LocalStorage(), str(ckpt))
+    assert manifest is not None
+    manifest.files[0] = type(manifest.files[0])(evil, 10, "0" * 32, ("0" * 32,))
+    (ckpt / MANIFEST_NAME).write_bytes(manifest.to_json())  # a validly self-digested, hostile manifest
+    storage = _RecordingStorage()
+    outcome = _drill(demo_run, sqlite_url, storage=storage)
+    assert outcome.status == "failed"
+    assert _codes(outcome) == [("manifest-path-escapes", MANIFEST_NAME)]
+    assert [os.path.basename(u) for u in storage.opened] == [MANIFEST_NAME]
+    assert [c.name for c in outcome.checks] == ["discover", "integrity"]
+
+
+def test_symlink_leading_out_is_refused(demo_run: Path, tmp_path: Path) -> None:
+    (demo_run / "step-30" / "link").symlink_to(tmp_path)
+    result = verify_checkpoint(str(demo_run / "step-30")).result
+    assert [f.code for f in result.findings] == ["path-escapes"]
+
+
+def test_unsealed_dcp_metadata_pointing_past_the_end_of_a_file(demo_run: Path, sqlite_url: str) -> None:
+    ckpt = demo_run / "step-30"
+    os.remove(ckpt / MANIFEST_NAME)
+    clean = _drill(demo_run, sqlite_url)
+    assert clean.status == "passed"
+    assert _integrity(clean).summary == "unsealed: structurally consistent, no content hashes"
+
+    metadata = restricted_loads((ckpt / ".metadata").read_bytes())
+    size = (ckpt / "__0_1.distcp").stat().st_size
+    last = max((i for i in metadata.storage_data.values() if i.relative_path == "__0_1.distcp"), key=lambda i: i.offset)
+    last.length += 100
+    (ckpt / ".metadata").write_bytes(pickle.dumps(metadata))
+    assert last.offset + last.length > size
+    for result in (_integrity(_drill(demo_run, sqlite_url)), verify_checkpoint(str(ckpt)).result):
+        assert result.status is CheckStatus.FAILED
+        assert ("entry-out-of-bounds", "__0_1.distcp") in [(f.code, f.subject) for f in result.findings]
+
+
+def test_require_sealed(demo_run: Path, sqlite_url: str) -> None:
+    os.remove(demo_run / "step-30" / MANIFEST_NAME)
+    outcome = _drill(demo_run, sqlite_url, require_sealed=True)
+    assert outcome.status == "failed" and ("not-sealed", str(demo_run / "step-30")) in _codes(outcome)
+
+
+def test_seal_is_idempotent_and_never_silently_replaces(demo_run: Path) -> None:
+    ckpt = demo_run / "step-20"
+    before = (ckpt / MANIFEST_NAME).read_bytes()
+    again = seal(ckpt)
+    assert not again.written and (ckpt / MANIFEST_NAME).read_bytes() == before
+    (ckpt / "__0_0.distcp").write_bytes(b"changed after sealing")
+    with pytest.raises(SealConflict, match="seals different content"):
+        seal(ckpt)
+    assert (ckpt / MANIFEST_NAME).read_bytes() == before
+    forced = seal(ckpt, force=True)
+    assert forced.written and parse_manifest((ckpt / MANIFEST_NAME).read_bytes()).by_path()["__0_0.distcp"].size == 21
+    assert not [p for p in ckpt.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_megatron_integrity_json_is_verified_in_the_same_read(demo_run: Path, sqlite_url: str) -> None:
+    ckpt = demo_run / "step-30"
+    shas = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in ckpt.iterdir() if p.name.endswith(".distcp")}
+    (ckpt / "integrity.json").write_text(json.dumps({"algorithm": "sha256", "files": shas}))
+    clean = _drill(demo_run, sqlite_url)
+    assert clean.status == "passed"
+    assert _integrity(clean).evidence["manifests"]["integrity.json"] == "integrity.json proved the content (SHA-256 per file) for 2 of 2 files"
+    assert _integrity(clean).evidence["manifests"][MANIFEST_NAME] == "proved the content of 3 of 3 files"
+
+    shas["__0_0.distcp"] = "0" * 64
+    (ckpt / "integrity.json").write_text(json.dumps({"algorithm": "sha256", "files": shas}))
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status == "failed"
+    (finding,) = _integrity(outcome).findings
+    assert finding.code == "digest-mismatch" and "integrity.json" in finding.message
+
+
+def test_safetensors_index_proves_shard_presence(tmp_path: Path) -> None:
+    safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    ckpt = tmp_path / "checkpoint-5"
+    ckpt.mkdir()
+    safetensors_torch.save_file({"a": torch.ones(3)}, str(ckpt / "model-00001-of-00002.safetensors"))
+    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    result = verify_checkpoint(str(ckpt)).result
+    assert [(f.code, f.subject) for f in result.findings] == [("file-missing", "model-00002-of-00002.safetensors")]
+    assert "model.safetensors.index.json" in result.evidence["manifests"]
+
+
+def test_single_file_structural_proofs(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": {"w": torch.arange(1000.0)}, "iter_num": 5}, path)
+    ok = verify_checkpoint(str(path)).result
+    assert ok.status is CheckStatus.PASSED and "CRC-32" in ok.summary
+    data = bytearray(path.read_bytes())
+    data[data.find(b"\x00\x00\x80\x3f") + 1] ^= 0xFF  # damage the tensor bytes, not the headers
+    path.write_bytes(data)
+    bad = verify_checkpoint(str(path)).result
+    assert [f.code for f in bad.findings] == ["crc-mismatch"]
+
+
+def test_safetensors_structural_proof(tmp_path: Path) -> None:
+    safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    path = tmp_path / "model.safetensors"
+    safetensors_torch.save_file({"a": torch.ones(10), "b": torch.zeros(5)}, str(path))
+    assert verify_checkpoint(str(path)).result.status is CheckStatus.PASSED
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 8)
+    bad = verify_checkpoint(str(path)).result
+    assert "entry-out-of-bounds" in [f.code for f in bad.findings]
