@@ -10,16 +10,18 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from drill.coverage import update_coverage
 from drill.discover import DCP_METADATA, step_of
 from drill.errors import ExitCode, NothingToDrill
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.sampling import SampleSpec
 from drill.integrity.structure import dcp_structure, safetensors_structure, sniff, zip_structure
 from drill.integrity.verify import NAME, IntegrityPlan, Observed, hash_remaining, integrity_check, plan_integrity
-from drill.records.store import Records
 from drill.storage import Storage, storage_for
+
+if TYPE_CHECKING:  # SQLAlchemy is imported only when a ledger is asked for
+    from drill.records.store import Records
 
 
 @dataclass(slots=True, kw_only=True)
@@ -113,6 +115,8 @@ def verify_checkpoint(
     structure = _structure_of_dcp(storage, plan) if plan.manifest is None else None
     result = integrity_check(plan, observed, require_sealed=require_sealed, structure=structure)
     if records is not None and plan.manifest is not None:
+        from drill.coverage import update_coverage
+
         update_coverage(records, checkpoint_id or _checkpoint_id(records, uri), None, plan, result, coverage_days)
     hashed = sum(o.hashes.size for o in observed.values() if o.hashes is not None)
     result.seconds = time.perf_counter() - started
