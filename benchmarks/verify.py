@@ -96,7 +96,7 @@ def inner(script: str, arg: str) -> float:
 
 def outer(cmd: list[str]) -> float:
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t
 
 
@@ -120,7 +120,7 @@ def main() -> None:
     files = sorted(str(p) for p in ckpt.iterdir())
     nbytes = sum(os.path.getsize(f) for f in files)
     assert nbytes >= 1 << 30, f"benchmark checkpoint is only {nbytes} bytes"
-    subprocess.run([xxhsum, "-H2", *files], check=True, stdout=subprocess.DEVNULL)  # page cache warm-up
+    subprocess.run([xxhsum, "-H2", *files], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # warm-up
 
     times: dict[str, list[float]] = {k: [] for k in ("a", "b", "c", "c_wall", "d_wall", "e")}
     for _ in range(args.repeat):
