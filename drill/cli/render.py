@@ -101,6 +101,8 @@ def render_outcome(console: Console, outcome: DrillOutcome, db_url: str) -> None
             markup=False,
         )
     console.print(f"recorded in {db_url}  (drill show {outcome.drill_id})", markup=False, style="dim")
+    if outcome.status == "failed" and ref is not None:
+        console.print(f"re-check the bytes without restoring: drill verify {ref.uri}", markup=False, style="dim")
 
 
 def render_history(console: Console, drills: list[dict[str, Any]]) -> None:
