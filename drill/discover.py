@@ -12,9 +12,14 @@ from dataclasses import dataclass, field
 from drill.storage import Storage
 
 DCP_METADATA = ".metadata"
+HF_TRAINER_STATE = "trainer_state.json"
+"""Hugging Face's Trainer writes it after the model, optimizer, scheduler and RNG files."""
+SINGLE_FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".tar")
 
 # torchtitan writes step-N; other trainers use checkpoint-N, iter_N, global_stepN.
 _STEP_DIR = re.compile(r"^(?:step|checkpoint|iter|global_step)[-_]?(\d+)$")
+# Single files: Lightning's "epoch=0-step=400.ckpt", "step_400.pt", "iter-400.pt".
+_STEP_FILE = re.compile(r"(?:^|[-_])(?:step|iter|global_step)[=_-]?(\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +49,10 @@ class Discovery:
 
 def step_of(name: str) -> int | None:
     m = _STEP_DIR.match(name)
-    return int(m.group(1)) if m else None
+    if m:
+        return int(m.group(1))
+    m = _STEP_FILE.search(name)
+    return int(m.group(1)) if m and name.endswith(SINGLE_FILE_SUFFIXES) else None
 
 
 def looks_like_checkpoint_name(name: str) -> bool:
@@ -57,8 +65,10 @@ def inspect_dir(storage: Storage, uri: str, name: str) -> CheckpointRef | Incomp
     names = {e.name: e for e in storage.list(uri)}
     if DCP_METADATA in names and not names[DCP_METADATA].is_dir:
         return CheckpointRef(uri=uri, name=name, step=step, format="dcp", mtime=names[DCP_METADATA].mtime)
+    if HF_TRAINER_STATE in names and not names[HF_TRAINER_STATE].is_dir:
+        return CheckpointRef(uri=uri, name=name, step=step, format="hf-trainer", mtime=names[HF_TRAINER_STATE].mtime)
     if step is not None:
-        reason = "no .metadata: the save never finished" if names else "empty directory"
+        reason = f"no {DCP_METADATA} or {HF_TRAINER_STATE}: the save never finished" if names else "empty directory"
         return IncompleteSave(uri=uri, name=name, step=step, reason=reason)
     return None
 
@@ -69,9 +79,14 @@ def discover(storage: Storage, root: str) -> Discovery:
     Raises ``FileNotFoundError``/``NotADirectoryError`` when the root itself is unusable.
     """
     root_entry = storage.stat(root)
-    if not root_entry.is_dir:
-        raise NotADirectoryError(20, "Not a directory", root)
     found = Discovery(root=root)
+    if not root_entry.is_dir:
+        if root_entry.name.endswith(SINGLE_FILE_SUFFIXES):  # a single checkpoint file
+            found.checkpoints.append(
+                CheckpointRef(root, root_entry.name, step_of(root_entry.name), "torch-save", root_entry.mtime)
+            )
+            return found
+        raise NotADirectoryError(20, "Not a directory", root)
     # The root may itself be one checkpoint (``drill run --root step-40``).
     itself = inspect_dir(storage, root, root_entry.name)
     if isinstance(itself, CheckpointRef):
@@ -79,6 +94,10 @@ def discover(storage: Storage, root: str) -> Discovery:
         return found
     for entry in storage.list(root):
         if not entry.is_dir:
+            if entry.name.endswith(SINGLE_FILE_SUFFIXES) and entry.size > 0:
+                found.checkpoints.append(
+                    CheckpointRef(uri=entry.uri, name=entry.name, step=step_of(entry.name), format="torch-save", mtime=entry.mtime)
+                )
             continue
         try:
             kind = inspect_dir(storage, entry.uri, entry.name)
@@ -89,7 +108,7 @@ def discover(storage: Storage, root: str) -> Discovery:
             found.checkpoints.append(kind)
         elif isinstance(kind, IncompleteSave):
             found.incomplete.append(kind)
-    order = lambda c: (c.step if c.step is not None else -1, c.name)  # noqa: E731
-    found.checkpoints.sort(key=order)
-    found.incomplete.sort(key=order)
+    # Oldest first: by step, and by time for files that carry no step in their name.
+    found.checkpoints.sort(key=lambda c: (c.step if c.step is not None else -1, c.mtime, c.name))
+    found.incomplete.sort(key=lambda c: (c.step if c.step is not None else -1, c.name))
     return found

@@ -12,6 +12,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from drill.checks import Expectations, run_checks
+from drill.checks.resume import check_resume
 from drill.coverage import update_coverage
 from drill.discover import CheckpointRef, discover
 from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError
@@ -40,6 +41,10 @@ class DrillRequest:
     """Fail an unsealed checkpoint instead of accepting a structural proof."""
     coverage_days: float = 7.0
     """Report the share of the checkpoint's bytes verified within this many days."""
+    format: str = "auto"
+    """Force a format adapter (``dcp``, ``torch-save``, ``lightning``, ``hf-trainer``)."""
+    allow_classes: tuple[str, ...] = ()
+    """Classes a layout legitimately pickles (e.g. ``transformers.training_args.TrainingArguments``)."""
 
     def __post_init__(self) -> None:
         if self.root is None:
@@ -123,7 +128,8 @@ def run_drill(
     import torch
 
     # Imported before the clock starts: a module import is drill's cost, not the restore's.
-    from drill.restore.dcp import restore_dcp
+    from drill.formats import restore as restore_checkpoint
+    from drill.restore import dcp as _dcp  # noqa: F401
 
     progress = progress or NullProgress()
     device = resolve_device(request.device)
@@ -182,17 +188,20 @@ def run_drill(
             drill_id, run_root=root, uri=ref.uri, step=ref.step, format=ref.format, nbytes=None, file_count=None
         )
         discovered = CheckResult(name="discover", summary=_discovery_summary(found, ref), evidence=evidence)
+        resume = check_resume(storage, found)
         ledger = records.last_verified(checkpoint_id) if request.sample.kind == "auto" else {}
         plan = plan_integrity(storage, ref.uri, request.sample, {p: t for p, (t, _) in ledger.items()})
         records.set_evidence_level(drill_id, sample=str(request.sample), evidence_level=plan.evidence_level)
         if plan.refuse:
-            checks = [discovered, integrity_check(plan, {})]
+            checks = [discovered, resume, integrity_check(plan, {})]
             records.add_checks(drill_id, checks)
             return finish("failed", ExitCode.FAILED, message=checks[-1].findings[0].message)
 
         records.set_phase(drill_id, "restore")
         restore_started = time.perf_counter()
-        restore = restore_dcp(storage, ref, device, progress, plan.hash_plan)
+        restore = restore_checkpoint(
+            storage, ref, device, progress, plan.hash_plan, allow=request.allow_classes, format=request.format
+        )
         timings.read, timings.load = restore.read_seconds, restore.load_seconds
         # Restore latency is what a resume would pay: finding the checkpoint plus getting its
         # state onto the device; drill's own record keeping is left out.
@@ -210,7 +219,7 @@ def run_drill(
         progress.phase("checks")
         checks_started = time.perf_counter()
         integrity = _integrity(storage, plan, restore, request)
-        checks = [discovered, integrity, *run_checks(restore, request.expectations)]
+        checks = [discovered, resume, integrity, *run_checks(restore, request.expectations)]
         if plan.manifest is not None:
             update_coverage(records, checkpoint_id, drill_id, plan, integrity, request.coverage_days)
         timings.checks = time.perf_counter() - checks_started
@@ -250,8 +259,8 @@ def _integrity(storage: Storage, plan: IntegrityPlan, restore: RestoreResult, re
         if f.hashes is not None or f.error is not None
     }
     hash_remaining(storage, plan, observed)
-    structure = None
-    if plan.manifest is None and restore.index is not None:
+    structure = restore.structure
+    if structure is None and plan.manifest is None and restore.index is not None:
         structure = dcp_structure(restore.index, plan.on_storage)
     result = integrity_check(plan, observed, require_sealed=request.require_sealed, structure=structure)
     result.seconds = time.perf_counter() - started

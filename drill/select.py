@@ -40,7 +40,7 @@ def parse_selector(text: str) -> Selector:
         if not num.isdigit():
             raise UsageError(f"--checkpoint {text!r}: step must be a non-negative integer, as in step:1200")
         return Selector("step", step=int(num))
-    if "/" in t or t.startswith(".") or looks_like_checkpoint_name(t):
+    if "/" in t or t.startswith(".") or looks_like_checkpoint_name(t) or t.endswith((".pt", ".pth", ".ckpt")):
         return Selector("path", path=t)
     raise UsageError(f"unknown --checkpoint form {text!r}: expected {FORMS}")
 

@@ -43,7 +43,7 @@ def test_run_json_is_one_document_on_stdout(cli: CliRunner, demo_run: Path, sqli
     assert res.exit_code == 0
     doc = json.loads(res.stdout)
     assert doc["status"] == "passed" and doc["checkpoint"]["step"] == 20
-    assert [c["name"] for c in doc["checks"]] == ["discover", "integrity", "files", "load", "keys"]
+    assert [c["name"] for c in doc["checks"]] == ["discover", "resume", "integrity", "files", "load", "keys", "contract"]
     assert doc["bytes_read"] == sum(p.stat().st_size for p in (demo_run / "step-20").iterdir() if p.name != "drill-manifest.json")
     assert doc["database"] == sqlite_url
 
@@ -160,8 +160,8 @@ def test_history_and_show(cli: CliRunner, demo_run: Path, db_url: str, tmp_path:
     assert table.exit_code == 0 and "PASSED" in table.stdout and "FAILED" in table.stdout
 
     shown = json.loads(invoke(cli, "show", str(docs[1]["id"]), "--json", "--db", db_url).stdout)
-    assert [c["name"] for c in shown["checks"]] == ["discover", "integrity", "files", "load", "keys"]
-    assert shown["checks"][2]["evidence"]["files_ok"] == 3
+    assert [c["name"] for c in shown["checks"]] == ["discover", "resume", "integrity", "files", "load", "keys", "contract"]
+    assert shown["checks"][3]["evidence"]["files_ok"] == 3
     assert shown["evidence_level"] == "sealed" and shown["sample"] == "all"
     missing = invoke(cli, "show", "9999", "--db", db_url)
     assert missing.exit_code == 2 and "no drill with id 9999" in missing.stderr

@@ -172,7 +172,7 @@ def test_manifest_path_escaping_is_rejected_before_anything_is_opened(demo_run: 
     assert outcome.status == "failed"
     assert _codes(outcome) == [("manifest-path-escapes", MANIFEST_NAME)]
     assert [os.path.basename(u) for u in storage.opened] == [MANIFEST_NAME]
-    assert [c.name for c in outcome.checks] == ["discover", "integrity"]
+    assert [c.name for c in outcome.checks] == ["discover", "resume", "integrity"]
 
 
 def test_symlink_leading_out_is_refused(demo_run: Path, tmp_path: Path) -> None:

@@ -78,7 +78,7 @@ def test_discover_classifies_directories(tmp_path: Path) -> None:
     (tmp_path / "step-20").write_text("a file, not a save")
     found = discover(LocalStorage(), str(tmp_path))
     assert [c.step for c in found.checkpoints] == [5, 10]
-    assert [(s.step, s.reason) for s in found.incomplete] == [(15, "no .metadata: the save never finished")]
+    assert [(s.step, s.reason) for s in found.incomplete] == [(15, "no .metadata or trainer_state.json: the save never finished")]
 
 
 def test_discover_a_checkpoint_directory_itself(pristine_run: Path) -> None:

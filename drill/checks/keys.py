@@ -26,19 +26,25 @@ def check_keys(restore: RestoreResult, expectations: Expectations) -> CheckResul
     if restore.metadata_error is not None:
         return CheckResult(name=NAME, summary="not checked: the checkpoint index could not be loaded", skipped=True)
     counts = Counter(key.split(".", 1)[0] for key in restore.state)
+    failed_parts = {f.key.split(".", 1)[0] for f in restore.failures}
+    required = expectations.parts_required(restore.layout)
+    recommended = expectations.parts_recommended(restore.layout)
     findings = []
-    for part in expectations.required_parts:
+    for part in (*required, *recommended):
         if counts[part] == 0:
+            is_required = part in required
             findings.append(
                 Finding(
                     check=NAME,
                     code="part-missing",
-                    severity=Severity.ERROR,
+                    severity=Severity.ERROR if is_required else Severity.WARNING,
                     subject=part,
                     message=f"no {part} state in the checkpoint: {parts.WHAT_A_RESUME_LOSES.get(part, 'a resume would lose it')}",
                     expected=f"{part}.*",
                     actual="absent",
-                    hint="save it with the other Stateful objects passed to dcp.save",
+                    hint="save it with the other Stateful objects passed to dcp.save"
+                    if is_required
+                    else f"accepted for this format; save it for a bitwise resume, or pass --allow-missing {part}",
                 )
             )
     for part, needed in _PART_SHAPE.items():
@@ -83,9 +89,24 @@ def check_keys(restore: RestoreResult, expectations: Expectations) -> CheckResul
         )
     present = {p: counts[p] for p in sorted(counts)}
     missing = [f.subject for f in findings if f.code == "part-missing"]
+    fmt = restore.layout.format if restore.layout else restore.format
     if any(f.severity is Severity.ERROR for f in findings):
         summary = "missing: " + ", ".join(str(f.subject) for f in findings if f.severity is Severity.ERROR)
     else:
-        summary = "all expected parts present: " + ", ".join(p for p in expectations.required_parts)
-    evidence = {"parts": present, "required": list(expectations.required_parts), "missing": missing}
+        summary = f"{fmt}: holds " + ", ".join(f"{p} ({counts[p]})" for p in (*parts.CANONICAL_PARTS, parts.EXTRA) if counts[p])
+    tensors: dict[str, dict[str, int]] = {}
+    for key, value in restore.state.items():
+        if hasattr(value, "element_size"):
+            slot = tensors.setdefault(key.split(".", 1)[0], {"tensors": 0, "bytes": 0})
+            slot["tensors"] += 1
+            slot["bytes"] += value.numel() * value.element_size()
+    evidence = {
+        "format": fmt,
+        "parts": present,
+        "tensors": tensors,
+        "required": list(required),
+        "recommended": list(recommended),
+        "missing": missing,
+        "not_loaded": sorted(failed_parts),
+    }
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)

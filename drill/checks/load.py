@@ -25,13 +25,16 @@ def check_load(restore: RestoreResult, expectations: Expectations) -> CheckResul
         "failed": len(restore.failures),
     }
     if restore.metadata_error is not None:
+        unsafe = [f for f in restore.failures if f.code == "unsafe-pickle"]
         finding = Finding(
             check=NAME,
-            code="metadata-unreadable",
+            code="unsafe-pickle" if unsafe else "metadata-unreadable",
             severity=Severity.ERROR,
-            subject=".metadata",
-            message=f"the checkpoint index cannot be loaded ({restore.metadata_error}): nothing in it can be restored",
-            hint="the save may not have finished; drill an older checkpoint: drill run --checkpoint step:N",
+            subject=unsafe[0].relative_path if unsafe else (".metadata" if restore.format == "dcp" else restore.uri),
+            message=f"the checkpoint cannot be loaded ({restore.metadata_error}): nothing in it can be restored",
+            hint="if the class is legitimate for this layout, allow-list it: --allow-class module.Class"
+            if unsafe
+            else "the save may not have finished; drill an older checkpoint: drill run --checkpoint step:N",
         )
         return CheckResult(name=NAME, summary="checkpoint metadata could not be loaded", findings=[finding], evidence=evidence)
 
@@ -46,11 +49,14 @@ def check_load(restore: RestoreResult, expectations: Expectations) -> CheckResul
         findings.append(
             Finding(
                 check=NAME,
-                code="entry-not-loaded",
+                code=failure.code,
                 severity=Severity.ERROR,
                 subject=failure.key,
                 message=f"{failure.key} did not load: {failure.reason}",
                 actual=failure.reason,
+                hint="if the class is legitimate for this layout, allow-list it: --allow-class module.Class"
+                if failure.code == "unsafe-pickle"
+                else None,
             )
         )
     for path, keys in sorted(by_file.items()):

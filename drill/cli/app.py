@@ -89,6 +89,22 @@ def run(
         str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")
     ] = "latest",
     device: Annotated[str, typer.Option("--device", help="Restore onto auto (CUDA if present), cpu, cuda or cuda:N.")] = "auto",
+    format: Annotated[
+        str, typer.Option("--format", help="Force a format: auto, dcp, torch-save, lightning, hf-trainer.")
+    ] = "auto",
+    allow_missing: Annotated[
+        list[str] | None,
+        typer.Option("--allow-missing", help="Accept a missing part (repeatable), e.g. rng for a run without dropout."),
+    ] = None,
+    allow_class: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-class",
+            help="Allow-list a class a layout legitimately pickles (repeatable), e.g. "
+            "transformers.training_args.TrainingArguments.",
+        ),
+    ] = None,
+    finite_scan: Annotated[str, typer.Option("--finite-scan", help="NaN/Inf scan of weights and moments: full, sampled or off.")] = "full",
     sample: SampleOption = "all",
     require_sealed: RequireSealedOption = False,
     coverage_days: CoverageDaysOption = 7.0,
@@ -111,6 +127,14 @@ def run(
     from drill.runner import DrillRequest, resolve_device, run_drill
     from drill.select import parse_selector
 
+    from drill.checks import Expectations
+    from drill.errors import UsageError
+    from drill.formats import check_format
+
+    try:
+        expectations = Expectations(allow_missing=tuple(allow_missing or ()), finite_scan=finite_scan)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     request = DrillRequest(
         selector=parse_selector(checkpoint),
         root=root,
@@ -118,6 +142,9 @@ def run(
         sample=parse_sample_option(sample),
         require_sealed=require_sealed,
         coverage_days=coverage_days,
+        format=check_format(format),
+        allow_classes=tuple(allow_class or ()),
+        expectations=expectations,
     )
     resolve_device(device)  # flags are validated before any I/O
     database = open_database(db)

@@ -73,6 +73,11 @@ def plan_integrity(
     always: tuple[str, ...] = (".metadata",),
 ) -> IntegrityPlan:
     plan = IntegrityPlan(checkpoint=checkpoint, sample=sample)
+    entry = storage.stat(checkpoint)
+    if not entry.is_dir:  # a single-file checkpoint carries no manifest: structure only
+        plan.on_storage = {entry.name: entry.size}
+        plan.hash_plan = HashPlan(files=frozenset())
+        return plan
     try:
         plan.on_storage = list_files(storage, checkpoint)
     except PathEscapesCheckpoint as exc:

@@ -56,7 +56,17 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[fqn] = torch.load(value, weights_only=True)
             self.values_loaded += 1
         except Exception as exc:  # noqa: BLE001 - any failure is evidence, not a crash
-            self._failures.append(ItemFailure(fqn, None, f"value does not deserialize safely: {_one_line(exc)}"))
+            unsafe = "Weights only load failed" in str(exc)
+            self._failures.append(
+                ItemFailure(
+                    fqn,
+                    None,
+                    "refused to unpickle: it names code outside the allow-list; nothing was executed"
+                    if unsafe
+                    else f"value does not deserialize safely: {_one_line(exc)}",
+                    code="unsafe-pickle" if unsafe else "entry-not-loaded",
+                )
+            )
 
 
 @dataclass(slots=True)

@@ -42,6 +42,8 @@ class ItemFailure:
     key: str
     relative_path: str | None
     reason: str
+    code: str = "entry-not-loaded"
+    """``unsafe-pickle`` when the entry named code outside the allow-list (never run)."""
 
 
 @dataclass(slots=True)
@@ -56,6 +58,10 @@ class RestoreResult:
     metadata_error: str | None = None
     index: Any = None
     """The format's own index of where each entry lives (DCP: ``Metadata.storage_data``)."""
+    layout: Any = None
+    """:class:`drill.formats.canonical.Layout`: what the format knows about itself."""
+    structure: Any = None
+    """(findings, evidence) of the format's structural proof, where the adapter made one."""
     tensors_loaded: int = 0
     tensor_bytes: int = 0
     values_loaded: int = 0

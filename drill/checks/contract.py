@@ -1,0 +1,385 @@
+"""The resume contract: is the state that a resume needs all there, and consistent?
+
+Hashes prove the bytes; this proves the *state*: optimizer moments for every parameter,
+step counters that agree, RNG for every generator and rank, data-loader state that fixes the
+data order (not just a position), no NaN/Inf, nothing still at its initial zeros. Every
+finding names the part, the key path and the rank, and what a resume would suffer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from drill import parts
+from drill.findings import CheckResult, Finding, Severity
+from drill.formats.canonical import Layout
+from drill.restore import RestoreResult
+
+if TYPE_CHECKING:
+    from drill.checks import Expectations
+
+NAME = "contract"
+ADAM_SLOTS = ("exp_avg", "exp_avg_sq", "step")
+_RANKED = re.compile(r"^(?:dp_)?rank_(\d+)$")
+_ORDER_KEYS = re.compile(r"(seed|generator|sampler|shuffle|order|permutation|rng)", re.I)
+GENERATORS = {
+    "python": ("python", "py", "random"),
+    "numpy": ("numpy", "np"),
+    "torch CPU": ("torch", "cpu", "torch_cpu"),
+}
+
+
+def _f(code: str, subject: str | None, message: str, *, severity: Severity = Severity.ERROR, **kw: Any) -> Finding:
+    return Finding(check=NAME, code=code, severity=severity, subject=subject, message=message, **kw)
+
+
+def _part(state: Mapping[str, Any], part: str) -> dict[str, Any]:
+    prefix = part + "."
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return int(value.item())
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+# -- optimizer ------------------------------------------------------------------------------
+def _param_groups(opt: Mapping[str, Any]) -> list[list[Any]]:
+    groups: dict[int, list[Any]] = {}
+    for key, value in opt.items():
+        m = re.match(r"^param_groups\.(\d+)\.params$", key)
+        if m and isinstance(value, (list, tuple)):
+            groups[int(m.group(1))] = list(value)
+    return [groups[i] for i in sorted(groups)]
+
+
+def _is_adam(opt: Mapping[str, Any]) -> bool:
+    return any(re.match(r"^param_groups\.\d+\.betas", k) for k in opt)
+
+
+def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], dict[str, Any]]:
+    opt = _part(state, parts.OPTIMIZER)
+    model = {k: v for k, v in _part(state, parts.MODEL).items() if isinstance(v, torch.Tensor)}
+    if not opt:
+        return [], {}
+    findings: list[Finding] = []
+    groups = _param_groups(opt)
+    members = [p for g in groups for p in g]
+    dupes = sorted(str(p) for p, n in Counter(members).items() if n > 1)
+    for p in dupes:
+        findings.append(_f("param-in-two-groups", f"optimizer.param_groups[*].params: {p}", f"parameter {p} is in more than one param group: a resume would step it twice"))
+    slots = ADAM_SLOTS if _is_adam(opt) else ()
+    checked = 0
+    if layout.optimizer_keys == "fqn":
+        for fqn in members:
+            for slot in slots:
+                key = f"state.{fqn}.{slot}"
+                if key not in opt:
+                    findings.append(
+                        _f(
+                            "optimizer-slot-missing",
+                            f"optimizer.{key}",
+                            f"no {slot} for parameter {fqn}: a resume would restart its AdamW moments from zero and spike the loss",
+                            expected=slot,
+                            actual="absent",
+                        )
+                    )
+                    continue
+                value, param = opt[key], model.get(fqn)
+                if slot != "step" and isinstance(value, torch.Tensor) and param is not None:
+                    if tuple(value.shape) != tuple(param.shape) or value.dtype != param.dtype:
+                        findings.append(
+                            _f(
+                                "optimizer-slot-mismatch",
+                                f"optimizer.{key}",
+                                f"{slot} of {fqn} is {tuple(value.shape)} {value.dtype}, the parameter {tuple(param.shape)} {param.dtype}: "
+                                "the optimizer state belongs to a different model",
+                                expected=f"{tuple(param.shape)} {param.dtype}",
+                                actual=f"{tuple(value.shape)} {value.dtype}",
+                            )
+                        )
+            checked += 1
+        grouped = {str(m) for m in members}
+        for fqn, t in model.items():
+            if t.is_floating_point() and fqn not in grouped and members:
+                findings.append(
+                    _f(
+                        "param-not-optimized",
+                        f"model.{fqn}",
+                        f"model.{fqn} is in no optimizer param group: frozen on purpose, or a resume would never train it",
+                        severity=Severity.WARNING,
+                    )
+                )
+    else:
+        shapes = Counter(tuple(t.shape) for t in model.values() if t.is_floating_point())
+        for idx in members:
+            for slot in slots:
+                key = f"state.{idx}.{slot}"
+                if key not in opt:
+                    findings.append(
+                        _f(
+                            "optimizer-slot-missing",
+                            f"optimizer.{key}",
+                            f"no {slot} for parameter #{idx}: a resume would restart its AdamW moments from zero and spike the loss",
+                            expected=slot,
+                            actual="absent",
+                        )
+                    )
+            moment = opt.get(f"state.{idx}.exp_avg")
+            if isinstance(moment, torch.Tensor) and model:
+                shape = tuple(moment.shape)
+                if shapes[shape] > 0:
+                    shapes[shape] -= 1
+                else:
+                    findings.append(
+                        _f(
+                            "optimizer-slot-mismatch",
+                            f"optimizer.state.{idx}.exp_avg",
+                            f"exp_avg of parameter #{idx} has shape {shape}, which no remaining model parameter has",
+                            actual=shape,
+                        )
+                    )
+            checked += 1
+    return findings, {"params_checked": checked, "slots": list(slots)}
+
+
+# -- step counters --------------------------------------------------------------------------
+def step_counters(state: Mapping[str, Any], layout: Layout) -> dict[str, int]:
+    counters: dict[str, int] = {}
+    if (v := _as_int(state.get(f"{parts.TRAIN_STATE}.step"))) is not None:
+        counters["train_state.step"] = v
+    opt_steps = [
+        _as_int(v) for k, v in _part(state, parts.OPTIMIZER).items() if k.startswith("state.") and k.endswith(".step")
+    ]
+    opt_steps = [s for s in opt_steps if s is not None]
+    if opt_steps:
+        counters["optimizer step"] = max(opt_steps)
+    if layout.scheduler_per_step and (v := _as_int(state.get(f"{parts.LR_SCHEDULER}.last_epoch"))) is not None:
+        counters["lr_scheduler.last_epoch"] = v
+    if layout.scheduler_per_step and (v := _as_int(state.get(f"{parts.LR_SCHEDULER}._step_count"))) is not None:
+        counters["lr_scheduler._step_count - 1"] = v - 1
+    counters.update(layout.step_counters)
+    return counters
+
+
+def check_steps(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], dict[str, Any]]:
+    counters = step_counters(state, layout)
+    if len(set(counters.values())) <= 1:
+        return [], {"step_counters": counters}
+    reference = counters.get("train_state.step", max(counters.values()))
+    odd = {k: v for k, v in counters.items() if v != reference}
+    listing = ", ".join(f"{k}={v}" for k, v in counters.items())
+    what = []
+    if any(k.startswith("lr_scheduler") for k in odd):
+        what.append("the learning-rate schedule would resume off by " + ", ".join(str(v - reference) for k, v in odd.items() if k.startswith("lr_scheduler")) + " step(s)")
+    if "optimizer step" in odd:
+        what.append("AdamW bias correction would use the wrong step")
+    if any(k in odd for k in ("directory name", "file name", "trainer_state.json global_step")):
+        what.append("the checkpoint is not the step its name says")
+    return [
+        _f(
+            "step-mismatch",
+            ", ".join(sorted(odd)),
+            f"step counters disagree ({listing}): " + ("; ".join(what) or "a resume would not know which step it is at"),
+            expected=reference,
+            actual=odd,
+        )
+    ], {"step_counters": counters}
+
+
+# -- rng ------------------------------------------------------------------------------------
+def _generators(rng: Mapping[str, Any]) -> set[str]:
+    heads = {k.split(".", 1)[0] for k in rng}
+    return {g for g, aliases in GENERATORS.items() if heads & set(aliases)} | ({"cuda"} if "cuda" in heads else set())
+
+
+def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], dict[str, Any]]:
+    rng = _part(state, parts.RNG)
+    if not rng:
+        return [], {}
+    findings: list[Finding] = []
+    per_rank: dict[int | None, dict[str, Any]] = {}
+    for key, value in rng.items():
+        head, _, rest = key.partition(".")
+        m = _RANKED.match(head)
+        if m:
+            per_rank.setdefault(int(m.group(1)), {})[rest] = value
+        else:
+            per_rank.setdefault(None, {})[key] = value
+    evidence: dict[str, Any] = {"ranks": {}}
+    cuda_ranks = set()
+    for rank, entries in sorted(per_rank.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+        have = _generators(entries)
+        evidence["ranks"]["all" if rank is None else rank] = sorted(have)
+        if "cuda" in have:
+            cuda_ranks.add(rank)
+        for gen in GENERATORS:
+            if gen not in have:
+                where = "rng" if rank is None else f"rng.rank_{rank}"
+                findings.append(
+                    _f(
+                        "rng-generator-missing",
+                        where,
+                        f"no {gen} generator state" + ("" if rank is None else f" for rank {rank}")
+                        + f": a resume would draw different {gen} random numbers than the original run",
+                        rank=rank,
+                    )
+                )
+    if cuda_ranks and len(cuda_ranks) != len(per_rank):
+        for rank in sorted((r for r in per_rank if r not in cuda_ranks), key=lambda r: -1 if r is None else r):
+            findings.append(_f("rng-generator-missing", f"rng.rank_{rank}.cuda", f"rank {rank} saved no CUDA RNG state while other ranks did", rank=rank))
+    saved = layout.rank_files.get(parts.RNG, [])
+    if layout.multi_rank:
+        expected = range(max(max(saved) + 1, 2))  # rank-suffixed files exist only when world size > 1
+        for rank in expected:
+            if rank not in saved:
+                findings.append(
+                    _f(
+                        "rng-rank-missing",
+                        f"rng_state_{rank}.pth",
+                        f"rank {rank} saved no RNG state (rng_state_{rank}.pth): on resume rank {rank} would draw different "
+                        "dropout masks and random numbers than the original run, and the run would diverge",
+                        rank=rank,
+                        expected=f"rng_state_{rank}.pth",
+                        actual="missing",
+                    )
+                )
+        evidence["rank_files"] = saved
+    return findings, evidence
+
+
+# -- data loader ----------------------------------------------------------------------------
+def check_dataloader(state: Mapping[str, Any], layout: Layout, required: bool) -> tuple[list[Finding], dict[str, Any]]:
+    loader = _part(state, parts.DATALOADER)
+    if not loader:
+        return [], {}
+    severity = Severity.ERROR if required else Severity.WARNING
+    findings: list[Finding] = []
+    ranks = sorted({int(m.group(1)) for k in loader if (m := _RANKED.match(k.split(".", 1)[0]))})
+    for rank in range(max(ranks) + 1 if ranks else 0):
+        if rank not in ranks:
+            findings.append(
+                _f(
+                    "dataloader-rank-missing",
+                    f"dataloader.dp_rank_{rank}",
+                    f"no data-loader state for rank {rank}: on resume rank {rank} would restart its data at epoch start",
+                    rank=rank,
+                )
+            )
+    if not any(_ORDER_KEYS.search(k) for k in loader):
+        findings.append(
+            _f(
+                "dataloader-position-only",
+                "dataloader",
+                "the data-loader state holds a position but no sampler/shuffle state (seed, generator or order): "
+                "a resume would continue at the right count on a differently shuffled stream",
+                severity=severity,
+            )
+        )
+    evidence: dict[str, Any] = {"keys": sorted(loader)[:20], "ranks": ranks}
+    consumed = _batches_consumed(loader)
+    step = _as_int(state.get(f"{parts.TRAIN_STATE}.step"))
+    if consumed is not None and step is not None:
+        evidence["batches_consumed"] = consumed
+        if consumed != step:
+            direction = "repeat" if consumed < step else "skip"
+            findings.append(
+                _f(
+                    "dataloader-step-mismatch",
+                    "dataloader",
+                    f"the data loader has consumed {consumed} batches but train_state is at step {step}: a resume would "
+                    f"{direction} {abs(step - consumed)} batches and train on different data than the original run",
+                    expected=step,
+                    actual=consumed,
+                )
+            )
+    return findings, evidence
+
+
+def _batches_consumed(loader: Mapping[str, Any]) -> int | None:
+    """For loaders that expose epoch/position/batch size/length (as the demo's does)."""
+    vals = {k: _as_int(loader.get(k)) for k in ("epoch", "position", "batch_size", "num_windows")}
+    if any(v is None for v in vals.values()) or not vals["batch_size"]:
+        return None
+    per_epoch = vals["num_windows"] // vals["batch_size"]  # type: ignore[operator]
+    return vals["epoch"] * per_epoch + vals["position"] // vals["batch_size"]  # type: ignore[operator]
+
+
+# -- finite scan ----------------------------------------------------------------------------
+def check_finite(state: Mapping[str, Any], mode: str, trained: bool) -> tuple[list[Finding], dict[str, Any]]:
+    if mode == "off":
+        return [], {"finite_scan": "off"}
+    findings: list[Finding] = []
+    scanned = 0
+    for key, t in state.items():
+        if not (key.startswith((parts.MODEL + ".", parts.OPTIMIZER + ".")) and isinstance(t, torch.Tensor)):
+            continue
+        if not t.is_floating_point() or t.numel() == 0 or key.endswith(".step"):
+            continue
+        view = t.detach().reshape(-1)
+        if mode == "sampled" and view.numel() > 65536:
+            view = view[:: view.numel() // 65536]
+        scanned += view.numel()
+        finite = torch.isfinite(view)
+        if not bool(finite.all()):
+            nan = int(torch.isnan(view).sum())
+            inf = int((~finite).sum()) - nan
+            findings.append(
+                _f(
+                    "non-finite",
+                    key,
+                    f"{key} holds {nan} NaN and {inf} Inf values: a resume would propagate them into every weight within a step",
+                    actual={"nan": nan, "inf": inf},
+                )
+            )
+        elif trained and view.numel() > 1 and not bool(view.any()) and (key.startswith(parts.MODEL + ".") and key.endswith("weight") or key.endswith("exp_avg_sq")):
+            findings.append(
+                _f(
+                    "still-zero",
+                    key,
+                    f"{key} is all zeros although training has run: it was never updated, or was re-initialized on save",
+                    severity=Severity.WARNING,
+                )
+            )
+    return findings, {"finite_scan": mode, "elements_scanned": scanned}
+
+
+def check_contract(restore: RestoreResult, expectations: Expectations) -> CheckResult:
+    layout: Layout | None = restore.layout
+    if restore.metadata_error is not None or layout is None:
+        return CheckResult(name=NAME, summary="not checked: the checkpoint could not be loaded", skipped=True)
+    state = restore.state
+    failed = restore.failed_keys
+    if failed:  # entries that did not load hold garbage: judge only what was restored
+        state = {k: v for k, v in state.items() if k not in failed}
+    required = set(expectations.parts_required(layout))
+    findings: list[Finding] = []
+    evidence: dict[str, Any] = {"format": layout.format}
+    for fn in (
+        lambda: check_optimizer(state, layout),
+        lambda: check_steps(state, layout),
+        lambda: check_rng(state, layout),
+        lambda: check_dataloader(state, layout, parts.DATALOADER in required),
+        lambda: check_finite(state, expectations.finite_scan, bool(step_counters(state, layout) and max(step_counters(state, layout).values()) > 0)),
+    ):
+        f, ev = fn()
+        findings += f
+        evidence.update(ev)
+    if layout.notes:
+        evidence["notes"] = layout.notes
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    counters = evidence.get("step_counters", {})
+    if errors:
+        summary = f"{len(errors)} contract violation(s): " + ", ".join(sorted({f.code for f in errors}))
+    else:
+        step = f" at step {next(iter(counters.values()))}" if counters else ""
+        summary = f"resume state consistent{step}: optimizer slots, step counters, RNG, data loader, finite values"
+    return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)

@@ -1,0 +1,69 @@
+"""The canonical view every format adapter produces.
+
+A checkpoint becomes a flat mapping ``part.key.path → value`` with ``part`` one of
+:data:`drill.parts.CANONICAL_PARTS` (or ``extra``), plus facts a format knows about itself:
+which ranks saved per-rank state, which step counters it carries, how its optimizer keys
+parameters, and what it is expected to hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    rank: int | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Layout:
+    """What a format adapter knows about the checkpoint beyond its tensors."""
+
+    format: str
+    required: tuple[str, ...]
+    """Parts a resume of this framework cannot do without."""
+    recommended: tuple[str, ...] = ()
+    """Parts whose absence a resume survives, differently: reported as warnings."""
+    optimizer_keys: str = "fqn"
+    """``fqn`` (state keyed by parameter name, as DCP) or ``index`` (torch.optim's own)."""
+    step_counters: dict[str, int] = field(default_factory=dict)
+    """Source → step value, from places other than the state (file names, JSON)."""
+    scheduler_per_step: bool = True
+    """Whether the LR scheduler steps once per optimizer step (so its counter must agree)."""
+    rank_files: dict[str, list[int]] = field(default_factory=dict)
+    """Part → the ranks that saved it as separate files (HF's rng_state_{rank}.pth)."""
+    multi_rank: bool = False
+    """The files say more than one rank saved (HF names rng files per rank only then)."""
+    notes: list[str] = field(default_factory=list)
+
+
+def flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:
+    """Nested dicts/lists → ``prefix.key.0.sub`` keys, as DCP flattens state dicts."""
+    if isinstance(obj, Mapping):
+        if not obj:
+            out[prefix] = {}
+        for k, v in obj.items():
+            flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(obj, (list, tuple)) and any(isinstance(v, (Mapping, list, tuple, torch.Tensor)) for v in obj):
+        for i, v in enumerate(obj):
+            flatten(v, f"{prefix}.{i}", out)
+    else:
+        out[prefix] = obj
+
+
+def inventory(state: Mapping[str, Any], ranks: Mapping[str, int] | None = None) -> list[TensorInfo]:
+    ranks = ranks or {}
+    return [
+        TensorInfo(k, tuple(v.shape), str(v.dtype).replace("torch.", ""), v.numel() * v.element_size(), ranks.get(k))
+        for k, v in state.items()
+        if isinstance(v, torch.Tensor)
+    ]
