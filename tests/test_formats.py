@@ -1,0 +1,264 @@
+"""Format adapters and the resume contract, on checkpoints written by real code."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from drill.checks import Expectations
+from drill.integrity.manifest import seal
+from drill.records.db import open_database
+from drill.records.store import Records
+from drill.restore.dcp import restore_dcp
+from drill.discover import discover
+from drill.runner import DrillOutcome, DrillRequest, run_drill
+from drill.select import parse_selector
+from drill.storage import LocalStorage
+from tests import frameworks
+
+
+def _drill(root: Path, db: str, selector: str = "latest", **kw: Any) -> DrillOutcome:
+    records = Records(open_database(db))
+    try:
+        return run_drill(DrillRequest(selector=parse_selector(selector), root=str(root), **kw), records)
+    finally:
+        records.db.close()
+
+
+def _errors(outcome: DrillOutcome) -> list[tuple[str, str, str | None]]:
+    return [(f.check, f.code, f.subject) for f in outcome.findings if f.severity.value == "error"]
+
+
+def _check(outcome: DrillOutcome, name: str):  # type: ignore[no-untyped-def]
+    return next(c for c in outcome.checks if c.name == name)
+
+
+@pytest.fixture(scope="session")
+def hf_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers", reason="transformers is not installed: no real HF Trainer checkpoint")
+    return frameworks.hf_trainer_run(tmp_path_factory.mktemp("hf") / "out")
+
+
+@pytest.fixture(scope="session")
+def lightning_ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("lightning", reason="lightning is not installed: no real Lightning checkpoint")
+    return frameworks.lightning_run(tmp_path_factory.mktemp("pl"))
+
+
+@pytest.fixture
+def hf_copy(hf_run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(hf_run, tmp_path / "hf"))
+
+
+def rewrite_dcp(ckpt: Path, mutate: Callable[[dict[str, Any]], None]) -> None:
+    """Re-save a real DCP checkpoint with one defect, and re-seal it (so hashes pass)."""
+    ref = discover(LocalStorage(), str(ckpt)).checkpoints[0]
+    state = restore_dcp(LocalStorage(), ref, torch.device("cpu")).state
+    mutate(state)
+    shutil.rmtree(ckpt)
+    with pytest.warns(UserWarning):
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(ckpt), thread_count=2))
+    seal(ckpt)
+
+
+# -- clean checkpoints of every format pass, and show what they hold -----------------------
+def test_clean_dcp(demo_run: Path, sqlite_url: str) -> None:
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status == "passed", _errors(outcome)
+    keys = _check(outcome, "keys")
+    assert keys.evidence["format"] == "dcp"
+    assert set(keys.evidence["tensors"]) == {"model", "optimizer", "rng"}
+    contract = _check(outcome, "contract")
+    assert contract.evidence["step_counters"] == {
+        "train_state.step": 30,
+        "optimizer step": 30,
+        "lr_scheduler.last_epoch": 30,
+        "lr_scheduler._step_count - 1": 30,
+        "directory name": 30,
+    }
+    assert not contract.findings
+
+
+def test_clean_nanogpt_torch_save(tmp_path: Path, sqlite_url: str) -> None:
+    frameworks.nanogpt_checkpoint(tmp_path / "out")
+    outcome = _drill(tmp_path / "out", sqlite_url)
+    assert outcome.status == "passed", _errors(outcome)
+    assert _check(outcome, "keys").evidence["format"] == "torch-save"
+    assert _check(outcome, "contract").evidence["step_counters"]["train_state.step"] == frameworks.TINY.steps
+    warned = {(f.code, f.subject) for f in outcome.findings if f.severity.value == "warning"}
+    assert ("part-missing", "rng") in warned and ("part-missing", "dataloader") in warned
+
+
+def test_clean_lightning(lightning_ckpts: Path, sqlite_url: str) -> None:
+    outcome = _drill(lightning_ckpts, sqlite_url)
+    assert outcome.status == "passed", _errors(outcome)
+    assert outcome.checkpoint is not None and outcome.checkpoint.step == 4
+    keys = _check(outcome, "keys")
+    assert keys.evidence["format"] == "lightning"
+    assert {"model", "optimizer", "lr_scheduler", "train_state", "dataloader"} <= set(keys.evidence["parts"])
+
+
+def test_clean_hf_trainer(hf_run: Path, sqlite_url: str) -> None:
+    outcome = _drill(hf_run, sqlite_url)
+    assert outcome.status == "passed", _errors(outcome)
+    assert outcome.checkpoint is not None and outcome.checkpoint.name == "checkpoint-4"
+    assert _check(outcome, "keys").evidence["format"] == "hf-trainer"
+    counters = _check(outcome, "contract").evidence["step_counters"]
+    assert set(counters.values()) == {4} and "trainer_state.json global_step" in counters
+    assert "checkpoint-4 (works)" in _check(outcome, "resume").summary
+
+
+def test_format_can_be_forced(demo_run: Path, sqlite_url: str) -> None:
+    outcome = _drill(demo_run, sqlite_url, format="hf-trainer")
+    assert outcome.status == "failed"  # a DCP directory read as HF holds none of HF's files
+
+
+# -- each injected defect fails the drill with its own finding -----------------------------
+def test_one_parameters_exp_avg_removed(demo_run: Path, sqlite_url: str) -> None:
+    rewrite_dcp(demo_run / "step-30", lambda s: s.pop("optimizer.state.blocks.0.attn.qkv.weight.exp_avg"))
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status == "failed"
+    assert _errors(outcome) == [("contract", "optimizer-slot-missing", "optimizer.state.blocks.0.attn.qkv.weight.exp_avg")]
+    assert _check(outcome, "integrity").status.value == "passed"  # the bytes are as sealed
+
+
+def test_scheduler_step_off_by_one(demo_run: Path, sqlite_url: str) -> None:
+    def off_by_one(s: dict[str, Any]) -> None:
+        s["lr_scheduler.last_epoch"] -= 1
+        s["lr_scheduler._step_count"] -= 1
+
+    rewrite_dcp(demo_run / "step-30", off_by_one)
+    outcome = _drill(demo_run, sqlite_url)
+    (finding,) = [f for f in outcome.findings if f.code == "step-mismatch"]
+    assert "lr_scheduler.last_epoch=29" in finding.message and "off by -1" in finding.message
+    assert outcome.status == "failed"
+
+
+def test_dataloader_state_from_an_earlier_step(demo_run: Path, sqlite_url: str) -> None:
+    earlier = restore_dcp(LocalStorage(), discover(LocalStorage(), str(demo_run / "step-10")).checkpoints[0], torch.device("cpu")).state
+
+    def copy_loader(s: dict[str, Any]) -> None:
+        for k in [k for k in s if k.startswith("dataloader.")]:
+            s[k] = earlier[k]
+
+    rewrite_dcp(demo_run / "step-30", copy_loader)
+    outcome = _drill(demo_run, sqlite_url)
+    assert ("contract", "dataloader-step-mismatch", "dataloader") in _errors(outcome)
+    (finding,) = [f for f in outcome.findings if f.code == "dataloader-step-mismatch"]
+    assert "consumed 10 batches but train_state is at step 30" in finding.message and "repeat 20 batches" in finding.message
+
+
+def test_nan_in_one_moment_tensor(demo_run: Path, sqlite_url: str) -> None:
+    key = "optimizer.state.head.weight.exp_avg_sq"
+
+    def poison(s: dict[str, Any]) -> None:
+        s[key] = s[key].clone()
+        s[key][3, 5] = float("nan")
+
+    rewrite_dcp(demo_run / "step-30", poison)
+    outcome = _drill(demo_run, sqlite_url)
+    assert _errors(outcome) == [("contract", "non-finite", key)]
+    assert _drill(demo_run, sqlite_url, expectations=Expectations(finite_scan="off")).status == "passed"
+
+
+def test_latest_pointer_to_a_half_written_directory(demo_run: Path, sqlite_url: str) -> None:
+    half = demo_run / "step-40"
+    half.mkdir()
+    shutil.copy(demo_run / "step-30" / "__0_0.distcp", half / "__0_0.distcp")
+    (demo_run / "latest").symlink_to("step-40")
+    outcome = _drill(demo_run, sqlite_url)
+    assert ("resume", "pointer-incomplete", "latest") in _errors(outcome)
+    assert outcome.checkpoint is not None and outcome.checkpoint.name == "step-30"  # never drilled the half save
+    (demo_run / "latest").unlink()
+    (demo_run / "latest").write_text("step-90\n")
+    assert ("resume", "pointer-ahead", "latest") in _errors(_drill(demo_run, sqlite_url))
+
+
+def test_hf_two_ranks_with_rng_state_1_deleted(hf_copy: Path, sqlite_url: str) -> None:
+    ckpt = hf_copy / "checkpoint-4"
+    os.rename(ckpt / "rng_state.pth", ckpt / "rng_state_0.pth")
+    shutil.copy(ckpt / "rng_state_0.pth", ckpt / "rng_state_1.pth")
+    assert _drill(hf_copy, sqlite_url).status == "passed"  # a clean two-rank layout
+    os.remove(ckpt / "rng_state_1.pth")
+    outcome = _drill(hf_copy, sqlite_url)
+    assert _errors(outcome) == [("contract", "rng-rank-missing", "rng_state_1.pth")]
+    assert next(f for f in outcome.findings if f.code == "rng-rank-missing").rank == 1
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_hf_malicious_pickle_in_optimizer_pt(hf_copy: Path, sqlite_url: str, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    torch.save({"state": {}, "param_groups": [], "evil": _Payload(marker)}, hf_copy / "checkpoint-4" / "optimizer.pt")
+    outcome = _drill(hf_copy, sqlite_url)
+    assert outcome.status == "failed"
+    assert ("load", "unsafe-pickle", "optimizer.pt") in _errors(outcome)
+    assert not marker.exists()
+
+
+def test_hf_highest_checkpoint_incomplete(hf_copy: Path, sqlite_url: str) -> None:
+    os.remove(hf_copy / "checkpoint-4" / "trainer_state.json")
+    outcome = _drill(hf_copy, sqlite_url)
+    assert outcome.checkpoint is not None and outcome.checkpoint.name == "checkpoint-2"
+    assert ("resume", "newest-incomplete", "checkpoint-4") in _errors(outcome)
+
+
+def test_allow_list_loads_training_args(hf_run: Path, sqlite_url: str) -> None:
+    plain = _drill(hf_run, sqlite_url)
+    assert "dataloader.seed" not in _check(plain, "keys").evidence.get("parts", {}) and any(
+        "training_args.bin was not loaded" in n for n in _check(plain, "contract").evidence["notes"]
+    )
+    allowed = _drill(
+        hf_run,
+        sqlite_url,
+        allow_classes=(
+            "transformers.training_args.TrainingArguments",
+            "transformers.training_args.OptimizerNames",
+            "transformers.trainer_utils.IntervalStrategy",
+            "transformers.trainer_utils.SaveStrategy",
+            "transformers.trainer_utils.SchedulerType",
+            "transformers.trainer_utils.HubStrategy",
+            "transformers.debug_utils.DebugOption",
+            "accelerate.utils.dataclasses.DistributedType",
+            "transformers.training_args.ParallelMode",
+        ),
+    )
+    assert allowed.status == "passed"
+
+
+def test_lightning_layout_without_lightning(tmp_path: Path, sqlite_url: str) -> None:
+    """Core coverage of the Lightning adapter on a .ckpt written by the same torch.save path."""
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    ckpt = {
+        "epoch": 0,
+        "global_step": 1,
+        "pytorch-lightning_version": "2.6.0",
+        "state_dict": model.state_dict(),
+        "loops": {"fit_loop": {"epoch_progress": {"current": {"completed": 0}}}},
+        "optimizer_states": [opt.state_dict()],
+        "lr_schedulers": [],
+        "callbacks": {},
+    }
+    torch.save(ckpt, tmp_path / "epoch=0-step=1.ckpt")
+    outcome = _drill(tmp_path, sqlite_url)
+    assert outcome.status == "passed", _errors(outcome)
+    assert _check(outcome, "keys").evidence["format"] == "lightning"
+    del ckpt["optimizer_states"][0]["state"][0]["exp_avg"]
+    torch.save(ckpt, tmp_path / "epoch=0-step=1.ckpt")
+    assert _errors(_drill(tmp_path, sqlite_url)) == [("contract", "optimizer-slot-missing", "optimizer.state.0.exp_avg")]
