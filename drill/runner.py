@@ -12,12 +12,15 @@ import traceback
 from dataclasses import dataclass, field
 
 from drill.checks import Expectations, run_checks
+from drill.checks.replay import replay_check, replay_rows
 from drill.checks.resume import check_resume
+from drill.replay.run import ReplayOutcome, run_replay
 from drill.coverage import update_coverage
 from drill.discover import CheckpointRef, discover
 from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.sampling import SampleSpec
+from drill.replay.spec import ReplaySpec
 from drill.records.store import Records, Timings
 from drill.restore import NullProgress, Progress, RestoreResult
 from drill.select import Selector, select
@@ -45,6 +48,8 @@ class DrillRequest:
     """Force a format adapter (``dcp``, ``torch-save``, ``lightning``, ``hf-trainer``)."""
     allow_classes: tuple[str, ...] = ()
     """Classes a layout legitimately pickles (e.g. ``transformers.training_args.TrainingArguments``)."""
+    replay: ReplaySpec = field(default_factory=ReplaySpec)
+    """Replay K steps after the checkpoint and compare with the original run."""
 
     def __post_init__(self) -> None:
         if self.root is None:
@@ -223,10 +228,24 @@ def run_drill(
         if plan.manifest is not None:
             update_coverage(records, checkpoint_id, drill_id, plan, integrity, request.coverage_days)
         timings.checks = time.perf_counter() - checks_started
-        records.add_checks(drill_id, checks)
-        restore.state.clear()  # free the restored tensors (and device memory) promptly
+        restored_step = _restored_step(restore, ref)
+        restore.state.clear()  # free the restored tensors (and device memory) before the replay
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        replay_error = None
+        if request.replay.enabled:
+            records.set_phase(drill_id, "replay")
+            progress.phase("replay")
+            replayed = _replay(request, restore, root, ref, restored_step, device, started, timings)
+        else:  # still on the record: a drill without a replay has a gap in its evidence
+            replayed = ReplayOutcome(verdict="not replayable", reason="replay not run (--no-replay)")
+        checks.append(replay_check(replayed))
+        records.record_replay(drill_id, verdict=replayed.verdict, ttfs=timings.ttfs, steps=replay_rows(replayed))
+        if replayed.verdict == "error":
+            replay_error = (replayed.reason, replayed.traceback)
+        records.add_checks(drill_id, checks)
+        if replay_error is not None:
+            return finish("error", ExitCode.ERROR, message=f"replay: {replay_error[0]}", error=replay_error[1] or replay_error[0])
         failed = [c for c in checks if c.status is CheckStatus.FAILED]
         if failed:
             first = next(f for c in failed for f in c.findings if f.severity is Severity.ERROR)
@@ -248,6 +267,36 @@ def run_drill(
             message=f"{type(exc).__name__}: {exc}".splitlines()[0],
             error=traceback.format_exc(),
         )
+
+
+def _restored_step(restore: RestoreResult, ref: CheckpointRef) -> int | None:
+    step = restore.state.get("train_state.step")
+    if hasattr(step, "item"):
+        step = step.item()
+    return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else ref.step
+
+
+def _replay(
+    request: DrillRequest,
+    restore: RestoreResult,
+    root: str,
+    ref: CheckpointRef,
+    step: int | None,
+    device,  # type: ignore[no-untyped-def]
+    started: float,
+    timings: Timings,
+) -> ReplayOutcome:
+    if restore.metadata_error is not None or restore.failures:
+        return ReplayOutcome(verdict="not replayable", reason="not attempted: the checkpoint did not restore cleanly")
+    if ref.format != "dcp" and request.replay.entrypoint is None:
+        return ReplayOutcome(
+            verdict="not replayable", reason=f"no replay entrypoint for this {ref.format} checkpoint: pass --replay module:function"
+        )
+    run_dir = root if ref.uri != root else os.path.dirname(root.rstrip("/"))
+    outcome = run_replay(spec=request.replay, run_dir=run_dir, checkpoint=ref.uri, step=step, device=str(device))
+    if outcome.first_step_at is not None:
+        timings.ttfs = outcome.first_step_at - started
+    return outcome
 
 
 def _integrity(storage: Storage, plan: IntegrityPlan, restore: RestoreResult, request: DrillRequest) -> CheckResult:

@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from drill.demo import DemoConfig, train
 
-# A run small enough to train in a second or two, with three retained checkpoints.
-SMALL_RUN = DemoConfig(steps=30, save_every=10, keep=3)
+# A run small enough to train in a second or two, with three retained checkpoints (10, 20,
+# 30) and a step log that goes on to step 36, past the last save: the replay reference.
+SMALL_RUN = DemoConfig(steps=36, save_every=10, keep=3)
 
 POSTGRES_URL = os.environ.get("DRILL_TEST_POSTGRES_URL", "postgresql+psycopg://127.0.0.1:5432/test")
 

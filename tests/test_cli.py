@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from drill.records.db import open_database
+from drill.records.db import head_revision, open_database
 from drill.records.store import Records
 from drill.runner import DrillRequest, run_drill
 from drill.select import parse_selector
@@ -43,13 +43,13 @@ def test_run_json_is_one_document_on_stdout(cli: CliRunner, demo_run: Path, sqli
     assert res.exit_code == 0
     doc = json.loads(res.stdout)
     assert doc["status"] == "passed" and doc["checkpoint"]["step"] == 20
-    assert [c["name"] for c in doc["checks"]] == ["discover", "resume", "integrity", "files", "load", "keys", "contract"]
+    assert [c["name"] for c in doc["checks"]] == ["discover", "resume", "integrity", "files", "load", "keys", "contract", "replay"]
     assert doc["bytes_read"] == sum(p.stat().st_size for p in (demo_run / "step-20").iterdir() if p.name != "drill-manifest.json")
     assert doc["database"] == sqlite_url
 
 
 def test_run_by_path_needs_no_root(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
-    res = invoke(cli, "run", "-c", str(demo_run / "step-10"), "--json", "--db", sqlite_url)
+    res = invoke(cli, "run", "-c", str(demo_run / "step-10"), "--no-replay", "--json", "--db", sqlite_url)
     assert res.exit_code == 0
     assert json.loads(res.stdout)["checkpoint"]["step"] == 10
 
@@ -116,7 +116,7 @@ def test_bad_input_is_one_line_with_its_exit_code_and_keeps_records(
     (tmp_path / "empty").mkdir()
     (tmp_path / "inc" / "step-5").mkdir(parents=True)
     (tmp_path / "inc" / "step-5" / "__0_0.distcp").write_bytes(b"partial")
-    assert invoke(cli, "run", "--root", str(demo_run), "--db", db_url).exit_code == 0
+    assert invoke(cli, "run", "--root", str(demo_run), "--no-replay", "--db", db_url).exit_code == 0
     before = _drills(db_url)
 
     argv = [a.format(tmp=tmp_path, run=demo_run) for a in args]
@@ -148,7 +148,7 @@ def test_cuda_on_a_cpu_host_is_a_usage_error(cli: CliRunner, demo_run: Path, sql
 
 
 def test_history_and_show(cli: CliRunner, demo_run: Path, db_url: str, tmp_path: Path) -> None:
-    invoke(cli, "run", "--root", str(demo_run), "--db", db_url)
+    invoke(cli, "run", "--root", str(demo_run), "--no-replay", "--db", db_url)
     invoke(cli, "run", "--root", str(tmp_path / "absent"), "--db", db_url)
     res = invoke(cli, "history", "--json", "--db", db_url)
     docs = json.loads(res.stdout)
@@ -160,7 +160,8 @@ def test_history_and_show(cli: CliRunner, demo_run: Path, db_url: str, tmp_path:
     assert table.exit_code == 0 and "PASSED" in table.stdout and "FAILED" in table.stdout
 
     shown = json.loads(invoke(cli, "show", str(docs[1]["id"]), "--json", "--db", db_url).stdout)
-    assert [c["name"] for c in shown["checks"]] == ["discover", "resume", "integrity", "files", "load", "keys", "contract"]
+    assert [c["name"] for c in shown["checks"]] == ["discover", "resume", "integrity", "files", "load", "keys", "contract", "replay"]
+    assert shown["checks"][-1]["status"] == "skipped" and shown["replay_verdict"] == "not replayable"
     assert shown["checks"][3]["evidence"]["files_ok"] == 3
     assert shown["evidence_level"] == "sealed" and shown["sample"] == "all"
     missing = invoke(cli, "show", "9999", "--db", db_url)
@@ -176,10 +177,10 @@ def test_db_upgrade_and_status(cli: CliRunner, postgres_url: str) -> None:
     status = invoke(cli, "db", "status", "--db", postgres_url)
     assert status.exit_code == 4 and "behind" in status.stdout
     res = invoke(cli, "db", "upgrade", "--db", postgres_url)
-    assert res.exit_code == 0 and "upgraded from empty to 0002" in res.stdout
+    assert res.exit_code == 0 and f"upgraded from empty to {head_revision()}" in res.stdout
     again = invoke(cli, "db", "upgrade", "--db", postgres_url)
     assert "up to date" in again.stdout
-    assert json.loads(invoke(cli, "db", "status", "--json", "--db", postgres_url).stdout)["current"] == "0002"
+    assert json.loads(invoke(cli, "db", "status", "--json", "--db", postgres_url).stdout)["current"] == head_revision()
 
 
 def test_run_against_a_postgres_schema_that_is_behind(cli: CliRunner, demo_run: Path, postgres_url: str) -> None:
@@ -220,7 +221,7 @@ def test_version(cli: CliRunner) -> None:
 
 def test_relative_root_is_recorded_absolute(cli: CliRunner, demo_run: Path, sqlite_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.chdir(demo_run.parent)
-    assert invoke(cli, "run", "--root", "run", "--db", sqlite_url).exit_code == 0
+    assert invoke(cli, "run", "--root", "run", "--no-replay", "--db", sqlite_url).exit_code == 0
     (drill,) = json.loads(invoke(cli, "history", "--root", str(demo_run), "--json", "--db", sqlite_url).stdout)
     assert drill["checkpoint"]["uri"] == str(demo_run / "step-30")
     assert drill["run_root"] == str(demo_run)
@@ -253,7 +254,7 @@ def test_unexpected_failure_is_recorded_as_error_with_traceback(
         raise RuntimeError("device fell off the bus")
 
     monkeypatch.setattr(dcp_restore, "restore_dcp", broken)
-    res = invoke(cli, "run", "--root", str(demo_run), "--json", "--db", sqlite_url)
+    res = invoke(cli, "run", "--root", str(demo_run), "--no-replay", "--json", "--db", sqlite_url)
     assert res.exit_code == 5
     assert res.stderr.strip() == "drill: error: RuntimeError: device fell off the bus"
     shown = json.loads(invoke(cli, "show", str(json.loads(res.stdout)["drill_id"]), "--json", "--db", sqlite_url).stdout)
@@ -285,7 +286,7 @@ def test_seal_and_verify_commands(cli: CliRunner, demo_run: Path, sqlite_url: st
 
 
 def test_run_sampled_says_so(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
-    res = invoke(cli, "run", "--root", str(demo_run), "--sample", "1/3", "--json", "--db", sqlite_url)
+    res = invoke(cli, "run", "--root", str(demo_run), "--sample", "1/3", "--no-replay", "--json", "--db", sqlite_url)
     assert res.exit_code == 0
     integrity = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "integrity")
     assert "sampled 1/3" in integrity["summary"]

@@ -16,6 +16,7 @@ from drill.checks import Expectations
 from drill.integrity.manifest import seal
 from drill.records.db import open_database
 from drill.records.store import Records
+from drill.replay import ReplaySpec
 from drill.restore.dcp import restore_dcp
 from drill.discover import discover
 from drill.runner import DrillOutcome, DrillRequest, run_drill
@@ -27,6 +28,7 @@ from tests import frameworks
 def _drill(root: Path, db: str, selector: str = "latest", **kw: Any) -> DrillOutcome:
     records = Records(open_database(db))
     try:
+        kw.setdefault("replay", ReplaySpec(enabled=False))  # these tests are about the state
         return run_drill(DrillRequest(selector=parse_selector(selector), root=str(root), **kw), records)
     finally:
         records.db.close()

@@ -19,6 +19,7 @@ from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
 from drill.integrity.manifest import MANIFEST_NAME, SealConflict, parse_manifest, read_manifest, seal
 from drill.records.db import open_database
 from drill.records.store import Records
+from drill.replay import ReplaySpec
 from drill.runner import DrillOutcome, DrillRequest, run_drill
 from drill.safe_pickle import restricted_loads
 from drill.select import parse_selector
@@ -29,6 +30,7 @@ from drill.verifier import verify_checkpoint
 def _drill(run: Path, db: str, storage=None, **kw) -> DrillOutcome:  # type: ignore[no-untyped-def]
     records = Records(open_database(db))
     try:
+        kw.setdefault("replay", ReplaySpec(enabled=False))  # these tests are about the bytes
         return run_drill(DrillRequest(selector=parse_selector("latest"), root=str(run), **kw), records, storage=storage)
     finally:
         records.db.close()

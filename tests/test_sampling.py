@@ -10,6 +10,7 @@ import pytest
 from drill.integrity.sampling import SampleSpec, SampleSpecError, parse_sample, select_sample
 from drill.records.db import open_database
 from drill.records.store import Records
+from drill.replay import ReplaySpec
 from drill.runner import DrillRequest, run_drill
 from drill.select import parse_selector
 
@@ -73,7 +74,10 @@ def test_auto_sampled_drills_cover_the_checkpoint(demo_run: Path, sqlite_url: st
     coverage = []
     for _ in range(3):
         outcome = run_drill(
-            DrillRequest(selector=parse_selector("latest"), root=str(demo_run), sample=parse_sample("auto:10%")), records
+            DrillRequest(
+                selector=parse_selector("latest"), root=str(demo_run), sample=parse_sample("auto:10%"), replay=ReplaySpec(enabled=False)
+            ),
+            records,
         )
         assert outcome.status == "passed"
         integrity = next(c for c in outcome.checks if c.name == "integrity")
@@ -87,7 +91,7 @@ def test_auto_sampled_drills_cover_the_checkpoint(demo_run: Path, sqlite_url: st
 
 def test_a_failed_file_leaves_the_coverage(demo_run: Path, sqlite_url: str) -> None:
     records = Records(open_database(sqlite_url))
-    request = DrillRequest(selector=parse_selector("latest"), root=str(demo_run))
+    request = DrillRequest(selector=parse_selector("latest"), root=str(demo_run), replay=ReplaySpec(enabled=False))
     assert run_drill(request, records).status == "passed"
     shard = demo_run / "step-30" / "__0_0.distcp"
     data = bytearray(shard.read_bytes())

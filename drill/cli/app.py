@@ -108,15 +108,28 @@ def run(
     sample: SampleOption = "all",
     require_sealed: RequireSealedOption = False,
     coverage_days: CoverageDaysOption = 7.0,
+    replay: Annotated[
+        str | None,
+        typer.Option("--replay", help="Replay entrypoint module:function (default: the one the run's run.json names)."),
+    ] = None,
+    replay_steps: Annotated[int, typer.Option("--replay-steps", help="K: training steps to replay and compare.")] = 5,
+    replay_timeout: Annotated[float, typer.Option("--replay-timeout", help="Wall-clock limit for the replay, seconds.")] = 300.0,
+    rtol: Annotated[
+        float | None, typer.Option("--rtol", help="Relative tolerance for loss/grad norm (default: exact on the same device type).")
+    ] = None,
+    atol: Annotated[float | None, typer.Option("--atol", help="Absolute tolerance for loss/grad norm.")] = None,
+    no_replay: Annotated[bool, typer.Option("--no-replay", help="Skip the replay (the drill then proves restore only).")] = False,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """Restore one checkpoint onto a device, verify and check it, and record the drill.
+    """Restore one checkpoint onto a device, verify and check it, replay it, and record the drill.
 
     Every file is read once and every tensor is loaded onto the device; the bytes are hashed
-    in the same pass and compared with the checkpoint's manifest. The verdict, every check's
-    evidence and the restore latency per phase are recorded in the database.
+    in the same pass and compared with the checkpoint's manifest; the state is checked for a
+    resume; then K training steps are replayed from it in a child process and compared with
+    what the original run did. The verdict, every check's evidence, the restore latency per
+    phase and the time to first step are recorded in the database.
 
     Example: drill run --root ./demo-run --checkpoint latest
     """
@@ -131,8 +144,14 @@ def run(
     from drill.errors import UsageError
     from drill.formats import check_format
 
+    from drill.replay import ReplaySpec, Tolerance
+
     try:
         expectations = Expectations(allow_missing=tuple(allow_missing or ()), finite_scan=finite_scan)
+        tolerance = None if rtol is None and atol is None else Tolerance(rtol or 0.0, atol or 0.0)
+        replay_spec = ReplaySpec(
+            entrypoint=replay, steps=replay_steps, timeout=replay_timeout, tolerance=tolerance, enabled=not no_replay
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     request = DrillRequest(
@@ -145,6 +164,7 @@ def run(
         format=check_format(format),
         allow_classes=tuple(allow_class or ()),
         expectations=expectations,
+        replay=replay_spec,
     )
     resolve_device(device)  # flags are validated before any I/O
     database = open_database(db)
@@ -263,7 +283,7 @@ def verify(
 @error_boundary
 def demo(
     directory: Annotated[Path, typer.Argument(help="New run directory to write (must be empty or absent).")],
-    steps: Annotated[int, typer.Option(help="Optimizer steps to train.")] = 100,
+    steps: Annotated[int, typer.Option(help="Optimizer steps to train (the run goes on past its last save).")] = 110,
     save_every: Annotated[int, typer.Option("--save-every", help="Save a DCP checkpoint every K steps.")] = 20,
     keep: Annotated[int, typer.Option(help="Keep the last L checkpoints (older ones are deleted).")] = 3,
     n_layer: Annotated[int, typer.Option("--n-layer", help="Transformer blocks.")] = 2,

@@ -40,6 +40,7 @@ def outcome_document(outcome: DrillOutcome, db_url: str) -> dict[str, Any]:
         "device": outcome.device,
         "restore_seconds": t.restore,
         "phases": {"discover": t.discover, "read": t.read, "load": t.load, "checks": t.checks},
+        "ttfs_seconds": t.ttfs,
         "bytes_read": outcome.bytes_read,
         "throughput_bps": (outcome.bytes_read / busy) if outcome.bytes_read and busy else None,
         "checks": [
@@ -100,6 +101,8 @@ def render_outcome(console: Console, outcome: DrillOutcome, db_url: str) -> None
             f"{human_bytes(outcome.bytes_read)} at {rate}",
             markup=False,
         )
+    if t.ttfs is not None:
+        console.print(f"time to first step {human_seconds(t.ttfs)} (drill start → first replayed step done)", markup=False)
     console.print(f"recorded in {db_url}  (drill show {outcome.drill_id})", markup=False, style="dim")
     if outcome.status == "failed" and ref is not None:
         console.print(f"re-check the bytes without restoring: drill verify {ref.uri}", markup=False, style="dim")
@@ -137,6 +140,7 @@ def render_drill(console: Console, d: dict[str, Any]) -> None:
         ("started", d["started_at"]),
         ("finished", d["finished_at"] or f"- (last phase: {d['phase']})"),
         ("restore", human_seconds(d["restore_seconds"])),
+        ("first step", f"{human_seconds(d['ttfs_seconds'])} (replay {d['replay_verdict'] or 'not run'})"),
         ("phases", ", ".join(f"{k} {human_seconds(v)}" for k, v in d["phases"].items())),
         ("read", f"{human_bytes(d['bytes_read'])} at {human_rate(d['throughput_bps'])}"),
         ("versions", f"drill {d['drill_version']}, torch {d['torch_version']}"),

@@ -12,10 +12,11 @@ RUN_FILE = "run.json"
 
 @dataclass(kw_only=True, slots=True)
 class DemoConfig:
-    steps: int = 100
-    """Optimizer steps to train."""
+    steps: int = 110
+    """Optimizer steps to train. The run goes on past its last save, as real runs do, so the
+    step log holds what happened after every retained checkpoint: the replay reference."""
     save_every: int = 20
-    """Save a checkpoint every this many steps (and at the last step)."""
+    """Save a checkpoint every this many steps."""
     keep: int = 3
     """Keep-last-K retention: older checkpoints are deleted after each save."""
     seed: int = 1234
@@ -51,8 +52,15 @@ class DemoConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def write(self, run_dir: Path) -> None:
-        (run_dir / RUN_FILE).write_text(json.dumps({"kind": "drill-demo", "config": self.to_dict()}, indent=2) + "\n")
+    def write(self, run_dir: Path, device: str = "cpu") -> None:
+        doc = {
+            "kind": "drill-demo",
+            "config": self.to_dict(),
+            "device": device,
+            # How drill replays this run: the entrypoint that rebuilds its training objects.
+            "replay": "drill.demo.replay:build_replay",
+        }
+        (run_dir / RUN_FILE).write_text(json.dumps(doc, indent=2) + "\n")
 
     @classmethod
     def read(cls, run_dir: Path) -> DemoConfig:

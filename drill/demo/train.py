@@ -173,7 +173,7 @@ def train(
                 result.losses.append(record.loss)
                 if on_step is not None:
                     on_step(record)
-                if record.step % cfg.save_every == 0 or record.step == cfg.steps:
+                if record.step % cfg.save_every == 0:
                     log.sync()
                     save_checkpoint(objs, run_dir)
                     result.saved.append(record.step)

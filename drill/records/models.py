@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
@@ -88,11 +88,16 @@ class Drill(Base):
     """``all`` or the sampling spec: a sampled drill says it was sampled."""
     evidence_level: Mapped[str | None] = mapped_column(String(16))
     """``sealed`` (content hashes) or ``unsealed`` (structural proof only)."""
+    ttfs_seconds: Mapped[float | None] = mapped_column(Float)
+    """Time to first step: drill start until the first replayed training step finished."""
+    replay_verdict: Mapped[str | None] = mapped_column(String(32))
+    """``passed``, ``diverged``, ``not replayable`` or ``error``."""
 
     checkpoint: Mapped[Checkpoint | None] = relationship(back_populates="drills")
     checks: Mapped[list[CheckRecord]] = relationship(
         back_populates="drill", order_by="CheckRecord.id", cascade="all, delete-orphan"
     )
+    replay_steps: Mapped[list[ReplayStep]] = relationship(order_by="ReplayStep.step", cascade="all, delete-orphan")
 
 
 class CheckRecord(Base):
@@ -122,3 +127,20 @@ class FileVerification(Base):
     xxh3_128: Mapped[str] = mapped_column(String(32))
     verified_at: Mapped[datetime]
     drill_id: Mapped[int | None] = mapped_column(ForeignKey("drills.id", ondelete="SET NULL"))
+
+
+class ReplayStep(Base):
+    """One replayed step next to what the original run logged for it."""
+
+    __tablename__ = "replay_steps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    drill_id: Mapped[int] = mapped_column(ForeignKey("drills.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(BigInteger)
+    reference_loss: Mapped[float | None] = mapped_column(Float)
+    loss: Mapped[float] = mapped_column(Float)
+    reference_grad_norm: Mapped[float | None] = mapped_column(Float)
+    grad_norm: Mapped[float | None] = mapped_column(Float)
+    reference_batch: Mapped[str | None] = mapped_column(String(64))
+    batch: Mapped[str | None] = mapped_column(String(64))
+    matches: Mapped[bool] = mapped_column(Boolean)

@@ -23,7 +23,7 @@ from drill import __version__
 from drill.errors import DatabaseError, NotFound
 from drill.findings import CheckResult
 from drill.records.db import Database, _reason, safe_url
-from drill.records.models import Checkpoint, CheckRecord, Drill, FileVerification
+from drill.records.models import Checkpoint, CheckRecord, Drill, FileVerification, ReplayStep
 
 
 def utcnow() -> datetime:
@@ -37,6 +37,8 @@ class Timings:
     read: float | None = None
     load: float | None = None
     checks: float | None = None
+    ttfs: float | None = None
+    """Time to first step: drill start until the first replayed step finished."""
 
 
 class Records:
@@ -78,6 +80,15 @@ class Records:
             d = s.get_one(Drill, drill_id)
             d.sample = sample
             d.evidence_level = evidence_level
+
+    def record_replay(self, drill_id: int, *, verdict: str, ttfs: float | None, steps: list[dict[str, Any]]) -> None:
+        """The replay's verdict, time to first step, and each step's reference and replayed values."""
+        with self._session() as s:
+            d = s.get_one(Drill, drill_id)
+            d.replay_verdict = verdict
+            d.ttfs_seconds = ttfs
+            for row in steps:
+                s.add(ReplayStep(drill_id=drill_id, **row))
 
     def set_phase(self, drill_id: int, phase: str) -> None:
         with self._session() as s:
@@ -206,7 +217,7 @@ class Records:
             d = s.scalar(
                 select(Drill)
                 .where(Drill.id == drill_id)
-                .options(selectinload(Drill.checkpoint), selectinload(Drill.checks))
+                .options(selectinload(Drill.checkpoint), selectinload(Drill.checks), selectinload(Drill.replay_steps))
             )
             if d is None:
                 raise NotFound(f"no drill with id {drill_id}")
@@ -245,8 +256,23 @@ def drill_document(d: Drill, *, with_checks: bool = False) -> dict[str, Any]:
         "torch_version": d.torch_version,
         "sample": d.sample,
         "evidence_level": d.evidence_level,
+        "ttfs_seconds": d.ttfs_seconds,
+        "replay_verdict": d.replay_verdict,
     }
     if with_checks:
+        doc["replay_steps"] = [
+            {
+                "step": r.step,
+                "reference_loss": r.reference_loss,
+                "loss": r.loss,
+                "reference_grad_norm": r.reference_grad_norm,
+                "grad_norm": r.grad_norm,
+                "reference_batch": r.reference_batch,
+                "batch": r.batch,
+                "matches": r.matches,
+            }
+            for r in d.replay_steps
+        ]
         doc["checks"] = [
             {"name": c.name, "status": c.status, "summary": c.summary, "seconds": c.seconds, "evidence": c.evidence}
             for c in d.checks

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import StorageReader
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
@@ -45,15 +46,21 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     """The default planner, but non-tensor entries load with ``weights_only=True`` and a value
     that will not deserialize becomes a recorded failure instead of an exception."""
 
-    def __init__(self, failures: list[ItemFailure]) -> None:
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+    def __init__(self, failures: list[ItemFailure], *, flatten: bool = False) -> None:
+        # flatten=True for loading into nested Stateful objects (a replay's training objects),
+        # False for drill's own flat targets.
+        super().__init__(flatten_state_dict=flatten, flatten_sharded_tensors=flatten)
         self._failures = failures
         self.values_loaded = 0
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         fqn = read_item.dest_index.fqn
         try:
-            self.state_dict[fqn] = torch.load(value, weights_only=True)
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
             self.values_loaded += 1
         except Exception as exc:  # noqa: BLE001 - any failure is evidence, not a crash
             unsafe = "Weights only load failed" in str(exc)
@@ -310,3 +317,18 @@ def _describe(exc: BaseException) -> tuple[str, str]:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def load_into(storage: Storage, uri: str, stateful: dict[str, Any]) -> None:
+    """Load a DCP checkpoint into live training objects (``Stateful``s), the way a resume
+    does, through drill's safe reader; raises on anything that does not load."""
+    import torch.distributed.checkpoint as dcp
+
+    result = RestoreResult(uri=uri, format="dcp", device="")
+    reader = DrillReader(storage, uri, result, NullProgress(), HashPlan(files=frozenset()))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(stateful, storage_reader=reader, planner=SafeLoadPlanner(result.failures, flatten=True), no_dist=True)
+    problems = result.failures + [ItemFailure(f.relative_path, f.relative_path, f.error or "") for f in result.files if f.error]
+    if result.metadata_error or problems:
+        raise RuntimeError(f"checkpoint did not load into the training objects: {result.metadata_error or problems[0].reason}")

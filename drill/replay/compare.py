@@ -1,0 +1,64 @@
+"""Step-by-step comparison of a replay with the original run: a pure function."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from drill.sdk.steplog import StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerance:
+    rtol: float = 0.0
+    atol: float = 0.0
+
+    def close(self, a: float, b: float) -> bool:
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return abs(a - b) <= self.atol + self.rtol * abs(b)
+
+
+SAME_DEVICE = Tolerance(0.0, 0.0)
+"""Same device type, same thread count, deterministic kernels: bit for bit."""
+CROSS_DEVICE = Tolerance(rtol=1e-3, atol=1e-5)
+"""CPU vs GPU kernels round differently; a resumed run that is right agrees to ~1e-5."""
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    step: int
+    what: str
+    """``data`` (batch fingerprint), ``loss`` or ``grad_norm``."""
+    expected: object
+    actual: object
+    delta: float | None = None
+
+    def describe(self) -> str:
+        if self.what == "data":
+            return f"data order diverged at step {self.step}: batch {self.actual}, the original run saw {self.expected}"
+        rel = f" (relative {self.delta:.2e})" if self.delta is not None else ""
+        return f"{self.what} diverged at step {self.step}: {self.actual!r}, the original run logged {self.expected!r}{rel}"
+
+
+def compare_steps(reference: dict[int, StepRecord], replayed: list[StepRecord], tol: Tolerance) -> Divergence | None:
+    """The first step where the replay left the original run, or None.
+
+    Data order must match exactly (where both sides fingerprinted their batches); loss and
+    grad norm within ``tol``.
+    """
+    for got in replayed:
+        ref = reference.get(got.step)
+        if ref is None:
+            continue
+        if ref.batch is not None and got.batch is not None and ref.batch != got.batch:
+            return Divergence(got.step, "data", ref.batch, got.batch)
+        if not tol.close(got.loss, ref.loss):
+            return Divergence(got.step, "loss", ref.loss, got.loss, _rel(got.loss, ref.loss))
+        if ref.grad_norm is not None and got.grad_norm is not None and not tol.close(got.grad_norm, ref.grad_norm):
+            return Divergence(got.step, "grad_norm", ref.grad_norm, got.grad_norm, _rel(got.grad_norm, ref.grad_norm))
+    return None
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b) if b else abs(a - b)

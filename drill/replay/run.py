@@ -1,0 +1,171 @@
+"""Running a replay in a child process under a wall-clock timeout, and judging it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE, Divergence, Tolerance, compare_steps
+from drill.replay.reference import Reference, load_reference
+from drill.replay.spec import ReplaySpec
+from drill.sdk.steplog import STEP_LOG, StepRecord
+
+FRAMEWORK_LOG = Tolerance(rtol=1e-3, atol=1e-4)
+"""Frameworks round what they log (HF: 4 decimals): compare to that precision."""
+
+PASSED, DIVERGED, NOT_REPLAYABLE, ERROR = "passed", "diverged", "not replayable", "error"
+
+
+@dataclass(slots=True, kw_only=True)
+class ReplayOutcome:
+    verdict: str
+    reason: str
+    steps: list[tuple[StepRecord | None, StepRecord]] = field(default_factory=list)
+    """(reference, replayed) per replayed step."""
+    divergence: Divergence | None = None
+    tolerance: Tolerance | None = None
+    reference_source: str | None = None
+    first_step_at: float | None = None
+    """perf_counter when the first replayed step finished (for time-to-first-step)."""
+    restore_seconds: float | None = None
+    seconds: float = 0.0
+    traceback: str | None = None
+
+
+def entrypoint_for(run_dir: str, spec: ReplaySpec) -> str | None:
+    """``--replay``, else the entrypoint the run names in its ``run.json`` (the demo does)."""
+    if spec.entrypoint:
+        return spec.entrypoint
+    run_json = Path(run_dir) / "run.json"
+    try:
+        return json.loads(run_json.read_text()).get("replay") if run_json.is_file() else None
+    except (json.JSONDecodeError, OSError):
+        return None
+
+
+def tolerance_for(reference: Reference, device: str, spec: ReplaySpec) -> Tolerance:
+    if spec.tolerance is not None:
+        return spec.tolerance
+    if reference.source != STEP_LOG:
+        return FRAMEWORK_LOG
+    same = reference.device is None or reference.device.split(":")[0] == device.split(":")[0]
+    return SAME_DEVICE if same else CROSS_DEVICE
+
+
+def run_replay(*, spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | None, device: str) -> ReplayOutcome:
+    """Replay K steps after ``checkpoint`` (at ``step``) and compare with the original run."""
+    started = time.perf_counter()
+    entrypoint = entrypoint_for(run_dir, spec)
+    if entrypoint is None:
+        return ReplayOutcome(
+            verdict=NOT_REPLAYABLE,
+            reason="no replay entrypoint: pass --replay module:function (or name one in the run's run.json)",
+        )
+    reference = load_reference(run_dir)
+    if reference is None:
+        return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"no record of the original run under {run_dir} ({STEP_LOG}, trainer_state.json, metrics.csv or TensorBoard events)")
+    if step is None:
+        return ReplayOutcome(verdict=NOT_REPLAYABLE, reason="the checkpoint's step is unknown, so its place in the original run's record is too")
+    wanted = [s for s in range(step + 1, step + spec.steps + 1) if s in reference.steps]
+    if not wanted:
+        last = max(reference.steps)
+        return ReplayOutcome(
+            verdict=NOT_REPLAYABLE,
+            reason=f"the original run's record ({reference.source}) ends at step {last}: nothing after step {step} to compare",
+            reference_source=reference.source,
+        )
+    k = max(wanted) - step
+    tol = tolerance_for(reference, device, spec)
+    outcome = _run_child(entrypoint, run_dir, checkpoint, device, k, spec.timeout, started)
+    outcome.tolerance = tol
+    outcome.reference_source = reference.source
+    replayed = [got for _, got in outcome.steps]
+    outcome.steps = [(reference.steps.get(got.step), got) for got in replayed]
+    if outcome.verdict == ERROR:
+        return outcome
+    if replayed and replayed[0].step != step + 1:
+        outcome.verdict = DIVERGED
+        outcome.divergence = Divergence(replayed[0].step, "step", step + 1, replayed[0].step)
+        outcome.reason = f"the restored objects resumed at step {replayed[0].step}, not {step + 1}"
+        return outcome
+    outcome.divergence = compare_steps(reference.steps, replayed, tol)
+    if outcome.divergence is not None:
+        outcome.verdict, outcome.reason = DIVERGED, outcome.divergence.describe()
+    else:
+        exact = tol.rtol == 0 and tol.atol == 0
+        compared = "data order, loss and grad norm" if reference.has_data_order else "loss and grad norm (the record has no batch fingerprints: data order not compared)"
+        outcome.verdict = PASSED
+        outcome.reason = f"{len(replayed)} steps after step {step} match the original run {'bit for bit' if exact else f'within rtol={tol.rtol:g}, atol={tol.atol:g}'}: {compared}"
+    return outcome
+
+
+def _run_child(entrypoint: str, run_dir: str, checkpoint: str, device: str, steps: int, timeout: float, started: float) -> ReplayOutcome:
+    # A fresh interpreter, not a fork: a forked child of a process that already used torch's
+    # thread pools can deadlock, and a fresh one frees all its (device) memory when it exits.
+    read_fd, write_fd = os.pipe()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    cmd = [sys.executable, "-m", "drill.replay.child", str(write_fd), entrypoint, run_dir, checkpoint, device, str(steps)]
+    proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=_stderr_fd(), env=env)
+    os.close(write_fd)
+    receive = Connection(read_fd, writable=False)
+    outcome = ReplayOutcome(verdict=ERROR, reason="")
+    deadline = started + timeout
+    last_phase = "starting"
+    try:
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0 or not receive.poll(left):
+                proc.kill()
+                done = len(outcome.steps)
+                outcome.reason = f"replay timed out after {timeout:g} s ({last_phase}, {done} of {steps} steps done); the child was killed"
+                return outcome
+            try:
+                msg: Any = receive.recv()
+            except EOFError:
+                proc.wait(5)
+                outcome.reason = f"the replay process died ({_exit(proc.returncode)}) while {last_phase}"
+                return outcome
+            if msg[0] == "restored":
+                outcome.restore_seconds = time.perf_counter() - started
+                last_phase = "replaying"
+            elif msg[0] == "step":
+                outcome.steps.append((None, msg[1]))
+                if outcome.first_step_at is None:
+                    outcome.first_step_at = time.perf_counter()
+            elif msg[0] == "error":
+                outcome.traceback = msg[1]
+                last = msg[1].strip().splitlines()[-1]
+                outcome.reason = f"the replay raised while {last_phase}: {last}"
+                return outcome
+            elif msg[0] == "done":
+                outcome.verdict = PASSED
+                return outcome
+    finally:
+        outcome.seconds = time.perf_counter() - started
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        receive.close()
+
+
+def _stderr_fd() -> int:
+    """The trainer's prints go to our stderr (stdout carries data), or nowhere if it has no fd."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return subprocess.DEVNULL
+
+
+def _exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"

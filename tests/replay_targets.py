@@ -1,0 +1,28 @@
+"""Replay entrypoints for the tests: the demo's, and ones that fail on purpose."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from drill.demo.replay import DemoReplay, build_replay
+
+
+class _Raising(DemoReplay):
+    def step(self) -> Any:
+        raise RuntimeError("the step function exploded")
+
+
+class _Hanging(DemoReplay):
+    def step(self) -> Any:
+        time.sleep(3600)
+
+
+def raising(*, run_dir: str, checkpoint: str, device: torch.device) -> DemoReplay:
+    return _Raising(build_replay(run_dir=run_dir, checkpoint=checkpoint, device=device).objs)
+
+
+def hanging(*, run_dir: str, checkpoint: str, device: torch.device) -> DemoReplay:
+    return _Hanging(build_replay(run_dir=run_dir, checkpoint=checkpoint, device=device).objs)

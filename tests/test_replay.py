@@ -1,0 +1,171 @@
+"""Deterministic replay on real demo checkpoints: bitwise when right, each fault its verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from drill.demo.state import RNGState
+from drill.records.db import open_database
+from drill.records.store import Records
+from drill.replay import ReplaySpec, Tolerance, compare_steps, load_reference
+from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE
+from drill.runner import DrillOutcome, DrillRequest, run_drill
+from drill.sdk import StepRecord
+from drill.select import parse_selector
+from tests.test_formats import rewrite_dcp
+
+
+def _drill(run: Path, db: str, **replay: Any) -> tuple[DrillOutcome, dict[str, Any]]:
+    records = Records(open_database(db))
+    try:
+        outcome = run_drill(
+            DrillRequest(selector=parse_selector("latest"), root=str(run), replay=ReplaySpec(**replay)), records
+        )
+        return outcome, records.get(outcome.drill_id)
+    finally:
+        records.db.close()
+
+
+def _replay(outcome: DrillOutcome):  # type: ignore[no-untyped-def]
+    return next(c for c in outcome.checks if c.name == "replay")
+
+
+def test_clean_checkpoint_replays_bit_for_bit(demo_run: Path, sqlite_url: str) -> None:
+    outcome, record = _drill(demo_run, sqlite_url)
+    assert outcome.status == "passed"
+    check = _replay(outcome)
+    assert "5 steps after step 30 match the original run bit for bit: data order, loss and grad norm" in check.summary
+    assert record["replay_verdict"] == "passed"
+    steps = record["replay_steps"]
+    assert [s["step"] for s in steps] == [31, 32, 33, 34, 35]
+    assert all(s["matches"] and s["loss"] == s["reference_loss"] and s["batch"] == s["reference_batch"] for s in steps)
+    # time to first step is recorded apart from restore latency, and is the larger
+    assert record["ttfs_seconds"] > record["restore_seconds"] > 0
+
+
+def test_dataloader_rewound_diverges_on_data_at_the_first_step(demo_run: Path, sqlite_url: str) -> None:
+    def rewind(s: dict[str, Any]) -> None:
+        s["dataloader.position"] -= s["dataloader.batch_size"]
+
+    rewrite_dcp(demo_run / "step-30", rewind)
+    outcome, record = _drill(demo_run, sqlite_url)
+    assert outcome.status == "failed" and record["replay_verdict"] == "diverged"
+    (finding,) = _replay(outcome).findings
+    assert finding.code == "replay-diverged-data" and finding.subject == "step 31"
+
+
+def test_rng_from_another_seed_diverges_on_loss(demo_run: Path, sqlite_url: str) -> None:
+    torch.manual_seed(4321)
+    other = RNGState().state_dict()["torch"]
+
+    def reseed(s: dict[str, Any]) -> None:
+        s["rng.torch"] = other
+
+    rewrite_dcp(demo_run / "step-30", reseed)
+    outcome, _ = _drill(demo_run, sqlite_url)
+    (finding,) = _replay(outcome).findings
+    assert finding.code == "replay-diverged-loss" and finding.subject == "step 31"  # same data, other dropout
+
+
+def test_nudged_weight_passes_hashes_and_diverges_on_loss(demo_run: Path, sqlite_url: str) -> None:
+    def nudge(s: dict[str, Any]) -> None:
+        s["model.head.weight"] = s["model.head.weight"].clone()
+        s["model.head.weight"][0, 0] += 1e-3
+
+    rewrite_dcp(demo_run / "step-30", nudge)  # re-sealed: the bytes match their manifest
+    outcome, _ = _drill(demo_run, sqlite_url)
+    statuses = {c.name: c.status.value for c in outcome.checks}
+    assert statuses["integrity"] == statuses["contract"] == "passed"
+    (finding,) = _replay(outcome).findings
+    assert finding.code == "replay-diverged-loss" and "relative" in finding.message
+
+
+def test_reference_log_missing_is_not_replayable(demo_run: Path, sqlite_url: str) -> None:
+    os.remove(demo_run / "drill-steps.jsonl")
+    outcome, record = _drill(demo_run, sqlite_url)
+    check = _replay(outcome)
+    assert check.status.value == "skipped" and "gap in the evidence, not a pass" in check.summary
+    assert record["replay_verdict"] == "not replayable" and record["ttfs_seconds"] is None
+
+
+def test_no_entrypoint_is_not_replayable(demo_run: Path, sqlite_url: str) -> None:
+    doc = json.loads((demo_run / "run.json").read_text())
+    del doc["replay"]
+    (demo_run / "run.json").write_text(json.dumps(doc))
+    outcome, _ = _drill(demo_run, sqlite_url)
+    assert "no replay entrypoint" in _replay(outcome).summary
+
+
+def test_step_function_that_raises_is_an_error_with_its_traceback(demo_run: Path, sqlite_url: str) -> None:
+    outcome, record = _drill(demo_run, sqlite_url, entrypoint="tests.replay_targets:raising")
+    assert outcome.status == "error" and record["replay_verdict"] == "error"
+    assert "the step function exploded" in outcome.message
+    assert "Traceback" in record["error"] and "replay_targets.py" in record["error"]
+
+
+def test_hanging_replay_is_killed_at_its_timeout(demo_run: Path, sqlite_url: str) -> None:
+    outcome, record = _drill(demo_run, sqlite_url, entrypoint="tests.replay_targets:hanging", timeout=8)
+    assert outcome.status == "error" and "timed out after 8 s" in outcome.message and "0 of 5 steps" in outcome.message
+    assert record["replay_verdict"] == "error"
+
+
+def test_compare_is_exact_on_the_same_device() -> None:
+    ref = {1: StepRecord(step=1, loss=2.0, grad_norm=1.0, batch="a"), 2: StepRecord(step=2, loss=1.5, batch="b")}
+    assert compare_steps(ref, [StepRecord(step=1, loss=2.0, grad_norm=1.0, batch="a")], SAME_DEVICE) is None
+    d = compare_steps(ref, [StepRecord(step=1, loss=2.0, batch="a"), StepRecord(step=2, loss=1.5000001, batch="b")], SAME_DEVICE)
+    assert d is not None and (d.step, d.what) == (2, "loss")
+    assert compare_steps(ref, [StepRecord(step=1, loss=2.0000001, batch="a")], CROSS_DEVICE) is None
+    d = compare_steps(ref, [StepRecord(step=1, loss=2.0, grad_norm=1.1, batch="a")], Tolerance(0.01, 0))
+    assert d is not None and d.what == "grad_norm"
+    assert compare_steps(ref, [StepRecord(step=1, loss=9.0, batch="z")], CROSS_DEVICE).what == "data"  # type: ignore[union-attr]
+
+
+# -- importers: third-party runs replay from what their frameworks already log --------------
+def test_reference_from_hf_log_history(tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    from tests.frameworks import hf_trainer_run
+
+    ref = load_reference(hf_trainer_run(tmp_path / "hf"))
+    assert ref is not None and "log_history" in ref.source
+    assert sorted(ref.steps) == [1, 2, 3, 4] and not ref.has_data_order
+    assert all(r.grad_norm is not None for r in ref.steps.values())
+
+
+def test_reference_from_lightning_csv(tmp_path: Path) -> None:
+    run = tmp_path / "pl" / "version_0"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text("epoch,step,train_loss\n0,0,1.5\n0,1,1.25\n0,2,1.125\n")
+    ref = load_reference(tmp_path / "pl")
+    assert ref is not None and ref.source.endswith("(train_loss)")
+    assert {s: r.loss for s, r in ref.steps.items()} == {1: 1.5, 2: 1.25, 3: 1.125}
+
+
+def test_reference_from_tensorboard(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed")
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    for step, loss in enumerate([3.0, 2.5, 2.25], start=1):
+        writer.add_scalar("train/loss", loss, step)
+    writer.close()
+    ref = load_reference(tmp_path / "tb")
+    assert ref is not None and {s: r.loss for s, r in ref.steps.items()} == {1: 3.0, 2: 2.5, 3: 2.25}
+
+
+def test_cli_shows_ttfs_and_takes_replay_options(demo_run: Path, sqlite_url: str) -> None:
+    from typer.testing import CliRunner
+
+    from tests.conftest import invoke
+
+    res = invoke(CliRunner(), "run", "--root", str(demo_run), "--replay-steps", "2", "--json", "--db", sqlite_url)
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 0 and doc["ttfs_seconds"] > 0
+    assert "2 steps after step 30" in next(c for c in doc["checks"] if c["name"] == "replay")["summary"]
+    bad = invoke(CliRunner(), "run", "--root", str(demo_run), "--replay", "nocolon", "--db", sqlite_url)
+    assert bad.exit_code == 2 and "module:function" in bad.stderr
