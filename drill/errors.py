@@ -23,6 +23,10 @@ class ExitCode(IntEnum):
     """The record database cannot be reached, or its schema is behind or ahead."""
     ERROR = 5
     """The drill could not finish for a reason outside the checkpoint (recorded as ``error``)."""
+    SLO_BREACH = 6
+    """Every check passed, but restore latency or time to first step missed the policy's SLO."""
+    LOCKED = 7
+    """Another scheduler holds the database's scheduler lease."""
     INTERNAL = 70
     """A bug in drill (EX_SOFTWARE); re-run with ``--debug`` for the traceback."""
     INTERRUPTED = 130

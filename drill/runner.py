@@ -20,9 +20,11 @@ from drill.discover import CheckpointRef, discover
 from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.sampling import SampleSpec
+from drill.policy.model import SLO, Selection
 from drill.replay.spec import ReplaySpec
 from drill.records.store import Records, Timings
 from drill.restore import NullProgress, Progress, RestoreResult
+from drill.policy.selection import choose
 from drill.select import Selector, select
 from drill.integrity.structure import dcp_structure
 from drill.integrity.verify import IntegrityPlan, Observed, hash_remaining, integrity_check, plan_integrity
@@ -50,6 +52,12 @@ class DrillRequest:
     """Classes a layout legitimately pickles (e.g. ``transformers.training_args.TrainingArguments``)."""
     replay: ReplaySpec = field(default_factory=ReplaySpec)
     """Replay K steps after the checkpoint and compare with the original run."""
+    policy: str | None = None
+    """The policy's name, when a policy asked for this drill."""
+    policy_selection: Selection | None = None
+    """A policy's selection (retention- and settle-aware); overrides ``selector``."""
+    keep_last: int | None = None
+    slo: SLO | None = None
 
     def __post_init__(self) -> None:
         if self.root is None:
@@ -188,7 +196,21 @@ def run_drill(
             "complete": [c.name for c in found.checkpoints],
             "incomplete": [{"name": s.name, "reason": s.reason} for s in found.incomplete],
         }
-        ref = select(found, request.selector)
+        if request.policy_selection is not None:
+            choice = choose(
+                found,
+                request.policy_selection,
+                now=time.time(),
+                keep_last=request.keep_last,
+                last_drilled=records.last_drilled(root),
+            )
+            ref = choice.ref
+            records.set_selection(drill_id, policy=request.policy, selection=choice.reason)
+            evidence["selection"] = choice.reason
+        else:
+            ref = select(found, request.selector)
+            if request.policy is not None:
+                records.set_selection(drill_id, policy=request.policy, selection=str(request.selector))
         checkpoint_id = records.attach_checkpoint(
             drill_id, run_root=root, uri=ref.uri, step=ref.step, format=ref.format, nbytes=None, file_count=None
         )
@@ -250,6 +272,10 @@ def run_drill(
         if failed:
             first = next(f for c in failed for f in c.findings if f.severity is Severity.ERROR)
             return finish("failed", ExitCode.FAILED, message=first.message)
+        breaches = slo_breaches(request.slo, timings)
+        if breaches:
+            records.set_slo_breaches(drill_id, breaches)
+            return finish("slo_breach", ExitCode.SLO_BREACH, message="; ".join(b["message"] for b in breaches.values()))
         return finish("passed", ExitCode.PASSED)
     except NothingToDrill as exc:
         checks = [_nothing_to_drill_check(exc, {"root": root})]
@@ -267,6 +293,29 @@ def run_drill(
             message=f"{type(exc).__name__}: {exc}".splitlines()[0],
             error=traceback.format_exc(),
         )
+
+
+def slo_breaches(slo: SLO | None, timings: Timings) -> dict[str, dict]:
+    """The policy's SLO targets this drill missed (empty when none, or no SLO)."""
+    if slo is None:
+        return {}
+    out: dict[str, dict] = {}
+    if slo.max_restore_seconds is not None and (timings.restore or 0) > slo.max_restore_seconds:
+        out["restore"] = {
+            "target": slo.max_restore_seconds,
+            "actual": timings.restore,
+            "message": f"restore took {timings.restore:.2f} s, over the {slo.max_restore_seconds:g} s target",
+        }
+    if slo.max_ttfs_seconds is not None:
+        if timings.ttfs is None:
+            out["ttfs"] = {"target": slo.max_ttfs_seconds, "actual": None, "message": "time to first step was not measured (no replay)"}
+        elif timings.ttfs > slo.max_ttfs_seconds:
+            out["ttfs"] = {
+                "target": slo.max_ttfs_seconds,
+                "actual": timings.ttfs,
+                "message": f"time to first step {timings.ttfs:.2f} s, over the {slo.max_ttfs_seconds:g} s target",
+            }
+    return out
 
 
 def _restored_step(restore: RestoreResult, ref: CheckpointRef) -> int | None:

@@ -31,6 +31,7 @@ EXIT_CODES = """\
 Exit codes: 0 passed · 1 failed (a check found a problem) · 2 usage error ·
 3 nothing to drill (root missing, no complete checkpoint, step not retained) ·
 4 database unreachable or schema not at head · 5 drill error (recorded as error) ·
+6 SLO breach (checks passed, too slow) · 7 another scheduler holds the lease ·
 70 internal error (a bug; --debug shows the traceback) · 130 interrupted (recorded as aborted)."""
 
 
@@ -88,6 +89,15 @@ def run(
     checkpoint: Annotated[
         str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")
     ] = "latest",
+    policy: Annotated[
+        Path | None,
+        typer.Option(
+            "--policy",
+            help="Run the drill a policy file describes, isolated in a child process (for crontab: quiet unless it fails).",
+        ),
+    ] = None,
+    in_child: Annotated[bool, typer.Option("--in-child", hidden=True)] = False,
+    trigger: Annotated[str, typer.Option("--trigger", hidden=True)] = "manual",
     device: Annotated[str, typer.Option("--device", help="Restore onto auto (CUDA if present), cpu, cuda or cuda:N.")] = "auto",
     format: Annotated[
         str, typer.Option("--format", help="Force a format: auto, dcp, torch-save, lightning, hf-trainer.")
@@ -144,6 +154,9 @@ def run(
     from drill.errors import UsageError
     from drill.formats import check_format
 
+    if policy is not None:
+        return _run_policy(policy, db=db, json=json, in_child=in_child, trigger=trigger, explicit=(root, checkpoint))
+
     from drill.replay import ReplaySpec, Tolerance
 
     try:
@@ -184,6 +197,222 @@ def run(
     if outcome.exit_code != ExitCode.PASSED and outcome.message:
         stderr().print(f"drill: {outcome.status}: {outcome.message}", markup=False)
     raise typer.Exit(int(outcome.exit_code))
+
+
+def _load_policy(path: Path):  # type: ignore[no-untyped-def]
+    from drill.errors import UsageError
+    from drill.policy import PolicyError, load_policy
+
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        more = f" (and {len(exc.problems) - 1} more: drill policy check {path})" if len(exc.problems) > 1 else ""
+        raise UsageError(f"invalid policy: {exc.problems[0]}{more}") from None
+
+
+def _run_policy(path: Path, *, db: str | None, json: bool, in_child: bool, trigger: str, explicit: tuple) -> None:  # type: ignore[type-arg]
+    """``drill run --policy``: the parent isolates, the child (``--in-child``) drills."""
+    from drill.errors import UsageError
+    from drill.records.db import open_database, resolve_url, safe_url
+    from drill.records.store import Records
+
+    if explicit != (None, "latest"):
+        raise UsageError("--policy names the run and how to select its checkpoint; drop --root/--checkpoint")
+    pol = _load_policy(path)
+    if in_child:
+        from drill.cli.render import outcome_document
+        from drill.policy.request import request_from_policy
+        from drill.runner import run_drill
+
+        database = open_database(db)
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            outcome = run_drill(request_from_policy(pol, trigger), Records(database))
+        except KeyboardInterrupt:
+            raise fail("interrupted: the drill is recorded as aborted", ExitCode.INTERRUPTED) from None
+        finally:
+            database.close()
+        print_json(outcome_document(outcome, safe_url(database.url)))
+        raise typer.Exit(int(outcome.exit_code))
+
+    from drill.scheduling.isolate import run_isolated
+
+    url = resolve_url(db)
+    database = open_database(url)
+    try:
+        result = run_isolated(pol, url, Records(database), trigger="policy" if trigger == "manual" else trigger)
+        record = Records(database).get(result.drill_id) if result.drill_id is not None else None
+    finally:
+        database.close()
+    code = _exit_for(result.status, result.document)
+    if json:
+        print_json(
+            {
+                "policy": pol.name,
+                "drill": result.document or record,
+                "status": result.status,
+                "alerts": [{"channel": d.channel, "target": d.target, "delivered": d.delivered, "attempts": d.attempts, "error": d.error} for d in result.deliveries],
+            }
+        )
+    if result.status != "passed":
+        stderr().print(f"drill: {result.status}: policy {pol.name}: drill #{result.drill_id}: {result.message}", markup=False)
+    raise typer.Exit(code)
+
+
+def _exit_for(status: str, document: dict | None) -> int:  # type: ignore[type-arg]
+    if document is not None and "exit_code" in document:
+        return int(document["exit_code"])
+    return int(
+        {"passed": ExitCode.PASSED, "failed": ExitCode.FAILED, "slo_breach": ExitCode.SLO_BREACH, "aborted": ExitCode.INTERRUPTED}.get(
+            status, ExitCode.ERROR
+        )
+    )
+
+
+policy_app = typer.Typer(cls=OneLineErrors, help="Validate policy files.", no_args_is_help=True, rich_markup_mode=None)
+scheduler_app = typer.Typer(cls=OneLineErrors, help="Run drills on each policy's cron schedule.", no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(policy_app, name="policy")
+app.add_typer(scheduler_app, name="scheduler")
+
+
+@policy_app.command("check")
+@error_boundary
+def policy_check(
+    files: Annotated[list[Path], typer.Argument(help="Policy files to validate.")],
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Validate policy files: every problem with its file, line, field and why.
+
+    Unknown keys are errors (typos must not be ignored), as are invalid cron expressions,
+    unknown selections and contradictory settings. Exits 2 if any file is invalid.
+
+    Example: drill policy check policies/*.yaml
+    """
+    from drill.policy import PolicyError, load_policy
+
+    report = []
+    for f in files:
+        try:
+            pol = load_policy(f)
+            report.append({"file": str(f), "valid": True, "name": pol.name, "root": pol.checkpoints.root, "problems": []})
+        except PolicyError as exc:
+            report.append({"file": str(f), "valid": False, "problems": [str(p) for p in exc.problems]})
+    if json:
+        print_json(report)
+    else:
+        out, err = stdout(), stderr()
+        for r in report:
+            if r["valid"]:
+                out.print(f"ok: {r['file']} (policy {r['name']}, root {r['root']})", markup=False)
+            for p in r["problems"]:
+                err.print(p, markup=False)
+    if not all(r["valid"] for r in report):
+        raise typer.Exit(int(ExitCode.USAGE))
+
+
+@scheduler_app.command("start")
+@error_boundary
+def scheduler_start(
+    policies: Annotated[list[Path], typer.Argument(help="Policy files to schedule (each needs a schedule: section).")],
+    concurrency: Annotated[int, typer.Option("--concurrency", help="At most this many drills at once, all policies together.")] = 1,
+    grace: Annotated[float, typer.Option("--grace", help="On SIGTERM/SIGINT, seconds a running drill gets to finish.")] = 60.0,
+    heartbeat: Annotated[float, typer.Option("--heartbeat", help="Seconds between heartbeats (the lease lasts 6 of them).")] = 5.0,
+    db: DbOption = None,
+    debug: DebugOption = False,
+) -> None:
+    """Run drills on each policy's cron schedule until stopped (SIGTERM/SIGINT).
+
+    Each drill runs in its own child process under the policy's timeout and memory limit;
+    jobs persist in the record database; one scheduler per database (a lease).
+
+    Example: drill scheduler start policies/demo.yaml --concurrency 2
+    """
+    import logging
+
+    from drill.errors import UsageError
+    from drill.records.db import resolve_url
+    from drill.scheduling.scheduler import DrillScheduler
+
+    if concurrency < 1:
+        raise UsageError("--concurrency must be at least 1")
+    loaded = [_load_policy(p) for p in policies]
+    names = [p.name for p in loaded]
+    if len(set(names)) != len(names):
+        raise UsageError(f"two policies share a name: {', '.join(sorted(n for n in names if names.count(n) > 1))}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    DrillScheduler(loaded, resolve_url(db), concurrency=concurrency, grace=grace, heartbeat=heartbeat, lease_ttl=6 * heartbeat).run()
+
+
+@scheduler_app.command("status")
+@error_boundary
+def scheduler_status(db: DbOption = None, json: JsonOption = False, debug: DebugOption = False) -> None:
+    """Show whether a scheduler is alive, and each policy's next fire time and last verdict.
+
+    Exits 0 when a scheduler is alive, 3 when none is.
+
+    Example: drill scheduler status --json
+    """
+    from drill.records.db import open_database
+    from drill.records.store import Records
+
+    database = open_database(db)
+    try:
+        records = Records(database)
+        state = records.scheduler_state()
+        names = sorted(set(state["jobs"]) | set((state["scheduler"] or {}).get("policies", [])))
+        state["policies"] = {n: {"next_fire": state["jobs"].get(n), **records.policy_summary(n)} for n in names}
+    finally:
+        database.close()
+    if json:
+        print_json(state)
+    else:
+        from drill.cli.render import render_scheduler
+
+        render_scheduler(stdout(), state)
+    if not state["alive"]:
+        raise typer.Exit(int(ExitCode.NOTHING_TO_DRILL))
+
+
+@app.command("last-good")
+@error_boundary
+def last_good(
+    root: Annotated[str, typer.Option("--root", help="Run directory holding the checkpoints.")],
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Print the newest retained checkpoint whose latest drill passed.
+
+    For resume scripts: restart from a checkpoint proven restorable, not merely the newest
+    on disk. Prints its path on stdout; exits 3 when no retained checkpoint has passed.
+
+    Example: torchrun train.py --resume "$(drill last-good --root /ckpt/run7)"
+    """
+    import os
+
+    from drill.discover import discover
+    from drill.errors import NothingToDrill
+    from drill.records.db import open_database
+    from drill.records.store import Records
+    from drill.storage import storage_for
+
+    root_key = os.path.abspath(root) if "://" not in root else root
+    try:
+        found = discover(storage_for(root_key), root_key)
+    except OSError as exc:
+        raise NothingToDrill(f"run root {root} cannot be listed ({exc.strerror or exc})") from None
+    database = open_database(db)
+    try:
+        good = Records(database).last_good(root_key, [c.uri for c in found.checkpoints])
+    finally:
+        database.close()
+    if good is None:
+        raise NothingToDrill(f"no retained checkpoint under {root} has passed its latest drill", hint=f"drill one: drill run --root {root}")
+    if json:
+        print_json({"checkpoint": good["checkpoint"], "drill_id": good["id"], "drilled_at": good["started_at"]})
+    else:
+        sys.stdout.write(good["checkpoint"]["uri"] + "\n")
 
 
 @app.command()

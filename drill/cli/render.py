@@ -14,6 +14,7 @@ from drill.units import human_bytes, human_rate, human_seconds
 
 STATUS_STYLE = {
     "passed": "bold green",
+    "slo_breach": "bold yellow",
     "failed": "bold red",
     "error": "bold magenta",
     "aborted": "bold yellow",
@@ -163,3 +164,31 @@ def render_drill(console: Console, d: dict[str, Any]) -> None:
             console.print(f"  {f['severity']} {f['code']}{where}: {f['message']}", markup=False)
             if f.get("hint"):
                 console.print(f"    hint: {f['hint']}", markup=False, style="dim")
+
+
+def render_scheduler(console: Console, state: dict[str, Any]) -> None:
+    sched = state["scheduler"]
+    if state["alive"]:
+        console.print(
+            f"scheduler [bold green]ALIVE[/]  {escape(sched['host'])} pid {sched['pid']}, "
+            f"heartbeat {sched['heartbeat_age_seconds']:.0f} s ago, since {sched['started_at'][:19]}"
+        )
+    elif sched:
+        console.print(f"scheduler [bold red]NOT RUNNING[/]  last heartbeat {sched['heartbeat_at'][:19]} from {escape(sched['host'])} pid {sched['pid']}")
+    else:
+        console.print("scheduler [bold red]NOT RUNNING[/]  (never started on this database)")
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ("policy", "next fire (UTC)", "last drill", "verdict", "checkpoint", "history"):
+        table.add_column(col)
+    for name, p in state["policies"].items():
+        last = p["last"]
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(p["counts"].items()))
+        table.add_row(
+            escape(name),
+            (p["next_fire"] or "-")[:19].replace("T", " "),
+            f"#{last['id']} {last['started_at'][:19].replace('T', ' ')}" if last else "-",
+            _styled(last["status"]) if last else "-",
+            escape((last["checkpoint"] or {}).get("uri", "-")) if last else "-",
+            counts or "-",
+        )
+    console.print(table)

@@ -10,8 +10,10 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-DRILL_STATUSES = ("running", "passed", "failed", "error", "aborted")
-"""``running`` while a drill is in progress; a crash leaves it there as a visible trace."""
+DRILL_STATUSES = ("running", "passed", "failed", "slo_breach", "error", "aborted")
+"""``running`` while a drill is in progress (a crash leaves it there as a visible trace);
+``slo_breach``: every check passed but restore latency or time to first step missed the
+policy's target — distinct from ``failed``, which is about the checkpoint itself."""
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -92,6 +94,10 @@ class Drill(Base):
     """Time to first step: drill start until the first replayed training step finished."""
     replay_verdict: Mapped[str | None] = mapped_column(String(32))
     """``passed``, ``diverged``, ``not replayable`` or ``error``."""
+    policy: Mapped[str | None] = mapped_column(String(255), index=True)
+    selection: Mapped[str | None] = mapped_column(Text)
+    """How the checkpoint was chosen (with the seed of a random choice)."""
+    slo_breaches: Mapped[dict[str, Any] | None]
 
     checkpoint: Mapped[Checkpoint | None] = relationship(back_populates="drills")
     checks: Mapped[list[CheckRecord]] = relationship(
@@ -144,3 +150,32 @@ class ReplayStep(Base):
     reference_batch: Mapped[str | None] = mapped_column(String(64))
     batch: Mapped[str | None] = mapped_column(String(64))
     matches: Mapped[bool] = mapped_column(Boolean)
+
+
+class Alert(Base):
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    drill_id: Mapped[int] = mapped_column(ForeignKey("drills.id", ondelete="CASCADE"), index=True)
+    channel: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String(512))
+    """Where it went, secrets masked."""
+    delivered: Mapped[bool] = mapped_column(Boolean)
+    attempts: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    sent_at: Mapped[datetime]
+
+
+class SchedulerLease(Base):
+    """One row: which scheduler may fire jobs, and its heartbeat."""
+
+    __tablename__ = "scheduler_lease"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    policies: Mapped[dict[str, Any] | None]

@@ -23,7 +23,7 @@ from drill import __version__
 from drill.errors import DatabaseError, NotFound
 from drill.findings import CheckResult
 from drill.records.db import Database, _reason, safe_url
-from drill.records.models import Checkpoint, CheckRecord, Drill, FileVerification, ReplayStep
+from drill.records.models import Alert, Checkpoint, CheckRecord, Drill, FileVerification, ReplayStep, SchedulerLease
 
 
 def utcnow() -> datetime:
@@ -89,6 +89,29 @@ class Records:
             d.ttfs_seconds = ttfs
             for row in steps:
                 s.add(ReplayStep(drill_id=drill_id, **row))
+
+    def set_selection(self, drill_id: int, *, policy: str | None, selection: str) -> None:
+        with self._session() as s:
+            d = s.get_one(Drill, drill_id)
+            d.policy = policy
+            d.selection = selection
+
+    def set_slo_breaches(self, drill_id: int, breaches: dict[str, Any]) -> None:
+        with self._session() as s:
+            s.get_one(Drill, drill_id).slo_breaches = breaches
+
+    def last_drilled(self, run_root: str) -> dict[str, datetime]:
+        """Checkpoint URI → when it was last drilled (any outcome), for coverage-aware selection."""
+        from sqlalchemy import func
+
+        with self._session() as s:
+            rows = s.execute(
+                select(Checkpoint.uri, func.max(Drill.started_at))
+                .join(Drill, Drill.checkpoint_id == Checkpoint.id)
+                .where(Checkpoint.run_root == run_root)
+                .group_by(Checkpoint.uri)
+            )
+            return {uri: _aware(t) for uri, t in rows}
 
     def set_phase(self, drill_id: int, phase: str) -> None:
         with self._session() as s:
@@ -204,6 +227,142 @@ class Records:
         )
         return fresh / total
 
+    def record_alerts(self, drill_id: int, deliveries: list[Any]) -> None:
+        with self._session() as s:
+            for d in deliveries:
+                s.add(
+                    Alert(
+                        drill_id=drill_id,
+                        channel=d.channel,
+                        target=d.target,
+                        delivered=d.delivered,
+                        attempts=d.attempts,
+                        error=d.error,
+                        sent_at=utcnow(),
+                    )
+                )
+
+    def running_drill_of(self, pid: int) -> int | None:
+        """The drill a (child) process on this host left ``running``, if any."""
+        with self._session() as s:
+            return s.scalar(
+                select(Drill.id)
+                .where(Drill.pid == pid, Drill.host == socket.gethostname(), Drill.status == "running")
+                .order_by(Drill.id.desc())
+            )
+
+    def close_dead_drill(self, drill_id: int, *, status: str, reason: str) -> None:
+        """Finish a drill whose process died before it could: the record says how and where."""
+        with self._session() as s:
+            d = s.get_one(Drill, drill_id)
+            if d.status != "running":
+                return
+            d.status = status
+            d.finished_at = utcnow()
+            d.error = f"{reason} (last phase reached: {d.phase})"
+
+    def record_lost_drill(self, *, run_root: str, trigger: str, policy: str | None, reason: str) -> int:
+        """A drill whose process died before it wrote a row: it still goes on the record."""
+        drill_id = self.begin_drill(run_root=run_root, selector="policy", trigger=trigger, device="-", torch_version=None)
+        with self._session() as s:
+            d = s.get_one(Drill, drill_id)
+            d.policy = policy
+            d.status = "error"
+            d.finished_at = utcnow()
+            d.error = reason
+        return drill_id
+
+    def recover_orphans(self) -> list[int]:
+        """Drills left ``running`` on this host by a process that is gone → ``aborted``."""
+        host = socket.gethostname()
+        with self._session() as s:
+            rows = list(s.scalars(select(Drill).where(Drill.status == "running", Drill.host == host)))
+            recovered = []
+            for d in rows:
+                if not _alive(d.pid):
+                    d.status = "aborted"
+                    d.finished_at = utcnow()
+                    d.error = f"the process running this drill (pid {d.pid}) is gone: killed mid-drill (last phase reached: {d.phase})"
+                    recovered.append(d.id)
+            return recovered
+
+    # -- the scheduler's lease --------------------------------------------------------------
+    def acquire_lease(self, holder: str, ttl: float, policies: list[str]) -> dict[str, Any] | None:
+        """Take (or renew) the scheduler lease; returns the other holder's row if it is live."""
+        now = utcnow()
+        with self._session() as s:
+            lease = s.get(SchedulerLease, "scheduler", with_for_update=True)
+            if lease is not None and lease.holder != holder and _aware(lease.expires_at) > now:
+                return {"holder": lease.holder, "host": lease.host, "pid": lease.pid, "heartbeat_at": _aware(lease.heartbeat_at).isoformat()}
+            if lease is None:
+                lease = SchedulerLease(name="scheduler", holder=holder, host=socket.gethostname(), pid=os.getpid(), started_at=now, heartbeat_at=now, expires_at=now)
+                s.add(lease)
+            if lease.holder != holder:
+                lease.started_at = now
+            lease.holder, lease.host, lease.pid = holder, socket.gethostname(), os.getpid()
+            lease.heartbeat_at = now
+            lease.expires_at = now + timedelta(seconds=ttl)
+            lease.policies = {"names": policies}
+        return None
+
+    def holds_lease(self, holder: str) -> bool:
+        with self._session() as s:
+            lease = s.get(SchedulerLease, "scheduler")
+            return lease is not None and lease.holder == holder and _aware(lease.expires_at) > utcnow()
+
+    def release_lease(self, holder: str) -> None:
+        with self._session() as s:
+            lease = s.get(SchedulerLease, "scheduler")
+            if lease is not None and lease.holder == holder:
+                lease.expires_at = utcnow()
+
+    def scheduler_state(self) -> dict[str, Any]:
+        """The lease (is a scheduler alive?) and each scheduled job's next fire time."""
+        from sqlalchemy import text
+
+        with self._session() as s:
+            lease = s.get(SchedulerLease, "scheduler")
+            jobs = {row[0]: row[1] for row in s.execute(text("SELECT id, next_run_time FROM apscheduler_jobs"))}
+            now = utcnow()
+            doc: dict[str, Any] = {"alive": False, "scheduler": None, "jobs": {}}
+            if lease is not None:
+                doc["alive"] = _aware(lease.expires_at) > now
+                doc["scheduler"] = {
+                    "host": lease.host,
+                    "pid": lease.pid,
+                    "started_at": _aware(lease.started_at).isoformat(),
+                    "heartbeat_at": _aware(lease.heartbeat_at).isoformat(),
+                    "heartbeat_age_seconds": (now - _aware(lease.heartbeat_at)).total_seconds(),
+                    "policies": (lease.policies or {}).get("names", []),
+                }
+            for name, ts in jobs.items():
+                doc["jobs"][name] = None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
+            return doc
+
+    def policy_summary(self, policy: str) -> dict[str, Any]:
+        """The policy's last drill and its history counted by status (SLO breaches apart)."""
+        from sqlalchemy import func
+
+        with self._session() as s:
+            last = s.scalar(select(Drill).where(Drill.policy == policy).order_by(Drill.id.desc()).options(selectinload(Drill.checkpoint)))
+            counts = dict(s.execute(select(Drill.status, func.count()).where(Drill.policy == policy).group_by(Drill.status)).all())
+            return {"last": drill_document(last) if last else None, "counts": counts}
+
+    def last_good(self, run_root: str, retained: list[str]) -> dict[str, Any] | None:
+        """The newest of ``retained`` (URIs, oldest first) whose latest drill passed."""
+        with self._session() as s:
+            for uri in reversed(retained):
+                latest = s.scalar(
+                    select(Drill)
+                    .join(Checkpoint, Drill.checkpoint_id == Checkpoint.id)
+                    .where(Checkpoint.uri == uri, Drill.status != "running")
+                    .order_by(Drill.id.desc())
+                    .options(selectinload(Drill.checkpoint))
+                )
+                if latest is not None and latest.status == "passed":
+                    return drill_document(latest)
+            return None
+
     # -- reading ----------------------------------------------------------------------------
     def history(self, *, run_root: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         with self._session() as s:
@@ -222,6 +381,20 @@ class Records:
             if d is None:
                 raise NotFound(f"no drill with id {drill_id}")
             return drill_document(d, with_checks=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _aware(t: datetime) -> datetime:
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t
 
 
 def drill_document(d: Drill, *, with_checks: bool = False) -> dict[str, Any]:
@@ -258,6 +431,9 @@ def drill_document(d: Drill, *, with_checks: bool = False) -> dict[str, Any]:
         "evidence_level": d.evidence_level,
         "ttfs_seconds": d.ttfs_seconds,
         "replay_verdict": d.replay_verdict,
+        "policy": d.policy,
+        "selection": d.selection,
+        "slo_breaches": d.slo_breaches,
     }
     if with_checks:
         doc["replay_steps"] = [

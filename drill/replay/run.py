@@ -112,7 +112,16 @@ def _run_child(entrypoint: str, run_dir: str, checkpoint: str, device: str, step
     read_fd, write_fd = os.pipe()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     cmd = [sys.executable, "-m", "drill.replay.child", str(write_fd), entrypoint, run_dir, checkpoint, device, str(steps)]
-    proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=_stderr_fd(), env=env)
+    from drill.scheduling.proc import child_preexec
+
+    proc = subprocess.Popen(
+        cmd,
+        pass_fds=(write_fd,),
+        stdin=subprocess.DEVNULL,
+        stdout=_stderr_fd(),
+        env=env,
+        preexec_fn=child_preexec(),  # noqa: PLW1509 - dies with the drill that started it
+    )
     os.close(write_fd)
     receive = Connection(read_fd, writable=False)
     outcome = ReplayOutcome(verdict=ERROR, reason="")

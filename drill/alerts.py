@@ -1,0 +1,121 @@
+"""Alerts on failure, error, SLO breach or abort: a webhook POST and/or a command.
+
+The webhook payload is Slack-compatible (``text``) with structured fields beside it. Each
+delivery is bounded: ``retries`` attempts, each with a ``timeout``; failures are recorded,
+never raised. A webhook URL usually *is* a secret (Slack's are): drill prints and stores only
+its scheme and host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from drill.policy.model import Alerts
+
+
+@dataclass(slots=True)
+class Delivery:
+    channel: str
+    target: str
+    """Masked: never the full URL."""
+    delivered: bool
+    attempts: int
+    error: str | None = None
+
+
+def mask_url(url: str) -> str:
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.hostname:
+        return "<webhook>"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}/…"
+
+
+def resolve_webhook(value: str) -> str:
+    """``env:NAME`` reads the URL from the environment, keeping the secret out of the file."""
+    if value.startswith("env:"):
+        url = os.environ.get(value[4:])
+        if not url:
+            raise ValueError(f"alerts.webhook names ${value[4:]}, which is not set")
+        return url
+    return value
+
+
+def payload(drill: dict[str, Any], policy: str | None) -> dict[str, Any]:
+    ck = drill.get("checkpoint") or {}
+    subject = ck.get("uri") or drill.get("run_root")
+    text = f"drill {drill['status'].upper()}: {policy or 'manual drill'} — {subject}"
+    if drill.get("message"):
+        text += f": {drill['message']}"
+    return {
+        "text": text,
+        "drill_id": drill.get("id"),
+        "policy": policy,
+        "status": drill["status"],
+        "message": drill.get("message"),
+        "checkpoint": ck or None,
+        "run_root": drill.get("run_root"),
+        "host": drill.get("host"),
+        "restore_seconds": drill.get("restore_seconds"),
+        "ttfs_seconds": drill.get("ttfs_seconds"),
+        "slo_breaches": drill.get("slo_breaches"),
+    }
+
+
+def post_webhook(url: str, body: dict[str, Any], *, timeout: float, retries: int) -> Delivery:
+    data = json.dumps(body, default=str).encode()
+    error = None
+    attempts = 0
+    for attempt in range(max(1, retries)):
+        attempts = attempt + 1
+        request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the policy's own URL
+                if 200 <= response.status < 300:
+                    return Delivery("webhook", mask_url(url), True, attempts)
+                error = f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            error = f"HTTP {exc.code}"
+        except (urllib.error.URLError, TimeoutError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            error = "timed out" if isinstance(reason, TimeoutError) or "timed out" in str(reason) else str(reason)
+        time.sleep(min(0.5 * 2**attempt, 5.0))
+    return Delivery("webhook", mask_url(url), False, attempts, error)
+
+
+def run_command(command: str, body: dict[str, Any], *, timeout: float) -> Delivery:
+    env = {**os.environ, "DRILL_STATUS": str(body["status"]), "DRILL_ID": str(body.get("drill_id")), "DRILL_POLICY": str(body.get("policy"))}
+    try:
+        done = subprocess.run(
+            command, shell=True, input=json.dumps(body, default=str), text=True, timeout=timeout, env=env, capture_output=True
+        )
+    except subprocess.TimeoutExpired:
+        return Delivery("command", command.split()[0], False, 1, f"timed out after {timeout:g} s")
+    ok = done.returncode == 0
+    return Delivery("command", command.split()[0], ok, 1, None if ok else f"exit code {done.returncode}")
+
+
+def send_alerts(alerts: Alerts, drill: dict[str, Any], policy: str | None) -> list[Delivery]:
+    """Deliver the policy's alerts for ``drill`` if its status is one the policy alerts on."""
+    if drill["status"] not in alerts.on:
+        return []
+    body = payload(drill, policy)
+    out = []
+    if alerts.webhook:
+        try:
+            url = resolve_webhook(alerts.webhook)
+        except ValueError as exc:
+            out.append(Delivery("webhook", alerts.webhook, False, 0, str(exc)))
+        else:
+            out.append(post_webhook(url, body, timeout=alerts.timeout, retries=alerts.retries))
+    if alerts.command:
+        out.append(run_command(alerts.command, body, timeout=alerts.timeout))
+    return out

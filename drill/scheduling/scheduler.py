@@ -1,0 +1,174 @@
+"""``drill scheduler start``: APScheduler 3.x firing each policy's drill on its cron schedule.
+
+- One job per policy, persisted in the record database (APScheduler's SQLAlchemy job store).
+- At most one running drill per policy (``max_instances=1``) and at most ``concurrency`` in
+  all; a run missed by less than the policy's start window still fires, coalesced into one.
+- Each drill runs isolated (:mod:`drill.scheduling.isolate`): the scheduler survives a
+  crashing, OOM-killed or hanging drill, and records its outcome.
+- A lease row in the database makes sure that of two schedulers pointed at the same database
+  only one fires jobs; its heartbeat is what ``drill scheduler status`` reads.
+- SIGTERM/SIGINT stop it gracefully: no new drills; running ones get ``grace`` seconds to
+  finish, then are asked to stop (and record themselves ``aborted``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from drill.errors import DrillError, ExitCode
+from drill.policy.model import Policy
+from drill.records.db import open_database
+from drill.records.store import Records
+
+log = logging.getLogger("drill.scheduler")
+
+
+class SchedulerLocked(DrillError):
+    exit_code = ExitCode.LOCKED
+
+
+@dataclass(slots=True)
+class _Context:
+    """What jobs need at fire time; module-level so jobs persist as a plain function + name."""
+
+    db_url: str = ""
+    holder: str = ""
+    policies: dict[str, Policy] = field(default_factory=dict)
+    on_result: Any = None
+
+
+_CONTEXT = _Context()
+
+
+def fire(policy_name: str) -> None:
+    """The job APScheduler runs: one isolated drill of the named policy."""
+    from drill.scheduling.isolate import run_isolated
+
+    policy = _CONTEXT.policies.get(policy_name)
+    if policy is None:
+        log.warning("no policy %s loaded; job ignored", policy_name)
+        return
+    db = open_database(_CONTEXT.db_url)
+    try:
+        records = Records(db)
+        if not records.holds_lease(_CONTEXT.holder):
+            log.error("lost the scheduler lease; not firing %s", policy_name)
+            return
+        result = run_isolated(policy, _CONTEXT.db_url, records, trigger="scheduler")
+        log.info("policy %s: drill #%s %s", policy_name, result.drill_id, result.status)
+        if _CONTEXT.on_result is not None:
+            _CONTEXT.on_result(policy_name, result)
+    except Exception:  # noqa: BLE001 - a failing job must not take the scheduler down
+        log.exception("policy %s: the drill could not be run", policy_name)
+    finally:
+        db.close()
+
+
+class DrillScheduler:
+    def __init__(
+        self,
+        policies: list[Policy],
+        db_url: str,
+        *,
+        concurrency: int = 1,
+        lease_ttl: float = 30.0,
+        heartbeat: float = 5.0,
+        grace: float = 60.0,
+    ) -> None:
+        missing = [p.name for p in policies if p.schedule is None]
+        if missing:
+            from drill.errors import UsageError
+
+            raise UsageError(f"policy {', '.join(missing)} has no schedule: section; it can only be run by hand or from cron")
+        self.policies = policies
+        self.db_url = db_url
+        self.concurrency = concurrency
+        self.lease_ttl = lease_ttl
+        self.heartbeat = heartbeat
+        self.grace = grace
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        """Run until SIGTERM/SIGINT (or :meth:`stop`); raises :class:`SchedulerLocked`."""
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+        from apscheduler.schedulers.background import BackgroundScheduler
+        from apscheduler.triggers.cron import CronTrigger
+
+        db = open_database(self.db_url)
+        records = Records(db)
+        names = [p.name for p in self.policies]
+        other = records.acquire_lease(self.holder, self.lease_ttl, names)
+        if other is not None:
+            db.close()
+            raise SchedulerLocked(
+                f"another scheduler holds this database's lease ({other['host']} pid {other['pid']}, heartbeat {other['heartbeat_at']}); "
+                "only one may fire drills",
+                hint="stop it first, or point this one at another database",
+            )
+        recovered = records.recover_orphans()
+        if recovered:
+            log.warning("drills %s were left running by a dead process: recorded as aborted", recovered)
+        _CONTEXT.db_url, _CONTEXT.holder = self.db_url, self.holder
+        _CONTEXT.policies = {p.name: p for p in self.policies}
+        scheduler = BackgroundScheduler(
+            jobstores={"default": SQLAlchemyJobStore(engine=db.engine, tablename="apscheduler_jobs")},
+            executors={"default": ThreadPoolExecutor(self.concurrency)},
+            job_defaults={"coalesce": True, "max_instances": 1},
+            timezone="UTC",
+        )
+        scheduler.start(paused=True)
+        for job in scheduler.get_jobs():
+            if job.id not in _CONTEXT.policies:
+                job.remove()  # a policy no longer given: its schedule goes with it
+        for p in self.policies:
+            assert p.schedule is not None
+            scheduler.add_job(
+                fire,
+                trigger=CronTrigger.from_crontab(p.schedule.cron, timezone=p.schedule.timezone),
+                args=[p.name],
+                id=p.name,
+                name=p.name,
+                replace_existing=True,
+                misfire_grace_time=int(p.schedule.start_window),
+                coalesce=True,
+                max_instances=1,
+            )
+        self._install_signals()
+        scheduler.resume()
+        log.info("scheduler %s started: %s", self.holder, ", ".join(names))
+        try:
+            while not self.stop_event.wait(self.heartbeat):
+                if records.acquire_lease(self.holder, self.lease_ttl, names) is not None:
+                    log.error("the lease was taken over; stopping")
+                    break
+        finally:
+            from drill.scheduling.isolate import stop_children
+
+            scheduler.pause()
+            waiter = threading.Thread(target=scheduler.shutdown, kwargs={"wait": True}, daemon=True)
+            waiter.start()
+            waiter.join(self.grace)  # running drills may finish within the grace time…
+            if waiter.is_alive():
+                stop_children(grace=10.0)  # …else they are told to stop, and record `aborted`
+                waiter.join(15.0)
+            records.release_lease(self.holder)
+            db.close()
+            log.info("scheduler %s stopped", self.holder)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop_event.set())
