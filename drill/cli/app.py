@@ -341,6 +341,7 @@ def scheduler_start(
     if len(set(names)) != len(names):
         raise UsageError(f"two policies share a name: {', '.join(sorted(n for n in names if names.count(n) > 1))}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     DrillScheduler(loaded, resolve_url(db), concurrency=concurrency, grace=grace, heartbeat=heartbeat, lease_ttl=6 * heartbeat).run()
 
 

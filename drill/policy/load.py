@@ -75,11 +75,22 @@ def size(value: Any) -> int:
     return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").upper()])
 
 
-def _cron(value: Any) -> str:
+def cron_trigger(expr: str, timezone: str = "UTC"):  # type: ignore[no-untyped-def]
+    """APScheduler trigger for a crontab expression: 5 fields, or 6 with seconds first."""
     from apscheduler.triggers.cron import CronTrigger
 
+    fields = expr.split()
+    if len(fields) == 6:
+        second, minute, hour, day, month, dow = fields
+        return CronTrigger(second=second, minute=minute, hour=hour, day=day, month=month, day_of_week=dow, timezone=timezone)
+    if len(fields) != 5:
+        raise ValueError(f"expected 5 fields (minute hour day month weekday), or 6 with seconds first; got {len(fields)}")
+    return CronTrigger.from_crontab(expr, timezone=timezone)
+
+
+def _cron(value: Any) -> str:
     try:
-        CronTrigger.from_crontab(str(value))
+        cron_trigger(str(value))
     except ValueError as exc:
         raise ValueError(f"invalid cron expression {value!r}: {exc}") from None
     return str(value)

@@ -261,13 +261,13 @@ class Records:
             d.finished_at = utcnow()
             d.error = f"{reason} (last phase reached: {d.phase})"
 
-    def record_lost_drill(self, *, run_root: str, trigger: str, policy: str | None, reason: str) -> int:
+    def record_lost_drill(self, *, run_root: str, trigger: str, policy: str | None, reason: str, status: str = "error") -> int:
         """A drill whose process died before it wrote a row: it still goes on the record."""
         drill_id = self.begin_drill(run_root=run_root, selector="policy", trigger=trigger, device="-", torch_version=None)
         with self._session() as s:
             d = s.get_one(Drill, drill_id)
             d.policy = policy
-            d.status = "error"
+            d.status = status
             d.finished_at = utcnow()
             d.error = reason
         return drill_id
@@ -293,7 +293,13 @@ class Records:
         with self._session() as s:
             lease = s.get(SchedulerLease, "scheduler", with_for_update=True)
             if lease is not None and lease.holder != holder and _aware(lease.expires_at) > now:
-                return {"holder": lease.holder, "host": lease.host, "pid": lease.pid, "heartbeat_at": _aware(lease.heartbeat_at).isoformat()}
+                return {
+                    "holder": lease.holder,
+                    "host": lease.host,
+                    "pid": lease.pid,
+                    "heartbeat_at": _aware(lease.heartbeat_at).isoformat(),
+                    "expires_at": _aware(lease.expires_at).isoformat(),
+                }
             if lease is None:
                 lease = SchedulerLease(name="scheduler", holder=holder, host=socket.gethostname(), pid=os.getpid(), started_at=now, heartbeat_at=now, expires_at=now)
                 s.add(lease)

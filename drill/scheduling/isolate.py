@@ -78,14 +78,20 @@ def run_isolated(policy: Policy, db_url: str, records: Records, *, trigger: str)
         reason = describe_exit(proc.returncode, timed_out)
         if policy.limits.memory and proc.returncode != 0 and timed_out is None:
             reason += f"; its memory limit was {policy.limits.memory} bytes"
+        # Stopped on purpose (SIGINT/SIGTERM: a scheduler shutting down) is `aborted`; a crash,
+        # an OOM kill or a timeout is an `error` of the drill.
+        stopped = timed_out is None and proc.returncode in (130, -signal.SIGTERM, -signal.SIGINT)
+        status = "aborted" if stopped else "error"
         drill_id = records.running_drill_of(proc.pid)
         if drill_id is not None:
-            status = "aborted" if proc.returncode == 130 else "error"
             records.close_dead_drill(drill_id, status=status, reason=f"the drill process {reason}")
         else:
-            status = "error"
             drill_id = records.record_lost_drill(
-                run_root=policy.checkpoints.root, trigger=trigger, policy=policy.name, reason=f"the drill process {reason} before recording"
+                run_root=policy.checkpoints.root,
+                trigger=trigger,
+                policy=policy.name,
+                reason=f"the drill process {reason} before recording",
+                status=status,
             )
         result = IsolatedResult(drill_id, records.get(drill_id)["status"], proc.returncode, f"the drill process {reason}")
     if result.drill_id is not None:

@@ -101,7 +101,8 @@ class DrillScheduler:
         from apscheduler.executors.pool import ThreadPoolExecutor
         from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
         from apscheduler.schedulers.background import BackgroundScheduler
-        from apscheduler.triggers.cron import CronTrigger
+
+        from drill.policy.load import cron_trigger
 
         db = open_database(self.db_url)
         records = Records(db)
@@ -112,7 +113,7 @@ class DrillScheduler:
             raise SchedulerLocked(
                 f"another scheduler holds this database's lease ({other['host']} pid {other['pid']}, heartbeat {other['heartbeat_at']}); "
                 "only one may fire drills",
-                hint="stop it first, or point this one at another database",
+                hint=f"stop it first; if it died, its lease lapses at {other['expires_at']}",
             )
         recovered = records.recover_orphans()
         if recovered:
@@ -133,7 +134,7 @@ class DrillScheduler:
             assert p.schedule is not None
             scheduler.add_job(
                 fire,
-                trigger=CronTrigger.from_crontab(p.schedule.cron, timezone=p.schedule.timezone),
+                trigger=cron_trigger(p.schedule.cron, p.schedule.timezone),
                 args=[p.name],
                 id=p.name,
                 name=p.name,

@@ -1,0 +1,91 @@
+"""Alerts against a real HTTP server on 127.0.0.1: delivered, bounded, and secret-free."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from drill.alerts import mask_url, send_alerts
+from drill.policy.model import Alerts
+
+DRILL = {"id": 7, "status": "failed", "message": "__0_0.distcp is missing", "run_root": "/r", "checkpoint": {"uri": "/r/step-30"}}
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: list[dict] = []
+    delay = 0.0
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.delay:
+            time.sleep(self.delay)
+        type(self).received.append({"path": self.path, "body": body})
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def hook() -> Iterator[tuple[str, type[_Hook]]]:
+    handler = type("Hook", (_Hook,), {"received": [], "delay": 0.0})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/services/T000/B000/s3cr3tT0ken", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_webhook_receives_a_slack_compatible_payload(hook) -> None:  # type: ignore[no-untyped-def]
+    url, handler = hook
+    (delivery,) = send_alerts(Alerts(webhook=url), DRILL, "demo-nightly")
+    assert delivery.delivered and delivery.attempts == 1
+    (got,) = handler.received
+    assert got["path"] == "/services/T000/B000/s3cr3tT0ken"
+    assert got["body"]["text"] == "drill FAILED: demo-nightly — /r/step-30: __0_0.distcp is missing"
+    assert got["body"]["status"] == "failed" and got["body"]["drill_id"] == 7
+    assert "s3cr3t" not in delivery.target and delivery.target.startswith("http://127.0.0.1:")
+
+
+def test_webhook_that_times_out_is_retried_a_bounded_number_of_times(hook) -> None:  # type: ignore[no-untyped-def]
+    url, handler = hook
+    handler.delay = 2.0
+    started = time.monotonic()
+    (delivery,) = send_alerts(Alerts(webhook=url, timeout=0.5, retries=2), DRILL, "p")
+    assert not delivery.delivered and delivery.attempts == 2 and delivery.error == "timed out"
+    assert time.monotonic() - started < 6
+
+
+def test_unreachable_webhook_and_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRILL_TEST_HOOK", "http://127.0.0.1:9/hook/s3cr3t")
+    (delivery,) = send_alerts(Alerts(webhook="env:DRILL_TEST_HOOK", timeout=1, retries=1), DRILL, "p")
+    assert not delivery.delivered and "s3cr3t" not in delivery.target
+    (missing,) = send_alerts(Alerts(webhook="env:DRILL_NOT_SET", retries=1), DRILL, "p")
+    assert not missing.delivered and "not set" in (missing.error or "")
+
+
+def test_passed_drills_do_not_alert(hook) -> None:  # type: ignore[no-untyped-def]
+    url, handler = hook
+    assert send_alerts(Alerts(webhook=url), {**DRILL, "status": "passed"}, "p") == []
+    assert handler.received == []
+
+
+def test_command_alert_gets_the_payload_on_stdin(tmp_path: Path) -> None:
+    out = tmp_path / "alert.json"
+    (delivery,) = send_alerts(Alerts(command=f"cat > {out}"), DRILL, "p")
+    assert delivery.delivered and json.loads(out.read_text())["status"] == "failed"
+
+
+def test_mask_url() -> None:
+    assert mask_url("https://hooks.slack.com/services/T/B/XYZ") == "https://hooks.slack.com/…"
+    assert mask_url("https://user:pw@example.com:8443/x?token=1") == "https://example.com:8443/…"

@@ -1,0 +1,145 @@
+"""Policy files: every shipped one loads; every mistake is caught with file, line and field."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from drill.discover import CheckpointRef, Discovery
+from drill.errors import NothingToDrill
+from drill.policy import PolicyError, load_policy
+from drill.policy.load import parse_policy
+from drill.policy.model import Selection
+from drill.policy.selection import choose
+from tests.conftest import invoke
+
+POLICIES = sorted((Path(__file__).resolve().parent.parent / "policies").glob("*.yaml"))
+BASE = "name: p\ncheckpoints: {root: /r}\n"
+
+
+def test_the_shipped_policies_all_load() -> None:
+    assert {p.stem for p in POLICIES} >= {"demo", "torchtitan", "hf-trainer", "s3"}
+    for path in POLICIES:
+        policy = load_policy(path)
+        assert policy.schedule is not None and policy.name
+
+
+def _problems(text: str) -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "p.yaml")
+    return [str(p) for p in info.value.problems]
+
+
+def test_invalid_cron_names_file_line_and_field() -> None:
+    (problem,) = _problems(BASE + "schedule:\n  cron: '61 * * * *'\n")
+    assert problem.startswith("p.yaml:4: schedule.cron: invalid cron expression '61 * * * *'")
+
+
+def test_unknown_selection() -> None:
+    (problem,) = _problems(BASE + "selection: {strategy: newest}\n")
+    assert "p.yaml:3: selection.strategy: unknown selection 'newest'" in problem
+
+
+def test_typos_are_not_ignored() -> None:
+    problems = _problems("name: p\ncheckpoints:\n  root: /r\n  keep_lst: 3\nshedule: {cron: '0 3 * * *'}\n")
+    assert problems == [
+        "p.yaml:4: checkpoints.keep_lst: unknown key (did you mean 'keep_last'?); expected one of root, format, keep_last",
+        "p.yaml:5: shedule: unknown key (did you mean 'schedule'?); expected one of name, device, checkpoints, "
+        "selection, schedule, contract, integrity, replay, slo, alerts, limits",
+    ]
+
+
+def test_step_and_latest_together() -> None:
+    assert "sets both step: 1200 and strategy: latest" in _problems(BASE + "selection: {strategy: latest, step: 1200}\n")[0]
+    assert "sets both strategy: step:5 and step: 6" in _problems(BASE + "selection: {strategy: 'step:5', step: 6}\n")[0]
+    assert parse_policy(BASE + "selection: {strategy: 'step:5'}\n").selection == Selection(strategy="step", step=5)
+
+
+def test_missing_root_and_name() -> None:
+    problems = _problems("checkpoints: {format: dcp}\n")
+    assert any("name: required" in p for p in problems)
+    assert any("checkpoints.root: required" in p for p in problems)
+
+
+def test_values_are_checked() -> None:
+    problems = _problems(
+        BASE + "limits: {timeout: soon, memory: lots}\nreplay: {steps: 0, entrypoint: nocolon}\ndevice: tpu\n"
+    )
+    assert any("limits.timeout: 'soon' is not a duration" in p for p in problems)
+    assert any("limits.memory: 'lots' is not a size" in p for p in problems)
+    assert any("replay.steps: must be positive" in p for p in problems)
+    assert any("replay.entrypoint: 'nocolon' must be module:function" in p for p in problems)
+    assert any("device: unknown device 'tpu'" in p for p in problems)
+
+
+def test_not_yaml() -> None:
+    (problem,) = _problems("name: [unclosed\n")
+    assert problem.startswith("p.yaml:2: not valid YAML")
+
+
+def test_relative_root_is_relative_to_the_policy_file(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "p.yaml"
+    path.parent.mkdir()
+    path.write_text("name: p\ncheckpoints: {root: ../run}\n")
+    assert load_policy(path).checkpoints.root == str(tmp_path / "run")
+
+
+def test_policy_check_command(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BASE + "schedule: {cron: 'every night'}\n")
+    res = invoke(CliRunner(), "policy", "check", *map(str, POLICIES), str(bad))
+    assert res.exit_code == 2
+    assert res.stdout.count("ok: ") == len(POLICIES)
+    assert res.stderr.strip().startswith(f"{bad}:3: schedule.cron: invalid cron expression 'every night'")
+
+
+# -- selection is a pure function -----------------------------------------------------------
+NOW = 1_000_000.0
+
+
+def _disc(*steps: int, age: float = 3600.0) -> Discovery:
+    return Discovery(root="/r", checkpoints=[CheckpointRef(f"/r/step-{s}", f"step-{s}", s, "dcp", NOW - age) for s in steps])
+
+
+def test_selection_skips_young_saves_and_what_retention_purges_next() -> None:
+    d = _disc(10, 20, 30)
+    d.checkpoints.append(CheckpointRef("/r/step-40", "step-40", 40, "dcp", NOW - 5))
+    choice = choose(d, Selection(strategy="oldest", settle=60), now=NOW, keep_last=3)
+    # step-40 is settling; of 10/20/30, keep-last-3 purges step-10 at the next save
+    assert choice.ref.step == 20 and "step-10: keep-last-3 retention purges it next" in choice.reason
+    assert "step-40: saved 5 s ago" in choice.reason
+    assert choose(d, Selection(strategy="latest", settle=60), now=NOW, keep_last=3).ref.step == 30
+
+
+def test_least_recently_drilled_covers_every_retained_checkpoint() -> None:
+    d = _disc(10, 20, 30, 40)
+    drilled: dict[str, datetime] = {}
+    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    seen = []
+    for night in range(6):
+        ref = choose(d, Selection(strategy="least-recently-drilled"), now=NOW, keep_last=4, last_drilled=drilled).ref
+        drilled[ref.uri] = t + timedelta(days=night)
+        seen.append(ref.step)
+    assert set(seen[:3]) == {20, 30, 40} and seen[3:] == seen[:3]  # step-10 is next to go
+
+
+def test_random_is_reproducible_from_its_recorded_seed() -> None:
+    d = _disc(10, 20, 30, 40, 50)
+    first = choose(d, Selection(strategy="random"), now=NOW)
+    assert first.seed is not None and f"seed {first.seed}" in first.reason
+    again = choose(d, Selection(strategy="random"), now=NOW, seed=first.seed)
+    assert again.ref == first.ref
+
+
+def test_random_window_and_fixed_step() -> None:
+    d = _disc(10, 20)
+    d.checkpoints.append(CheckpointRef("/r/step-30", "step-30", 30, "dcp", NOW - 100))
+    assert choose(d, Selection(strategy="random", window=600, seed=1), now=NOW).ref.step == 30
+    assert choose(d, Selection(strategy="step", step=10), now=NOW, keep_last=2).ref.step == 10
+    with pytest.raises(NothingToDrill):
+        choose(d, Selection(strategy="step", step=99), now=NOW)
+    with pytest.raises(NothingToDrill, match="no eligible checkpoint"):
+        choose(_disc(10, age=1), Selection(strategy="latest", settle=60), now=NOW)

@@ -1,0 +1,208 @@
+"""Nightly drills for real: isolated policy drills, and the scheduler daemon in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from drill.policy import load_policy
+from drill.records.db import open_database
+from drill.records.store import Records
+from drill.scheduling.isolate import run_isolated
+from tests.conftest import invoke
+
+pytestmark = pytest.mark.slow
+
+
+def _policy(tmp: Path, name: str, root: Path, body: str = "") -> Path:
+    path = tmp / f"{name}.yaml"
+    path.write_text(f"name: {name}\ncheckpoints: {{root: {root}}}\nselection: {{strategy: latest}}\n{body}")
+    return path
+
+
+def _wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _drills(db: str, policy: str | None = None) -> list[dict]:
+    database = open_database(db)
+    try:
+        return [d for d in Records(database).history(limit=500) if policy is None or d["policy"] == policy][::-1]
+    finally:
+        database.close()
+
+
+def _start(db: str, *policies: Path, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "drill", "scheduler", "start", *map(str, policies), "--db", db, "--heartbeat", "0.5", *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_scheduler_fires_records_never_overlaps_survives_a_crash(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+    good = _policy(tmp_path, "good", demo_run, "schedule: {cron: '*/2 * * * * *', start_window: 5s}\nreplay: {enabled: false}\n")
+    crashy = _policy(
+        tmp_path, "crashy", demo_run, "schedule: {cron: '*/3 * * * * *', start_window: 5s}\nlimits: {memory: 64MiB}\n"
+    )
+    proc = _start(sqlite_url, good, crashy, extra=("--concurrency", "2"))
+    try:
+        _wait(lambda: len([d for d in _drills(sqlite_url, "good") if d["status"] == "passed"]) >= 3, 60, "three passed drills")
+        _wait(lambda: any(d["status"] == "error" for d in _drills(sqlite_url, "crashy")), 30, "the crashing drill")
+        status = invoke(CliRunner(), "scheduler", "status", "--json", "--db", sqlite_url)
+        assert status.exit_code == 0
+        state = json.loads(status.stdout)
+        assert state["alive"] and set(state["policies"]) == {"good", "crashy"}
+        assert state["policies"]["good"]["next_fire"] and state["policies"]["good"]["last"]["status"] in ("passed", "running")
+        table = invoke(CliRunner(), "scheduler", "status", "--db", sqlite_url).stdout
+        assert "ALIVE" in table and "good" in table and "crashy" in table
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    runs = [d for d in _drills(sqlite_url, "good") if d["status"] != "running"]
+    assert all(d["trigger"] == "scheduler" for d in runs)
+    for before, after in zip(runs, runs[1:]):  # one policy never has two drills at once
+        assert after["started_at"] >= before["finished_at"]
+    crashed = next(d for d in _drills(sqlite_url, "crashy") if d["status"] == "error")
+    assert "memory limit was 67108864 bytes" in crashed["error"]
+    assert invoke(CliRunner(), "scheduler", "status", "--db", sqlite_url).exit_code == 3  # stopped: not alive
+
+
+def test_two_schedulers_on_one_database(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+    policy = _policy(tmp_path, "p", demo_run, "schedule: {cron: '0 3 * * *'}\n")
+    first = _start(sqlite_url, policy)
+    try:
+        _wait(lambda: json.loads(invoke(CliRunner(), "scheduler", "status", "--json", "--db", sqlite_url).stdout)["alive"], 30, "the first scheduler")
+        second = subprocess.run(
+            [sys.executable, "-m", "drill", "scheduler", "start", str(policy), "--db", sqlite_url], capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 7
+        assert "another scheduler holds this database's lease" in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 0
+
+
+def test_scheduler_killed_mid_drill_leaves_the_drill_aborted_after_restart(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+    policy = _policy(
+        tmp_path,
+        "hangs",
+        demo_run,
+        "schedule: {cron: '*/2 * * * * *'}\nreplay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\nlimits: {timeout: 20m}\n",
+    )
+    proc = _start(sqlite_url, policy)
+    drill = _wait(lambda: next((d for d in _drills(sqlite_url) if d["status"] == "running" and d["phase"] == "replay"), None), 60, "a drill in its replay")
+    proc.kill()  # SIGKILL: no chance to clean up
+    proc.communicate(timeout=30)
+    _wait(lambda: not _alive(drill["pid"]), 15, "the drill's process to die with its scheduler")
+    assert next(d for d in _drills(sqlite_url) if d["id"] == drill["id"])["status"] == "running"
+    _wait(lambda: invoke(CliRunner(), "scheduler", "status", "--db", sqlite_url).exit_code == 3, 30, "the dead scheduler's lease to lapse")
+
+    again = _start(sqlite_url, policy, extra=("--grace", "1"))
+    try:
+        after = _wait(lambda: next((d for d in _drills(sqlite_url) if d["id"] == drill["id"] and d["status"] == "aborted"), None), 30, "recovery")
+        assert "killed mid-drill (last phase reached: replay)" in after["error"]
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.communicate(timeout=60)
+    assert all(d["status"] != "running" for d in _drills(sqlite_url))  # the stopped one recorded itself too
+
+
+def test_oom_killed_drill_child_is_recorded(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+    policy = load_policy(_policy(tmp_path, "oom", demo_run, "replay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\n"))
+    db = open_database(sqlite_url)
+    result: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: result.update(r=run_isolated(policy, sqlite_url, Records(db), trigger="policy")))
+    worker.start()
+    drill = _wait(lambda: next((d for d in _drills(sqlite_url) if d["status"] == "running" and d["phase"] == "replay"), None), 60, "the replay")
+    os.kill(drill["pid"], signal.SIGKILL)  # what the kernel's OOM killer does
+    worker.join(60)
+    r = result["r"]
+    assert r.status == "error" and "killed by SIGKILL" in r.message
+    record = Records(db).get(drill["id"])
+    assert record["status"] == "error" and "last phase reached: replay" in record["error"]
+    db.close()
+
+
+def test_drill_timeout_kills_the_child(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+    policy = load_policy(
+        _policy(tmp_path, "slow", demo_run, "replay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\nlimits: {timeout: 12s}\n")
+    )
+    db = open_database(sqlite_url)
+    r = run_isolated(policy, sqlite_url, Records(db), trigger="policy")
+    assert r.status == "error" and "killed at the policy's 12 s timeout" in r.message
+    db.close()
+
+
+def test_run_policy_from_crontab(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+    ok = _policy(tmp_path, "ok", demo_run, "replay: {enabled: false}\n")
+    res = subprocess.run([sys.executable, "-m", "drill", "run", "--policy", str(ok), "--db", sqlite_url], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout == "" and res.stderr == ""  # quiet for cron
+
+    slow = _policy(tmp_path, "slo", demo_run, "replay: {enabled: false}\nslo: {max_restore_seconds: 0.000001}\n")
+    res = subprocess.run([sys.executable, "-m", "drill", "run", "--policy", str(slow), "--json", "--db", sqlite_url], capture_output=True, text=True)
+    assert res.returncode == 6
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "slo_breach" and "over the 1e-06 s target" in doc["drill"]["message"]
+    assert "drill: slo_breach: policy slo" in res.stderr
+
+    gone = _policy(tmp_path, "gone", tmp_path / "absent", "replay: {enabled: false}\n")
+    res = subprocess.run([sys.executable, "-m", "drill", "run", "--policy", str(gone), "--db", sqlite_url], capture_output=True, text=True)
+    assert res.returncode == 3 and "does not exist" in res.stderr
+    statuses = [d["status"] for d in _drills(sqlite_url)]
+    assert statuses == ["passed", "slo_breach", "failed"]
+    db = open_database(sqlite_url)
+    counts = Records(db).policy_summary("slo")["counts"]
+    db.close()
+    assert counts == {"slo_breach": 1}  # counted apart from integrity failures
+
+
+def test_run_policy_rejects_bad_input(tmp_path: Path, sqlite_url: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ncheckpoints: {root: /r, keep_lst: 2}\n")
+    res = invoke(CliRunner(), "run", "--policy", str(bad), "--db", sqlite_url)
+    assert res.exit_code == 2 and "invalid policy" in res.stderr and "keep_lst" in res.stderr
+    res = invoke(CliRunner(), "run", "--policy", str(bad), "--root", "/r", "--db", sqlite_url)
+    assert res.exit_code == 2
+    assert _drills(sqlite_url) == []
+
+
+def test_last_good(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+    runner = CliRunner()
+    none = invoke(runner, "last-good", "--root", str(demo_run), "--db", sqlite_url)
+    assert none.exit_code == 3 and "no retained checkpoint" in none.stderr
+    assert invoke(runner, "run", "--root", str(demo_run), "-c", "step:20", "--no-replay", "--db", sqlite_url).exit_code == 0
+    os.remove(demo_run / "step-30" / "__0_0.distcp")
+    assert invoke(runner, "run", "--root", str(demo_run), "-c", "step:30", "--no-replay", "--db", sqlite_url).exit_code == 1
+    good = invoke(runner, "last-good", "--root", str(demo_run), "--db", sqlite_url)
+    assert good.exit_code == 0 and good.stdout == f"{demo_run / 'step-20'}\n"
+    doc = json.loads(invoke(runner, "last-good", "--root", str(demo_run), "--json", "--db", sqlite_url).stdout)
+    assert doc["checkpoint"]["step"] == 20
