@@ -66,28 +66,43 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _example_demo_policy(demo_run: Path) -> Path:
+    """policies/demo.yaml itself, beside a demo run, with only its schedule made short."""
+    text = (Path(__file__).resolve().parent.parent / "policies" / "demo.yaml").read_text()
+    assert 'cron: "0 3 * * *"' in text and "settle: 10s" in text
+    text = text.replace('cron: "0 3 * * *"', 'cron: "*/2 * * * * *"').replace("settle: 10s", "settle: 0s")
+    demo_run.rename(demo_run.parent / "demo-run")
+    path = demo_run.parent / "policies" / "demo.yaml"
+    path.parent.mkdir()
+    path.write_text(text)
+    return path
+
+
 def test_scheduler_fires_records_never_overlaps_survives_a_crash(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
-    good = _policy(tmp_path, "good", demo_run, "schedule: {cron: '*/2 * * * * *', start_window: 5s}\nreplay: {enabled: false}\n")
+    good = _example_demo_policy(demo_run)
+    demo_run = demo_run.parent / "demo-run"
     crashy = _policy(
         tmp_path, "crashy", demo_run, "schedule: {cron: '*/3 * * * * *', start_window: 5s}\nlimits: {memory: 64MiB}\n"
     )
     proc = _start(sqlite_url, good, crashy, extra=("--concurrency", "2"))
     try:
-        _wait(lambda: len([d for d in _drills(sqlite_url, "good") if d["status"] == "passed"]) >= 3, 60, "three passed drills")
+        _wait(lambda: len([d for d in _drills(sqlite_url, "demo-nightly") if d["status"] == "passed"]) >= 3, 90, "three passed drills")
         _wait(lambda: any(d["status"] == "error" for d in _drills(sqlite_url, "crashy")), 30, "the crashing drill")
         status = invoke(CliRunner(), "scheduler", "status", "--json", "--db", sqlite_url)
         assert status.exit_code == 0
         state = json.loads(status.stdout)
-        assert state["alive"] and set(state["policies"]) == {"good", "crashy"}
-        assert state["policies"]["good"]["next_fire"] and state["policies"]["good"]["last"]["status"] in ("passed", "running")
+        assert state["alive"] and set(state["policies"]) == {"demo-nightly", "crashy"}
+        demo = state["policies"]["demo-nightly"]
+        assert demo["next_fire"] and demo["last"]["status"] in ("passed", "running") and demo["counts"]["passed"] >= 3
         table = invoke(CliRunner(), "scheduler", "status", "--db", sqlite_url).stdout
-        assert "ALIVE" in table and "good" in table and "crashy" in table
+        assert "ALIVE" in table and "demo-nightly" in table and "crashy" in table
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    runs = [d for d in _drills(sqlite_url, "good") if d["status"] != "running"]
+    runs = [d for d in _drills(sqlite_url, "demo-nightly") if d["status"] != "running"]
     assert all(d["trigger"] == "scheduler" for d in runs)
+    assert {d["replay_verdict"] for d in runs if d["status"] == "passed"} == {"passed"}  # replayed bit for bit
     for before, after in zip(runs, runs[1:]):  # one policy never has two drills at once
         assert after["started_at"] >= before["finished_at"]
     crashed = next(d for d in _drills(sqlite_url, "crashy") if d["status"] == "error")
