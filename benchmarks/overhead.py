@@ -3,7 +3,8 @@
     python benchmarks/overhead.py [--workdir DIR] [--repeat 5]
 
 Each measurement runs in a fresh process, side by side with its baseline:
-  (1) `drill run --checkpoint latest` on the default demo run  vs  `python -c "import torch"`;
+  (1) `drill run --checkpoint latest` on the default demo run (with and without its replay)
+      vs  `python -c "import torch"`;
   (2) drill's restore (read + hash + load) of a 1.06 GB demo checkpoint  vs  a plain
       `torch.distributed.checkpoint.load` of it into preallocated tensors.
 The checkpoint files are read once beforehand so both sides run from the page cache.
@@ -89,9 +90,12 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
         )
 
-    torch_import = [wall([sys.executable, "-c", "import torch"]) for _ in range(args.repeat)]
-    drill_run = [wall([*drill, "run", "--root", str(small), "--checkpoint", "latest"], env) for _ in range(args.repeat)]
-    t_import, t_run = statistics.median(torch_import), statistics.median(drill_run)
+    torch_import, drill_run, drill_restore_only = [], [], []
+    for _ in range(args.repeat):  # interleaved, so drift in the machine hits every variant alike
+        torch_import.append(wall([sys.executable, "-c", "import torch"]))
+        drill_run.append(wall([*drill, "run", "--root", str(small), "--checkpoint", "latest"], env))
+        drill_restore_only.append(wall([*drill, "run", "--root", str(small), "--checkpoint", "latest", "--no-replay"], env))
+    t_import, t_run, t_noreplay = (statistics.median(x) for x in (torch_import, drill_run, drill_restore_only))
 
     ckpt = big / "step-2"
     nbytes = warm(ckpt)
@@ -104,8 +108,10 @@ def main() -> None:
     result = {
         "fixed_overhead": {
             "python -c 'import torch' s": round(t_import, 3),
-            "drill run --checkpoint latest s": round(t_run, 3),
+            "drill run --checkpoint latest s (with its 5-step replay)": round(t_run, 3),
+            "drill run --checkpoint latest --no-replay s": round(t_noreplay, 3),
             "ratio": round(t_run / t_import, 2),
+            "ratio --no-replay": round(t_noreplay / t_import, 2),
         },
         "restore": {
             "checkpoint bytes": nbytes,
