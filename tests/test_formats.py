@@ -264,3 +264,18 @@ def test_lightning_layout_without_lightning(tmp_path: Path, sqlite_url: str) -> 
     del ckpt["optimizer_states"][0]["state"][0]["exp_avg"]
     torch.save(ckpt, tmp_path / "epoch=0-step=1.ckpt")
     assert _errors(_drill(tmp_path, sqlite_url)) == [("contract", "optimizer-slot-missing", "optimizer.state.0.exp_avg")]
+
+
+def test_inventory_comes_from_the_dcp_index(demo_run: Path, sqlite_url: str) -> None:
+    keys = _check(_drill(demo_run, sqlite_url), "keys")
+    inv = {e["key"]: e for e in keys.evidence["inventory"]}
+    assert inv["model.head.weight"] == {"key": "model.head.weight", "shape": [64, 64], "dtype": "float32", "bytes": 64 * 64 * 4}
+    assert keys.evidence["inventory_entries"] == sum(p["tensors"] for p in keys.evidence["tensors"].values())
+
+
+def test_hf_inventory_names_rng_ranks(hf_copy: Path, sqlite_url: str) -> None:
+    ckpt = hf_copy / "checkpoint-4"
+    os.rename(ckpt / "rng_state.pth", ckpt / "rng_state_0.pth")
+    shutil.copy(ckpt / "rng_state_0.pth", ckpt / "rng_state_1.pth")
+    inv = _check(_drill(hf_copy, sqlite_url), "keys").evidence["inventory"]
+    assert {e.get("rank") for e in inv if e["key"].startswith("rng.")} == {0, 1}

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from drill.checks import Expectations
 
 NAME = "keys"
+INVENTORY_SHOWN = 200
 
 # Sub-keys without which a part cannot be loaded back into its object.
 _PART_SHAPE = {
@@ -95,11 +96,10 @@ def check_keys(restore: RestoreResult, expectations: Expectations) -> CheckResul
     else:
         summary = f"{fmt}: holds " + ", ".join(f"{p} ({counts[p]})" for p in (*parts.CANONICAL_PARTS, parts.EXTRA) if counts[p])
     tensors: dict[str, dict[str, int]] = {}
-    for key, value in restore.state.items():
-        if hasattr(value, "element_size"):
-            slot = tensors.setdefault(key.split(".", 1)[0], {"tensors": 0, "bytes": 0})
-            slot["tensors"] += 1
-            slot["bytes"] += value.numel() * value.element_size()
+    for info in restore.inventory:
+        slot = tensors.setdefault(info.key.split(".", 1)[0], {"tensors": 0, "bytes": 0})
+        slot["tensors"] += 1
+        slot["bytes"] += info.nbytes
     evidence = {
         "format": fmt,
         "parts": present,
@@ -108,5 +108,11 @@ def check_keys(restore: RestoreResult, expectations: Expectations) -> CheckResul
         "recommended": list(recommended),
         "missing": missing,
         "not_loaded": sorted(failed_parts),
+        "inventory_entries": len(restore.inventory),
+        # The first entries in full (key, shape, dtype, bytes, rank); a 70B model has ~10^5.
+        "inventory": [
+            {"key": i.key, "shape": list(i.shape), "dtype": i.dtype, "bytes": i.nbytes, **({"rank": i.rank} if i.rank is not None else {})}
+            for i in restore.inventory[:INVENTORY_SHOWN]
+        ],
     }
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)

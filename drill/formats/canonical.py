@@ -14,14 +14,7 @@ from typing import Any
 
 import torch
 
-
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
-    key: str
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
-    rank: int | None = None
+from drill.restore.result import TensorInfo
 
 
 @dataclass(slots=True, kw_only=True)

@@ -20,7 +20,7 @@ import torch
 from drill import parts
 from drill.discover import CheckpointRef
 from drill.findings import Finding
-from drill.formats.canonical import Layout, flatten
+from drill.formats.canonical import Layout, flatten, inventory
 from drill.formats.safeload import NUMPY_ARRAYS, UnsafePickle, load_safetensors, load_torch
 from drill.integrity.structure import safetensors_structure, zip_structure
 from drill.restore.progress import Progress
@@ -144,6 +144,8 @@ def restore_hf(
     result.layout = layout
     result.structure = (structure, {"files": len(names)})
     result.state = state
+    ranks = {k: int(k.split(".")[1][len("rank_") :]) for k in state if k.startswith(f"{parts.RNG}.rank_")}
+    result.inventory = inventory(state, ranks)
     result.tensors_loaded = sum(isinstance(v, torch.Tensor) for v in state.values())
     result.tensor_bytes = sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))
     result.values_loaded = len(state) - result.tensors_loaded

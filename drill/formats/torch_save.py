@@ -11,7 +11,7 @@ import torch
 
 from drill import parts
 from drill.discover import CheckpointRef
-from drill.formats.canonical import Layout, flatten
+from drill.formats.canonical import Layout, flatten, inventory
 from drill.formats.safeload import UnsafePickle, load_torch
 from drill.integrity.structure import zip_structure
 from drill.restore.progress import Progress
@@ -143,6 +143,7 @@ def restore_torch_save(
         layout.step_counters["file name"] = ref.step
     result.layout = layout
     result.state = state
+    result.inventory = inventory(state)
     record.items = len(state)
     result.tensors_loaded = sum(isinstance(v, torch.Tensor) for v in state.values())
     result.tensor_bytes = sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))

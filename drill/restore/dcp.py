@@ -34,7 +34,7 @@ from drill.discover import DCP_METADATA, CheckpointRef
 from drill.integrity.hashing import FileHashes
 from drill.restore.progress import NullProgress, Progress
 from drill.restore.stream import ViewReader, read_whole
-from drill.restore.result import FileRead, HashPlan, ItemFailure, RestoreResult
+from drill.restore.result import FileRead, HashPlan, ItemFailure, RestoreResult, TensorInfo
 from drill.safe_pickle import restricted_loads
 from drill.storage import PathEscapesCheckpoint, Storage
 
@@ -276,6 +276,16 @@ def restore_dcp(
         result.metadata_error = str(exc)
         return result
     result.index = metadata.storage_data
+    result.inventory = [
+        TensorInfo(
+            fqn,
+            tuple(md.size),
+            str(md.properties.dtype).replace("torch.", ""),
+            md.size.numel() * torch.empty((), dtype=md.properties.dtype).element_size(),
+        )
+        for fqn, md in metadata.state_dict_metadata.items()
+        if isinstance(md, TensorStorageMetadata)
+    ]  # from the index alone: nothing materialized
     progress.phase("read", total_bytes=_checkpoint_bytes(storage, ref.uri, metadata))
     state = skeleton(metadata, device)
     planner = SafeLoadPlanner(result.failures)

@@ -9,6 +9,17 @@ from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
 
 
 @dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One tensor of a checkpoint, from the format's own index where it has one."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class HashPlan:
     """Which files the restore hashes while reading them, and how."""
 
@@ -58,6 +69,8 @@ class RestoreResult:
     metadata_error: str | None = None
     index: Any = None
     """The format's own index of where each entry lives (DCP: ``Metadata.storage_data``)."""
+    inventory: list[TensorInfo] = field(default_factory=list)
+    """Every tensor: key, shape, dtype, bytes, rank — read from metadata where possible."""
     layout: Any = None
     """:class:`drill.formats.canonical.Layout`: what the format knows about itself."""
     structure: Any = None
