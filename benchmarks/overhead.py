@@ -19,22 +19,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-PLAIN_LOAD = r"""
-import sys, time, warnings
-warnings.simplefilter("ignore")
-import torch, torch.distributed.checkpoint as dcp
-from drill.safe_pickle import restricted_loads
-from drill.restore.dcp import skeleton
-path = sys.argv[1]
-t = time.perf_counter()
-md = restricted_loads(open(path + "/.metadata", "rb").read())
-sd = {k: v for k, v in skeleton(md, torch.device("cpu")).items() if v is not None}
-dcp.load(sd, checkpoint_id=path, no_dist=True, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
-print(time.perf_counter() - t)
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import PLAIN_LOAD, inner, outer  # noqa: E402
+
 
 DRILL_RESTORE = r"""
 import sys, time, torch
@@ -48,17 +37,6 @@ r = restore_dcp(storage, ref, torch.device("cpu"))
 assert not r.failures and r.metadata_error is None
 print(time.perf_counter() - t)
 """
-
-
-def wall(cmd: list[str], env: dict[str, str] | None = None) -> float:
-    t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    return time.perf_counter() - t
-
-
-def timed_script(script: str, arg: str) -> float:
-    out = subprocess.run([sys.executable, "-c", script, arg], check=True, capture_output=True, text=True).stdout
-    return float(out.strip().splitlines()[-1])
 
 
 def warm(path: Path) -> int:
@@ -92,17 +70,17 @@ def main() -> None:
 
     torch_import, drill_run, drill_restore_only = [], [], []
     for _ in range(args.repeat):  # interleaved, so drift in the machine hits every variant alike
-        torch_import.append(wall([sys.executable, "-c", "import torch"]))
-        drill_run.append(wall([*drill, "run", "--root", str(small), "--checkpoint", "latest"], env))
-        drill_restore_only.append(wall([*drill, "run", "--root", str(small), "--checkpoint", "latest", "--no-replay"], env))
+        torch_import.append(outer([sys.executable, "-c", "import torch"]))
+        drill_run.append(outer([*drill, "run", "--root", str(small), "--checkpoint", "latest"], env))
+        drill_restore_only.append(outer([*drill, "run", "--root", str(small), "--checkpoint", "latest", "--no-replay"], env))
     t_import, t_run, t_noreplay = (statistics.median(x) for x in (torch_import, drill_run, drill_restore_only))
 
     ckpt = big / "step-2"
     nbytes = warm(ckpt)
     plain, ours = [], []
     for _ in range(args.repeat):  # interleaved, so drift in the machine hits both sides alike
-        plain.append(timed_script(PLAIN_LOAD, str(ckpt)))
-        ours.append(timed_script(DRILL_RESTORE, str(big)))
+        plain.append(inner(PLAIN_LOAD, str(ckpt)))
+        ours.append(inner(DRILL_RESTORE, str(big)))
     t_plain, t_ours = statistics.median(plain), statistics.median(ours)
 
     result = {

@@ -31,22 +31,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-PLAIN_LOAD = r"""
-import sys, time, warnings
-warnings.simplefilter("ignore")
-import torch, torch.distributed.checkpoint as dcp
-from drill.safe_pickle import restricted_loads
-from drill.restore.dcp import skeleton
-path = sys.argv[1]
-t = time.perf_counter()
-md = restricted_loads(open(path + "/.metadata", "rb").read())
-sd = {k: v for k, v in skeleton(md, torch.device("cpu")).items() if v is not None}
-dcp.load(sd, checkpoint_id=path, no_dist=True, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
-print(time.perf_counter() - t)
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import PLAIN_LOAD, inner, outer  # noqa: E402
+
 
 VERIFIED_RESTORE = r"""
 import sys, time, torch
@@ -87,17 +76,6 @@ for name in sorted(os.listdir(sys.argv[1])):
             h.update(chunk)
 print(time.perf_counter() - t)
 """
-
-
-def inner(script: str, arg: str) -> float:
-    out = subprocess.run([sys.executable, "-c", script, arg], check=True, capture_output=True, text=True).stdout
-    return float(out.strip().splitlines()[-1])
-
-
-def outer(cmd: list[str]) -> float:
-    t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t
 
 
 def main() -> None:

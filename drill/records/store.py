@@ -117,33 +117,32 @@ class Records:
         with self._session() as s:
             s.get_one(Drill, drill_id).phase = phase
 
+    @staticmethod
+    def _checkpoint_row(s: Session, *, run_root: str, uri: str, step: int | None, format: str) -> Checkpoint:
+        now = utcnow()
+        ckpt = s.scalar(select(Checkpoint).where(Checkpoint.uri == uri))
+        if ckpt is None:
+            ckpt = Checkpoint(run_root=run_root, uri=uri, step=step, format=format, first_seen=now, last_seen=now)
+            s.add(ckpt)
+        ckpt.last_seen = now
+        s.flush()
+        return ckpt
+
     def ensure_checkpoint(self, *, run_root: str, uri: str, step: int | None, format: str) -> int:
         """The checkpoint's id, recording it first if it is new."""
-        now = utcnow()
         with self._session() as s:
-            ckpt = s.scalar(select(Checkpoint).where(Checkpoint.uri == uri))
-            if ckpt is None:
-                ckpt = Checkpoint(run_root=run_root, uri=uri, step=step, format=format, first_seen=now, last_seen=now)
-                s.add(ckpt)
-                s.flush()
-            return ckpt.id
+            return self._checkpoint_row(s, run_root=run_root, uri=uri, step=step, format=format).id
 
     def attach_checkpoint(
         self, drill_id: int, *, run_root: str, uri: str, step: int | None, format: str, nbytes: int | None, file_count: int | None
     ) -> int:
         """Record (or refresh) the checkpoint and link the drill to it."""
-        now = utcnow()
         with self._session() as s:
-            ckpt = s.scalar(select(Checkpoint).where(Checkpoint.uri == uri))
-            if ckpt is None:
-                ckpt = Checkpoint(run_root=run_root, uri=uri, step=step, format=format, first_seen=now, last_seen=now)
-                s.add(ckpt)
-            ckpt.last_seen = now
+            ckpt = self._checkpoint_row(s, run_root=run_root, uri=uri, step=step, format=format)
             if nbytes is not None:
                 ckpt.bytes = nbytes
             if file_count is not None:
                 ckpt.file_count = file_count
-            s.flush()
             s.get_one(Drill, drill_id).checkpoint_id = ckpt.id
             return ckpt.id
 

@@ -1,0 +1,36 @@
+"""What the benchmarks share: timing a child process, and the plain-DCP baseline."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+PLAIN_LOAD = r"""
+import sys, time, warnings
+warnings.simplefilter("ignore")
+import torch, torch.distributed.checkpoint as dcp
+from drill.safe_pickle import restricted_loads
+from drill.restore.dcp import skeleton
+path = sys.argv[1]
+t = time.perf_counter()
+md = restricted_loads(open(path + "/.metadata", "rb").read())
+sd = {k: v for k, v in skeleton(md, torch.device("cpu")).items() if v is not None}
+dcp.load(sd, checkpoint_id=path, no_dist=True, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+print(time.perf_counter() - t)
+"""
+"""(a) in both benchmarks: DCP's own reader into targets allocated from the metadata, as a
+user's restore allocates its model and optimizer."""
+
+
+def inner(script: str, arg: str) -> float:
+    """Run ``script`` in a fresh interpreter; it prints its own elapsed seconds last."""
+    out = subprocess.run([sys.executable, "-c", script, arg], check=True, capture_output=True, text=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def outer(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    """Wall-clock seconds of a whole process."""
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    return time.perf_counter() - t
