@@ -28,7 +28,7 @@ from drill.policy.selection import choose
 from drill.select import Selector, select
 from drill.integrity.structure import dcp_structure
 from drill.integrity.verify import IntegrityPlan, Observed, hash_remaining, integrity_check, plan_integrity
-from drill.storage import Storage, storage_for
+from drill.storage import Storage, StorageError, storage_for
 
 
 @dataclass(kw_only=True, slots=True)
@@ -148,7 +148,10 @@ def run_drill(
     device = resolve_device(request.device)
     assert request.root is not None
     root = request.root
-    storage = storage or storage_for(root)
+    try:
+        storage = storage or storage_for(root)
+    except StorageError as exc:
+        raise UsageError(f"{exc}: this drill reads local and shared filesystems") from None
     started = time.perf_counter()
     timings = Timings()
     drill_id = records.begin_drill(

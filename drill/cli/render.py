@@ -135,7 +135,8 @@ def render_drill(console: Console, d: dict[str, Any]) -> None:
         ("checkpoint", f"{ck['uri']} (step {ck['step']}, {ck['format']}, {human_bytes(ck['bytes'])} in {ck['files']} files)" if ck else "-"),
         ("run root", d["run_root"]),
         ("selector", d["selector"]),
-        ("trigger", d["trigger"]),
+        ("trigger", d["trigger"] + (f" (policy {d['policy']})" if d.get("policy") else "")),
+        ("selection", d.get("selection") or "-"),
         ("host / pid", f"{d['host']} / {d['pid']}"),
         ("device", d["device"]),
         ("started", d["started_at"]),
@@ -144,6 +145,8 @@ def render_drill(console: Console, d: dict[str, Any]) -> None:
         ("first step", f"{human_seconds(d['ttfs_seconds'])} (replay {d['replay_verdict'] or 'not run'})"),
         ("phases", ", ".join(f"{k} {human_seconds(v)}" for k, v in d["phases"].items())),
         ("read", f"{human_bytes(d['bytes_read'])} at {human_rate(d['throughput_bps'])}"),
+        ("evidence", f"{d.get('evidence_level') or '-'}, sample {d.get('sample') or '-'}"),
+        ("SLO", "; ".join(b["message"] for b in (d.get("slo_breaches") or {}).values()) or "met (or none set)"),
         ("versions", f"drill {d['drill_version']}, torch {d['torch_version']}"),
     ]
     table = Table(show_header=False, box=None, pad_edge=False)

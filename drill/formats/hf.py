@@ -25,7 +25,7 @@ from drill.formats.safeload import NUMPY_ARRAYS, UnsafePickle, load_safetensors,
 from drill.integrity.structure import safetensors_structure, zip_structure
 from drill.restore.progress import Progress
 from drill.restore.result import FileRead, HashPlan, ItemFailure, RestoreResult
-from drill.restore.stream import read_whole
+from drill.restore.stream import describe_read_error, read_whole
 from drill.storage import Storage
 
 TRAINER_STATE = "trainer_state.json"
@@ -76,7 +76,7 @@ def restore_hf(
             )
             record.bytes_read = len(view)
         except (OSError, EOFError) as exc:
-            record.error, record.error_kind = str(exc), "unreadable"
+            record.error, record.error_kind = describe_read_error(exc)
             continue
         finally:
             result.read_seconds += time.perf_counter() - started

@@ -16,7 +16,7 @@ from drill.formats.safeload import UnsafePickle, load_torch
 from drill.integrity.structure import zip_structure
 from drill.restore.progress import Progress
 from drill.restore.result import FileRead, HashPlan, ItemFailure, RestoreResult
-from drill.restore.stream import read_whole
+from drill.restore.stream import describe_read_error, read_whole
 from drill.storage import Storage
 
 LIGHTNING_MARKERS = ("pytorch-lightning_version", "optimizer_states")

@@ -33,7 +33,7 @@ from torch.futures import Future
 from drill.discover import DCP_METADATA, CheckpointRef
 from drill.integrity.hashing import FileHashes
 from drill.restore.progress import NullProgress, Progress
-from drill.restore.stream import ViewReader, read_whole
+from drill.restore.stream import ViewReader, describe_read_error, read_whole
 from drill.restore.result import FileRead, HashPlan, ItemFailure, RestoreResult, TensorInfo
 from drill.safe_pickle import restricted_loads
 from drill.storage import PathEscapesCheckpoint, Storage
@@ -147,7 +147,7 @@ class DrillReader(StorageReader):
             data = view.tobytes()
             record.bytes_read = len(data)
         except OSError as exc:
-            record.error, record.error_kind = _describe(exc)
+            record.error, record.error_kind = describe_read_error(exc)
             raise MetadataUnreadable(f"{DCP_METADATA}: {record.error}") from exc
         finally:
             self.result.read_seconds += time.perf_counter() - started
@@ -180,7 +180,7 @@ class DrillReader(StorageReader):
             record.bytes_read = len(view)
             return _Loaded(relative_path, view, None)
         except (OSError, EOFError) as exc:
-            record.error, record.error_kind = _describe(exc)
+            record.error, record.error_kind = describe_read_error(exc)
             return _Loaded(relative_path, None, exc)
 
     def _read_files(self, paths: list[str]) -> Iterator[_Loaded]:
@@ -310,18 +310,6 @@ def _checkpoint_bytes(storage: Storage, uri: str, metadata: Metadata) -> int | N
         except OSError:
             continue
     return total or None
-
-
-def _describe(exc: BaseException) -> tuple[str, str]:
-    if isinstance(exc, PathEscapesCheckpoint):
-        return str(exc), "escapes"
-    if isinstance(exc, FileNotFoundError):
-        return "no such file", "missing"
-    if isinstance(exc, EOFError):
-        return str(exc), "short-read"
-    if isinstance(exc, OSError):
-        return exc.strerror or str(exc), "unreadable"
-    return _one_line(exc), "unreadable"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -10,7 +10,7 @@ import mmap
 from collections.abc import Callable
 
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, ChunkHasher, FileHashes, hash_view
-from drill.storage import Storage
+from drill.storage import PathEscapesCheckpoint, Storage
 
 READ_CHUNK = 8 << 20
 """Read size for backends that cannot map: large enough to stream at page-cache speed."""
@@ -94,3 +94,17 @@ class ViewReader(io.RawIOBase):
 
     def tell(self) -> int:
         return self._pos
+
+
+def describe_read_error(exc: BaseException) -> tuple[str, str]:
+    """(message, kind) for a file that could not be read: kind is ``missing``, ``escapes``,
+    ``short-read`` or ``unreadable``, as the ``files`` check reports it."""
+    if isinstance(exc, PathEscapesCheckpoint):
+        return str(exc), "escapes"
+    if isinstance(exc, FileNotFoundError):
+        return "no such file", "missing"
+    if isinstance(exc, EOFError):
+        return str(exc), "short-read"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc), "unreadable"
+    return f"{type(exc).__name__}: {exc}".splitlines()[0], "unreadable"
