@@ -118,7 +118,7 @@ def restore_torch_save(
         )
         record.bytes_read = len(view)
     except (OSError, EOFError) as exc:
-        record.error, record.error_kind = str(exc), "unreadable"
+        record.error, record.error_kind = describe_read_error(exc)
         result.metadata_error = f"{name}: {exc}"
         return result
     finally:

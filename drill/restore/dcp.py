@@ -36,7 +36,7 @@ from drill.restore.progress import NullProgress, Progress
 from drill.restore.stream import ViewReader, describe_read_error, read_whole
 from drill.restore.result import FileRead, HashPlan, ItemFailure, RestoreResult, TensorInfo
 from drill.safe_pickle import restricted_loads
-from drill.storage import PathEscapesCheckpoint, Storage
+from drill.storage import Storage
 
 class MetadataUnreadable(Exception):
     pass
