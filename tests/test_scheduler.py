@@ -110,7 +110,8 @@ def test_scheduler_fires_records_never_overlaps_survives_a_crash(demo_run: Path,
     assert invoke(CliRunner(), "scheduler", "status", "--db", sqlite_url).exit_code == 3  # stopped: not alive
 
 
-def test_two_schedulers_on_one_database(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+def test_two_schedulers_on_one_database(demo_run: Path, tmp_path: Path, db_url: str) -> None:
+    sqlite_url = db_url  # on the embedded SQLite and on the live PostgreSQL
     policy = _policy(tmp_path, "p", demo_run, "schedule: {cron: '0 3 * * *'}\n")
     first = _start(sqlite_url, policy)
     try:
