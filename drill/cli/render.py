@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from drill.findings import CheckResult, Severity
-from drill.runner import DrillOutcome
 from drill.units import human_bytes, human_rate, human_seconds
+
+if TYPE_CHECKING:  # drill verify renders checks without importing torch
+    from drill.runner import DrillOutcome
 
 STATUS_STYLE = {
     "passed": "bold green",
