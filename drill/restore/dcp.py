@@ -11,6 +11,7 @@ file and entry it could not restore instead of stopping at the first.
 from __future__ import annotations
 
 import io
+from collections import deque
 import os
 import threading
 import time
@@ -98,6 +99,7 @@ class DrillReader(StorageReader):
         self.workers = workers
         self.storage_data: dict[Any, Any] = {}
         self._metadata: Metadata | None = None
+        self._records: dict[str, FileRead] = {}
         self._lock = threading.Lock()
 
     # -- StorageReader protocol -------------------------------------------------------------
@@ -190,23 +192,24 @@ class DrillReader(StorageReader):
         the restored state plus a few files, not twice the checkpoint.
         """
         records = {p: FileRead(p, None) for p in paths}
+        self._records = records
         self.result.files.extend(records.values())
         window = self.workers + 1
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="drill-read") as pool:
-            pending: list[CFuture[_Loaded]] = []
-            queue = list(paths)
+            pending: deque[CFuture[_Loaded]] = deque()
+            queue = deque(paths)
             while queue or pending:
                 while queue and len(pending) < window:
-                    p = queue.pop(0)
+                    p = queue.popleft()
                     pending.append(pool.submit(self._read_one, p, records[p]))
                 waited = time.perf_counter()
-                loaded = pending.pop(0).result()
+                loaded = pending.popleft().result()
                 self.result.read_seconds += time.perf_counter() - waited
                 yield loaded
 
     # -- loading ----------------------------------------------------------------------------
     def _load_items(self, loaded: _Loaded, items: list[ReadItem], planner: LoadPlanner) -> None:
-        record = next(f for f in self.result.files if f.relative_path == loaded.relative_path)
+        record = self._records[loaded.relative_path]
         record.items = len(items)
         for item in items:
             fqn = item.dest_index.fqn
