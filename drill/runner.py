@@ -154,6 +154,9 @@ def run_drill(
         raise UsageError(f"{exc}: this drill reads local and shared filesystems") from None
     started = time.perf_counter()
     timings = Timings()
+    # Drills a killed process left `running` on this host are closed as `aborted` first, so the
+    # record never shows a drill as in progress that no process is running.
+    records.recover_orphans()
     drill_id = records.begin_drill(
         run_root=root,
         selector=str(request.selector),

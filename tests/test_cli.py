@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from drill.records.db import head_revision, open_database
 from drill.records.store import Records
 from drill.runner import DrillRequest, run_drill
+from drill.replay import ReplaySpec
 from drill.select import parse_selector
 from tests.conftest import invoke
 from tests.faults import FaultyStorage
@@ -290,3 +291,20 @@ def test_run_sampled_says_so(cli: CliRunner, demo_run: Path, sqlite_url: str) ->
     assert res.exit_code == 0
     integrity = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "integrity")
     assert "sampled 1/3" in integrity["summary"]
+
+
+def test_a_drill_left_running_by_a_dead_process_is_closed_as_aborted(demo_run: Path, sqlite_url: str) -> None:
+    import subprocess
+    import sys
+
+    records = Records(open_database(sqlite_url))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
+    orphan = records.begin_drill(run_root="/r", selector="latest", trigger="manual", device="cpu", torch_version=None)
+    from drill.records.models import Drill
+
+    with records.db.sessions.begin() as s:
+        s.get_one(Drill, orphan).pid = int(dead)
+    run_drill(DrillRequest(selector=parse_selector("latest"), root=str(demo_run), replay=ReplaySpec(enabled=False)), records)
+    got = records.get(orphan)
+    assert got["status"] == "aborted" and f"pid {int(dead)}" in got["error"]
+    records.db.close()
