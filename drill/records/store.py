@@ -26,6 +26,9 @@ from drill.records.db import Database, _reason, safe_url
 from drill.records.models import Alert, Checkpoint, CheckRecord, Drill, FileVerification, ReplayStep, SchedulerLease
 
 
+ORPHAN_REASON = "the process running this drill"
+
+
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -254,7 +257,10 @@ class Records:
         """Finish a drill whose process died before it could: the record says how and where."""
         with self._session() as s:
             d = s.get_one(Drill, drill_id)
-            if d.status != "running":
+            # Another drill's orphan recovery may have closed it first, knowing only that the
+            # process is gone; the parent that saw it die knows how, and says so.
+            recovered = d.status == "aborted" and (d.error or "").startswith(ORPHAN_REASON)
+            if d.status != "running" and not recovered:
                 return
             d.status = status
             d.finished_at = utcnow()
@@ -281,7 +287,7 @@ class Records:
                 if not _alive(d.pid):
                     d.status = "aborted"
                     d.finished_at = utcnow()
-                    d.error = f"the process running this drill (pid {d.pid}) is gone: killed mid-drill (last phase reached: {d.phase})"
+                    d.error = f"{ORPHAN_REASON} (pid {d.pid}) is gone: killed mid-drill (last phase reached: {d.phase})"
                     recovered.append(d.id)
             return recovered
 
