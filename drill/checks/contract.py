@@ -65,6 +65,21 @@ def _is_adam(opt: Mapping[str, Any]) -> bool:
     return any(re.match(r"^param_groups\.\d+\.betas", k) for k in opt)
 
 
+def _missing_slots(opt: Mapping[str, Any], param: str, label: str, slots: tuple[str, ...]) -> list[Finding]:
+    """One finding per optimizer slot (``exp_avg``…) the parameter's state lacks."""
+    return [
+        _f(
+            "optimizer-slot-missing",
+            f"optimizer.state.{param}.{slot}",
+            f"no {slot} for {label}: a resume would restart its AdamW moments from zero and spike the loss",
+            expected=slot,
+            actual="absent",
+        )
+        for slot in slots
+        if f"state.{param}.{slot}" not in opt
+    ]
+
+
 def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], dict[str, Any]]:
     opt = _part(state, parts.OPTIMIZER)
     model = {k: v for k, v in _part(state, parts.MODEL).items() if isinstance(v, torch.Tensor)}
@@ -80,18 +95,10 @@ def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Find
     checked = 0
     if layout.optimizer_keys == "fqn":
         for fqn in members:
+            findings += _missing_slots(opt, str(fqn), f"parameter {fqn}", slots)
             for slot in slots:
                 key = f"state.{fqn}.{slot}"
                 if key not in opt:
-                    findings.append(
-                        _f(
-                            "optimizer-slot-missing",
-                            f"optimizer.{key}",
-                            f"no {slot} for parameter {fqn}: a resume would restart its AdamW moments from zero and spike the loss",
-                            expected=slot,
-                            actual="absent",
-                        )
-                    )
                     continue
                 value, param = opt[key], model.get(fqn)
                 if slot != "step" and isinstance(value, torch.Tensor) and param is not None:
@@ -121,18 +128,7 @@ def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Find
     else:
         shapes = Counter(tuple(t.shape) for t in model.values() if t.is_floating_point())
         for idx in members:
-            for slot in slots:
-                key = f"state.{idx}.{slot}"
-                if key not in opt:
-                    findings.append(
-                        _f(
-                            "optimizer-slot-missing",
-                            f"optimizer.{key}",
-                            f"no {slot} for parameter #{idx}: a resume would restart its AdamW moments from zero and spike the loss",
-                            expected=slot,
-                            actual="absent",
-                        )
-                    )
+            findings += _missing_slots(opt, str(idx), f"parameter #{idx}", slots)
             moment = opt.get(f"state.{idx}.exp_avg")
             if isinstance(moment, torch.Tensor) and model:
                 shape = tuple(moment.shape)
