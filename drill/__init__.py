@@ -1,7 +1,50 @@
 """drill: restore drills and integrity audits for PyTorch training checkpoints.
 
-The library is the product; ``drill.cli`` is a thin skin over it. Importing this package is
-cheap on purpose (no torch, SQLAlchemy or boto3): heavy modules are imported where used.
+The library is the product; ``drill.cli`` is a thin skin over it::
+
+    from drill import run_drill, DrillRequest, DrillOutcome, verify_checkpoint, seal
+
+Importing this package is cheap on purpose (no torch, SQLAlchemy or boto3): the names above
+are loaded on first use.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+_EXPORTS = {
+    "run_drill": "drill.api",
+    "run_policy": "drill.api",
+    "history": "drill.api",
+    "get_drill": "drill.api",
+    "last_good": "drill.api",
+    "DrillRequest": "drill.pipeline.request",
+    "DrillOutcome": "drill.pipeline.outcome",
+    "DrillStatus": "drill.verdict",
+    "ExitCode": "drill.errors",
+    "verify_checkpoint": "drill.verifier",
+    "seal": "drill.integrity.manifest",
+}
+
+if TYPE_CHECKING:
+    from drill.api import get_drill, history, last_good, run_drill, run_policy
+    from drill.errors import ExitCode
+    from drill.integrity.manifest import seal
+    from drill.pipeline.outcome import DrillOutcome
+    from drill.pipeline.request import DrillRequest
+    from drill.verdict import DrillStatus
+    from drill.verifier import verify_checkpoint
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'drill' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["__version__", *_EXPORTS]

@@ -50,22 +50,25 @@ def resolve_webhook(value: str) -> str:
 
 
 def payload(drill: dict[str, Any], policy: str | None) -> dict[str, Any]:
+    """The alert for a drill's outcome document (:meth:`~drill.pipeline.outcome.DrillOutcome.to_document`)."""
     ck = drill.get("checkpoint") or {}
     subject = ck.get("uri") or drill.get("run_root")
     text = f"drill {drill['status'].upper()}: {policy or 'manual drill'} — {subject}"
     if drill.get("message"):
         text += f": {drill['message']}"
+    timings = drill.get("timings") or {}
     return {
         "text": text,
         "drill_id": drill.get("id"),
         "policy": policy,
         "status": drill["status"],
+        "exit_code": drill.get("exit_code"),
         "message": drill.get("message"),
         "checkpoint": ck or None,
         "run_root": drill.get("run_root"),
         "host": drill.get("host"),
-        "restore_seconds": drill.get("restore_seconds"),
-        "ttfs_seconds": drill.get("ttfs_seconds"),
+        "restore_seconds": timings.get("restore"),
+        "ttfs_seconds": timings.get("ttfs"),
         "slo_breaches": drill.get("slo_breaches"),
     }
 

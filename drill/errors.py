@@ -30,7 +30,9 @@ class ExitCode(IntEnum):
     INTERNAL = 70
     """A bug in drill (EX_SOFTWARE); re-run with ``--debug`` for the traceback."""
     INTERRUPTED = 130
-    """Interrupted by SIGINT/SIGTERM; the drill is recorded as ``aborted``."""
+    """Interrupted by SIGINT; the drill is recorded as ``aborted``."""
+    TERMINATED = 143
+    """Stopped by SIGTERM (a scheduler or batch system stopping it); recorded as ``aborted``."""
 
 
 class DrillError(Exception):

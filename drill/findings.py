@@ -7,6 +7,7 @@ a hint naming the next command to run.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -23,7 +24,11 @@ class Severity(str, Enum):
 class CheckStatus(str, Enum):
     PASSED = "passed"
     FAILED = "failed"
+    """The check found a problem with the checkpoint."""
     SKIPPED = "skipped"
+    """The check could not run (a gap in the evidence, never a pass)."""
+    ERROR = "error"
+    """The check could not finish because drill itself (or a replay harness) failed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +53,11 @@ class Finding:
         d["severity"] = self.severity.value
         return {k: v for k, v in d.items() if v is not None}
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Finding:
+        known = {k: doc.get(k) for k in ("check", "code", "message", "subject", "rank", "expected", "actual", "hint")}
+        return cls(severity=Severity(doc["severity"]), **known)  # type: ignore[arg-type]
+
 
 @dataclass(slots=True, kw_only=True)
 class CheckResult:
@@ -58,15 +68,63 @@ class CheckResult:
     evidence: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     skipped: bool = False
+    errored: bool = False
 
     @property
     def status(self) -> CheckStatus:
         if self.skipped:
             return CheckStatus.SKIPPED
+        if self.errored:
+            return CheckStatus.ERROR
         if any(f.severity is Severity.ERROR for f in self.findings):
             return CheckStatus.FAILED
         return CheckStatus.PASSED
 
-    def evidence_document(self) -> dict[str, Any]:
-        """The JSON stored with the check: its evidence plus its findings."""
-        return {**self.evidence, "findings": [f.to_dict() for f in self.findings]}
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.ERROR]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The check in a drill's outcome document (JSON-ready)."""
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "summary": self.summary,
+            "seconds": self.seconds,
+            "findings": [jsonable(f.to_dict()) for f in self.findings],
+            "evidence": jsonable(self.evidence),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> CheckResult:
+        return cls(
+            name=doc["name"],
+            summary=doc["summary"],
+            findings=[Finding.from_dict(f) for f in doc.get("findings", [])],
+            evidence=dict(doc.get("evidence") or {}),
+            seconds=float(doc.get("seconds") or 0.0),
+            skipped=doc.get("status") == CheckStatus.SKIPPED.value,
+            errored=doc.get("status") == CheckStatus.ERROR.value,
+        )
+
+
+def not_run(name: str, why: str) -> CheckResult:
+    """A check that could not run in this drill: a gap in the evidence, never a pass."""
+    return CheckResult(name=name, summary=f"not checked: {why}", skipped=True, evidence={"not_checked": why})
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON on every backend: tuples to lists, keys to strings, NaN/±Inf to the strings
+    ``"NaN"``/``"Infinity"``/``"-Infinity"`` (PostgreSQL's json and strict JSON parsers reject
+    them as numbers), anything exotic to its ``str``."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:  # a 0-d tensor
+        return jsonable(value.item())
+    return str(value)

@@ -1,6 +1,57 @@
-"""Human-readable sizes, durations and rates for terminal output."""
+"""Sizes, durations and rates: one parser per concept (shared by CLI flags and policy files)
+and the human-readable forms drill prints.
+
+Sizes accept decimal (``500MB``, ``2G``) and binary (``16GiB``, ``16Gi``) units, as both
+Kubernetes and storage vendors write them; durations accept ``90``, ``90s``, ``10m``, ``2h``,
+``7d``. Each parser raises ``ValueError`` with a sentence saying what it expected.
+"""
 
 from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)(B?)$", re.I)
+_POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?$")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_size(value: Any) -> int:
+    """``1048576``, ``500MB``, ``2G``, ``16GiB``, ``16Gi``, ``1TB`` → bytes (positive)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a size (e.g. 16GiB, 500MB)")
+    if isinstance(value, int):
+        nbytes = value
+    else:
+        m = _SIZE.match(str(value).strip())
+        if not m:
+            raise ValueError(f"{value!r} is not a size (e.g. 16GiB, 16Gi, 500MB, 2G)")
+        number, prefix, binary, _ = m.groups()
+        if binary and not prefix:
+            raise ValueError(f"{value!r} is not a size (e.g. 16GiB, 16Gi, 500MB, 2G)")
+        base = 1024 if binary else 1000
+        nbytes = int(float(number) * base ** _POWERS[prefix.upper()])
+    if nbytes <= 0:
+        raise ValueError(f"size {value!r} must be positive")
+    return nbytes
+
+
+def parse_duration(value: Any) -> float:
+    """``90``, ``"90s"``, ``"10m"``, ``"2h"``, ``"7d"``, ``"250ms"`` → seconds (finite, ≥ 0)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration (e.g. 90s, 10m, 2h, 7d)")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value).strip())
+        if not m:
+            raise ValueError(f"{value!r} is not a duration (e.g. 90s, 10m, 2h, 7d)")
+        seconds = float(m.group(1)) * _SECONDS[m.group(2)]
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"duration {value!r} must be a finite number of seconds, not negative")
+    return seconds
 
 
 def human_bytes(n: float | None) -> str:

@@ -7,16 +7,17 @@ unsealed DCP checkpoint, whose ``.metadata`` must be read to check it.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from drill.discover import DCP_METADATA, step_of
-from drill.errors import ExitCode, NothingToDrill
+from drill.discover import DCP_METADATA, Discovery, IncompleteSave, classify, step_of
+from drill.errors import ExitCode, NothingToDrill, UsageError
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
+from drill.integrity.reading import describe_read_error, read_whole
 from drill.integrity.sampling import SampleSpec
 from drill.integrity.structure import dcp_structure, safetensors_structure, sniff, zip_structure
+from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, seal
 from drill.integrity.verify import NAME, IntegrityPlan, Observed, hash_remaining, integrity_check, plan_integrity
 from drill.storage import Storage, storage_for
 
@@ -41,9 +42,8 @@ def _structure_of_dcp(storage: Storage, plan: IntegrityPlan) -> tuple[list[Findi
         return None
     from drill.safe_pickle import restricted_loads
 
-    with storage.open(storage.child(plan.checkpoint, DCP_METADATA)) as f:
-        data = f.read()
     try:
+        data = read_whole(storage, storage.child(plan.checkpoint, DCP_METADATA), plan.on_storage[DCP_METADATA], hash=False).view.tobytes()
         metadata = restricted_loads(data)
     except Exception as exc:  # noqa: BLE001 - an unreadable index is the finding
         finding = Finding(
@@ -57,12 +57,14 @@ def _structure_of_dcp(storage: Storage, plan: IntegrityPlan) -> tuple[list[Findi
     return dcp_structure(metadata.storage_data or {}, plan.on_storage)
 
 
-def _verify_file(storage: Storage, uri: str) -> CheckResult:
-    view = storage.map(uri)
-    if view is None:
-        with storage.open(uri) as f:
-            view = memoryview(f.read())
-    name = os.path.basename(uri)
+def _verify_file(storage: Storage, uri: str, size: int) -> CheckResult:
+    name = uri.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        view = read_whole(storage, uri, size, hash=False).view
+    except (OSError, EOFError) as exc:
+        why, kind = describe_read_error(exc)
+        code = {"changed": "file-changed", "not-regular": "file-not-regular"}.get(kind, "file-unreadable")
+        return CheckResult(name=NAME, summary=f"{name} cannot be read", findings=[Finding(check=NAME, code=code, severity=Severity.ERROR, subject=name, message=f"{name}: {why}")])
     kind = sniff(view)
     if kind == "zip":
         findings, evidence = zip_structure(view, name)
@@ -81,6 +83,23 @@ def _verify_file(storage: Storage, uri: str) -> CheckResult:
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
 
 
+def _run_root(uri: str, found: Discovery) -> UsageError:
+    names = [c.name for c in found.checkpoints] or [s.name for s in found.incomplete]
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return UsageError(f"{uri} is a run directory holding checkpoints ({shown}), not one checkpoint: name one, e.g. {uri.rstrip('/')}/{names[-1]}")
+
+
+def _incomplete_finding(save: IncompleteSave) -> Finding:
+    return Finding(
+        check=NAME,
+        code="incomplete-save",
+        severity=Severity.ERROR,
+        subject=save.uri,
+        message=f"{save.name} is an incomplete save ({save.reason}): a resume from it would fail",
+        hint="if no save is still running, fall back to the newest complete checkpoint",
+    )
+
+
 def verify_checkpoint(
     uri: str,
     *,
@@ -90,18 +109,40 @@ def verify_checkpoint(
     coverage_days: float = 7.0,
     storage: Storage | None = None,
 ) -> VerifyOutcome:
-    """Verify the checkpoint directory (or single checkpoint file) at ``uri``."""
+    """Verify the checkpoint directory (or single checkpoint file) at ``uri``.
+
+    Raises :class:`~drill.errors.NothingToDrill` when nothing (or an empty directory) is
+    there and :class:`~drill.errors.UsageError` for a run directory (naming its checkpoints);
+    an incomplete save is a failed verification.
+    """
     storage = storage or storage_for(uri)
+    uri = storage.normalize(uri)
     sample = sample or SampleSpec("all")
     started = time.perf_counter()
     try:
-        entry = storage.stat(uri)
-    except FileNotFoundError:
+        what = classify(storage, uri)
+    except (FileNotFoundError, NotADirectoryError):
         raise NothingToDrill(f"{uri} does not exist") from None
-    if not entry.is_dir:
-        result = _verify_file(storage, uri)
+    if what.kind == "file":
+        entry = storage.stat(uri)
+        result = _verify_file(storage, uri, entry.size)
         return VerifyOutcome(uri=uri, result=result, seconds=time.perf_counter() - started, bytes_hashed=entry.size)
+    if what.kind == "run-root":
+        raise _run_root(uri, what.discovery)  # type: ignore[arg-type]
+    if what.kind == "empty":
+        raise NothingToDrill(f"{uri} is an empty directory: no checkpoint to verify")
+    outcome = _verify_directory(storage, uri, sample, require_sealed, records, coverage_days, started)
+    if what.kind == "incomplete":
+        outcome.result.findings.insert(0, _incomplete_finding(what.incomplete))  # type: ignore[arg-type]
+        outcome.result.summary = f"incomplete save; {outcome.result.summary}"
+    elif what.kind == "directory" and outcome.result.evidence.get("evidence_level") != "sealed" and not outcome.result.evidence.get("manifests"):
+        raise NothingToDrill(f"{uri} is not a checkpoint drill recognizes (no .metadata, trainer_state.json, {MANIFEST_NAME} or shard index)")
+    return outcome
 
+
+def _verify_directory(
+    storage: Storage, uri: str, sample: SampleSpec, require_sealed: bool, records: Records | None, coverage_days: float, started: float
+) -> VerifyOutcome:
     checkpoint_id = None
     last: dict = {}
     if records is not None and sample.kind == "auto":
@@ -115,15 +156,36 @@ def verify_checkpoint(
     structure = _structure_of_dcp(storage, plan) if plan.manifest is None else None
     result = integrity_check(plan, observed, require_sealed=require_sealed, structure=structure)
     if records is not None and plan.manifest is not None:
-        from drill.coverage import update_coverage
+        from drill.integrity.coverage import annotate_coverage, coverage_update
 
-        update_coverage(records, checkpoint_id or _checkpoint_id(records, uri), None, plan, result, coverage_days)
+        share = records.apply_coverage(checkpoint_id or _checkpoint_id(records, uri), None, coverage_update(plan, result), coverage_days)
+        annotate_coverage(result, share, coverage_days)
     hashed = sum(o.hashes.size for o in observed.values() if o.hashes is not None)
     result.seconds = time.perf_counter() - started
     return VerifyOutcome(uri=uri, result=result, seconds=result.seconds, bytes_hashed=hashed)
 
 
+def seal_checkpoint(uri: str, *, force: bool = False, storage: Storage | None = None) -> SealResult:
+    """``drill seal``: seal one checkpoint directory — never a run directory (a usage error
+    naming its checkpoints) nor an incomplete save (a :class:`SealConflict`)."""
+    storage = storage or storage_for(uri)
+    uri = storage.normalize(uri)
+    try:
+        what = classify(storage, uri)
+    except (FileNotFoundError, NotADirectoryError):
+        raise NothingToDrill(f"{uri} does not exist") from None
+    if what.kind == "file":
+        raise UsageError(f"{uri} is a single file: drill seals checkpoint directories (a torch.save file carries its own CRC-32s)")
+    if what.kind == "run-root":
+        raise _run_root(uri, what.discovery)  # type: ignore[arg-type]
+    if what.kind == "empty":
+        raise NothingToDrill(f"{uri} is an empty directory: nothing to seal")
+    if what.kind == "incomplete":
+        assert what.incomplete is not None
+        raise SealConflict(f"{what.incomplete.name} is an incomplete save ({what.incomplete.reason}): sealing it would vouch for a save that never finished")
+    return seal(uri, force=force, storage=storage)
+
+
 def _checkpoint_id(records: Records, uri: str) -> int:
-    return records.ensure_checkpoint(
-        run_root=os.path.dirname(uri.rstrip("/")), uri=uri, step=step_of(os.path.basename(uri.rstrip("/"))), format="dcp"
-    )
+    name = uri.rstrip("/").rsplit("/", 1)[-1]
+    return records.ensure_checkpoint(run_root=uri.rstrip("/").rsplit("/", 1)[0], uri=uri, step=step_of(name), format="dcp")

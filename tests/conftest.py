@@ -101,3 +101,28 @@ def invoke(runner: CliRunner, *args: str):  # type: ignore[no-untyped-def]
     from drill.cli.app import app
 
     return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def drill(root: Path | str, db: str, selector: str = "latest", *, storage=None, progress=None, recorder=None, **kw):  # type: ignore[no-untyped-def]
+    """One drill through the public API; the replay is off unless asked for."""
+    from drill import DrillRequest, run_drill
+    from drill.replay import ReplaySpec
+
+    kw.setdefault("replay", ReplaySpec(enabled=False))
+    request = DrillRequest(selector=selector, root=str(root), **kw)
+    return run_drill(request, db=db, storage=storage, progress=progress, recorder=recorder)
+
+
+def recorded(db: str):  # type: ignore[no-untyped-def]
+    """Every drill in the database, oldest first, with its checks."""
+    from drill import get_drill, history
+
+    return [get_drill(d.id, db=db) for d in reversed(history(db=db, limit=10_000))]
+
+
+@pytest.fixture(autouse=True)
+def private_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test spools undeliverable verdicts into its own directory."""
+    spool = tmp_path / "spool"
+    monkeypatch.setenv("DRILL_SPOOL_DIR", str(spool))
+    return spool

@@ -1,35 +1,106 @@
-"""Fault injection through a wrapping storage backend, as restic's tests do."""
+"""Fault injection through a wrapping storage backend, as restic's tests do.
+
+Faults strike *during* the read, where real storage fails: a bit flips in flight, the file
+is truncated or grows under the reader (another writer re-saving into the directory), an
+I/O error comes after some bytes — once (a retry succeeds) or every time.
+"""
 
 from __future__ import annotations
 
+import errno
+import io
 import os
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from drill.storage import Entry, LocalStorage
 
 
-class FaultyStorage:
-    """Local storage that fails to open the files whose names are in ``unreadable``."""
+@dataclass
+class Flip:
+    """XOR one byte at ``offset`` as it is read (the file on disk is untouched)."""
 
-    def __init__(self, unreadable: set[str]) -> None:
-        self.inner = LocalStorage()
-        self.unreadable = unreadable
+    offset: int
+    mask: int = 0x01
 
-    def list(self, uri: str) -> list[Entry]:
-        return self.inner.list(uri)
 
-    def stat(self, uri: str) -> Entry:
-        return self.inner.stat(uri)
+@dataclass
+class Truncate:
+    """The file ends at ``at`` bytes from the reader's point of view (it shrank mid-read)."""
 
-    def child(self, base: str, relative: str) -> str:
-        return self.inner.child(base, relative)
+    at: int
 
-    def map(self, uri: str) -> memoryview | None:
-        if os.path.basename(uri) in self.unreadable:
-            raise PermissionError(13, "Permission denied", uri)
-        return self.inner.map(uri)
+
+@dataclass
+class Grow:
+    """``extra`` bytes appear past the size the file had when listed."""
+
+    extra: int = 1
+
+
+@dataclass
+class Fail:
+    """An I/O error once ``at`` bytes were read; the first ``times`` opens fail (None: all)."""
+
+    at: int = 0
+    code: int = errno.EIO
+    times: int | None = None
+
+
+Fault = Flip | Truncate | Grow | Fail | str
+"""``"deny"``: the open itself is refused (permission denied)."""
+
+
+class _FaultyReader(io.RawIOBase):
+    def __init__(self, inner: BinaryIO, fault: Fault) -> None:
+        super().__init__()
+        self.inner = inner
+        self.fault = fault
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[no-untyped-def, override]
+        view = memoryview(b).cast("B")
+        f = self.fault
+        if isinstance(f, Truncate):
+            view = view[: max(0, f.at - self.pos)]
+        if isinstance(f, Fail) and self.pos + len(view) > f.at:
+            if self.pos >= f.at:
+                raise OSError(f.code, os.strerror(f.code))
+            view = view[: f.at - self.pos]
+        n = self.inner.readinto(view)
+        if not n and isinstance(f, Grow) and f.extra:
+            n, f.extra = min(f.extra, len(view)), 0
+            view[:n] = b"\0" * n
+        if isinstance(f, Flip) and self.pos <= f.offset < self.pos + n:
+            view[f.offset - self.pos] ^= f.mask
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        self.inner.close()
+        super().close()
+
+
+class FaultyStorage(LocalStorage):
+    """Local storage with a fault per file name."""
+
+    def __init__(self, faults: dict[str, Fault]) -> None:
+        self.faults = faults
+        self.opens: dict[str, int] = {}
 
     def open(self, uri: str) -> BinaryIO:
-        if os.path.basename(uri) in self.unreadable:
+        name = os.path.basename(uri)
+        fault = self.faults.get(name)
+        self.opens[name] = self.opens.get(name, 0) + 1
+        if fault == "deny":
             raise PermissionError(13, "Permission denied", uri)
-        return self.inner.open(uri)
+        inner = super().open(uri)
+        if fault is None or (isinstance(fault, Fail) and fault.times is not None and self.opens[name] > fault.times):
+            return inner
+        return _FaultyReader(inner, fault)  # type: ignore[return-value]
+
+    def list(self, uri: str) -> list[Entry]:
+        return super().list(uri)

@@ -10,33 +10,28 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from drill.records.db import head_revision, open_database
-from drill.records.store import Records
-from drill.runner import DrillRequest, run_drill
-from drill.replay import ReplaySpec
-from drill.select import parse_selector
-from tests.conftest import invoke
+from drill import history
+from drill.records.db import head_revision
+from tests.conftest import drill, invoke
 from tests.faults import FaultyStorage
 
 
 def _drills(db_url: str) -> list[dict]:
-    db = open_database(db_url)
-    try:
-        return Records(db).history(limit=1000)
-    finally:
-        db.close()
+    return [d.to_document(with_checks=False) for d in history(db=db_url, limit=1000)]
 
 
 def test_run_latest_passes_and_is_recorded(cli: CliRunner, demo_run: Path, db_url: str) -> None:
     res = invoke(cli, "run", "--root", str(demo_run), "--checkpoint", "latest", "--db", db_url)
     assert res.exit_code == 0, res.stderr
     assert "PASSED" in res.stdout and "step-30" in res.stdout
-    assert res.stderr == ""
-    (drill,) = _drills(db_url)
-    assert drill["status"] == "passed"
-    assert drill["checkpoint"]["step"] == 30
-    assert drill["restore_seconds"] > 0 and drill["bytes_read"] > 0
-    assert all(drill["phases"][p] is not None for p in ("discover", "read", "load", "checks"))
+    assert "drill: failed" not in res.stderr and "error" not in res.stderr  # only the per-phase log lines
+    (done,) = _drills(db_url)
+    assert done["status"] == "passed" and done["exit_code"] == 0
+    assert done["checkpoint"]["step"] == 30
+    assert done["timings"]["restore"] > 0 and done["bytes_read"] > 0
+    assert all(done["timings"][p] is not None for p in ("discover", "plan", "read", "load", "other", "checks", "replay"))
+    t = done["timings"]
+    assert t["restore"] == pytest.approx(t["discover"] + t["plan"] + t["read"] + t["load"] + t["other"])
 
 
 def test_run_json_is_one_document_on_stdout(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
@@ -46,7 +41,8 @@ def test_run_json_is_one_document_on_stdout(cli: CliRunner, demo_run: Path, sqli
     assert doc["status"] == "passed" and doc["checkpoint"]["step"] == 20
     assert [c["name"] for c in doc["checks"]] == ["discover", "resume", "integrity", "files", "load", "keys", "contract", "replay"]
     assert doc["bytes_read"] == sum(p.stat().st_size for p in (demo_run / "step-20").iterdir() if p.name != "drill-manifest.json")
-    assert doc["database"] == sqlite_url
+    shown = invoke(cli, "show", str(doc["id"]), "--json", "--db", sqlite_url)
+    assert json.loads(shown.stdout) == doc  # one document: what ran is what was recorded
 
 
 def test_run_by_path_needs_no_root(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
@@ -65,21 +61,15 @@ def test_deleted_shard_fails_the_drill_naming_the_file(cli: CliRunner, demo_run:
         check = next(c for c in doc["checks"] if c["name"] == name)
         assert check["status"] == "failed"
         assert [(f["code"], f["subject"]) for f in check["findings"]] == [("file-missing", "__0_1.distcp")]
-    assert "__0_1.distcp" in res.stderr and len(res.stderr.strip().splitlines()) == 1
-    shown = invoke(cli, "show", str(doc["drill_id"]), "--db", db_url)
+    assert "__0_1.distcp" in res.stderr and len([ln for ln in res.stderr.splitlines() if ln.startswith("drill: failed")]) == 1
+    shown = invoke(cli, "show", str(doc["id"]), "--db", db_url)
     assert "file-missing [__0_1.distcp]" in shown.stdout
 
 
 def test_unreadable_file_fails_the_drill(demo_run: Path, sqlite_url: str) -> None:
-    records = Records(open_database(sqlite_url))
-    outcome = run_drill(
-        DrillRequest(selector=parse_selector("latest"), root=str(demo_run)),
-        records,
-        storage=FaultyStorage({"__0_0.distcp"}),
-    )
+    outcome = drill(demo_run, sqlite_url, storage=FaultyStorage({"__0_0.distcp": "deny"}))
     assert outcome.status == "failed"
     assert [(f.code, f.subject) for f in outcome.findings if f.check == "files"] == [("file-unreadable", "__0_0.distcp")]
-    records.db.close()
 
 
 def test_missing_part_fails_the_keys_check(tmp_path: Path, sqlite_url: str, cli: CliRunner) -> None:
@@ -104,9 +94,12 @@ def test_missing_part_fails_the_keys_check(tmp_path: Path, sqlite_url: str, cli:
         ("none", ["--root", "{tmp}/absent"], 3, "does not exist"),
         ("empty", ["--root", "{tmp}/empty"], 3, "no checkpoint under"),
         ("incomplete", ["--root", "{tmp}/inc"], 3, "only incomplete saves (step-5)"),
-        ("demo", ["--root", "{run}", "-c", "step:7"], 3, "retained steps: 10, 20, 30"),
-        ("demo", ["--root", "{run}", "-c", "newest"], 2, "unknown --checkpoint form 'newest'"),
-        ("demo", ["--root", "{run}", "--device", "tpu"], 2, "unknown --device 'tpu'"),
+        ("demo", ["--root", "{run}", "-c", "step:7"], 3, "(retained: 10, 20, 30)"),
+        ("demo", ["--root", "{run}", "-c", "newest"], 2, "--checkpoint: unknown checkpoint form 'newest'"),
+        ("demo", ["--root", "{run}", "--device", "tpu"], 2, "--device: unknown device 'tpu'"),
+        ("demo", ["--root", "{run}", "--sample", "1/0"], 2, "--sample: bad subset '1/0'"),
+        ("demo", ["--root", "{run}", "--format", "zip"], 2, "--format: unknown format 'zip'"),
+        ("demo", ["--root", "{run}", "--replay-steps", "0"], 2, "replay steps must be an integer of at least 1"),
         ("demo", ["-c", "latest"], 2, "--root is required"),
         ("demo", ["--root", "{run}", "--bogus"], 2, "No such option: --bogus"),
     ],
@@ -121,7 +114,7 @@ def test_bad_input_is_one_line_with_its_exit_code_and_keeps_records(
     before = _drills(db_url)
 
     argv = [a.format(tmp=tmp_path, run=demo_run) for a in args]
-    res = invoke(cli, "run", *argv, "--db", db_url)
+    res = invoke(cli, "run", *argv, "--quiet", "--db", db_url)
     assert res.exit_code == code
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and stderr_has in lines[0], res.stderr
@@ -162,7 +155,7 @@ def test_history_and_show(cli: CliRunner, demo_run: Path, db_url: str, tmp_path:
 
     shown = json.loads(invoke(cli, "show", str(docs[1]["id"]), "--json", "--db", db_url).stdout)
     assert [c["name"] for c in shown["checks"]] == ["discover", "resume", "integrity", "files", "load", "keys", "contract", "replay"]
-    assert shown["checks"][-1]["status"] == "skipped" and shown["replay_verdict"] == "not replayable"
+    assert shown["checks"][-1]["status"] == "skipped" and shown["replay"]["verdict"] == "not replayable"
     assert shown["checks"][3]["evidence"]["files_ok"] == 3
     assert shown["evidence_level"] == "sealed" and shown["sample"] == "all"
     missing = invoke(cli, "show", "9999", "--db", db_url)
@@ -181,7 +174,8 @@ def test_db_upgrade_and_status(cli: CliRunner, postgres_url: str) -> None:
     assert res.exit_code == 0 and f"upgraded from empty to {head_revision()}" in res.stdout
     again = invoke(cli, "db", "upgrade", "--db", postgres_url)
     assert "up to date" in again.stdout
-    assert json.loads(invoke(cli, "db", "status", "--json", "--db", postgres_url).stdout)["current"] == head_revision()
+    status = invoke(cli, "db", "status", "--json", "--db", postgres_url)
+    assert status.exit_code == 0 and json.loads(status.stdout)["current"] == head_revision()
 
 
 def test_run_against_a_postgres_schema_that_is_behind(cli: CliRunner, demo_run: Path, postgres_url: str) -> None:
@@ -206,6 +200,9 @@ def test_internal_errors_are_one_line_unless_debug(cli: CliRunner, demo_run: Pat
     def boom(*a, **k):  # type: ignore[no-untyped-def]
         raise RuntimeError("kaboom")
 
+    from drill.records.db import open_database
+
+    open_database(sqlite_url).close()
     monkeypatch.setattr(store.Records, "history", boom)
     res = invoke(cli, "history", "--db", sqlite_url)
     assert res.exit_code == 70
@@ -228,38 +225,23 @@ def test_relative_root_is_recorded_absolute(cli: CliRunner, demo_run: Path, sqli
     assert drill["run_root"] == str(demo_run)
 
 
-class _InterruptOnRead:
-    def phase(self, name: str, total_bytes: int | None = None) -> None:
-        if name == "read":
-            raise KeyboardInterrupt
-
-    def advance(self, nbytes: int) -> None:
-        pass
-
-
-def test_interrupted_drill_is_recorded_aborted(demo_run: Path, db_url: str) -> None:
-    records = Records(open_database(db_url))
-    with pytest.raises(KeyboardInterrupt):
-        run_drill(DrillRequest(selector=parse_selector("latest"), root=str(demo_run)), records, _InterruptOnRead())
-    (drill,) = records.history()
-    assert drill["status"] == "aborted" and drill["phase"] == "restore" and drill["finished_at"]
-    records.db.close()
-
-
 def test_unexpected_failure_is_recorded_as_error_with_traceback(
     cli: CliRunner, demo_run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import drill.restore.dcp as dcp_restore
+    import drill.formats.dcp as dcp_format
 
     def broken(*a, **k):  # type: ignore[no-untyped-def]
         raise RuntimeError("device fell off the bus")
 
-    monkeypatch.setattr(dcp_restore, "restore_dcp", broken)
-    res = invoke(cli, "run", "--root", str(demo_run), "--no-replay", "--json", "--db", sqlite_url)
+    monkeypatch.setattr(dcp_format.DCPAdapter, "restore", broken)
+    res = invoke(cli, "run", "--root", str(demo_run), "--no-replay", "--json", "-q", "--db", sqlite_url)
     assert res.exit_code == 5
     assert res.stderr.strip() == "drill: error: RuntimeError: device fell off the bus"
-    shown = json.loads(invoke(cli, "show", str(json.loads(res.stdout)["drill_id"]), "--json", "--db", sqlite_url).stdout)
-    assert shown["status"] == "error" and "Traceback" in shown["error"]
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "error" and doc["phase"] == "restore"
+    assert [c["status"] for c in doc["checks"][2:]] == ["skipped"] * 6  # not checked: the drill ended during restore
+    shown = json.loads(invoke(cli, "show", str(doc["id"]), "--json", "--db", sqlite_url).stdout)
+    assert shown == doc and "Traceback" in shown["error"]
 
 
 def test_seal_and_verify_commands(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
@@ -296,15 +278,18 @@ def test_run_sampled_says_so(cli: CliRunner, demo_run: Path, sqlite_url: str) ->
 def test_a_drill_left_running_by_a_dead_process_is_closed_as_aborted(demo_run: Path, sqlite_url: str) -> None:
     import subprocess
     import sys
+    from datetime import datetime, timezone
+
+    from drill import get_drill
+    from drill.pipeline.recorder import DrillStart
+    from drill.records.db import open_database
+    from drill.records.store import Records
 
     records = Records(open_database(sqlite_url))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
-    orphan = records.begin_drill(run_root="/r", selector="latest", trigger="manual", device="cpu", torch_version=None)
-    from drill.records.models import Drill
-
-    with records.db.sessions.begin() as s:
-        s.get_one(Drill, orphan).pid = int(dead)
-    run_drill(DrillRequest(selector=parse_selector("latest"), root=str(demo_run), replay=ReplaySpec(enabled=False)), records)
-    got = records.get(orphan)
-    assert got["status"] == "aborted" and f"pid {int(dead)}" in got["error"]
+    start = DrillStart(run_root="/r", selector="latest", trigger="manual", device="cpu", policy=None, started_at=datetime.now(timezone.utc), versions={})
+    orphan = records.begin_drill(start, pid=int(dead))
     records.db.close()
+    drill(demo_run, sqlite_url)
+    got = get_drill(orphan, db=sqlite_url)
+    assert got.status == "aborted" and f"pid {int(dead)}" in got.message and "is gone" in got.message

@@ -12,26 +12,14 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from drill import DrillOutcome
 from drill.checks import Expectations
-from drill.integrity.manifest import seal
-from drill.records.db import open_database
-from drill.records.store import Records
-from drill.replay import ReplaySpec
-from drill.restore.dcp import restore_dcp
 from drill.discover import discover
-from drill.runner import DrillOutcome, DrillRequest, run_drill
-from drill.select import parse_selector
+from drill.formats import restore
+from drill.integrity.manifest import seal
 from drill.storage import LocalStorage
 from tests import frameworks
-
-
-def _drill(root: Path, db: str, selector: str = "latest", **kw: Any) -> DrillOutcome:
-    records = Records(open_database(db))
-    try:
-        kw.setdefault("replay", ReplaySpec(enabled=False))  # these tests are about the state
-        return run_drill(DrillRequest(selector=parse_selector(selector), root=str(root), **kw), records)
-    finally:
-        records.db.close()
+from tests.conftest import drill as _drill
 
 
 def _errors(outcome: DrillOutcome) -> list[tuple[str, str, str | None]]:
@@ -62,7 +50,7 @@ def hf_copy(hf_run: Path, tmp_path: Path) -> Path:
 def rewrite_dcp(ckpt: Path, mutate: Callable[[dict[str, Any]], None]) -> None:
     """Re-save a real DCP checkpoint with one defect, and re-seal it (so hashes pass)."""
     ref = discover(LocalStorage(), str(ckpt)).checkpoints[0]
-    state = restore_dcp(LocalStorage(), ref, torch.device("cpu")).state
+    state = restore(LocalStorage(), ref, torch.device("cpu")).state
     mutate(state)
     shutil.rmtree(ckpt)
     with pytest.warns(UserWarning):
@@ -144,7 +132,7 @@ def test_scheduler_step_off_by_one(demo_run: Path, sqlite_url: str) -> None:
 
 
 def test_dataloader_state_from_an_earlier_step(demo_run: Path, sqlite_url: str) -> None:
-    earlier = restore_dcp(LocalStorage(), discover(LocalStorage(), str(demo_run / "step-10")).checkpoints[0], torch.device("cpu")).state
+    earlier = restore(LocalStorage(), discover(LocalStorage(), str(demo_run / "step-10")).checkpoints[0], torch.device("cpu")).state
 
     def copy_loader(s: dict[str, Any]) -> None:
         for k in [k for k in s if k.startswith("dataloader.")]:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from drill.errors import DatabaseError
+from drill.errors import DatabaseError, ExitCode
 from drill.findings import CheckResult, Finding, Severity
+from drill.pipeline.outcome import CheckpointInfo, Timings
+from drill.pipeline.recorder import DrillStart
 from drill.records.db import alembic_config, head_revision, open_database, resolve_url, schema_status, upgrade
-from drill.records.store import Records, Timings
+from drill.records.store import Records
+from drill.verdict import DrillStatus
 
 TABLES = {"alembic_version", "checkpoints", "drills", "check_results"}
 
@@ -20,7 +23,7 @@ def test_embedded_sqlite_upgrades_itself_on_first_use(sqlite_url: str) -> None:
     db = open_database(sqlite_url)
     assert TABLES <= set(inspect(db.engine).get_table_names())
     db.close()
-    assert schema_status(sqlite_url)["current"] == head_revision()
+    assert schema_status(sqlite_url).current == head_revision()
 
 
 @pytest.mark.postgres
@@ -64,27 +67,35 @@ def test_unreachable_database_is_one_line_without_the_password() -> None:
     assert "\n" not in info.value.message
 
 
+def _start(run_root: str = "/r") -> DrillStart:
+    return DrillStart(
+        run_root=run_root, selector="latest", trigger="manual", device="cpu", policy=None,
+        started_at=datetime.now(timezone.utc), versions={"drill": "test", "torch": "x"},
+    )  # fmt: skip
+
+
 def test_drill_row_is_visible_while_running_and_completed_at_the_end(db_url: str) -> None:
     records = Records(open_database(db_url))
-    drill_id = records.begin_drill(run_root="/r", selector="latest", trigger="manual", device="cpu", torch_version="x")
+    drill_id = records.begin_drill(_start())
     running = records.get(drill_id)
-    assert running["status"] == "running" and running["finished_at"] is None
+    assert running.status is DrillStatus.RUNNING and running.finished_at is None
 
-    records.attach_checkpoint(drill_id, run_root="/r", uri="/r/step-3", step=3, format="dcp", nbytes=100, file_count=2)
+    ckpt = CheckpointInfo(uri="/r/step-3", name="step-3", step=3, format="dcp", bytes=100, files=2)
+    records.attach_checkpoint(drill_id, ckpt, selection="latest", evidence_level="sealed", sample="all")
     finding = Finding(check="files", code="file-missing", severity=Severity.ERROR, subject="a.distcp", message="gone")
     records.add_checks(drill_id, [CheckResult(name="files", summary="1 missing", findings=[finding], evidence={"n": (1, 2)})])
-    records.finish_drill(drill_id, status="failed", timings=Timings(restore=2.0, read=1.0, load=0.5), bytes_read=3000)
+    outcome = records.get(drill_id)
+    outcome.status, outcome.exit_code, outcome.message = DrillStatus.FAILED, ExitCode.FAILED, "gone"
+    outcome.timings, outcome.bytes_read, outcome.finished_at = Timings(restore=2.0, read=1.0, load=0.5), 3000, datetime.now(timezone.utc)
+    records.finish_drill(outcome)
 
-    doc = records.get(drill_id)
-    assert doc["status"] == "failed"
-    assert doc["checkpoint"] == {"uri": "/r/step-3", "step": 3, "format": "dcp", "bytes": 100, "files": 2}
+    doc = records.get(drill_id).to_document()
+    assert doc["status"] == "failed" and doc["exit_code"] == 1 and doc["message"] == "gone"
+    assert doc["checkpoint"] == {"uri": "/r/step-3", "name": "step-3", "step": 3, "format": "dcp", "bytes": 100, "files": 2}
     assert doc["throughput_bps"] == pytest.approx(2000.0)
-    assert doc["checks"][0]["evidence"] == {
-        "n": [1, 2],
-        "findings": [{"check": "files", "code": "file-missing", "severity": "error", "subject": "a.distcp", "message": "gone"}],
-    }
-    started = records.history()[0]["started_at"]
-    assert started.endswith("+00:00")
+    assert doc["checks"][0]["evidence"] == {"n": [1, 2]}
+    assert doc["checks"][0]["findings"] == [{"check": "files", "code": "file-missing", "severity": "error", "subject": "a.distcp", "message": "gone"}]
+    assert records.history()[0].started_at.utcoffset() == timezone.utc.utcoffset(None)
     records.db.close()
 
 
@@ -92,8 +103,9 @@ def test_checkpoint_rows_are_shared_between_drills(db_url: str) -> None:
     records = Records(open_database(db_url))
     ids = []
     for _ in range(2):
-        d = records.begin_drill(run_root="/r", selector="latest", trigger="manual", device="cpu", torch_version=None)
-        ids.append(records.attach_checkpoint(d, run_root="/r", uri="/r/step-3", step=3, format="dcp", nbytes=1, file_count=1))
+        d = records.begin_drill(_start())
+        ckpt = CheckpointInfo(uri="/r/step-3", name="step-3", step=3, format="dcp", bytes=1, files=1)
+        ids.append(records.attach_checkpoint(d, ckpt, selection="latest", evidence_level=None, sample=None))
     assert ids[0] == ids[1]
     assert len(records.history(run_root="/r")) == 2
     assert records.history(run_root="/elsewhere") == []
@@ -107,7 +119,7 @@ def test_datetimes_come_back_aware_in_utc(db_url: str) -> None:
 
     db = open_database(db_url)
     records = Records(db)
-    records.begin_drill(run_root="/r", selector="latest", trigger="manual", device="cpu", torch_version=None)
+    records.begin_drill(_start())
     with db.sessions() as s:
         started = s.scalars(select(Drill.started_at)).one()
     assert started.tzinfo is not None and started.utcoffset() == timezone.utc.utcoffset(None)

@@ -10,26 +10,21 @@ from typing import Any
 import pytest
 import torch
 
+from drill import DrillOutcome, get_drill
 from drill.demo.state import RNGState
-from drill.records.db import open_database
-from drill.records.store import Records
 from drill.replay import ReplaySpec, Tolerance, compare_steps, load_reference
 from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE
-from drill.runner import DrillOutcome, DrillRequest, run_drill
 from drill.sdk import StepRecord
-from drill.select import parse_selector
+from tests.conftest import drill
 from tests.test_formats import rewrite_dcp
 
 
 def _drill(run: Path, db: str, **replay: Any) -> tuple[DrillOutcome, dict[str, Any]]:
-    records = Records(open_database(db))
-    try:
-        outcome = run_drill(
-            DrillRequest(selector=parse_selector("latest"), root=str(run), replay=ReplaySpec(**replay)), records
-        )
-        return outcome, records.get(outcome.drill_id)
-    finally:
-        records.db.close()
+    """The drill, and its record as ``drill show --json`` prints it."""
+    outcome = drill(run, db, replay=ReplaySpec(**replay))
+    record = get_drill(outcome.id, db=db).to_document()
+    assert record == outcome.to_document()  # what was run is what was recorded
+    return outcome, record
 
 
 def _replay(outcome: DrillOutcome):  # type: ignore[no-untyped-def]
@@ -41,12 +36,12 @@ def test_clean_checkpoint_replays_bit_for_bit(demo_run: Path, sqlite_url: str) -
     assert outcome.status == "passed"
     check = _replay(outcome)
     assert "5 steps after step 30 match the original run bit for bit: data order, loss and grad norm" in check.summary
-    assert record["replay_verdict"] == "passed"
-    steps = record["replay_steps"]
+    assert record["replay"]["verdict"] == "passed"
+    steps = record["replay"]["steps"]
     assert [s["step"] for s in steps] == [31, 32, 33, 34, 35]
     assert all(s["matches"] and s["loss"] == s["reference_loss"] and s["batch"] == s["reference_batch"] for s in steps)
     # time to first step is recorded apart from restore latency, and is the larger
-    assert record["ttfs_seconds"] > record["restore_seconds"] > 0
+    assert record["timings"]["ttfs"] > record["timings"]["restore"] > 0
 
 
 def test_dataloader_rewound_diverges_on_data_at_the_first_step(demo_run: Path, sqlite_url: str) -> None:
@@ -55,7 +50,7 @@ def test_dataloader_rewound_diverges_on_data_at_the_first_step(demo_run: Path, s
 
     rewrite_dcp(demo_run / "step-30", rewind)
     outcome, record = _drill(demo_run, sqlite_url)
-    assert outcome.status == "failed" and record["replay_verdict"] == "diverged"
+    assert outcome.status == "failed" and record["replay"]["verdict"] == "diverged"
     (finding,) = _replay(outcome).findings
     assert finding.code == "replay-diverged-data" and finding.subject == "step 31"
 
@@ -91,7 +86,7 @@ def test_reference_log_missing_is_not_replayable(demo_run: Path, sqlite_url: str
     outcome, record = _drill(demo_run, sqlite_url)
     check = _replay(outcome)
     assert check.status.value == "skipped" and "gap in the evidence, not a pass" in check.summary
-    assert record["replay_verdict"] == "not replayable" and record["ttfs_seconds"] is None
+    assert record["replay"]["verdict"] == "not replayable" and record["timings"]["ttfs"] is None
 
 
 def test_no_entrypoint_is_not_replayable(demo_run: Path, sqlite_url: str) -> None:
@@ -104,7 +99,7 @@ def test_no_entrypoint_is_not_replayable(demo_run: Path, sqlite_url: str) -> Non
 
 def test_step_function_that_raises_is_an_error_with_its_traceback(demo_run: Path, sqlite_url: str) -> None:
     outcome, record = _drill(demo_run, sqlite_url, entrypoint="tests.replay_targets:raising")
-    assert outcome.status == "error" and record["replay_verdict"] == "error"
+    assert outcome.status == "error" and record["replay"]["verdict"] == "error"
     assert "the step function exploded" in outcome.message
     assert "Traceback" in record["error"] and "replay_targets.py" in record["error"]
 
@@ -112,7 +107,7 @@ def test_step_function_that_raises_is_an_error_with_its_traceback(demo_run: Path
 def test_hanging_replay_is_killed_at_its_timeout(demo_run: Path, sqlite_url: str) -> None:
     outcome, record = _drill(demo_run, sqlite_url, entrypoint="tests.replay_targets:hanging", timeout=8)
     assert outcome.status == "error" and "timed out after 8 s" in outcome.message and "0 of 5 steps" in outcome.message
-    assert record["replay_verdict"] == "error"
+    assert record["replay"]["verdict"] == "error"
 
 
 def test_compare_is_exact_on_the_same_device() -> None:
@@ -165,7 +160,7 @@ def test_cli_shows_ttfs_and_takes_replay_options(demo_run: Path, sqlite_url: str
 
     res = invoke(CliRunner(), "run", "--root", str(demo_run), "--replay-steps", "2", "--json", "--db", sqlite_url)
     doc = json.loads(res.stdout)
-    assert res.exit_code == 0 and doc["ttfs_seconds"] > 0
+    assert res.exit_code == 0 and doc["timings"]["ttfs"] > 0
     assert "2 steps after step 30" in next(c for c in doc["checks"] if c["name"] == "replay")["summary"]
     bad = invoke(CliRunner(), "run", "--root", str(demo_run), "--replay", "nocolon", "--db", sqlite_url)
     assert bad.exit_code == 2 and "module:function" in bad.stderr

@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 
 from drill.demo.train import build
 from drill.discover import discover
-from drill.restore.dcp import restore_dcp
+from drill.formats import restore
 from drill.storage import LocalStorage
 from tests.conftest import SMALL_RUN
 
@@ -23,7 +23,7 @@ def _latest(run: Path):  # type: ignore[no-untyped-def]
 
 def test_restore_reads_every_byte_and_matches_a_plain_dcp_load(pristine_run: Path) -> None:
     ref = _latest(pristine_run)
-    result = restore_dcp(LocalStorage(), ref, torch.device("cpu"))
+    result = restore(LocalStorage(), ref, torch.device("cpu"))
     on_disk = sum(p.stat().st_size for p in Path(ref.uri).iterdir() if p.name != "drill-manifest.json")
     assert result.bytes_read == on_disk
     assert not result.failures and result.metadata_error is None
@@ -39,7 +39,7 @@ def test_restore_reads_every_byte_and_matches_a_plain_dcp_load(pristine_run: Pat
 def test_missing_shard_is_recorded_not_raised(demo_run: Path) -> None:
     ref = _latest(demo_run)
     os.remove(Path(ref.uri) / "__0_1.distcp")
-    result = restore_dcp(LocalStorage(), ref, torch.device("cpu"))
+    result = restore(LocalStorage(), ref, torch.device("cpu"))
     broken = [f for f in result.files if f.error_kind]
     assert [(f.relative_path, f.error_kind) for f in broken] == [("__0_1.distcp", "missing")]
     assert result.failures and all(f.relative_path == "__0_1.distcp" for f in result.failures)
@@ -52,7 +52,7 @@ def test_truncated_shard_names_the_entries_past_its_end(demo_run: Path) -> None:
     size = shard.stat().st_size
     with open(shard, "r+b") as f:
         f.truncate(size // 2)
-    result = restore_dcp(LocalStorage(), ref, torch.device("cpu"))
+    result = restore(LocalStorage(), ref, torch.device("cpu"))
     assert any("past the end of the file" in f.reason for f in result.failures)
 
 
@@ -70,7 +70,7 @@ def test_malicious_metadata_never_runs(demo_run: Path, tmp_path: Path) -> None:
     ref = _latest(demo_run)
     marker = tmp_path / "pwned"
     (Path(ref.uri) / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
-    result = restore_dcp(LocalStorage(), ref, torch.device("cpu"))
+    result = restore(LocalStorage(), ref, torch.device("cpu"))
     assert result.metadata_error is not None and "allow-list" in result.metadata_error
     assert not marker.exists()
 
@@ -82,7 +82,7 @@ def test_malicious_value_entry_never_runs(tmp_path: Path) -> None:
     with pytest.warns(UserWarning):
         dcp.save({"model": {"w": torch.ones(2)}, "extra": {"evil": _Payload(marker)}}, checkpoint_id=str(ckpt))
     ref = discover(LocalStorage(), str(ckpt)).checkpoints[0]
-    result = restore_dcp(LocalStorage(), ref, torch.device("cpu"))
+    result = restore(LocalStorage(), ref, torch.device("cpu"))
     assert [f.key for f in result.failures] == ["extra.evil"]
     assert not marker.exists()
     assert torch.equal(result.state["model.w"], torch.ones(2))
@@ -101,7 +101,7 @@ def test_metadata_path_escaping_the_checkpoint_is_never_opened(demo_run: Path, t
         if info.relative_path == "__0_0.distcp":
             info.relative_path = "../../outside.distcp"
     meta_path.write_bytes(pickle.dumps(metadata))
-    result = restore_dcp(LocalStorage(), ref, torch.device("cpu"))
+    result = restore(LocalStorage(), ref, torch.device("cpu"))
     escaped = [f for f in result.files if f.error_kind == "escapes"]
     assert [f.relative_path for f in escaped] == ["../../outside.distcp"]
     assert escaped[0].bytes_read == 0
@@ -113,5 +113,5 @@ def test_symlink_leading_out_is_refused(demo_run: Path, tmp_path: Path) -> None:
     outside = tmp_path / "elsewhere.distcp"
     shard.rename(outside)
     shard.symlink_to(outside)
-    result = restore_dcp(LocalStorage(), ref, torch.device("cpu"))
+    result = restore(LocalStorage(), ref, torch.device("cpu"))
     assert [f.relative_path for f in result.files if f.error_kind == "escapes"] == ["__0_0.distcp"]

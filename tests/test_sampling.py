@@ -8,11 +8,8 @@ from pathlib import Path
 import pytest
 
 from drill.integrity.sampling import SampleSpec, SampleSpecError, parse_sample, select_sample
-from drill.records.db import open_database
-from drill.records.store import Records
-from drill.replay import ReplaySpec
-from drill.runner import DrillRequest, run_drill
-from drill.select import parse_selector
+from drill import history
+from tests.conftest import drill
 
 SIZES = {f"__{i}_0.distcp": 1000 + i for i in range(40)}
 
@@ -70,34 +67,24 @@ def test_auto_takes_the_least_recently_verified_first() -> None:
 
 
 def test_auto_sampled_drills_cover_the_checkpoint(demo_run: Path, sqlite_url: str) -> None:
-    records = Records(open_database(sqlite_url))
     coverage = []
     for _ in range(3):
-        outcome = run_drill(
-            DrillRequest(
-                selector=parse_selector("latest"), root=str(demo_run), sample=parse_sample("auto:10%"), replay=ReplaySpec(enabled=False)
-            ),
-            records,
-        )
+        outcome = drill(demo_run, sqlite_url, sample="auto:10%")
         assert outcome.status == "passed"
         integrity = next(c for c in outcome.checks if c.name == "integrity")
         assert "sampled" in integrity.summary
         coverage.append(integrity.evidence["coverage"]["percent"])
     assert coverage[0] < 100.0 and coverage[-1] == 100.0
-    (latest,) = records.history(limit=1)
-    assert latest["sample"] == "auto (10%)"
-    records.db.close()
+    (latest,) = history(db=sqlite_url, limit=1)
+    assert latest.sample == "auto (10%)"
 
 
 def test_a_failed_file_leaves_the_coverage(demo_run: Path, sqlite_url: str) -> None:
-    records = Records(open_database(sqlite_url))
-    request = DrillRequest(selector=parse_selector("latest"), root=str(demo_run), replay=ReplaySpec(enabled=False))
-    assert run_drill(request, records).status == "passed"
+    assert drill(demo_run, sqlite_url).status == "passed"
     shard = demo_run / "step-30" / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
     data[100] ^= 1
     shard.write_bytes(data)
-    outcome = run_drill(request, records)
+    outcome = drill(demo_run, sqlite_url)
     integrity = next(c for c in outcome.checks if c.name == "integrity")
     assert outcome.status == "failed" and integrity.evidence["coverage"]["percent"] < 100.0
-    records.db.close()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from drill import get_drill, history
 from drill.policy import load_policy
 from drill.records.db import open_database
 from drill.records.store import Records
@@ -42,11 +43,8 @@ def _wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def _drills(db: str, policy: str | None = None) -> list[dict]:
-    database = open_database(db)
-    try:
-        return [d for d in Records(database).history(limit=500) if policy is None or d["policy"] == policy][::-1]
-    finally:
-        database.close()
+    """Recorded drills, oldest first, as ``drill history --json`` prints them."""
+    return [d.to_document(with_checks=False) for d in history(db=db, limit=500, policy=policy)][::-1]
 
 
 def _start(db: str, *policies: Path, extra: tuple[str, ...] = ()) -> subprocess.Popen:
@@ -102,11 +100,11 @@ def test_scheduler_fires_records_never_overlaps_survives_a_crash(demo_run: Path,
     assert proc.returncode == 0, err
     runs = [d for d in _drills(sqlite_url, "demo-nightly") if d["status"] != "running"]
     assert all(d["trigger"] == "scheduler" for d in runs)
-    assert {d["replay_verdict"] for d in runs if d["status"] == "passed"} == {"passed"}  # replayed bit for bit
+    assert {d["replay"]["verdict"] for d in runs if d["status"] == "passed"} == {"passed"}  # replayed bit for bit
     for before, after in zip(runs, runs[1:]):  # one policy never has two drills at once
         assert after["started_at"] >= before["finished_at"]
     crashed = next(d for d in _drills(sqlite_url, "crashy") if d["status"] == "error")
-    assert "memory limit was 67108864 bytes" in crashed["error"]
+    assert "memory limit was 67.1 MB" in crashed["message"]
     assert invoke(CliRunner(), "scheduler", "status", "--db", sqlite_url).exit_code == 3  # stopped: not alive
 
 
@@ -145,7 +143,7 @@ def test_scheduler_killed_mid_drill_leaves_the_drill_aborted_after_restart(demo_
     again = _start(sqlite_url, policy, extra=("--grace", "1"))
     try:
         after = _wait(lambda: next((d for d in _drills(sqlite_url) if d["id"] == drill["id"] and d["status"] == "aborted"), None), 30, "recovery")
-        assert "killed mid-drill (last phase reached: replay)" in after["error"]
+        assert "is gone and never closed this record" in after["message"] and "(last phase reached: replay)" in after["message"]
     finally:
         again.send_signal(signal.SIGTERM)
         again.communicate(timeout=60)
@@ -163,8 +161,8 @@ def test_oom_killed_drill_child_is_recorded(demo_run: Path, tmp_path: Path, sqli
     worker.join(60)
     r = result["r"]
     assert r.status == "error" and "killed by SIGKILL" in r.message
-    record = Records(db).get(drill["id"])
-    assert record["status"] == "error" and "last phase reached: replay" in record["error"]
+    record = get_drill(drill["id"], db=sqlite_url)
+    assert record.status == "error" and "last phase reached: replay" in record.message
     db.close()
 
 
@@ -187,8 +185,9 @@ def test_run_policy_from_crontab(demo_run: Path, tmp_path: Path, sqlite_url: str
     res = subprocess.run([sys.executable, "-m", "drill", "run", "--policy", str(slow), "--json", "--db", sqlite_url], capture_output=True, text=True)
     assert res.returncode == 6
     doc = json.loads(res.stdout)
-    assert doc["status"] == "slo_breach" and "over the 1e-06 s target" in doc["drill"]["message"]
-    assert "drill: slo_breach: policy slo" in res.stderr
+    assert doc["status"] == "slo_breach" and "over the 1e-06 s target" in doc["message"] and doc["policy"] == "slo"
+    assert doc == get_drill(doc["id"], db=sqlite_url).to_document()  # the drill's one document
+    assert "drill: slo_breach: drill #" in res.stderr
 
     gone = _policy(tmp_path, "gone", tmp_path / "absent", "replay: {enabled: false}\n")
     res = subprocess.run([sys.executable, "-m", "drill", "run", "--policy", str(gone), "--db", sqlite_url], capture_output=True, text=True)

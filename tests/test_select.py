@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from drill.discover import CheckpointRef, Discovery, IncompleteSave, discover
-from drill.errors import NothingToDrill, UsageError
+from drill.errors import NothingToDrill
 from drill.select import Selector, parse_selector, select
 from drill.storage import LocalStorage
 
@@ -29,7 +29,7 @@ def test_parse_selector(text: str, expected: Selector) -> None:
 
 @pytest.mark.parametrize("text", ["newest", "step:", "step:-1", "step:abc", "latest:2", ""])
 def test_parse_selector_rejects_unknown_forms(text: str) -> None:
-    with pytest.raises(UsageError):
+    with pytest.raises(ValueError):
         parse_selector(text)
 
 
@@ -45,12 +45,12 @@ DISCOVERY = Discovery(
 
 
 def test_select_latest_never_picks_an_incomplete_save() -> None:
-    assert select(DISCOVERY, Selector("latest")).step == 30
+    assert select(DISCOVERY, Selector("latest")).ref.step == 30
 
 
 def test_select_oldest_and_step() -> None:
-    assert select(DISCOVERY, Selector("oldest")).step == 10
-    assert select(DISCOVERY, Selector("step", step=20)).step == 20
+    assert select(DISCOVERY, Selector("oldest")).ref.step == 10
+    assert select(DISCOVERY, Selector("step", step=20)).ref.step == 20
 
 
 def test_select_step_of_an_incomplete_save_says_so() -> None:
@@ -59,8 +59,16 @@ def test_select_step_of_an_incomplete_save_says_so() -> None:
 
 
 def test_select_missing_step_lists_the_retained_ones() -> None:
-    with pytest.raises(NothingToDrill, match="retained steps: 10, 20, 30"):
+    with pytest.raises(NothingToDrill, match=r"retained: 10, 20, 30") as info:
         select(DISCOVERY, Selector("step", step=5))
+    assert info.value.hint == "drill a retained one: drill run --root /r --checkpoint step:30"
+
+
+def test_missing_step_among_checkpoints_without_steps_gives_a_usable_hint() -> None:
+    plain = Discovery(root="/r", checkpoints=[CheckpointRef(uri="/r/final.pt", name="final.pt", step=None, format="torch-save", mtime=0.0)])
+    with pytest.raises(NothingToDrill, match="retained: final.pt") as info:
+        select(plain, Selector("step", step=12))
+    assert "step:None" not in str(info.value.hint) and "/r/final.pt" in str(info.value.hint)
 
 
 def test_select_with_only_incomplete_saves() -> None:
@@ -75,10 +83,15 @@ def test_discover_classifies_directories(tmp_path: Path) -> None:
     (tmp_path / "step-5" / ".metadata").write_bytes(b"x")
     (tmp_path / "step-10" / ".metadata").write_bytes(b"x")
     (tmp_path / "step-15" / "__0_0.distcp").write_bytes(b"half")
+    (tmp_path / "step-25").mkdir()
+    (tmp_path / "step-25" / "model.safetensors").write_bytes(b"half")
     (tmp_path / "step-20").write_text("a file, not a save")
     found = discover(LocalStorage(), str(tmp_path))
     assert [c.step for c in found.checkpoints] == [5, 10]
-    assert [(s.step, s.reason) for s in found.incomplete] == [(15, "no .metadata or trainer_state.json: the save never finished")]
+    assert [(s.step, s.reason) for s in found.incomplete] == [
+        (15, "DCP shards but no .metadata: the save never finished"),
+        (25, "no .metadata or trainer_state.json: the save never finished"),
+    ]
 
 
 def test_discover_a_checkpoint_directory_itself(pristine_run: Path) -> None:

@@ -1,23 +1,30 @@
-"""Checks: each takes what a restore produced and returns a :class:`CheckResult`.
+"""Checks: each judges what a drill found and returns a :class:`~drill.findings.CheckResult`.
 
-They run in the order listed, in stages as pg_verifybackup does — were the files there and
-readable, did the state load, is the state what a resume needs — each saying what it proved.
+Every check has one signature, ``(CheckInputs) -> CheckResult``, and one place in
+:data:`drill.checks.registry.CHECKS`, which fixes their order — in stages, as pg_verifybackup
+does: what is retained and what a resume would pick, are the bytes the bytes that were
+written, were the files there and readable, did the state load, is it the state a resume
+needs, and does a resume from it continue the original run. A check never prints and never
+does I/O of its own beyond what its inputs name (the integrity check hashes files the
+restore did not need).
+
+This module is cheap to import (no torch): the registry imports the checks themselves.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from drill import parts
-from drill.checks.contract import check_contract
-from drill.checks.files import check_files
-from drill.checks.keys import check_keys
-from drill.checks.load import check_load
-from drill.findings import CheckResult
-from drill.formats.canonical import Layout
-from drill.restore import RestoreResult
+
+if TYPE_CHECKING:
+    from drill.discover import CheckpointRef, Discovery
+    from drill.formats.canonical import Layout
+    from drill.integrity.verify import IntegrityPlan
+    from drill.replay.run import ReplayOutcome
+    from drill.restore import RestoreResult
+    from drill.storage import Storage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,8 +43,8 @@ class Expectations:
         unknown = [p for p in (*(self.required_parts or ()), *self.allow_missing) if p not in parts.CANONICAL_PARTS]
         if unknown:
             raise ValueError(f"unknown part(s) {', '.join(unknown)}: expected {', '.join(parts.CANONICAL_PARTS)}")
-        if self.finite_scan not in ("full", "sampled", "off"):
-            raise ValueError(f"finite_scan must be full, sampled or off, not {self.finite_scan!r}")
+        if self.finite_scan not in FINITE_SCANS:
+            raise ValueError(f"finite scan must be {', '.join(FINITE_SCANS)}, not {self.finite_scan!r}")
 
     def parts_required(self, layout: Layout | None) -> tuple[str, ...]:
         base = self.required_parts if self.required_parts is not None else (layout.required if layout else parts.CANONICAL_PARTS)
@@ -49,20 +56,26 @@ class Expectations:
         return tuple(p for p in rec if p not in required and p not in self.allow_missing)
 
 
-Check = Callable[[RestoreResult, Expectations], CheckResult]
-
-CHECKS: tuple[Check, ...] = (check_files, check_load, check_keys, check_contract)
+FINITE_SCANS = ("full", "sampled", "off")
 
 
-def run_checks(restore: RestoreResult, expectations: Expectations | None = None) -> list[CheckResult]:
-    expectations = expectations or Expectations()
-    results = []
-    for check in CHECKS:
-        started = time.perf_counter()
-        result = check(restore, expectations)
-        result.seconds = time.perf_counter() - started
-        results.append(result)
-    return results
+@dataclass(slots=True, kw_only=True)
+class CheckInputs:
+    """Everything a check may look at; a stage fills in what it produced."""
+
+    storage: Storage
+    root: str
+    expectations: Expectations = field(default_factory=Expectations)
+    require_sealed: bool = False
+    discovery: Discovery | None = None
+    nothing_to_drill: Any = None
+    """The :class:`~drill.errors.NothingToDrill` discovery or selection raised, if any."""
+    ref: CheckpointRef | None = None
+    selection: str | None = None
+    """How the checkpoint was chosen."""
+    plan: IntegrityPlan | None = None
+    restore: RestoreResult | None = None
+    replay: ReplayOutcome | None = None
 
 
-__all__ = ["CHECKS", "Expectations", "run_checks"]
+__all__ = ["CheckInputs", "Expectations", "FINITE_SCANS"]

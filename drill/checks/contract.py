@@ -11,17 +11,14 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from drill import parts
+from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity
 from drill.formats.canonical import Layout
-from drill.restore import RestoreResult
-
-if TYPE_CHECKING:
-    from drill.checks import Expectations
 
 NAME = "contract"
 ADAM_SLOTS = ("exp_avg", "exp_avg_sq", "step")
@@ -348,7 +345,9 @@ def check_finite(state: Mapping[str, Any], mode: str, trained: bool) -> tuple[li
     return findings, {"finite_scan": mode, "elements_scanned": scanned}
 
 
-def check_contract(restore: RestoreResult, expectations: Expectations) -> CheckResult:
+def check_contract(inputs: CheckInputs) -> CheckResult:
+    restore, expectations = inputs.restore, inputs.expectations
+    assert restore is not None
     layout: Layout | None = restore.layout
     if restore.metadata_error is not None or layout is None:
         return CheckResult(name=NAME, summary="not checked: the checkpoint could not be loaded", skipped=True)

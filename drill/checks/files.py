@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity
-from drill.restore import RestoreResult
 from drill.units import human_bytes
-
-if TYPE_CHECKING:
-    from drill.checks import Expectations
 
 NAME = "files"
 
@@ -17,11 +12,14 @@ _CODES = {
     "missing": ("file-missing", "is missing"),
     "unreadable": ("file-unreadable", "cannot be read"),
     "escapes": ("path-escapes", "would be read from outside the checkpoint"),
-    "short-read": ("file-changed", "changed size while it was read"),
+    "not-regular": ("file-not-regular", "is not a regular file"),
+    "changed": ("file-changed", "changed while it was read"),
 }
 
 
-def check_files(restore: RestoreResult, expectations: Expectations) -> CheckResult:
+def check_files(inputs: CheckInputs) -> CheckResult:
+    restore = inputs.restore
+    assert restore is not None
     findings = []
     for f in restore.files:
         if f.error_kind is None:
@@ -55,6 +53,7 @@ def check_files(restore: RestoreResult, expectations: Expectations) -> CheckResu
                 "xxh3_128": f.hashes.digest if f.hashes else None,
                 "entries": f.items,
                 "error": f.error,
+                **({"retries": f.retries} if f.retries else {}),
             }
             for f in restore.files
         ],

@@ -4,14 +4,10 @@ RNG and train state — and each part holds what that part is made of."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from drill import parts
+from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity
-from drill.restore import RestoreResult
-
-if TYPE_CHECKING:
-    from drill.checks import Expectations
 
 NAME = "keys"
 INVENTORY_SHOWN = 200
@@ -23,7 +19,9 @@ _PART_SHAPE = {
 }
 
 
-def check_keys(restore: RestoreResult, expectations: Expectations) -> CheckResult:
+def check_keys(inputs: CheckInputs) -> CheckResult:
+    restore, expectations = inputs.restore, inputs.expectations
+    assert restore is not None
     if restore.metadata_error is not None:
         return CheckResult(name=NAME, summary="not checked: the checkpoint index could not be loaded", skipped=True)
     counts = Counter(key.split(".", 1)[0] for key in restore.state)

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
+from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity
-from drill.restore import RestoreResult
 from drill.units import human_bytes
-
-if TYPE_CHECKING:
-    from drill.checks import Expectations
 
 NAME = "load"
 SHOWN_KEYS = 5
 
 
-def check_load(restore: RestoreResult, expectations: Expectations) -> CheckResult:
+def check_load(inputs: CheckInputs) -> CheckResult:
+    restore = inputs.restore
+    assert restore is not None
     evidence = {
         "device": restore.device,
         "tensors": restore.tensors_loaded,

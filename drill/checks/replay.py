@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity
-from drill.replay.run import DIVERGED, ERROR, NOT_REPLAYABLE, PASSED, ReplayOutcome
+from drill.replay.run import DIVERGED, ERROR, NOT_REPLAYABLE, PASSED, REFUSED, ReplayOutcome
 
 NAME = "replay"
 
@@ -30,7 +31,9 @@ def replay_rows(outcome: ReplayOutcome) -> list[dict[str, Any]]:
     return rows
 
 
-def replay_check(outcome: ReplayOutcome) -> CheckResult:
+def check_replay(inputs: CheckInputs) -> CheckResult:
+    outcome = inputs.replay
+    assert outcome is not None
     evidence: dict[str, Any] = {
         "verdict": outcome.verdict,
         "reference": outcome.reference_source,
@@ -65,7 +68,17 @@ def replay_check(outcome: ReplayOutcome) -> CheckResult:
             actual=div.actual if div else None,
         )
         return CheckResult(name=NAME, summary=f"diverged: {outcome.reason}", findings=[finding], evidence=evidence)
+    if outcome.verdict == REFUSED:
+        finding = Finding(
+            check=NAME,
+            code="replay-entrypoint-refused",
+            severity=Severity.ERROR,
+            subject=None,
+            message=outcome.reason,
+            hint="if that code is yours, name it explicitly: --replay module:function (or replay.entrypoint in the policy)",
+        )
+        return CheckResult(name=NAME, summary=f"refused: {outcome.reason}", findings=[finding], evidence=evidence)
     assert outcome.verdict == ERROR
     evidence["traceback"] = outcome.traceback
     finding = Finding(check=NAME, code="replay-error", severity=Severity.ERROR, subject=None, message=outcome.reason)
-    return CheckResult(name=NAME, summary=f"error: {outcome.reason}", findings=[finding], evidence=evidence)
+    return CheckResult(name=NAME, summary=f"error: {outcome.reason}", findings=[finding], evidence=evidence, errored=True)

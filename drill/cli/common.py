@@ -43,10 +43,14 @@ CoverageDaysOption = Annotated[
     float, typer.Option("--coverage-days", help="Report the share of bytes verified within this many days.")
 ]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks for unexpected errors.")]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (errors and the verdict line still print).")]
 
 
 def stdout() -> Console:
-    return Console(soft_wrap=True, highlight=False)
+    console = Console(soft_wrap=True, highlight=False)
+    if not console.is_terminal:  # a pipe or a file: tables one row a line, not wrapped at 80
+        console.width = max(console.width, 160)
+    return console
 
 
 def stderr() -> Console:
@@ -79,8 +83,11 @@ def error_boundary(fn: F) -> F:
             if kwargs.get("debug"):
                 raise
             raise fail(exc.message, exc.exit_code, exc.hint) from None
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        except (typer.Exit, typer.Abort):
             raise
+        except KeyboardInterrupt:  # outside a drill (a drill records its own interrupt)
+            stderr().print("drill: aborted: interrupted (nothing was recorded)", markup=False)
+            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
         except Exception as exc:
             if kwargs.get("debug"):
                 raise
@@ -93,11 +100,18 @@ def error_boundary(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def parse_sample_option(text: str):  # type: ignore[no-untyped-def]
+T = TypeVar("T")
+
+
+def flag(name: str, parse: Callable[[Any], T], value: Any) -> T:
+    """``parse(value)``, or a usage error naming the flag: flags are checked before any I/O."""
     from drill.errors import UsageError
-    from drill.integrity.sampling import SampleSpecError, parse_sample
 
     try:
-        return parse_sample(text)
-    except SampleSpecError as exc:
-        raise UsageError(f"--sample {text!r}: {exc}") from None
+        return parse(value)
+    except ValueError as exc:
+        raise UsageError(f"{name}: {exc}") from None
+
+
+def exit_with(code: int) -> typer.Exit:
+    return typer.Exit(int(code))

@@ -1,18 +1,23 @@
-"""Rendering drill results for people. Library objects in, rich output on stdout."""
+"""Rendering drill results for people: library objects in, rich text on stdout.
+
+Nothing from a checkpoint is ever interpreted as markup: check summaries, findings, paths and
+keys are printed with ``markup=False`` or escaped.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from drill.findings import CheckResult, Severity
+from drill.findings import CheckResult, Finding, Severity
 from drill.units import human_bytes, human_rate, human_seconds
 
 if TYPE_CHECKING:  # drill verify renders checks without importing torch
-    from drill.runner import DrillOutcome
+    from drill.pipeline.outcome import DrillOutcome
 
 STATUS_STYLE = {
     "passed": "bold green",
@@ -23,50 +28,21 @@ STATUS_STYLE = {
     "running": "cyan",
     "skipped": "dim",
 }
+EVIDENCE_SHOWN = 12
+"""Evidence entries shown per check by ``drill show`` (``--json`` has all of them)."""
 
 
 def _styled(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, '')}]{status.upper()}[/]"
 
 
-def outcome_document(outcome: DrillOutcome, db_url: str) -> dict[str, Any]:
-    """The ``drill run --json`` document."""
-    t = outcome.timings
-    busy = (t.read or 0) + (t.load or 0)
-    ref = outcome.checkpoint
-    return {
-        "drill_id": outcome.drill_id,
-        "status": outcome.status,
-        "exit_code": int(outcome.exit_code),
-        "message": outcome.message,
-        "checkpoint": None if ref is None else {"uri": ref.uri, "name": ref.name, "step": ref.step, "format": ref.format},
-        "device": outcome.device,
-        "restore_seconds": t.restore,
-        "phases": {"discover": t.discover, "read": t.read, "load": t.load, "checks": t.checks},
-        "ttfs_seconds": t.ttfs,
-        "bytes_read": outcome.bytes_read,
-        "throughput_bps": (outcome.bytes_read / busy) if outcome.bytes_read and busy else None,
-        "checks": [
-            {
-                "name": c.name,
-                "status": c.status.value,
-                "summary": c.summary,
-                "seconds": c.seconds,
-                "findings": [f.to_dict() for f in c.findings],
-            }
-            for c in outcome.checks
-        ],
-        "database": db_url,
-    }
-
-
-def render_findings(console: Console, findings: list) -> None:  # type: ignore[type-arg]
+def render_findings(console: Console, findings: list[Finding]) -> None:
     for f in findings:
         if f.severity is Severity.INFO:
             continue
         colour = "red" if f.severity is Severity.ERROR else "yellow"
         where = escape(f" [{f.subject}]") if f.subject else ""
-        console.print(f"[{colour}]{f.severity.value}[/] {f.code}{where}: ", end="")
+        console.print(f"[{colour}]{f.severity.value}[/] {escape(f.code)}{where}: ", end="")
         console.print(f.message, markup=False)
         if f.hint:
             console.print(f"  hint: {f.hint}", markup=False, style="dim")
@@ -78,97 +54,145 @@ def render_check(console: Console, check: CheckResult) -> None:
     render_findings(console, check.findings)
 
 
-def render_outcome(console: Console, outcome: DrillOutcome, db_url: str) -> None:
+def _latency(o: DrillOutcome) -> str:
+    t = o.timings
+    parts = [f"discover {human_seconds(t.discover)}", f"plan {human_seconds(t.plan)}", f"read {human_seconds(t.read)}", f"load {human_seconds(t.load)}"]
+    parts.append(f"other {human_seconds(t.other)}")
+    return f"restore {human_seconds(t.restore)} = " + " + ".join(parts)
+
+
+def render_outcome(console: Console, o: DrillOutcome) -> None:
+    """What ``drill run`` prints: every check with its evidence line, findings, the verdict."""
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    table.add_column("check")
-    table.add_column("status")
-    table.add_column("evidence")
-    for c in outcome.checks:
+    for col in ("check", "status", "evidence"):
+        table.add_column(col)
+    for c in o.checks:
         table.add_row(escape(c.name), _styled(c.status.value), escape(c.summary))
-    if outcome.checks:
-        console.print(table)
-    if any(f.severity is not Severity.INFO for f in outcome.findings):
+    console.print(table)
+    if any(f.severity is not Severity.INFO for f in o.findings):
         console.print()
-    render_findings(console, outcome.findings)
-    t = outcome.timings
-    ref = outcome.checkpoint
+    render_findings(console, o.findings)
     console.print()
-    target = f"{ref.name} (step {ref.step})" if ref and ref.step is not None else (ref.name if ref else "no checkpoint")
-    console.print(f"{_styled(outcome.status)}  drill #{outcome.drill_id}  {escape(target)}  on {outcome.device}")
-    if t.restore is not None:
-        busy = (t.read or 0) + (t.load or 0)
-        rate = human_rate(outcome.bytes_read / busy) if outcome.bytes_read and busy else "-"
-        console.print(
-            f"restore {human_seconds(t.restore)} (discover {human_seconds(t.discover)}, read {human_seconds(t.read)}, "
-            f"load {human_seconds(t.load)}); checks {human_seconds(t.checks)}; "
-            f"{human_bytes(outcome.bytes_read)} at {rate}",
-            markup=False,
-        )
-    if t.ttfs is not None:
-        console.print(f"time to first step {human_seconds(t.ttfs)} (drill start → first replayed step done)", markup=False)
-    console.print(f"recorded in {db_url}  (drill show {outcome.drill_id})", markup=False, style="dim")
-    if outcome.status == "failed" and ref is not None:
-        console.print(f"re-check the bytes without restoring: drill verify {ref.uri}", markup=False, style="dim")
+    ck = o.checkpoint
+    target = f"{ck.name} (step {ck.step})" if ck and ck.step is not None else (ck.name if ck else "no checkpoint")
+    drill_no = f"drill #{o.id}" if o.id is not None else "drill (not recorded)"
+    console.print(f"{_styled(o.status.value)}  {drill_no}  {escape(target)}  on {escape(o.device)}")
+    if o.timings.restore is not None:
+        console.print(f"{_latency(o)}; checks {human_seconds(o.timings.checks)}", markup=False)
+        console.print(f"read {human_bytes(o.bytes_read)} at {human_rate(o.throughput_bps)}", markup=False)
+    if o.timings.ttfs is not None:
+        console.print(f"time to first step {human_seconds(o.timings.ttfs)} (drill start → first replayed step done)", markup=False)
+    if o.id is not None:
+        console.print(f"details: drill show {o.id}", markup=False, style="dim")
+    if o.status.value == "failed" and ck is not None:
+        console.print(f"re-check the bytes without restoring: drill verify {ck.uri}", markup=False, style="dim")
 
 
-def render_history(console: Console, drills: list[dict[str, Any]]) -> None:
+def render_history(console: Console, drills: list[DrillOutcome]) -> None:
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("id", "started (UTC)", "status", "checkpoint", "restore", "read", "rate", "trigger"):
-        table.add_column(col, justify="right" if col in ("id", "restore", "read", "rate") else "left")
+    right = ("id", "restore", "first step", "read", "rate")
+    for col in ("id", "started (UTC)", "status", "checkpoint", "restore", "first step", "replay", "read", "rate", "trigger"):
+        table.add_column(col, justify="right" if col in right else "left")
     for d in drills:
-        ck = d["checkpoint"]
         table.add_row(
-            str(d["id"]),
-            d["started_at"][:19].replace("T", " "),
-            _styled(d["status"]),
-            escape(ck["uri"] if ck else d["run_root"]),
-            human_seconds(d["restore_seconds"]),
-            human_bytes(d["bytes_read"]),
-            human_rate(d["throughput_bps"]),
-            d["trigger"],
+            str(d.id),
+            d.started_at.isoformat()[:19].replace("T", " "),
+            _styled(d.status.value),
+            escape(d.checkpoint.uri if d.checkpoint else d.run_root),
+            human_seconds(d.timings.restore),
+            human_seconds(d.timings.ttfs),
+            escape(d.replay.verdict if d.replay else "-"),
+            human_bytes(d.bytes_read),
+            human_rate(d.throughput_bps),
+            escape(d.trigger + (f" ({d.policy})" if d.policy else "")),
         )
     console.print(table)
 
 
-def render_drill(console: Console, d: dict[str, Any]) -> None:
-    ck = d["checkpoint"]
-    console.print(f"drill #{d['id']}  {_styled(d['status'])}")
+def render_drill(console: Console, o: DrillOutcome) -> None:
+    """What ``drill show`` prints: the record in full — evidence, replay steps, alerts."""
+    ck = o.checkpoint
+    console.print(f"drill #{o.id}  {_styled(o.status.value)}  (exit code {int(o.exit_code)})")
     rows = [
-        ("checkpoint", f"{ck['uri']} (step {ck['step']}, {ck['format']}, {human_bytes(ck['bytes'])} in {ck['files']} files)" if ck else "-"),
-        ("run root", d["run_root"]),
-        ("selector", d["selector"]),
-        ("trigger", d["trigger"] + (f" (policy {d['policy']})" if d.get("policy") else "")),
-        ("selection", d.get("selection") or "-"),
-        ("host / pid", f"{d['host']} / {d['pid']}"),
-        ("device", d["device"]),
-        ("started", d["started_at"]),
-        ("finished", d["finished_at"] or f"- (last phase: {d['phase']})"),
-        ("restore", human_seconds(d["restore_seconds"])),
-        ("first step", f"{human_seconds(d['ttfs_seconds'])} (replay {d['replay_verdict'] or 'not run'})"),
-        ("phases", ", ".join(f"{k} {human_seconds(v)}" for k, v in d["phases"].items())),
-        ("read", f"{human_bytes(d['bytes_read'])} at {human_rate(d['throughput_bps'])}"),
-        ("evidence", f"{d.get('evidence_level') or '-'}, sample {d.get('sample') or '-'}"),
-        ("SLO", "; ".join(b["message"] for b in (d.get("slo_breaches") or {}).values()) or "met (or none set)"),
-        ("versions", f"drill {d['drill_version']}, torch {d['torch_version']}"),
+        ("checkpoint", f"{ck.uri} (step {ck.step}, {ck.format}, {human_bytes(ck.bytes)} in {ck.files} files)" if ck else "-"),
+        ("run root", o.run_root),
+        ("trigger", o.trigger + (f" (policy {o.policy})" if o.policy else "")),
+        ("selection", o.selection or o.selector),
+        ("host / pid", f"{o.host} / {o.pid}"),
+        ("device", o.device),
+        ("started", o.started_at.isoformat()),
+        ("finished", o.finished_at.isoformat() if o.finished_at else f"- (last phase: {o.phase})"),
+        ("latency", _latency(o) if o.timings.restore is not None else "-"),
+        ("checks / replay", f"{human_seconds(o.timings.checks)} / {human_seconds(o.timings.replay)}"),
+        ("first step", f"{human_seconds(o.timings.ttfs)} (replay {o.replay.verdict if o.replay else 'not run'})"),
+        ("read", f"{human_bytes(o.bytes_read)} at {human_rate(o.throughput_bps)}"),
+        ("evidence", f"{o.evidence_level or '-'}, sample {o.sample or '-'}"),
+        ("SLO", "; ".join(b["message"] for b in o.slo_breaches.values()) or "met (or none set)"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in o.versions.items())),
     ]
+    if o.message:
+        rows.insert(1, ("why", o.message))
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
     for k, v in rows:
         table.add_row(k, escape(str(v)))
     console.print(table)
-    if d.get("error"):
-        console.print("error:", style="bold")
-        console.print(d["error"], markup=False)
-    for c in d.get("checks", []):
+    for c in o.checks:
         console.print()
-        console.print(f"[bold]{escape(c['name'])}[/] {_styled(c['status'])}  ", end="")
-        console.print(c["summary"], markup=False)
-        for f in c["evidence"].get("findings", []):
-            where = f" [{f['subject']}]" if f.get("subject") else ""
-            console.print(f"  {f['severity']} {f['code']}{where}: {f['message']}", markup=False)
-            if f.get("hint"):
-                console.print(f"    hint: {f['hint']}", markup=False, style="dim")
+        render_check(console, c)
+        _render_evidence(console, c.evidence)
+    _render_replay_steps(console, o)
+    _render_alerts(console, o.alerts)
+    if o.error and o.error != o.message:
+        console.print()
+        console.print("error:", style="bold")
+        console.print(o.error, markup=False)
+
+
+def _render_evidence(console: Console, evidence: dict[str, Any]) -> None:
+    shown = [(k, v) for k, v in evidence.items() if k not in ("steps", "traceback")]
+    for key, value in shown[:EVIDENCE_SHOWN]:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        if len(text) > 160:
+            text = text[:157] + "…"
+        console.print(f"  {key}: {text}", markup=False, style="dim")
+    if len(shown) > EVIDENCE_SHOWN:
+        console.print(f"  … {len(shown) - EVIDENCE_SHOWN} more (drill show --json)", markup=False, style="dim")
+
+
+def _render_replay_steps(console: Console, o: DrillOutcome) -> None:
+    if o.replay is None or not o.replay.steps:
+        return
+    console.print()
+    table = Table(title="replayed steps", header_style="bold", box=None, pad_edge=False, title_justify="left")
+    for col in ("step", "loss (original)", "loss (replayed)", "grad norm (original)", "grad norm (replayed)", "batch", "match"):
+        table.add_column(col, justify="right" if col not in ("batch", "match") else "left")
+    for r in o.replay.steps:
+        same_batch = "same" if r.get("reference_batch") and r.get("reference_batch") == r.get("batch") else (r.get("batch") or "-")
+        table.add_row(
+            str(r["step"]),
+            _num(r.get("reference_loss")),
+            _num(r.get("loss")),
+            _num(r.get("reference_grad_norm")),
+            _num(r.get("grad_norm")),
+            escape(str(same_batch)),
+            "yes" if r.get("matches") else "NO",
+        )
+    console.print(table)
+
+
+def _render_alerts(console: Console, alerts: list[dict[str, Any]]) -> None:
+    if not alerts:
+        return
+    console.print()
+    for a in alerts:
+        state = "delivered" if a["delivered"] else f"NOT delivered ({a.get('error')})"
+        console.print(f"alert {a['channel']} → {a['target']}: {state} after {a['attempts']} attempt(s)", markup=False)
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else (value if isinstance(value, str) else f"{value:.6g}")
 
 
 def render_scheduler(console: Console, state: dict[str, Any]) -> None:

@@ -7,57 +7,57 @@
 ``lightning``  Lightning ``.ckpt`` files (a ``torch.save`` with Lightning's layout)
 ``hf-trainer`` Hugging Face Trainer ``checkpoint-N/`` directories
 =============  =====================================================================
+
+Every adapter implements :class:`~drill.formats.base.FormatAdapter`. This module is cheap to
+import (no torch): the registry names where each adapter lives and loads it on first use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    from drill.discover import CheckpointRef
+    from drill.formats.base import FormatAdapter
+    from drill.restore import RestoreResult
+    from drill.storage import Storage
 
-from drill import parts
-from drill.discover import CheckpointRef
-from drill.errors import UsageError
-from drill.formats.canonical import Layout
-from drill.restore.progress import Progress
-from drill.restore.result import HashPlan, RestoreResult
-from drill.storage import Storage
-
-FORMATS = ("auto", "dcp", "torch-save", "lightning", "hf-trainer")
-
-
-def check_format(name: str) -> str:
-    if name not in FORMATS:
-        raise UsageError(f"unknown --format {name!r}: expected one of {', '.join(FORMATS)}")
-    return name
+_REGISTRY = {
+    "dcp": "drill.formats.dcp:DCPAdapter",
+    "torch-save": "drill.formats.torch_save:TorchSaveAdapter",
+    "lightning": "drill.formats.torch_save:LightningAdapter",
+    "hf-trainer": "drill.formats.hf:HFTrainerAdapter",
+}
+FORMATS = ("auto", *_REGISTRY)
+"""What ``--format`` and a policy's ``checkpoints.format`` accept."""
 
 
-def restore(
-    storage: Storage,
-    ref: CheckpointRef,
-    device: torch.device,
-    progress: Progress,
-    plan: HashPlan,
-    allow: Iterable[str] = (),
-    format: str = "auto",
-) -> RestoreResult:
-    """Restore ``ref`` with the adapter for its (detected or forced) format."""
-    kind = ref.format if format == "auto" else format
-    if kind == "dcp":
-        from drill.restore.dcp import restore_dcp
+def parse_format(name: str) -> str:
+    """The format name; raises ``ValueError`` for one drill has no adapter for."""
+    text = str(name).strip().lower()
+    if text not in FORMATS:
+        raise ValueError(f"unknown format {name!r}: expected one of {', '.join(FORMATS)}")
+    return text
 
-        result = restore_dcp(storage, ref, device, progress, plan)
-        if result.layout is None:
-            result.layout = Layout(format="dcp", required=parts.CANONICAL_PARTS, optimizer_keys="fqn")
-            if ref.step is not None:
-                result.layout.step_counters["directory name"] = ref.step
-        return result
-    if kind in ("torch-save", "lightning"):
-        from drill.formats.torch_save import restore_torch_save
 
-        return restore_torch_save(storage, ref, device, progress, plan, allow)
-    if kind == "hf-trainer":
-        from drill.formats.hf import restore_hf
+def adapter_for(name: str) -> FormatAdapter:
+    """The adapter registered for ``name`` (a detected or forced format)."""
+    module, _, cls = _REGISTRY[parse_format(name)].partition(":")
+    return getattr(importlib.import_module(module), cls)()
 
-        return restore_hf(storage, ref, device, progress, plan, allow)
-    raise UsageError(f"no adapter for format {kind!r}")
+
+def restore(storage: Storage, ref: CheckpointRef, device: Any, **context: Any) -> RestoreResult:
+    """Restore ``ref`` with the adapter for its format (or ``format=``), as a drill does.
+
+    ``context`` fills a :class:`~drill.formats.base.RestoreContext` (``hash_plan``,
+    ``allow_classes``, ``progress``, ``memory_budget``).
+    """
+    from drill.formats.base import RestoreContext
+
+    name = context.pop("format", "auto")
+    adapter = adapter_for(ref.format if name == "auto" else name)
+    return adapter.restore(storage, ref, RestoreContext(device=device, **context))
+
+
+__all__ = ["FORMATS", "adapter_for", "parse_format", "restore"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
+import re
 import struct
 import warnings
 from collections.abc import Iterable
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-from drill.restore.stream import ViewReader
+from drill.views import ViewReader
 
 NUMPY_ARRAYS = (
     "numpy._core.multiarray._reconstruct",
@@ -32,6 +34,26 @@ NUMPY_ARRAYS = (
 
 class UnsafePickle(Exception):
     """The file names a global outside the allow-list; nothing in it was executed."""
+
+
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+_REASON = re.compile(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|Check the documentation|$)", re.S)
+
+
+def load_failure(exc: BaseException) -> tuple[str, str]:
+    """(finding code, reason) for a value ``torch.load(weights_only=True)`` refused.
+
+    torch words every refusal "Weights only load failed": only a pickle that names a global
+    outside the allow-list is ``unsafe-pickle`` (and the global is named); bytes that do not
+    unpickle at all — corruption, truncation — are ``entry-not-loaded``.
+    """
+    text = str(exc)
+    named = _GLOBAL.search(text)
+    if named:
+        return "unsafe-pickle", f"refused to unpickle: it names {named.group(1)}, outside the allow-list; nothing was executed"
+    detail = _REASON.search(text)
+    why = " ".join(detail.group(1).split()) if detail else (text.strip().splitlines() or [type(exc).__name__])[0]
+    return "entry-not-loaded", f"the bytes do not unpickle ({why}): damaged or truncated"
 
 
 def resolve_globals(names: Iterable[str]) -> list[Any]:
@@ -50,16 +72,18 @@ def resolve_globals(names: Iterable[str]) -> list[Any]:
 
 
 def load_torch(view: memoryview, allow: Iterable[str] = (), map_location: Any = "cpu") -> Any:
-    """``torch.load(weights_only=True)`` from an in-memory file, with an explicit allow-list."""
+    """``torch.load(weights_only=True)`` from an in-memory file, with an explicit allow-list.
+
+    Raises :class:`UnsafePickle` (naming the global) for a pickle that names code outside the
+    allow-list; any other failure propagates (see :func:`load_failure`).
+    """
     try:
         with torch.serialization.safe_globals(resolve_globals(allow)):
             return torch.load(ViewReader(view), map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001
-        text = str(exc)
-        if "Weights only load failed" in text or "Unsupported global" in text:
-            culprit = next((line.strip() for line in text.splitlines() if "Unsupported global" in line), "")
-            culprit = culprit.split(" was not an allowed global")[0].replace("WeightsUnpickler error: ", "")
-            raise UnsafePickle(culprit or "the pickle names a global outside the allow-list") from None
+        named = _GLOBAL.search(str(exc))
+        if named:
+            raise UnsafePickle(named.group(1)) from None
         raise
 
 
@@ -69,25 +93,38 @@ _SAFETENSORS_DTYPES = {
 }  # fmt: skip
 
 
-def safetensors_header(view: memoryview) -> dict[str, Any]:
-    (n,) = struct.unpack("<Q", view[:8])
-    return json.loads(bytes(view[8 : 8 + n]))
-
-
 def load_safetensors(view: memoryview, device: torch.device) -> dict[str, torch.Tensor]:
-    """Tensors from a safetensors file: a JSON header and raw bytes — nothing to unpickle."""
-    header = safetensors_header(view)
-    base = 8 + struct.unpack("<Q", view[:8])[0]
+    """Tensors from a safetensors file: a JSON header and raw bytes — nothing to unpickle.
+
+    Raises ``ValueError`` naming the problem when the header does not describe the bytes
+    (a shape that needs more bytes than its span, a span past the end, an unknown dtype).
+    """
+    from drill.integrity.structure import safetensors_spans
+
+    if len(view) < 8:
+        raise ValueError(f"{len(view)} bytes: too short for a safetensors header")
+    (n,) = struct.unpack("<Q", view[:8])
+    if 8 + n > len(view):
+        raise ValueError(f"header of {n} bytes runs past the file ({len(view)} bytes)")
+    try:
+        header = json.loads(bytes(view[8 : 8 + n]))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise ValueError("the safetensors header is not JSON") from None
+    base = 8 + n
     out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = meta["data_offsets"]
-        dtype = _SAFETENSORS_DTYPES[meta["dtype"]]
+    for begin, end, name in safetensors_spans(header):
+        meta = header[name]
+        dtype = _SAFETENSORS_DTYPES.get(meta.get("dtype"))
+        shape = meta.get("shape")
+        if dtype is None or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"tensor {name!r}: unsupported dtype {meta.get('dtype')!r} or bad shape {shape!r}")
+        need = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if end - begin != need or base + end > len(view):
+            raise ValueError(f"tensor {name!r}: {shape} {meta.get('dtype')} needs {need} bytes, its span is {begin}..{end} of {len(view) - base}")
         raw = view[base + begin : base + end]
         with warnings.catch_warnings():
-            # The mapping is read-only; the tensor is copied off it at once, never written.
+            # The buffer is read-only; the tensor is copied off it at once, never written.
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
             t = torch.frombuffer(raw, dtype=dtype) if len(raw) else torch.empty(0, dtype=dtype)
-        out[name] = t.reshape(meta["shape"]).to(device, copy=True)
+        out[name] = t.reshape(shape).to(device, copy=True)
     return out

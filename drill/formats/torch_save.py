@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from drill import parts
 from drill.discover import CheckpointRef
+from drill.formats.base import RestoreContext, read_file, tally
 from drill.formats.canonical import Layout, flatten, inventory
-from drill.formats.safeload import UnsafePickle, load_torch
+from drill.formats.safeload import UnsafePickle, load_failure, load_torch
 from drill.integrity.structure import zip_structure
-from drill.restore.progress import Progress
-from drill.restore.result import FileRead, HashPlan, ItemFailure, RestoreResult
-from drill.restore.stream import describe_read_error, read_whole
+from drill.restore import ItemFailure, RestoreResult
 from drill.storage import Storage
 
 LIGHTNING_MARKERS = ("pytorch-lightning_version", "optimizer_states")
@@ -95,57 +92,58 @@ def canonicalize(obj: Any) -> tuple[dict[str, Any], Layout]:
     return {f"{parts.EXTRA}.object": obj}, Layout(format="torch-save", required=(parts.MODEL,))
 
 
-def restore_torch_save(
-    storage: Storage,
-    ref: CheckpointRef,
-    device: torch.device,
-    progress: Progress,
-    plan: HashPlan,
-    allow: Iterable[str] = (),
-) -> RestoreResult:
-    """Read the file once (hashing it as ``plan`` says), prove its zip structure, and load it
-    onto ``device`` with ``weights_only=True``."""
-    name = os.path.basename(ref.uri)
-    result = RestoreResult(uri=ref.uri, format="torch-save", device=str(device))
-    record = FileRead(name, None)
-    result.files.append(record)
-    started = time.perf_counter()
-    try:
-        record.size = storage.stat(ref.uri).size
-        progress.phase("read", total_bytes=record.size)
-        view, record.hashes = read_whole(
-            storage, ref.uri, record.size, progress.advance, hash=plan.wants(name), chunk_size=plan.chunk_size
-        )
-        record.bytes_read = len(view)
-    except (OSError, EOFError) as exc:
-        record.error, record.error_kind = describe_read_error(exc)
-        result.metadata_error = f"{name}: {exc}"
+class TorchSaveAdapter:
+    """A single ``torch.save`` file; a Lightning layout inside it is recognized by its keys."""
+
+    name = "torch-save"
+    canonicalize = staticmethod(canonicalize)
+
+    def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
+        """Read the file once (hashed as the plan says), prove its zip structure, and load it
+        onto the device with ``weights_only=True``."""
+        name = ref.uri.rstrip("/").rsplit("/", 1)[-1]
+        result = RestoreResult(uri=ref.uri, format=self.name, device=str(ctx.device))
+        try:
+            size: int | None = storage.stat(ref.uri).size
+        except OSError:
+            size = None
+        ctx.progress.phase("read", total_bytes=size)
+        view = read_file(storage, ref.uri, "", size, ctx, result)
+        if view is None:
+            result.metadata_error = f"{name}: {result.files[-1].error}"
+            return result
+        started = time.perf_counter()
+        try:
+            result.structure = zip_structure(view, name)
+            obj = self._load(view, ctx, name, result)
+        finally:
+            result.load_seconds += time.perf_counter() - started
+        if obj is None:
+            return result
+        state, layout = self.canonicalize(obj)
+        result.format = layout.format
+        if ref.step is not None:
+            layout.step_counters["file name"] = ref.step
+        result.layout, result.state, result.inventory = layout, state, inventory(state)
+        result.files[-1].items = len(state)
+        tally(result, state)
         return result
-    finally:
-        result.read_seconds += time.perf_counter() - started
-    started = time.perf_counter()
-    result.structure = zip_structure(view, name)
-    try:
-        obj = load_torch(view, allow, map_location=device)
-    except UnsafePickle as exc:
-        result.failures.append(ItemFailure(name, name, f"refused to unpickle: {exc}; nothing in it was executed", code="unsafe-pickle"))
-        result.metadata_error = f"{name} was not loaded: it names {exc}"
-        return result
-    except Exception as exc:  # noqa: BLE001 - a damaged file is evidence
-        result.metadata_error = f"{name} does not load: {type(exc).__name__}: {exc}".splitlines()[0]
-        return result
-    finally:
-        result.load_seconds += time.perf_counter() - started
-    state, layout = canonicalize(obj)
-    if layout.format == "lightning":
-        result.format = "lightning"
-    if ref.step is not None:
-        layout.step_counters["file name"] = ref.step
-    result.layout = layout
-    result.state = state
-    result.inventory = inventory(state)
-    record.items = len(state)
-    result.tensors_loaded = sum(isinstance(v, torch.Tensor) for v in state.values())
-    result.tensor_bytes = sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))
-    result.values_loaded = len(state) - result.tensors_loaded
-    return result
+
+    @staticmethod
+    def _load(view: memoryview, ctx: RestoreContext, name: str, result: RestoreResult) -> Any:
+        try:
+            return load_torch(view, ctx.allow_classes, map_location=ctx.device)
+        except UnsafePickle as exc:
+            reason = f"refused to unpickle: it names {exc}, outside the allow-list; nothing in it was executed"
+            result.failures.append(ItemFailure(name, name, reason, code="unsafe-pickle"))
+            result.metadata_error = f"{name} was not loaded: it names {exc}"
+        except Exception as exc:  # noqa: BLE001 - a damaged file is evidence
+            result.metadata_error = f"{name} does not load: {load_failure(exc)[1]}"
+        return None
+
+
+class LightningAdapter(TorchSaveAdapter):
+    """``--format lightning``: a Lightning ``.ckpt`` read with Lightning's layout, whatever its keys."""
+
+    name = "lightning"
+    canonicalize = staticmethod(lambda obj: canonicalize_lightning(obj) if isinstance(obj, dict) else canonicalize(obj))

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from drill.integrity.manifest import ManifestInvalid, check_relative_path
+from drill.integrity.reading import describe_read_error
 from drill.storage import Storage
 
 MEGATRON_INTEGRITY = "integrity.json"
@@ -34,9 +35,15 @@ class ForeignManifest:
         return "content (SHA-256 per file)" if self.kind == "megatron-sha256" else "presence of every shard it names"
 
 
+MAX_BYTES = 64 << 20
+
+
 def _load_json(storage: Storage, checkpoint: str, name: str) -> object:
     with storage.open(storage.child(checkpoint, name)) as f:
-        return json.loads(f.read())
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ManifestInvalid("foreign-manifest-invalid", f"{name} is larger than {MAX_BYTES} bytes")
+    return json.loads(data)
 
 
 def _megatron(doc: object) -> ForeignManifest:
@@ -70,8 +77,11 @@ def find_foreign_manifests(storage: Storage, checkpoint: str, names: set[str]) -
             try:
                 doc = _load_json(storage, checkpoint, name)
                 found.append(_megatron(doc) if name == MEGATRON_INTEGRITY else _safetensors_index(name, doc))
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 found.append(ForeignManifest(name, "unknown", error=ManifestInvalid("foreign-manifest-invalid", f"{name} is not JSON")))
             except ManifestInvalid as exc:
                 found.append(ForeignManifest(name, "unknown", error=exc))
+            except OSError as exc:
+                why = describe_read_error(exc)[0]
+                found.append(ForeignManifest(name, "unknown", error=ManifestInvalid("foreign-manifest-invalid", f"{name} cannot be read: {why}")))
     return found

@@ -71,12 +71,15 @@ class ChunkHasher:
         return self.result
 
 
-def hash_view(view: memoryview, chunk_size: int = DEFAULT_CHUNK_SIZE, sha256: bool = False, on_bytes=None) -> FileHashes:  # type: ignore[no-untyped-def]
-    """Hash a whole in-memory (or memory-mapped) file, reporting progress per chunk."""
-    hasher = ChunkHasher(chunk_size, sha256)
-    for pos in range(0, len(view), chunk_size):
-        piece = view[pos : pos + chunk_size]
-        hasher.update(piece)
-        if on_bytes is not None:
-            on_bytes(len(piece))
-    return hasher.finish()
+@dataclass(frozen=True, slots=True)
+class HashPlan:
+    """Which files a read hashes as the bytes arrive, and how."""
+
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    files: frozenset[str] | None = None
+    """None: every file (the default); else only these (a sampled drill)."""
+    sha256: frozenset[str] = frozenset()
+    """Files a foreign manifest lists with SHA-256 digests, hashed with that too."""
+
+    def wants(self, path: str) -> bool:
+        return self.files is None or path in self.files

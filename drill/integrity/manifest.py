@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,12 +28,15 @@ from typing import Any
 
 import xxhash
 
-from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes, hash_view
-from drill.storage import LocalStorage, PathEscapesCheckpoint, Storage
+from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
+from drill.integrity.reading import FileChanged, describe_read_error, hash_stream
+from drill.storage import EntryKind, PathEscapesCheckpoint, Storage
 
 MANIFEST_NAME = "drill-manifest.json"
 FORMAT = "drill-manifest"
 VERSION = 1
+MAX_MANIFEST_BYTES = 256 << 20
+"""A manifest of a million files is ~200 MB; anything larger is not one drill wrote."""
 
 
 class ManifestInvalid(ValueError):
@@ -148,32 +152,50 @@ def parse_manifest(data: bytes) -> Manifest:
 def read_manifest(storage: Storage, checkpoint: str) -> tuple[Manifest | None, bytes | None]:
     """The checkpoint's manifest bytes, parsed; ``(None, None)`` when it is unsealed.
 
-    Raises :class:`ManifestInvalid` when a manifest exists but cannot be trusted.
+    Raises :class:`ManifestInvalid` when a manifest exists but cannot be trusted — including
+    one that is a directory, a FIFO, or a link out of the checkpoint.
     """
-    uri = storage.child(checkpoint, MANIFEST_NAME)
     try:
+        uri = storage.child(checkpoint, MANIFEST_NAME)
         with storage.open(uri) as f:
-            data = f.read()
+            data = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
         return None, None
+    except PathEscapesCheckpoint as exc:
+        raise ManifestInvalid("manifest-path-escapes", f"{MANIFEST_NAME}: {exc}") from None
+    except OSError as exc:
+        raise ManifestInvalid("manifest-unreadable", f"{MANIFEST_NAME} cannot be read: {describe_read_error(exc)[0]}") from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} is larger than {MAX_MANIFEST_BYTES} bytes: not a manifest drill wrote")
     return parse_manifest(data), data
 
 
-def list_files(storage: Storage, checkpoint: str) -> dict[str, int]:
-    """Every regular file under the checkpoint (relative POSIX path → size), manifest excluded.
+@dataclass(slots=True)
+class Listing:
+    """What a checkpoint directory holds, by relative POSIX path."""
 
-    A symlink that leads out of the checkpoint raises :class:`PathEscapesCheckpoint`.
-    """
-    out: dict[str, int] = {}
+    files: dict[str, int] = field(default_factory=dict)
+    """Regular files → size (the manifest and drill's temporary files excluded)."""
+    odd: dict[str, str] = field(default_factory=dict)
+    """Anything else → what it is: a FIFO, socket or device (``other``), a dangling link."""
+
+
+def list_files(storage: Storage, checkpoint: str) -> Listing:
+    """Every entry under the checkpoint. A symlink that leads out of it raises
+    :class:`PathEscapesCheckpoint`; nothing is opened."""
+    out = Listing()
 
     def walk(prefix: str, uri: str) -> None:
         for entry in storage.list(uri):
             rel = f"{prefix}{entry.name}"
-            storage.child(checkpoint, rel)  # raises if a symlink leads out
+            if entry.kind is not EntryKind.DANGLING:
+                storage.child(checkpoint, rel)  # raises if a symlink leads out
             if entry.is_dir:
                 walk(rel + "/", entry.uri)
+            elif not entry.is_file:
+                out.odd[rel] = entry.kind.value
             elif rel != MANIFEST_NAME and not _is_temp(entry.name):
-                out[rel] = entry.size
+                out.files[rel] = entry.size
 
     walk("", checkpoint)
     return out
@@ -199,21 +221,28 @@ def _frameworks() -> dict[str, str]:
 
 
 def hash_files(
-    storage: Storage, checkpoint: str, paths: list[str], chunk_size: int, workers: int = 4, sha256: frozenset[str] = frozenset()
+    storage: Storage,
+    checkpoint: str,
+    sizes: Mapping[str, int],
+    chunk_size: int,
+    workers: int = 4,
+    sha256: frozenset[str] = frozenset(),
 ) -> dict[str, FileHashes | OSError]:
-    """Hash each file in parallel (xxhash releases the GIL); an unreadable file maps to its error."""
+    """Hash each file (path → listed size) in parallel — xxhash releases the GIL; a file that
+    cannot be read, or changes size while read, maps to its error."""
 
     def one(rel: str) -> FileHashes | OSError:
         try:
             uri = storage.child(checkpoint, rel)
-            view = storage.map(uri)
-            if view is None:
-                with storage.open(uri) as f:
-                    view = memoryview(f.read())
-            return hash_view(view, chunk_size, sha256=rel in sha256)
+            return hash_stream(storage, uri, sizes[rel], chunk_size=chunk_size, sha256=rel in sha256)
+        except FileChanged as exc:
+            return OSError(0, str(exc))
         except OSError as exc:
             return exc
 
+    paths = sorted(sizes)
+    if not paths:
+        return {}
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(paths)))) as pool:
         return dict(zip(paths, pool.map(one, paths)))
 
@@ -240,64 +269,46 @@ def seal(
     :class:`SealConflict` unless ``force`` (the checkpoint changed after it was sealed —
     which is exactly what a seal exists to catch, so replacing it must be deliberate).
     """
-    storage = storage or LocalStorage()
+    from drill.storage import storage_for
+
     checkpoint = os.fspath(path)
+    storage = storage or storage_for(checkpoint)
     if step is None:
         from drill.discover import step_of
 
-        step = step_of(os.path.basename(checkpoint.rstrip("/")))
-    sizes = list_files(storage, checkpoint)
-    hashed = hash_files(storage, checkpoint, sorted(sizes), chunk_size)
+        step = step_of(checkpoint.rstrip("/").rsplit("/", 1)[-1])
+    listing = list_files(storage, checkpoint)
+    if listing.odd:
+        rel, kind = sorted(listing.odd.items())[0]
+        raise SealConflict(f"{rel} in {checkpoint} is not a regular file ({kind}); a checkpoint holding it is not sealed")
     entries = []
-    for rel, h in hashed.items():
+    for rel, h in hash_files(storage, checkpoint, listing.files, chunk_size).items():
         if isinstance(h, OSError):
-            raise OSError(h.errno, f"cannot seal {checkpoint}: {rel}: {h.strerror or h}")
+            raise SealConflict(f"cannot seal {checkpoint}: {rel}: {h.strerror or h}")
         entries.append(FileEntry(rel, h.size, h.digest, tuple(h.chunk_hex)))
     manifest = Manifest(step=step, chunk_size=chunk_size, files=entries, frameworks=_frameworks())
-    target = storage.child(checkpoint, MANIFEST_NAME)
     try:
         existing, _ = read_manifest(storage, checkpoint)
-    except ManifestInvalid:
+    except ManifestInvalid as exc:
+        if exc.code in ("manifest-path-escapes", "manifest-unreadable") or not force:
+            raise SealConflict(f"{checkpoint}/{MANIFEST_NAME} exists but is not a valid manifest ({exc}); not replacing it") from None
         existing = None
-        if not force:
-            raise SealConflict(f"{target} exists but is not a valid manifest; pass force to replace it") from None
     if existing is not None and existing.same_content(manifest):
-        return SealResult(existing, False, target)
+        return SealResult(existing, False, storage.child(checkpoint, MANIFEST_NAME))
     if existing is not None and not force:
-        raise SealConflict(f"{target} seals different content: the checkpoint changed after it was sealed")
-    _write_atomically(target, manifest.to_json(), replace=force)
+        raise SealConflict(f"{checkpoint}/{MANIFEST_NAME} seals different content: the checkpoint changed after it was sealed")
+    target = storage.child(checkpoint, MANIFEST_NAME)
+    try:
+        storage.write(target, manifest.to_json(), replace=force)
+    except FileExistsError:
+        raise SealConflict(f"{target} appeared while sealing; not replacing it") from None
     return SealResult(manifest, True, target)
-
-
-def _write_atomically(target: str, data: bytes, *, replace: bool) -> None:
-    """temp file → fsync → rename (or link, which refuses to replace) → fsync the directory."""
-    directory = os.path.dirname(target)
-    tmp = os.path.join(directory, f".{MANIFEST_NAME}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        if replace:
-            os.replace(tmp, target)
-        else:
-            try:
-                os.link(tmp, target)  # atomic create-if-absent: never clobbers a concurrent seal
-            except FileExistsError:
-                raise SealConflict(f"{target} appeared while sealing; not replacing it") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = [
     "MANIFEST_NAME",
     "FileEntry",
+    "Listing",
     "Manifest",
     "ManifestInvalid",
     "PathEscapesCheckpoint",

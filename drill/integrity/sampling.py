@@ -14,7 +14,6 @@ Files a restore cannot do without (``always``, e.g. DCP's ``.metadata``) are alw
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,12 +21,8 @@ from typing import Literal
 
 import xxhash
 
-_UNITS = {
-    "": 1, "B": 1,
-    "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3, "T": 1000**4, "TB": 1000**4,
-    "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4,
-}  # fmt: skip
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)$", re.I)
+from drill.units import parse_size
+
 
 
 class SampleSpecError(ValueError):
@@ -64,16 +59,13 @@ def _budget(text: str) -> tuple[float, int]:
             pct = float(text[:-1])
         except ValueError:
             raise SampleSpecError(f"bad percentage {text!r}") from None
-        if not 0 < pct <= 100:
+        if not 0 < pct <= 100:  # NaN fails this too
             raise SampleSpecError(f"percentage {text!r} must be in (0, 100]")
         return pct / 100, 0
-    m = _SIZE.match(text.strip())
-    if not m or m.group(2).upper() not in _UNITS:
-        raise SampleSpecError(f"bad size {text!r}: expected e.g. 500MB or 2GiB")
-    nbytes = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if nbytes <= 0:
-        raise SampleSpecError(f"size {text!r} must be positive")
-    return 0.0, nbytes
+    try:
+        return 0.0, parse_size(text)
+    except ValueError as exc:
+        raise SampleSpecError(f"{exc}, a percentage (25%), n/t or auto") from None
 
 
 def parse_sample(text: str) -> SampleSpec:

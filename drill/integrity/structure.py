@@ -75,7 +75,7 @@ def dcp_structure(storage_data: Mapping[Any, Any], sizes: Mapping[str, int]) -> 
 
 def zip_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str, Any]]:
     """A torch.save file: parse the central directory and check every record's CRC-32."""
-    from drill.restore.stream import ViewReader
+    from drill.views import ViewReader
 
     try:
         archive = zipfile.ZipFile(ViewReader(data))
@@ -118,15 +118,13 @@ def safetensors_structure(data: memoryview, path: str) -> tuple[list[Finding], d
         return [_finding("safetensors-corrupt", path, f"{path}: header of {header_len} bytes runs past the file ({size} bytes)")], {}
     try:
         header = json.loads(bytes(data[8 : 8 + header_len]))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return [_finding("safetensors-corrupt", path, f"{path}: the header is not JSON")], {}
     data_size = size - 8 - header_len
-    spans = []
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = meta["data_offsets"]
-        spans.append((begin, end, name))
+    try:
+        spans = safetensors_spans(header)
+    except ValueError as exc:
+        return [_finding("safetensors-corrupt", path, f"{path}: {exc}")], {}
     findings = []
     cursor = 0
     for begin, end, name in sorted(spans):
@@ -138,6 +136,24 @@ def safetensors_structure(data: memoryview, path: str) -> tuple[list[Finding], d
     if cursor != data_size and not findings:
         findings.append(_finding("bytes-uncovered", path, f"{path}: tensors cover {cursor} of {data_size} data bytes"))
     return findings, {"tensors": len(spans)}
+
+
+def safetensors_spans(header: Any) -> list[tuple[int, int, str]]:
+    """(begin, end, name) of every tensor a safetensors header lists; ``ValueError`` when the
+    header is not the shape safetensors writes."""
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    spans = []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and o >= 0 for o in offsets)):
+            raise ValueError(f"tensor {name!r} has no valid data_offsets")
+        if offsets[1] < offsets[0]:
+            raise ValueError(f"tensor {name!r} ends before it begins ({offsets})")
+        spans.append((offsets[0], offsets[1], str(name)))
+    return spans
 
 
 def sniff(data: memoryview) -> str | None:

@@ -13,10 +13,9 @@ from typing import Any
 
 from drill.findings import CheckResult, Finding, Severity
 from drill.integrity.foreign import ForeignManifest, find_foreign_manifests
-from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
-from drill.integrity.manifest import MANIFEST_NAME, Manifest, ManifestInvalid, hash_files, list_files, read_manifest
+from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes, HashPlan
+from drill.integrity.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestInvalid, hash_files, list_files, read_manifest
 from drill.integrity.sampling import SampleSpec, select_sample
-from drill.restore.result import HashPlan
 from drill.storage import PathEscapesCheckpoint, Storage
 from drill.units import human_bytes
 
@@ -47,6 +46,9 @@ class IntegrityPlan:
     manifest_error: ManifestInvalid | None = None
     foreign: list[ForeignManifest] = field(default_factory=list)
     on_storage: dict[str, int] = field(default_factory=dict)
+    """Regular files in the checkpoint → size, as listed before the read."""
+    odd: dict[str, str] = field(default_factory=dict)
+    """Entries that are not regular files (FIFOs, sockets, devices, dangling links): never opened."""
     listing_error: str | None = None
     sample: SampleSpec = field(default_factory=lambda: SampleSpec("all"))
     selected: set[str] = field(default_factory=set)
@@ -79,10 +81,11 @@ def plan_integrity(
         plan.hash_plan = HashPlan(files=frozenset())
         return plan
     try:
-        plan.on_storage = list_files(storage, checkpoint)
+        listing = list_files(storage, checkpoint)
     except PathEscapesCheckpoint as exc:
         plan.listing_error = str(exc)
         return plan
+    plan.on_storage, plan.odd = listing.files, listing.odd
     try:
         plan.manifest, _ = read_manifest(storage, checkpoint)
     except ManifestInvalid as exc:
@@ -107,7 +110,7 @@ def plan_integrity(
 
 def hash_remaining(storage: Storage, plan: IntegrityPlan, observed: dict[str, Observed]) -> None:
     """Hash the selected files the restore did not read (files no loader needs)."""
-    todo = sorted(p for p in plan.selected if p not in observed and p in plan.on_storage)
+    todo = {p: plan.on_storage[p] for p in plan.selected if p not in observed and p in plan.on_storage}
     for path, result in hash_files(storage, plan.checkpoint, todo, plan.hash_plan.chunk_size, sha256=plan.hash_plan.sha256).items():
         observed[path] = Observed(error=f"{result.strerror or result}") if isinstance(result, OSError) else Observed(hashes=result)
 
@@ -124,81 +127,70 @@ def _ranges(expected: tuple[str, ...], actual: list[str], chunk: int, size: int)
     return [(a, b) for a, b in merged]
 
 
+def _file_against_seal(path: str, entry: FileEntry, plan: IntegrityPlan, seen: Observed | None) -> Finding | None:
+    """The one finding for a sealed file, or None when it matched (or was sampled out)."""
+    size = plan.on_storage.get(path)
+    if size is None:
+        what = plan.odd.get(path)
+        if what is not None:
+            return _finding("file-not-regular", path, f"{path} should be a sealed file of {entry.size} bytes but is {_odd(what)}: never opened")
+        return _finding(
+            "file-missing",
+            path,
+            f"{path} is listed in the manifest ({entry.size} bytes) but missing: a resume from this checkpoint would fail",
+            expected=entry.size,
+            actual="missing",
+            hint="restore the file from a replica, or fall back to an older checkpoint",
+        )
+    if size != entry.size:
+        how = "truncated" if size < entry.size else "extended"
+        return _finding("size-mismatch", path, f"{path} is {how}: {size} bytes on storage, {entry.size} when sealed", expected=entry.size, actual=size)
+    if seen is not None and seen.error is not None:
+        return _finding("file-unreadable", path, f"{path} cannot be read ({seen.error})", actual=seen.error)
+    if seen is None or seen.hashes is None or seen.hashes.chunk_hex == list(entry.chunks):
+        return None
+    assert plan.manifest is not None
+    ranges = _ranges(entry.chunks, seen.hashes.chunk_hex, plan.manifest.chunk_size, entry.size)
+    where = ", ".join(f"{a}..{b}" for a, b in ranges[:4]) + (f" and {len(ranges) - 4} more" if len(ranges) > 4 else "")
+    return _finding(
+        "digest-mismatch",
+        path,
+        f"{path} differs from what was sealed in bytes {where}: silent corruption",
+        expected=entry.xxh3_128,
+        actual=seen.hashes.digest,
+        hint="the bytes on storage are not the bytes written; restore this file from a replica",
+    )
+
+
+def _odd(kind: str) -> str:
+    return "a dangling symlink" if kind == "dangling" else "a FIFO, socket or device"
+
+
 def _compare_manifest(plan: IntegrityPlan, observed: Mapping[str, Observed]) -> tuple[list[Finding], dict[str, Any]]:
     manifest = plan.manifest
     assert manifest is not None
     findings: list[Finding] = []
-    verified_bytes = 0
-    verified_files: list[str] = []
+    verified: list[str] = []
     listed = manifest.by_path()
     for path, entry in sorted(listed.items()):
+        finding = _file_against_seal(path, entry, plan, observed.get(path))
+        if finding is not None:
+            findings.append(finding)
+        elif (seen := observed.get(path)) is not None and seen.hashes is not None:
+            verified.append(path)
+    foreign = {fm.name for fm in plan.foreign}
+    for path in sorted((set(plan.on_storage) | set(plan.odd)) - set(listed) - foreign):  # a framework manifest may follow the seal
         size = plan.on_storage.get(path)
-        if size is None:
-            findings.append(
-                _finding(
-                    "file-missing",
-                    path,
-                    f"{path} is listed in the manifest ({entry.size} bytes) but missing: a resume from this checkpoint would fail",
-                    expected=entry.size,
-                    actual="missing",
-                    hint="restore the file from a replica, or fall back to an older checkpoint",
-                )
-            )
-            continue
-        if size != entry.size:
-            how = "truncated" if size < entry.size else "extended"
-            findings.append(
-                _finding(
-                    "size-mismatch",
-                    path,
-                    f"{path} is {how}: {size} bytes on storage, {entry.size} when sealed",
-                    expected=entry.size,
-                    actual=size,
-                )
-            )
-            continue
-        seen = observed.get(path)
-        if seen is None:
-            continue  # sampled out
-        if seen.error is not None:
-            findings.append(_finding("file-unreadable", path, f"{path} cannot be read ({seen.error})", actual=seen.error))
-            continue
-        if seen.hashes is None:
-            continue
-        if seen.hashes.chunk_hex != list(entry.chunks):
-            ranges = _ranges(entry.chunks, seen.hashes.chunk_hex, manifest.chunk_size, entry.size)
-            where = ", ".join(f"{a}..{b}" for a, b in ranges[:4]) + (f" and {len(ranges) - 4} more" if len(ranges) > 4 else "")
-            findings.append(
-                _finding(
-                    "digest-mismatch",
-                    path,
-                    f"{path} differs from what was sealed in bytes {where}: silent corruption",
-                    expected=entry.xxh3_128,
-                    actual=seen.hashes.digest,
-                    hint="the bytes on storage are not the bytes written; restore this file from a replica",
-                )
-            )
-            continue
-        verified_bytes += entry.size
-        verified_files.append(path)
-    for path in sorted(set(plan.on_storage) - set(listed)):
-        if any(path == fm.name for fm in plan.foreign):
-            continue  # a framework's manifest may be written after drill's seal
+        what = f"{size} bytes" if size is not None else _odd(plan.odd[path])
         findings.append(
-            _finding(
-                "file-unlisted",
-                path,
-                f"{path} ({plan.on_storage[path]} bytes) is in the checkpoint but not in its manifest: added after sealing",
-                expected="absent",
-                actual=plan.on_storage[path],
-            )
+            _finding("file-unlisted", path, f"{path} ({what}) is in the checkpoint but not in its manifest: added after sealing", expected="absent", actual=size)
         )
     evidence = {
         "files_listed": len(listed),
         "bytes_listed": manifest.total_bytes,
-        "files_verified": len(verified_files),
-        "bytes_verified": verified_bytes,
-        "verified": verified_files,
+        "files_verified": len(verified),
+        "bytes_verified": sum(listed[p].size for p in verified),
+        "verified": verified,
     }
     return findings, evidence
 
@@ -218,17 +210,60 @@ def _compare_foreign(fm: ForeignManifest, plan: IntegrityPlan, observed: Mapping
             continue
         if seen.hashes.sha256 != fm.sha256[path]:
             findings.append(
-                _finding(
-                    "digest-mismatch",
-                    path,
-                    f"{path} does not match its SHA-256 in {fm.name}",
-                    expected=fm.sha256[path],
-                    actual=seen.hashes.sha256,
-                )
+                _finding("digest-mismatch", path, f"{path} does not match its SHA-256 in {fm.name}", expected=fm.sha256[path], actual=seen.hashes.sha256)
             )
         else:
             proved += 1
     return findings, f"{fm.name} proved the {fm.proves} for {proved} of {len(fm.listed)} files"
+
+
+def _refusal(plan: IntegrityPlan, evidence: dict[str, Any]) -> CheckResult | None:
+    """The check's result when a path leads out of the checkpoint: nothing may be opened."""
+    if not plan.refuse:
+        return None
+    findings = []
+    if plan.listing_error is not None:
+        findings.append(_finding("path-escapes", plan.checkpoint, f"refused: {plan.listing_error}"))
+    if plan.manifest_error is not None:
+        findings.append(_finding(plan.manifest_error.code, MANIFEST_NAME, str(plan.manifest_error)))
+    findings += [_finding(fm.error.code, fm.name, str(fm.error)) for fm in plan.foreign if fm.error is not None]
+    return CheckResult(name=NAME, summary="refused: a path leads out of the checkpoint; nothing was opened", findings=findings, evidence=evidence)
+
+
+def _sealed_part(plan: IntegrityPlan, observed: Mapping[str, Observed], evidence: dict[str, Any]) -> tuple[list[Finding], str]:
+    findings, ev = _compare_manifest(plan, observed)
+    evidence.update(ev)
+    evidence["manifests"][MANIFEST_NAME] = f"proved the content of {ev['files_verified']} of {ev['files_listed']} files"
+    pct = 100.0 * ev["bytes_verified"] / ev["bytes_listed"] if ev["bytes_listed"] else 100.0
+    if findings:
+        return findings, f"sealed: {len(findings)} mismatch(es) against the manifest"
+    if plan.sample.is_full:
+        return findings, f"sealed: every byte matches the manifest ({ev['files_verified']} files, {human_bytes(ev['bytes_verified'])})"
+    return findings, f"sealed, sampled {plan.sample}: {pct:.0f}% of bytes verified this drill, all match"
+
+
+def _unsealed_part(
+    plan: IntegrityPlan, require_sealed: bool, structure: tuple[list[Finding], dict[str, Any]] | None, evidence: dict[str, Any]
+) -> tuple[list[Finding], str]:
+    findings = []
+    if plan.manifest_error is None and require_sealed:
+        findings.append(
+            _finding(
+                "not-sealed",
+                plan.checkpoint,
+                "the checkpoint carries no drill manifest and sealed checkpoints are required (--require-sealed)",
+                hint=f"seal checkpoints when they are saved (drill.sdk.seal) or now: drill seal {plan.checkpoint}",
+            )
+        )
+    findings += [
+        _finding("file-not-regular", path, f"{path} is {_odd(kind)}, not checkpoint data: never opened") for path, kind in sorted(plan.odd.items())
+    ]
+    if structure is None:
+        return findings, "unsealed: no content hashes and no structural proof for this format"
+    sf, sev = structure
+    evidence["structure"] = sev
+    consistent = not any(f.severity is Severity.ERROR for f in sf)
+    return findings + sf, "unsealed: structurally consistent, no content hashes" if consistent else "unsealed: structurally inconsistent"
 
 
 def integrity_check(
@@ -240,63 +275,24 @@ def integrity_check(
 ) -> CheckResult:
     """The ``integrity`` check from the plan and what was read; ``structure`` is the
     structural proof for an unsealed checkpoint (see :mod:`drill.integrity.structure`)."""
-    findings: list[Finding] = []
     evidence: dict[str, Any] = {"evidence_level": plan.evidence_level, "sample": str(plan.sample), "manifests": {}}
-    if plan.listing_error is not None:
-        findings.append(_finding("path-escapes", plan.checkpoint, f"refused: {plan.listing_error}"))
-        return CheckResult(name=NAME, summary="refused: a path leads out of the checkpoint; nothing was opened", findings=findings, evidence=evidence)
-    if plan.manifest_error is not None:
-        findings.append(_finding(plan.manifest_error.code, MANIFEST_NAME, str(plan.manifest_error)))
-        if plan.refuse:
-            return CheckResult(
-                name=NAME, summary="refused: the manifest names a path outside the checkpoint; nothing was opened", findings=findings, evidence=evidence
-            )
-    for fm in plan.foreign:
-        if fm.error is not None:
-            findings.append(_finding(fm.error.code, fm.name, str(fm.error)))
-    if plan.refuse:
-        return CheckResult(name=NAME, summary="refused: a manifest names a path outside the checkpoint; nothing was opened", findings=findings, evidence=evidence)
-
-    summary_parts = []
+    refused = _refusal(plan, evidence)
+    if refused is not None:
+        return refused
+    findings = [_finding(plan.manifest_error.code, MANIFEST_NAME, str(plan.manifest_error))] if plan.manifest_error else []
+    findings += [_finding(fm.error.code, fm.name, str(fm.error)) for fm in plan.foreign if fm.error is not None]
     if plan.manifest is not None:
-        mf, ev = _compare_manifest(plan, observed)
-        findings += mf
-        evidence.update(ev)
-        evidence["manifests"][MANIFEST_NAME] = f"proved the content of {ev['files_verified']} of {ev['files_listed']} files"
-        pct = 100.0 * ev["bytes_verified"] / ev["bytes_listed"] if ev["bytes_listed"] else 100.0
-        if plan.sample.is_full and not mf:
-            summary_parts.append(f"sealed: every byte matches the manifest ({ev['files_verified']} files, {human_bytes(ev['bytes_verified'])})")
-        elif not mf:
-            summary_parts.append(f"sealed, sampled {plan.sample}: {pct:.0f}% of bytes verified this drill, all match")
-        else:
-            summary_parts.append(f"sealed: {len(mf)} mismatch(es) against the manifest")
+        part, summary = _sealed_part(plan, observed, evidence)
     else:
-        if plan.manifest_error is None:
-            if require_sealed:
-                findings.append(
-                    _finding(
-                        "not-sealed",
-                        plan.checkpoint,
-                        "the checkpoint carries no drill manifest and the policy requires sealed checkpoints",
-                        hint=f"seal checkpoints when they are saved (drill.sdk.seal) or now: drill seal {plan.checkpoint}",
-                    )
-                )
-        if structure is not None:
-            sf, sev = structure
-            findings += sf
-            evidence["structure"] = sev
-            if not any(f.severity is Severity.ERROR for f in sf):
-                summary_parts.append("unsealed: structurally consistent, no content hashes")
-            else:
-                summary_parts.append("unsealed: structurally inconsistent")
-        else:
-            summary_parts.append("unsealed: no content hashes and no structural proof for this format")
+        part, summary = _unsealed_part(plan, require_sealed, structure, evidence)
+    findings += part
+    summaries = [summary]
     for fm in plan.foreign:
         if fm.error is None:
             ff, proved = _compare_foreign(fm, plan, observed)
             findings += ff
             evidence["manifests"][fm.name] = proved
-            summary_parts.append(proved)
+            summaries.append(proved)
     if not plan.sample.is_full:
         evidence["sampled"] = sorted(plan.selected)
-    return CheckResult(name=NAME, summary="; ".join(summary_parts), findings=findings, evidence=evidence)
+    return CheckResult(name=NAME, summary="; ".join(summaries), findings=findings, evidence=evidence)

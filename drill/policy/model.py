@@ -1,71 +1,154 @@
-"""What a policy says, as typed, validated dataclasses."""
+"""What a policy says, as typed dataclasses that validate themselves.
+
+Every ``__post_init__`` rejects a bad value or combination with a sentence saying why; it
+raises :class:`FieldError` naming the field, so the loader can point at the line. The units
+(durations in seconds, sizes in bytes) are already parsed here: :mod:`drill.policy.load`
+turns ``"10m"`` and ``"16GiB"`` into numbers with the same parsers the CLI flags use.
+"""
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 
-SELECTIONS = ("latest", "oldest", "random", "least-recently-drilled")
+from drill import parts
+from drill.checks import FINITE_SCANS
+from drill.device import parse_device
+from drill.formats import parse_format
+from drill.integrity.sampling import SampleSpecError, parse_sample
+from drill.replay.spec import ENTRYPOINT
+from drill.select import Selection
+from drill.verdict import SLO, FINAL
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+
+
+class FieldError(ValueError):
+    """A policy value that cannot be used; ``field`` is its key within its section."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(why)
+        self.field = field
+
+
+def _positive(name: str, value: float | int | None) -> None:
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        raise FieldError(name, f"must be positive, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Checkpoints:
     root: str
-    """Run directory (local path; ``s3://`` later)."""
+    """Run directory: a local path (relative to the policy file) or a storage URI."""
     format: str = "auto"
+    """``auto``, ``dcp``, ``torch-save``, ``lightning`` or ``hf-trainer``."""
     keep_last: int | None = None
     """The run's keep-last-K retention: the checkpoint it will purge next is never drilled."""
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Selection:
-    strategy: str = "latest"
-    """latest, oldest, random, least-recently-drilled — or a fixed step (``step``)."""
-    step: int | None = None
-    window: float | None = None
-    """For ``random``: only checkpoints saved within this many seconds."""
-    settle: float = 0.0
-    """Skip checkpoints younger than this many seconds (a save may still be in flight)."""
-    seed: int | None = None
-    """For ``random``: a fixed seed; otherwise one is drawn and recorded."""
+    def __post_init__(self) -> None:
+        if not self.root.strip():
+            raise FieldError("root", "must name the run directory")
+        try:
+            parse_format(self.format)
+        except ValueError as exc:
+            raise FieldError("format", str(exc)) from None
+        if self.keep_last is not None and self.keep_last < 1:
+            raise FieldError("keep_last", f"must be at least 1 (keep-last-{self.keep_last} would keep nothing)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Schedule:
     cron: str
+    """A crontab expression: 5 fields, or 6 with seconds first."""
     timezone: str = "UTC"
+    """An IANA time zone the cron expression is read in."""
     start_window: float = 3600.0
-    """Misfire grace: a run missed by less than this still starts (coalesced to one)."""
+    """Misfire grace in seconds: a run missed by less than this still starts (coalesced to one)."""
+
+    def __post_init__(self) -> None:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        from drill.policy.load import cron_trigger
+
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise FieldError("timezone", f"unknown timezone {self.timezone!r}") from None
+        try:
+            cron_trigger(self.cron, self.timezone)
+        except ValueError as exc:
+            raise FieldError("cron", f"invalid cron expression {self.cron!r}: {exc}") from None
+        _positive("start_window", self.start_window)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Contract:
     allow_missing: tuple[str, ...] = ()
+    """Parts whose absence is accepted (e.g. ``rng`` for a run without dropout)."""
     require: tuple[str, ...] | None = None
+    """Parts that must be present, replacing what the checkpoint's format requires."""
     finite_scan: str = "full"
+    """NaN/Inf scan of weights and moments: ``full``, ``sampled`` (≤ 64 Ki elements a tensor) or ``off``."""
     allow_classes: tuple[str, ...] = ()
+    """Classes a layout legitimately pickles (``module.Class``), allow-listed for the unpickler."""
+
+    def __post_init__(self) -> None:
+        for name in ("allow_missing", "require"):
+            bad = [p for p in getattr(self, name) or () if p not in parts.CANONICAL_PARTS]
+            if bad:
+                raise FieldError(name, f"unknown part(s) {', '.join(bad)} (expected {', '.join(parts.CANONICAL_PARTS)})")
+        if self.finite_scan not in FINITE_SCANS:
+            raise FieldError("finite_scan", f"unknown value {self.finite_scan!r} (expected {', '.join(FINITE_SCANS)})")
+        bad = [c for c in self.allow_classes if not DOTTED.match(c)]
+        if bad:
+            raise FieldError("allow_classes", f"{bad[0]!r} is not a dotted module.Class name")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Integrity:
     require_sealed: bool = False
+    """Fail a checkpoint without a drill manifest instead of accepting a structural proof."""
     sample: str = "all"
+    """Which files to hash: ``all``, ``n/t``, ``P%``, a size, ``auto[:P%|:SIZE]``."""
     coverage_days: float = 7.0
+    """Report the share of the checkpoint's bytes verified within this many days."""
+
+    def __post_init__(self) -> None:
+        try:
+            parse_sample(self.sample)
+        except SampleSpecError as exc:
+            raise FieldError("sample", str(exc)) from None
+        _positive("coverage_days", self.coverage_days)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Replay:
     enabled: bool = True
+    """Replay steps after the checkpoint and compare them with the original run."""
     entrypoint: str | None = None
+    """``module:function`` that builds the training objects; default: the one the run's
+    ``run.json`` names (run only if its code lies outside the run directory)."""
     steps: int = 5
+    """K: optimizer steps to replay."""
     rtol: float | None = None
+    """Relative tolerance for loss and grad norm (default: exact on the same device type)."""
     atol: float | None = None
+    """Absolute tolerance for loss and grad norm."""
     timeout: float = 300.0
+    """Wall-clock seconds for the replay (child start, restore, K steps)."""
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SLO:
-    max_restore_seconds: float | None = None
-    max_ttfs_seconds: float | None = None
+    def __post_init__(self) -> None:
+        if self.entrypoint is not None and not ENTRYPOINT.match(self.entrypoint):
+            raise FieldError("entrypoint", f"{self.entrypoint!r} must be module:function")
+        if self.steps < 1:
+            raise FieldError("steps", f"must be at least 1, got {self.steps}")
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise FieldError(name, f"must be a finite number ≥ 0, got {value!r}")
+        _positive("timeout", self.timeout)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,8 +159,22 @@ class Alerts:
     command: str | None = None
     """A command run with the payload on stdin."""
     timeout: float = 10.0
+    """Seconds for each delivery attempt."""
     retries: int = 3
+    """Attempts per webhook delivery."""
     on: tuple[str, ...] = ("failed", "error", "slo_breach", "aborted")
+    """The drill statuses that alert."""
+
+    def __post_init__(self) -> None:
+        if self.webhook is not None and not (self.webhook.startswith(("http://", "https://")) or re.match(r"^env:\w+$", self.webhook)):
+            raise FieldError("webhook", "must be an http(s) URL or env:NAME")
+        _positive("timeout", self.timeout)
+        if self.retries < 1:
+            raise FieldError("retries", f"must be at least 1, got {self.retries}")
+        known = [s.value for s in FINAL]
+        bad = [s for s in self.on if s not in known]
+        if bad:
+            raise FieldError("on", f"unknown status(es) {', '.join(bad)} (expected {', '.join(known)})")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,19 +184,34 @@ class Limits:
     memory: int | None = None
     """Address-space limit for the drill's child process, in bytes."""
 
+    def __post_init__(self) -> None:
+        _positive("timeout", self.timeout)
+        _positive("memory", self.memory)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
     name: str
+    """One scheduler job per name: letters, digits, ``.``, ``_``, ``-``."""
     checkpoints: Checkpoints
     path: str = ""
     """The file it was loaded from."""
     selection: Selection = field(default_factory=Selection)
     schedule: Schedule | None = None
+    """When to drill; a policy without one runs by hand or from cron only."""
     contract: Contract = field(default_factory=Contract)
     integrity: Integrity = field(default_factory=Integrity)
     replay: Replay = field(default_factory=Replay)
     slo: SLO = field(default_factory=SLO)
     alerts: Alerts = field(default_factory=Alerts)
     device: str = "auto"
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
     limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if not NAME.match(self.name):
+            raise FieldError("name", f"{self.name!r}: use letters, digits, '.', '_' and '-'")
+        try:
+            parse_device(self.device)
+        except ValueError as exc:
+            raise FieldError("device", str(exc)) from None

@@ -1,20 +1,17 @@
-"""A policy, turned into the :class:`~drill.runner.DrillRequest` for one drill."""
+"""A policy, turned into the :class:`~drill.pipeline.request.DrillRequest` for one drill."""
 
 from __future__ import annotations
 
 from drill.checks import Expectations
-from drill.integrity.sampling import parse_sample
+from drill.pipeline.request import DrillRequest
 from drill.policy.model import Policy
 from drill.replay import ReplaySpec, Tolerance
-from drill.runner import DrillRequest
-from drill.select import Selector
 
 
 def request_from_policy(policy: Policy, trigger: str) -> DrillRequest:
     r = policy.replay
     tolerance = None if r.rtol is None and r.atol is None else Tolerance(r.rtol or 0.0, r.atol or 0.0)
     return DrillRequest(
-        selector=Selector("latest"),  # replaced by the policy's selection
         root=policy.checkpoints.root,
         device=policy.device,
         trigger=trigger,
@@ -23,14 +20,14 @@ def request_from_policy(policy: Policy, trigger: str) -> DrillRequest:
             allow_missing=policy.contract.allow_missing,
             finite_scan=policy.contract.finite_scan,
         ),
-        sample=parse_sample(policy.integrity.sample),
+        sample=policy.integrity.sample,
         require_sealed=policy.integrity.require_sealed,
         coverage_days=policy.integrity.coverage_days,
         format=policy.checkpoints.format,
         allow_classes=policy.contract.allow_classes,
         replay=ReplaySpec(entrypoint=r.entrypoint, steps=r.steps, timeout=r.timeout, tolerance=tolerance, enabled=r.enabled),
         policy=policy.name,
-        policy_selection=policy.selection,
+        selection=policy.selection,
         keep_last=policy.checkpoints.keep_last,
         slo=policy.slo,
     )

@@ -8,6 +8,8 @@ a nightly drill must not migrate it behind an operator's back.
 from __future__ import annotations
 
 import os
+import re
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +29,23 @@ def default_database_path() -> Path:
     return Path(base) / "drill" / "drill.db"
 
 
+SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+
+
 def resolve_url(value: str | None = None) -> str:
     """``--db`` wins, then ``$DRILL_DATABASE_URL``, then the embedded SQLite file.
 
-    A value without ``://`` is a path to an SQLite file; ``postgresql://`` means psycopg 3.
+    A plain path is an SQLite file; ``postgresql://`` means psycopg 3. Anything that looks
+    like a URL of another kind — or a mistyped one (``postgresql:/host/db``) — is refused,
+    rather than silently becoming a file named after it.
     """
     value = value or os.environ.get(DATABASE_ENV) or str(default_database_path())
+    scheme = _SCHEME.match(value)
+    if scheme and len(scheme.group(1)) > 1 and not value.startswith("file:"):  # not a drive letter or file:
+        name = scheme.group(1).lower()
+        if name not in SCHEMES or "://" not in value:
+            raise UsageError(f"--db {safe_url(value)!r}: expected sqlite:///PATH, postgresql://HOST/DB or a file path")
     if "://" not in value:
         return f"sqlite:///{os.path.abspath(os.path.expanduser(value))}"
     for prefix in ("postgresql://", "postgres://"):
@@ -45,8 +58,8 @@ def safe_url(url: str | URL) -> str:
     """The URL with any password masked: the only form drill ever prints or logs."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "<unparseable database URL>"
+    except (ArgumentError, ValueError):
+        return re.sub(r"://[^@/]*@", "://***@", str(url))
 
 
 def migrations_dir() -> Path:
@@ -97,17 +110,19 @@ class Database:
         self.engine.dispose()
 
 
-def _make_engine(url: str) -> Engine:
+def _make_engine(url: str, *, readonly: bool = False) -> Engine:
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise UsageError(f"--db {url!r} is not a database URL (expected sqlite:///PATH or postgresql://…)") from None
+        raise UsageError(f"--db {safe_url(url)!r} is not a database URL (expected sqlite:///PATH or postgresql://…)") from None
     kwargs: dict = {}
     if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        _sqlite_directory(parsed.database)
         # The scheduler and a hand-run drill may write at once: wait for the lock, don't fail.
-        kwargs["connect_args"] = {"timeout": 30}
+        kwargs["connect_args"] = {"timeout": sqlite_busy_timeout()}
+        if readonly and parsed.database and parsed.database != ":memory:":
+            target = Path(parsed.database).resolve().as_uri()
+            kwargs["creator"] = lambda: sqlite3.connect(f"{target}?mode=ro", uri=True, timeout=sqlite_busy_timeout())
     elif parsed.get_backend_name() == "postgresql":
         kwargs["connect_args"] = {"connect_timeout": 10}
     try:
@@ -119,10 +134,36 @@ def _make_engine(url: str) -> Engine:
     return engine
 
 
+def sqlite_busy_timeout() -> float:
+    """Seconds an SQLite writer waits for a lock (``$DRILL_SQLITE_BUSY_TIMEOUT``, default 30)."""
+    try:
+        return max(0.0, float(os.environ.get("DRILL_SQLITE_BUSY_TIMEOUT", "30")))
+    except ValueError:
+        return 30.0
+
+
+def _sqlite_directory(database: str | None) -> None:
+    """The embedded default's directory is created on first use; any other must exist."""
+    if not database or database == ":memory:":
+        return
+    parent = Path(database).parent
+    if parent.is_dir():
+        return
+    if Path(database) == default_database_path():
+        parent.mkdir(parents=True, exist_ok=True)
+        return
+    raise UsageError(f"--db {database}: directory {parent} does not exist (create it first)")
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA journal_mode=WAL")
+    mode = cur.execute("PRAGMA journal_mode").fetchone()
+    if mode and str(mode[0]).lower() != "wal":
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:
+            pass  # a read-only connection keeps the file's journal mode
     cur.close()
 
 
@@ -133,6 +174,8 @@ def upgrade(url: str) -> tuple[str | None, str]:
     engine = _make_engine(url)
     try:
         before = _connectable_revision(engine, url)
+        if before is not None and before not in _known_revisions():
+            raise DatabaseError(_newer(url, before, head_revision()))
         with engine.begin() as conn:
             command.upgrade(alembic_config(conn), "head")
         return before, head_revision()
@@ -156,13 +199,9 @@ def open_database(url: str | None = None) -> Database:
     current = _connectable_revision(engine, url)
     head = head_revision()
     if current != head:
-        known = _known_revisions()
-        if current is not None and current not in known:
+        if current is not None and current not in _known_revisions():
             engine.dispose()
-            raise DatabaseError(
-                f"database {safe_url(url)} has schema revision {current}, newer than this drill knows "
-                f"(head {head}): upgrade drill"
-            )
+            raise DatabaseError(_newer(url, current, head))
         if engine.dialect.name == "sqlite":
             upgrade(url)
         else:
@@ -175,18 +214,67 @@ def open_database(url: str | None = None) -> Database:
     return Database(url=url, engine=engine, sessions=sessionmaker(engine, expire_on_commit=False))
 
 
-def schema_status(url: str | None = None) -> dict[str, str | None]:
+def read_database(url: str | None = None) -> Database | None:
+    """Open for reading only: no migration, no write (read-only SQLite files work), and
+    None when the embedded SQLite file does not exist yet (nothing was ever recorded)."""
+    url = resolve_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        if not Path(parsed.database).exists():
+            return None
+    engine = _make_engine(url, readonly=True)
+    current = _connectable_revision(engine, url)
+    head = head_revision()
+    if current == head:
+        return Database(url=url, engine=engine, sessions=sessionmaker(engine, expire_on_commit=False))
+    engine.dispose()
+    if current is None:
+        return None if parsed.get_backend_name() == "sqlite" else _raise(DatabaseError(f"database {safe_url(url)} holds no drill schema: run `drill db upgrade --db URL` once"))
+    if current not in _known_revisions():
+        raise DatabaseError(_newer(url, current, head))
+    if parsed.get_backend_name() == "sqlite":  # a drill that writes will upgrade it; reading needs the new schema now
+        return open_database(url)
+    raise DatabaseError(f"database {safe_url(url)} is at revision {current}; this drill needs {head}: run `drill db upgrade --db URL` once")
+
+
+def _raise(exc: Exception) -> Database:
+    raise exc
+
+
+def _newer(url: str, current: str, head: str) -> str:
+    return (
+        f"database {safe_url(url)} has schema revision {current}, newer than this drill knows (head {head}): "
+        "this drill is older than the database; install the drill version that upgraded it"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaStatus:
+    url: str
+    current: str | None
+    head: str
+    tables: tuple[str, ...]
+
+    @property
+    def state(self) -> str:
+        """``current``, ``behind`` (run ``drill db upgrade``) or ``ahead`` (this drill is older)."""
+        if self.current == self.head:
+            return "current"
+        return "ahead" if self.current is not None and self.current not in _known_revisions() else "behind"
+
+
+def schema_status(url: str | None = None) -> SchemaStatus:
     """The database's revision next to the head this drill ships."""
     url = resolve_url(url)
     engine = _make_engine(url)
     try:
         current = _connectable_revision(engine, url)
-        tables = sorted(inspect(engine).get_table_names())
+        tables = tuple(sorted(inspect(engine).get_table_names()))
     except SQLAlchemyError as exc:
         raise DatabaseError(f"cannot reach database {safe_url(url)}: {_reason(exc)}") from None
     finally:
         engine.dispose()
-    return {"url": safe_url(url), "current": current, "head": head_revision(), "tables": ",".join(tables)}
+    return SchemaStatus(safe_url(url), current, head_revision(), tables)
 
 
 def _known_revisions() -> set[str]:

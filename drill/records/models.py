@@ -10,11 +10,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-DRILL_STATUSES = ("running", "passed", "failed", "slo_breach", "error", "aborted")
-"""``running`` while a drill is in progress (a crash leaves it there as a visible trace);
-``slo_breach``: every check passed but restore latency or time to first step missed the
-policy's target — distinct from ``failed``, which is about the checkpoint itself."""
-
 
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC in and out, also on SQLite (which stores naive text)."""
@@ -72,6 +67,12 @@ class Drill(Base):
     started_at: Mapped[datetime] = mapped_column(index=True)
     finished_at: Mapped[datetime | None]
     status: Mapped[str] = mapped_column(String(16), index=True)
+    """A :class:`drill.verdict.DrillStatus` value."""
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    message: Mapped[str | None] = mapped_column(Text)
+    """Why the drill did not pass, in one line."""
+    process_start: Mapped[int | None] = mapped_column(BigInteger)
+    """The drill process's start time (clock ticks since boot): a reused pid is not the drill."""
     phase: Mapped[str] = mapped_column(String(32))
     """The last phase reached: where a crashed or aborted drill stopped."""
     error: Mapped[str | None] = mapped_column(Text)
@@ -80,7 +81,9 @@ class Drill(Base):
     discover_seconds: Mapped[float | None] = mapped_column(Float)
     read_seconds: Mapped[float | None] = mapped_column(Float)
     load_seconds: Mapped[float | None] = mapped_column(Float)
+    plan_seconds: Mapped[float | None] = mapped_column(Float)
     checks_seconds: Mapped[float | None] = mapped_column(Float)
+    replay_seconds: Mapped[float | None] = mapped_column(Float)
     bytes_read: Mapped[int | None] = mapped_column(BigInteger)
     throughput_bps: Mapped[float | None] = mapped_column(Float)
     """Bytes read per second of read + load."""
@@ -94,6 +97,7 @@ class Drill(Base):
     """Time to first step: drill start until the first replayed training step finished."""
     replay_verdict: Mapped[str | None] = mapped_column(String(32))
     """``passed``, ``diverged``, ``not replayable`` or ``error``."""
+    replay_reason: Mapped[str | None] = mapped_column(Text)
     policy: Mapped[str | None] = mapped_column(String(255), index=True)
     selection: Mapped[str | None] = mapped_column(Text)
     """How the checkpoint was chosen (with the seed of a random choice)."""
@@ -104,6 +108,7 @@ class Drill(Base):
         back_populates="drill", order_by="CheckRecord.id", cascade="all, delete-orphan"
     )
     replay_steps: Mapped[list[ReplayStep]] = relationship(order_by="ReplayStep.step", cascade="all, delete-orphan")
+    alerts: Mapped[list[Alert]] = relationship(order_by="Alert.id", cascade="all, delete-orphan")
 
 
 class CheckRecord(Base):
@@ -144,12 +149,15 @@ class ReplayStep(Base):
     drill_id: Mapped[int] = mapped_column(ForeignKey("drills.id", ondelete="CASCADE"), index=True)
     step: Mapped[int] = mapped_column(BigInteger)
     reference_loss: Mapped[float | None] = mapped_column(Float)
-    loss: Mapped[float] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float)
     reference_grad_norm: Mapped[float | None] = mapped_column(Float)
     grad_norm: Mapped[float | None] = mapped_column(Float)
     reference_batch: Mapped[str | None] = mapped_column(String(64))
     batch: Mapped[str | None] = mapped_column(String(64))
     matches: Mapped[bool] = mapped_column(Boolean)
+    nonfinite: Mapped[dict[str, Any] | None]
+    """Values that are NaN or ±Inf (``{"loss": "NaN"}``), whose float column holds NULL:
+    SQLite turns NaN into NULL and PostgreSQL's json rejects it, so they are stored as text."""
 
 
 class Alert(Base):

@@ -1,19 +1,46 @@
 """The replay's child process: build the objects, load the checkpoint, run K steps.
 
-It runs in its own process (``python -m drill.replay.child``) so that a hang can be killed at the timeout, a crash
-cannot take drill down, and the device memory it used is freed when it exits. It talks to
-the parent through one pipe: ``("restored", t)``, ``("step", record, t)``…, ``("done",)``
-or ``("error", traceback)``.
+It runs in its own isolated interpreter (see :mod:`drill.proc`) so that a hang can be killed
+at the timeout, a crash cannot take drill down, and the device memory it used is freed when
+it exits. It talks to the parent through one pipe: ``("restored", t)``, ``("step", record,
+t)``…, ``("done",)``, ``("refused", why)`` or ``("error", traceback)``.
+
+An entrypoint the run directory names (``run.json``) is imported only if its code lies
+outside the run directory and the checkpoint; one the user or policy names is trusted.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import os
 import sys
 import time
 import traceback
 from typing import Any
+
+from drill.proc import inside
+
+
+class Refused(Exception):
+    pass
+
+
+def check_origin(entrypoint: str, untrusted: tuple[str, ...]) -> None:
+    """Refuse an implicit entrypoint whose top-level package lives in an untrusted directory,
+    without executing any of it (the path finder only looks at files)."""
+    top = entrypoint.partition(":")[0].split(".")[0]
+    spec = importlib.machinery.PathFinder.find_spec(top)
+    if spec is None:
+        return  # a built-in or frozen module, or none at all: the import says which
+    places = [spec.origin] if spec.origin else []
+    places += list(spec.submodule_search_locations or [])
+    for place in places:
+        if place and inside(place, untrusted):
+            raise Refused(
+                f"the run names replay entrypoint {entrypoint}, whose code is at {place}, inside the run directory "
+                "or checkpoint: drill does not run code from a checkpoint unless you name it explicitly"
+            )
 
 
 def resolve_entrypoint(spec: str) -> Any:
@@ -24,45 +51,53 @@ def resolve_entrypoint(spec: str) -> Any:
     return obj
 
 
-def main(conn: Any, entrypoint: str, run_dir: str, checkpoint: str, device: str, steps: int) -> None:
+def main(conn: Any, entrypoint: str, trust: str, run_dir: str, checkpoint: str, device: str, steps: int) -> None:
     # stdout belongs to the parent's --json document: the trainer's prints go to stderr.
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     # Deterministic cuBLAS needs its workspace fixed before CUDA initializes.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     try:
-        import torch
-
-        from drill.restore.dcp import load_into
-        from drill.storage import storage_for
-
-        dev = torch.device(device)
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        target = resolve_entrypoint(entrypoint)(run_dir=run_dir, checkpoint=checkpoint, device=dev)
-        threads = getattr(target, "threads", None)
-        if threads:
-            torch.set_num_threads(int(threads))
-        torch.use_deterministic_algorithms(True)
-        if hasattr(target, "restore"):  # a target that loads its own (non-DCP) checkpoint
-            target.restore(checkpoint)
-        else:
-            load_into(storage_for(checkpoint), checkpoint, target.stateful())
-        conn.send(("restored", time.perf_counter()))
-        for _ in range(steps):
-            record = target.step()
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            conn.send(("step", record, time.perf_counter()))
-        conn.send(("done",))
+        if trust != "explicit":
+            check_origin(entrypoint, (run_dir, checkpoint))
+        _replay(conn, entrypoint, run_dir, checkpoint, device, steps)
+    except Refused as exc:
+        conn.send(("refused", str(exc)))
     except BaseException:  # noqa: BLE001 - the traceback is the evidence
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
 
 
+def _replay(conn: Any, entrypoint: str, run_dir: str, checkpoint: str, device: str, steps: int) -> None:
+    import torch
+
+    from drill.formats.dcp import load_into
+    from drill.storage import storage_for
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    target = resolve_entrypoint(entrypoint)(run_dir=run_dir, checkpoint=checkpoint, device=dev)
+    threads = getattr(target, "threads", None)
+    if threads:
+        torch.set_num_threads(int(threads))
+    torch.use_deterministic_algorithms(True)
+    if hasattr(target, "restore"):  # a target that loads its own (non-DCP) checkpoint
+        target.restore(checkpoint)
+    else:
+        load_into(storage_for(checkpoint), checkpoint, target.stateful())
+    conn.send(("restored", time.perf_counter()))
+    for _ in range(steps):
+        record = target.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        conn.send(("step", record, time.perf_counter()))
+    conn.send(("done",))
+
+
 if __name__ == "__main__":
     from multiprocessing.connection import Connection
 
-    fd, entry, run, ckpt, dev, k = sys.argv[1:7]
-    main(Connection(int(fd), readable=False), entry, run, ckpt, dev, int(k))
+    fd, entry, trust, run, ckpt, dev, k = sys.argv[1:8]
+    main(Connection(int(fd), readable=False), entry, trust, run, ckpt, dev, int(k))

@@ -13,6 +13,12 @@ class Tolerance:
     rtol: float = 0.0
     atol: float = 0.0
 
+    def __post_init__(self) -> None:
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"--{name} must be a finite number ≥ 0, not {value!r}")
+
     def close(self, a: float, b: float) -> bool:
         if math.isnan(a) or math.isnan(b):
             return math.isnan(a) and math.isnan(b)

@@ -12,15 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drill.proc import child_preexec, python_command
 from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE, Divergence, Tolerance, compare_steps
 from drill.replay.reference import Reference, load_reference
-from drill.replay.spec import ReplaySpec
+from drill.replay.spec import ENTRYPOINT, ReplaySpec
 from drill.sdk.steplog import STEP_LOG, StepRecord
 
 FRAMEWORK_LOG = Tolerance(rtol=1e-3, atol=1e-4)
 """Frameworks round what they log (HF: 4 decimals): compare to that precision."""
 
-PASSED, DIVERGED, NOT_REPLAYABLE, ERROR = "passed", "diverged", "not replayable", "error"
+PASSED, DIVERGED, NOT_REPLAYABLE, ERROR, REFUSED = "passed", "diverged", "not replayable", "error", "refused"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -39,15 +40,17 @@ class ReplayOutcome:
     traceback: str | None = None
 
 
-def entrypoint_for(run_dir: str, spec: ReplaySpec) -> str | None:
-    """``--replay``, else the entrypoint the run names in its ``run.json`` (the demo does)."""
+def entrypoint_for(run_dir: str, spec: ReplaySpec) -> tuple[str | None, bool]:
+    """(entrypoint, explicit): ``--replay`` or the policy's (explicit), else the one the run
+    names in its ``run.json`` (the demo does), which is only trusted outside the run."""
     if spec.entrypoint:
-        return spec.entrypoint
+        return spec.entrypoint, True
     run_json = Path(run_dir) / "run.json"
     try:
-        return json.loads(run_json.read_text()).get("replay") if run_json.is_file() else None
-    except (json.JSONDecodeError, OSError):
-        return None
+        named = json.loads(run_json.read_text()).get("replay") if run_json.is_file() else None
+    except (ValueError, OSError, AttributeError, RecursionError):
+        return None, False
+    return (named, False) if isinstance(named, str) and ENTRYPOINT.match(named) else (None, False)
 
 
 def tolerance_for(reference: Reference, device: str, spec: ReplaySpec) -> Tolerance:
@@ -62,7 +65,7 @@ def tolerance_for(reference: Reference, device: str, spec: ReplaySpec) -> Tolera
 def run_replay(*, spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | None, device: str) -> ReplayOutcome:
     """Replay K steps after ``checkpoint`` (at ``step``) and compare with the original run."""
     started = time.perf_counter()
-    entrypoint = entrypoint_for(run_dir, spec)
+    entrypoint, explicit = entrypoint_for(run_dir, spec)
     if entrypoint is None:
         return ReplayOutcome(
             verdict=NOT_REPLAYABLE,
@@ -83,12 +86,12 @@ def run_replay(*, spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | N
         )
     k = max(wanted) - step
     tol = tolerance_for(reference, device, spec)
-    outcome = _run_child(entrypoint, run_dir, checkpoint, device, k, spec.timeout, started)
+    outcome = _run_child(entrypoint, explicit, run_dir, checkpoint, device, k, spec.timeout, started)
     outcome.tolerance = tol
     outcome.reference_source = reference.source
     replayed = [got for _, got in outcome.steps]
     outcome.steps = [(reference.steps.get(got.step), got) for got in replayed]
-    if outcome.verdict == ERROR:
+    if outcome.verdict in (ERROR, REFUSED):
         return outcome
     if replayed and replayed[0].step != step + 1:
         outcome.verdict = DIVERGED
@@ -106,20 +109,21 @@ def run_replay(*, spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | N
     return outcome
 
 
-def _run_child(entrypoint: str, run_dir: str, checkpoint: str, device: str, steps: int, timeout: float, started: float) -> ReplayOutcome:
+def _run_child(
+    entrypoint: str, explicit: bool, run_dir: str, checkpoint: str, device: str, steps: int, timeout: float, started: float
+) -> ReplayOutcome:
     # A fresh interpreter, not a fork: a forked child of a process that already used torch's
     # thread pools can deadlock, and a fresh one frees all its (device) memory when it exits.
+    # Isolated: nothing in the run directory or the checkpoint is on its import path.
     read_fd, write_fd = os.pipe()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    cmd = [sys.executable, "-m", "drill.replay.child", str(write_fd), entrypoint, run_dir, checkpoint, device, str(steps)]
-    from drill.scheduling.proc import child_preexec
-
+    trust = "explicit" if explicit else "implicit"
+    args = (str(write_fd), entrypoint, trust, run_dir, checkpoint, device, str(steps))
+    cmd = python_command("drill.replay.child", *args, untrusted=(run_dir, checkpoint))
     proc = subprocess.Popen(
         cmd,
         pass_fds=(write_fd,),
         stdin=subprocess.DEVNULL,
         stdout=_stderr_fd(),
-        env=env,
         preexec_fn=child_preexec(),  # noqa: PLW1509 - dies with the drill that started it
     )
     os.close(write_fd)
@@ -148,6 +152,9 @@ def _run_child(entrypoint: str, run_dir: str, checkpoint: str, device: str, step
                 outcome.steps.append((None, msg[1]))
                 if outcome.first_step_at is None:
                     outcome.first_step_at = time.perf_counter()
+            elif msg[0] == "refused":
+                outcome.verdict, outcome.reason = REFUSED, msg[1]
+                return outcome
             elif msg[0] == "error":
                 outcome.traceback = msg[1]
                 last = msg[1].strip().splitlines()[-1]
@@ -156,6 +163,9 @@ def _run_child(entrypoint: str, run_dir: str, checkpoint: str, device: str, step
             elif msg[0] == "done":
                 outcome.verdict = PASSED
                 return outcome
+    except BaseException:
+        proc.kill()  # interrupted: the child goes at once, not after its grace time
+        raise
     finally:
         outcome.seconds = time.perf_counter() - started
         try:

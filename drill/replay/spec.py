@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from drill.replay.compare import Tolerance
+
+ENTRYPOINT = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+"""``package.module:function`` (or ``module:Class.method``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,9 +24,9 @@ class ReplaySpec:
     enabled: bool = True
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError("replay steps must be at least 1")
-        if self.timeout <= 0:
-            raise ValueError("replay timeout must be positive")
-        if self.entrypoint is not None and ":" not in self.entrypoint:
-            raise ValueError(f"replay entrypoint {self.entrypoint!r} must be module:function")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"replay steps must be an integer of at least 1, not {self.steps!r}")
+        if not self.timeout > 0 or self.timeout == float("inf"):
+            raise ValueError(f"replay timeout must be a positive number of seconds, not {self.timeout!r}")
+        if self.entrypoint is not None and not ENTRYPOINT.match(self.entrypoint):
+            raise ValueError(f"replay entrypoint {self.entrypoint!r} must be module:function, e.g. mytrainer.replay:build_replay")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
+from drill.integrity.hashing import FileHashes
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,20 +19,6 @@ class TensorInfo:
     rank: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class HashPlan:
-    """Which files the restore hashes while reading them, and how."""
-
-    chunk_size: int = DEFAULT_CHUNK_SIZE
-    files: frozenset[str] | None = None
-    """None: every file (the default); else only these (a sampled drill)."""
-    sha256: frozenset[str] = frozenset()
-    """Files a foreign manifest lists with SHA-256 digests, hashed with that too."""
-
-    def wants(self, path: str) -> bool:
-        return self.files is None or path in self.files
-
-
 @dataclass(slots=True)
 class FileRead:
     relative_path: str
@@ -41,7 +27,10 @@ class FileRead:
     bytes_read: int = 0
     error: str | None = None
     error_kind: str | None = None
-    """``missing``, ``unreadable``, ``escapes`` or ``short-read``."""
+    """``missing``, ``unreadable``, ``escapes``, ``not-regular`` or ``changed`` (see
+    :func:`drill.integrity.reading.describe_read_error`)."""
+    retries: int = 0
+    """Transient read errors survived by reading again."""
     hashes: FileHashes | None = None
     """Chunk digests of the bytes read, computed in the same pass that restores them."""
     items: int = 0
@@ -67,6 +56,7 @@ class RestoreResult:
     files: list[FileRead] = field(default_factory=list)
     failures: list[ItemFailure] = field(default_factory=list)
     metadata_error: str | None = None
+    """Why nothing of the state could be loaded (an unreadable or unsafe index), if so."""
     index: Any = None
     """The format's own index of where each entry lives (DCP: ``Metadata.storage_data``)."""
     inventory: list[TensorInfo] = field(default_factory=list)

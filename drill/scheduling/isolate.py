@@ -1,34 +1,42 @@
 """One policy drill in its own child process, with a wall-clock timeout and a memory limit.
 
 A crash, an OOM kill or a hang in a restore cannot take the caller (the scheduler, or the
-``drill run --policy`` a crontab started) down with it; the caller records what happened —
-exit code or signal, last phase reached — so no drill is ever missing from the record.
+``drill run --policy`` a crontab started) down with it. The child runs the pipeline with the
+policy it is handed and sends its drill id as soon as the record exists, then the outcome.
+If it dies first, the caller closes that very record with how it died — or, if no record
+existed yet, writes one — so every policy drill is on the record exactly once.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 import threading
+import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, Pipe
 from typing import Any
 
 from drill.alerts import Delivery, send_alerts
+from drill.errors import ExitCode
+from drill.pipeline.recorder import DrillStart
 from drill.policy.model import Policy
+from drill.proc import child_preexec, python_command
 from drill.records.store import Records
-from drill.scheduling.proc import child_preexec
+from drill.verdict import DrillStatus, exit_code_for
+from drill.units import human_bytes
+
 
 @dataclass(slots=True)
 class IsolatedResult:
     drill_id: int | None
-    status: str
+    status: DrillStatus | None
+    """None when the child refused to start (a usage problem): nothing was recorded."""
     exit_code: int
     message: str | None
     document: dict[str, Any] | None = None
     deliveries: list[Delivery] = field(default_factory=list)
+    record_problem: str | None = None
 
 
 # Children of this process, so a graceful stop can ask them to wrap up (see scheduler).
@@ -36,87 +44,120 @@ RUNNING: dict[int, subprocess.Popen] = {}
 _LOCK = threading.Lock()
 
 
-def describe_exit(code: int, timed_out: float | None) -> str:
+def describe_exit(code: int | None, timed_out: float | None) -> str:
     if timed_out is not None:
-        return f"killed at the policy's {timed_out:g} s timeout"
-    if code < 0:
+        return f"was killed at the policy's {timed_out:g} s timeout"
+    if code is not None and code < 0:
         sig = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         why = " (the OOM killer's signal, or an operator's)" if -code == signal.SIGKILL else ""
-        return f"killed by {sig}{why}"
+        return f"was killed by {sig}{why}"
     return f"exited with code {code} without a verdict"
 
 
+@dataclass(slots=True)
+class _Heard:
+    drill_id: int | None = None
+    outcome: dict[str, Any] | None = None
+    record_problem: str | None = None
+    refused: tuple[int, str] | None = None
+    timed_out: float | None = None
+
+
 def run_isolated(policy: Policy, db_url: str, records: Records, *, trigger: str) -> IsolatedResult:
-    """Run ``policy``'s drill in a child ``drill run --policy … --in-child`` and record it."""
-    env = {**os.environ, "DRILL_DATABASE_URL": db_url, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    cmd = [sys.executable, "-m", "drill", "run", "--policy", policy.path, "--in-child", "--trigger", trigger, "--json"]
+    """Run ``policy``'s drill in a child process, make sure it is recorded once, alert."""
+    ours, theirs = Pipe(duplex=True)
     proc = subprocess.Popen(
-        cmd,
+        python_command("drill.scheduling.child", str(theirs.fileno()), untrusted=(policy.checkpoints.root,)),
+        pass_fds=(theirs.fileno(),),
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=_stderr(),
-        env=env,
         preexec_fn=child_preexec(policy.limits.memory),  # noqa: PLW1509 - no threads touched before exec
-        text=True,
     )
+    theirs.close()
     with _LOCK:
         RUNNING[proc.pid] = proc
-    timed_out = None
     try:
-        out, _ = proc.communicate(timeout=policy.limits.timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        timed_out = policy.limits.timeout
+        heard = _listen(ours, proc, policy, db_url, trigger)
     finally:
         with _LOCK:
             RUNNING.pop(proc.pid, None)
-    doc = _document(out)
-    if doc is not None and timed_out is None:
-        result = IsolatedResult(doc["drill_id"], doc["status"], proc.returncode, doc.get("message"), doc)
+        ours.close()
+    if heard.refused is not None:
+        return IsolatedResult(None, None, heard.refused[0], heard.refused[1])
+    result = _account(heard, proc, policy, records, trigger)
+    return _alert(result, policy, records)
+
+
+def _listen(conn: Connection, proc: subprocess.Popen, policy: Policy, db_url: str, trigger: str) -> _Heard:
+    heard = _Heard()
+    deadline = time.monotonic() + policy.limits.timeout
+    try:
+        conn.send((policy, db_url, trigger))
+        while heard.outcome is None and heard.refused is None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not conn.poll(left):
+                heard.timed_out = policy.limits.timeout
+                proc.kill()
+                break
+            msg = conn.recv()
+            if msg[0] == "begun":
+                heard.drill_id = msg[1]
+            elif msg[0] == "outcome":
+                heard.outcome, heard.record_problem = msg[1], msg[2]
+            elif msg[0] == "refused":
+                heard.refused = (msg[1], msg[2])
+    except (EOFError, OSError):
+        pass  # the child died: _account says how
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return heard
+
+
+def _account(heard: _Heard, proc: subprocess.Popen, policy: Policy, records: Records, trigger: str) -> IsolatedResult:
+    """The child's own verdict, or — if it died without one — the record of how it died."""
+    if heard.outcome is not None and heard.timed_out is None:
+        doc = heard.outcome
+        return IsolatedResult(doc["id"], DrillStatus(doc["status"]), int(doc["exit_code"]), doc.get("message"), doc, record_problem=heard.record_problem)
+    reason = f"the drill process {describe_exit(proc.returncode, heard.timed_out)}"
+    if policy.limits.memory and heard.timed_out is None and proc.returncode != 0:
+        reason += f"; its memory limit was {human_bytes(policy.limits.memory)}"
+    # Stopped on purpose (SIGINT/SIGTERM: a scheduler shutting down) is `aborted`; a crash, an
+    # OOM kill or a timeout is an `error` of the drill.
+    stopped = heard.timed_out is None and proc.returncode in (130, 143, -signal.SIGTERM, -signal.SIGINT)
+    status = DrillStatus.ABORTED if stopped else DrillStatus.ERROR
+    code = exit_code_for(status, signum=signal.SIGTERM if proc.returncode in (143, -signal.SIGTERM) else None)
+    drill_id = heard.drill_id
+    if drill_id is not None:
+        records.close_dead_drill(drill_id, status=status, exit_code=int(code), reason=reason)
     else:
-        reason = describe_exit(proc.returncode, timed_out)
-        if policy.limits.memory and proc.returncode != 0 and timed_out is None:
-            reason += f"; its memory limit was {policy.limits.memory} bytes"
-        # Stopped on purpose (SIGINT/SIGTERM: a scheduler shutting down) is `aborted`; a crash,
-        # an OOM kill or a timeout is an `error` of the drill.
-        stopped = timed_out is None and proc.returncode in (130, -signal.SIGTERM, -signal.SIGINT)
-        status = "aborted" if stopped else "error"
-        drill_id = records.running_drill_of(proc.pid)
-        if drill_id is not None:
-            records.close_dead_drill(drill_id, status=status, reason=f"the drill process {reason}")
-        else:
-            drill_id = records.record_lost_drill(
-                run_root=policy.checkpoints.root,
-                trigger=trigger,
-                policy=policy.name,
-                reason=f"the drill process {reason} before recording",
-                status=status,
-            )
-        result = IsolatedResult(drill_id, records.get(drill_id)["status"], proc.returncode, f"the drill process {reason}")
-    if result.drill_id is not None:
-        drill = {**records.get(result.drill_id), "message": result.message}
-        result.deliveries = send_alerts(policy.alerts, drill, policy.name)
-        if result.deliveries:
-            records.record_alerts(result.drill_id, result.deliveries)
+        drill_id = _record_lost(records, policy, trigger, status, code, f"{reason} before it could record anything")
+    outcome = records.get(drill_id)
+    return IsolatedResult(drill_id, outcome.status, int(outcome.exit_code), outcome.message, outcome.to_document())
+
+
+def _record_lost(records: Records, policy: Policy, trigger: str, status: DrillStatus, code: ExitCode, reason: str) -> int:
+    """A drill whose process died before it wrote a row: it still goes on the record."""
+    from datetime import datetime, timezone
+
+    start = DrillStart(
+        run_root=policy.checkpoints.root, selector=str(policy.selection), trigger=trigger, device=policy.device,
+        policy=policy.name, started_at=datetime.now(timezone.utc), versions={"drill": None, "torch": None},
+    )  # fmt: skip
+    drill_id = records.begin_drill(start)
+    records.close_dead_drill(drill_id, status=status, exit_code=int(code), reason=reason)
+    return drill_id
+
+
+def _alert(result: IsolatedResult, policy: Policy, records: Records) -> IsolatedResult:
+    if result.drill_id is None or result.document is None:
+        return result
+    result.deliveries = send_alerts(policy.alerts, result.document, policy.name)
+    if result.deliveries:
+        records.record_alerts(result.drill_id, result.deliveries)
+        result.document = records.get(result.drill_id).to_document()
     return result
-
-
-def _document(out: str | None) -> dict[str, Any] | None:
-    if not out:
-        return None
-    try:
-        doc = json.loads(out)
-    except json.JSONDecodeError:
-        return None
-    return doc if isinstance(doc, dict) and "drill_id" in doc else None
-
-
-def _stderr() -> int | None:
-    try:
-        return sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):
-        return subprocess.DEVNULL
 
 
 def stop_children(grace: float) -> None:

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from drill.errors import DrillError, ExitCode
+from drill.errors import DrillError, ExitCode, UsageError
 from drill.policy.model import Policy
 from drill.records.db import open_database
 from drill.records.store import Records
@@ -42,6 +42,8 @@ class _Context:
     holder: str = ""
     policies: dict[str, Policy] = field(default_factory=dict)
     on_result: Any = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+    """Set on SIGTERM/SIGINT: a job that fires after it starts no drill."""
 
 
 _CONTEXT = _Context()
@@ -55,6 +57,9 @@ def fire(policy_name: str) -> None:
     if policy is None:
         log.warning("no policy %s loaded; job ignored", policy_name)
         return
+    if _CONTEXT.stopping.is_set():
+        log.info("stopping: policy %s not started", policy_name)
+        return
     db = open_database(_CONTEXT.db_url)
     try:
         records = Records(db)
@@ -62,7 +67,7 @@ def fire(policy_name: str) -> None:
             log.error("lost the scheduler lease; not firing %s", policy_name)
             return
         result = run_isolated(policy, _CONTEXT.db_url, records, trigger="scheduler")
-        log.info("policy %s: drill #%s %s", policy_name, result.drill_id, result.status)
+        log.info("policy %s: drill #%s %s", policy_name, result.drill_id, result.status or f"not started: {result.message}")
         if _CONTEXT.on_result is not None:
             _CONTEXT.on_result(policy_name, result)
     except Exception:  # noqa: BLE001 - a failing job must not take the scheduler down
@@ -84,8 +89,6 @@ class DrillScheduler:
     ) -> None:
         missing = [p.name for p in policies if p.schedule is None]
         if missing:
-            from drill.errors import UsageError
-
             raise UsageError(f"policy {', '.join(missing)} has no schedule: section; it can only be run by hand or from cron")
         self.policies = policies
         self.db_url = db_url
@@ -115,11 +118,12 @@ class DrillScheduler:
                 "only one may fire drills",
                 hint=f"stop it first; if it died, its lease lapses at {other['expires_at']}",
             )
-        recovered = records.recover_orphans()
-        if recovered:
-            log.warning("drills %s were left running by a dead process: recorded as aborted", recovered)
+        from drill.records.recorder import DatabaseRecorder
+
+        DatabaseRecorder(db).reconcile()  # spooled verdicts first, then drills a dead process left
         _CONTEXT.db_url, _CONTEXT.holder = self.db_url, self.holder
         _CONTEXT.policies = {p.name: p for p in self.policies}
+        _CONTEXT.stopping = self.stop_event
         scheduler = BackgroundScheduler(
             jobstores={"default": SQLAlchemyJobStore(engine=db.engine, tablename="apscheduler_jobs")},
             executors={"default": ThreadPoolExecutor(self.concurrency)},

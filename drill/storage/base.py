@@ -1,8 +1,9 @@
-"""The storage contract every backend implements."""
+"""The storage contract every backend implements: URIs as ``str``, five operations."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import BinaryIO, Protocol
 
 
@@ -14,15 +15,38 @@ class PathEscapesCheckpoint(StorageError):
     """A relative path would leave the checkpoint (``..``, absolute, or a symlink leading out)."""
 
 
+class NotARegularFile(StorageError):
+    """A FIFO, socket or device where a file should be: never opened (opening a FIFO blocks)."""
+
+
+class EntryKind(str, Enum):
+    FILE = "file"
+    DIR = "dir"
+    DANGLING = "dangling"
+    """A symlink whose target does not exist."""
+    OTHER = "other"
+    """A FIFO, socket or device node: not checkpoint data, and never opened."""
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     name: str
     """Last component of the URI."""
     uri: str
-    is_dir: bool
+    kind: EntryKind
     size: int
     mtime: float
     """Seconds since the epoch (UTC)."""
+    link_target: str | None = None
+    """Where a symlink points, as written in the link (local filesystems only)."""
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind is EntryKind.DIR
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind is EntryKind.FILE
 
 
 class Storage(Protocol):
@@ -31,19 +55,24 @@ class Storage(Protocol):
         ...
 
     def stat(self, uri: str) -> Entry:
-        """The entry at ``uri``; raises ``FileNotFoundError`` when absent."""
+        """The entry at ``uri`` (following symlinks); raises ``FileNotFoundError`` when absent."""
         ...
 
     def open(self, uri: str) -> BinaryIO:
-        """A binary stream reading ``uri`` from its first byte."""
-        ...
-
-    def map(self, uri: str) -> memoryview | None:
-        """The whole object as a read-only memory map, or ``None`` where the backend cannot
-        map (object storage): the caller then reads it with :meth:`open`."""
+        """A binary stream reading the regular file ``uri`` from its first byte; raises
+        :class:`NotARegularFile` — without blocking — for anything else."""
         ...
 
     def child(self, base: str, relative: str) -> str:
         """The URI of ``relative`` inside ``base``; raises :class:`PathEscapesCheckpoint` when it
         would resolve outside ``base``."""
+        ...
+
+    def write(self, uri: str, data: bytes, *, replace: bool = False) -> None:
+        """Write ``data`` to ``uri`` atomically: readers see the old object or the new one,
+        never a torn one. Without ``replace``, raises ``FileExistsError`` if ``uri`` exists."""
+        ...
+
+    def normalize(self, uri: str) -> str:
+        """The canonical spelling of ``uri`` that records key on (an absolute path locally)."""
         ...

@@ -1,18 +1,31 @@
-"""Local and shared (POSIX) filesystems."""
+"""Local and shared (POSIX) filesystems.
+
+Files are read through ordinary descriptors, never memory-mapped: a file truncated while it
+is mapped kills the reader with SIGBUS (DCP truncates when it re-saves into a directory), and
+a drill must turn that into a finding, not die. Opens are non-blocking and type-checked, so a
+FIFO planted in a checkpoint is reported instead of hanging the drill.
+"""
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat as stat_mod
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
-from drill.storage.base import Entry, PathEscapesCheckpoint
+from drill.storage.base import Entry, EntryKind, NotARegularFile, PathEscapesCheckpoint
 
 
 def _path(uri: str) -> str:
     return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+def _kind(mode: int) -> EntryKind:
+    if stat_mod.S_ISDIR(mode):
+        return EntryKind.DIR
+    if stat_mod.S_ISREG(mode):
+        return EntryKind.FILE
+    return EntryKind.OTHER
 
 
 class LocalStorage:
@@ -23,40 +36,45 @@ class LocalStorage:
         entries = []
         with os.scandir(path) as it:
             for de in it:
+                full = os.path.join(path, de.name)
+                target = os.readlink(full) if de.is_symlink() else None
                 try:
                     st = de.stat(follow_symlinks=True)
-                except FileNotFoundError:  # a dangling symlink, or removed while we listed
+                except FileNotFoundError:
+                    if target is None:  # removed while we listed
+                        continue
+                    entries.append(Entry(de.name, full, EntryKind.DANGLING, 0, 0.0, target))
                     continue
-                entries.append(
-                    Entry(de.name, os.path.join(path, de.name), stat_mod.S_ISDIR(st.st_mode), st.st_size, st.st_mtime)
-                )
+                entries.append(Entry(de.name, full, _kind(st.st_mode), st.st_size, st.st_mtime, target))
         return sorted(entries, key=lambda e: e.name)
 
     def stat(self, uri: str) -> Entry:
         path = _path(uri)
         st = os.stat(path)
-        return Entry(os.path.basename(path.rstrip("/")), path, stat_mod.S_ISDIR(st.st_mode), st.st_size, st.st_mtime)
+        target = os.readlink(path) if os.path.islink(path) else None
+        return Entry(os.path.basename(path.rstrip("/")) or path, path, _kind(st.st_mode), st.st_size, st.st_mtime, target)
 
     def open(self, uri: str) -> BinaryIO:
         path = _path(uri)
-        if os.path.isdir(path):
-            raise IsADirectoryError(21, "Is a directory", path)
-        return open(path, "rb", buffering=0)
-
-    def map(self, uri: str) -> memoryview | None:
-        # Mapping the page cache avoids copying every byte into a fresh buffer (and the page
-        # faults of first touching it), which made a read-then-load restore 3x slower than
-        # DCP's own reader. The cost: a file truncated *while* mapped raises SIGBUS; drills
-        # that must survive that run in a child process.
-        path = _path(uri)
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return memoryview(b"")
-            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+        # The type is checked on the descriptor itself, so a file swapped for a FIFO between a
+        # listing and this open is caught too.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat_mod.S_ISDIR(mode):
+                raise IsADirectoryError(21, "Is a directory", path)
+            if not stat_mod.S_ISREG(mode):
+                raise NotARegularFile(f"{path} is not a regular file (a FIFO, socket or device): not opened for reading")
+            os.set_blocking(fd, True)
+            return open(fd, "rb", buffering=0, closefd=True)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def child(self, base: str, relative: str) -> str:
         rel = PurePosixPath(relative)
-        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\x00" in relative:
             raise PathEscapesCheckpoint(f"path {relative!r} escapes checkpoint {base}")
         root = os.path.realpath(_path(base))
         target = os.path.join(root, *rel.parts)
@@ -65,3 +83,30 @@ class LocalStorage:
         if os.path.commonpath([root, resolved]) != root:
             raise PathEscapesCheckpoint(f"path {relative!r} in {base} resolves outside it, to {resolved}")
         return target
+
+    def write(self, uri: str, data: bytes, *, replace: bool = False) -> None:
+        """temp file → fsync → rename (or link, which refuses to replace) → fsync the directory."""
+        target = _path(uri)
+        directory = os.path.dirname(target) or "."
+        tmp = os.path.join(directory, f".{os.path.basename(target)}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            with open(fd, "wb", closefd=True) as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if replace:
+                os.replace(tmp, target)
+            else:
+                os.link(tmp, target)  # atomic create-if-absent: never clobbers a concurrent writer
+        finally:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def normalize(self, uri: str) -> str:
+        return os.path.abspath(_path(uri))

@@ -1,4 +1,4 @@
-"""Restore a PyTorch Distributed Checkpoint (DCP) directory through drill's own reader.
+"""The ``dcp`` adapter: PyTorch Distributed Checkpoint directories, through drill's own reader.
 
 ``torch.distributed.checkpoint.FileSystemReader`` unpickles ``.metadata`` with plain
 ``pickle`` and deserializes non-tensor entries with ``weights_only=False``: loading an
@@ -11,11 +11,10 @@ file and entry it could not restore instead of stopping at the first.
 from __future__ import annotations
 
 import io
-from collections import deque
 import os
-import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future as CFuture
 from concurrent.futures import ThreadPoolExecutor
@@ -31,13 +30,17 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from drill import parts
 from drill.discover import DCP_METADATA, CheckpointRef
-from drill.integrity.hashing import FileHashes
-from drill.restore.progress import NullProgress, Progress
-from drill.restore.stream import ViewReader, describe_read_error, read_whole
-from drill.restore.result import FileRead, HashPlan, ItemFailure, RestoreResult, TensorInfo
+from drill.formats.base import RestoreContext, one_line
+from drill.formats.canonical import Layout
+from drill.formats.safeload import load_failure
+from drill.integrity.reading import describe_read_error, read_whole
+from drill.restore import FileRead, ItemFailure, RestoreResult, TensorInfo
 from drill.safe_pickle import restricted_loads
 from drill.storage import Storage
+from drill.views import ViewReader
+
 
 class MetadataUnreadable(Exception):
     pass
@@ -58,49 +61,36 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         fqn = read_item.dest_index.fqn
         try:
             obj = torch.load(value, weights_only=True)
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[fqn], obj)
-            else:
-                self.state_dict[fqn] = obj
-            self.values_loaded += 1
         except Exception as exc:  # noqa: BLE001 - any failure is evidence, not a crash
-            unsafe = "Weights only load failed" in str(exc)
-            self._failures.append(
-                ItemFailure(
-                    fqn,
-                    None,
-                    "refused to unpickle: it names code outside the allow-list; nothing was executed"
-                    if unsafe
-                    else f"value does not deserialize safely: {_one_line(exc)}",
-                    code="unsafe-pickle" if unsafe else "entry-not-loaded",
-                )
-            )
+            code, reason = load_failure(exc)
+            self._failures.append(ItemFailure(fqn, None, reason, code=code))
+            return
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+        self.values_loaded += 1
 
 
 @dataclass(slots=True)
 class _Loaded:
     relative_path: str
     view: memoryview | None
-    error: BaseException | None
 
 
 class DrillReader(StorageReader):
     """A DCP ``StorageReader`` over a :class:`Storage` that records instead of raising."""
 
-    def __init__(
-        self, storage: Storage, uri: str, result: RestoreResult, progress: Progress, plan: HashPlan, workers: int = 4
-    ) -> None:
+    def __init__(self, storage: Storage, uri: str, result: RestoreResult, ctx: RestoreContext, workers: int = 4) -> None:
         super().__init__()
-        self.plan = plan
         self.storage = storage
         self.uri = uri
         self.result = result
-        self.progress = progress
+        self.ctx = ctx
         self.workers = workers
         self.storage_data: dict[Any, Any] = {}
         self._metadata: Metadata | None = None
         self._records: dict[str, FileRead] = {}
-        self._lock = threading.Lock()
 
     # -- StorageReader protocol -------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
@@ -142,48 +132,39 @@ class DrillReader(StorageReader):
         started = time.perf_counter()
         record = FileRead(DCP_METADATA, None)
         self.result.files.append(record)
+        view = self._read_one(DCP_METADATA, record).view
+        self.result.read_seconds += time.perf_counter() - started
+        if view is None:
+            raise MetadataUnreadable(f"{DCP_METADATA}: {record.error}")
         try:
-            uri = self.storage.child(self.uri, DCP_METADATA)
-            record.size = self.storage.stat(uri).size
-            view, record.hashes = self._read(uri, DCP_METADATA, record.size)
-            data = view.tobytes()
-            record.bytes_read = len(data)
-        except OSError as exc:
-            record.error, record.error_kind = describe_read_error(exc)
-            raise MetadataUnreadable(f"{DCP_METADATA}: {record.error}") from exc
-        finally:
-            self.result.read_seconds += time.perf_counter() - started
-        try:
-            metadata = restricted_loads(data)
+            metadata = restricted_loads(bytes(view))
         except Exception as exc:  # noqa: BLE001
-            raise MetadataUnreadable(f"{DCP_METADATA} does not unpickle safely: {_one_line(exc)}") from exc
+            raise MetadataUnreadable(f"{DCP_METADATA} does not unpickle safely: {one_line(exc)}") from exc
         if not isinstance(metadata, Metadata):
             raise MetadataUnreadable(f"{DCP_METADATA} holds a {type(metadata).__name__}, not DCP Metadata")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         return metadata
 
-    def _read(self, uri: str, relative_path: str, size: int) -> tuple[memoryview, FileHashes | None]:
-        return read_whole(
-            self.storage,
-            uri,
-            size,
-            self.progress.advance,
-            hash=self.plan.wants(relative_path),
-            chunk_size=self.plan.chunk_size,
-            sha256=relative_path in self.plan.sha256,
-        )
-
     def _read_one(self, relative_path: str, record: FileRead) -> _Loaded:
+        plan = self.ctx.hash_plan
         try:
             uri = self.storage.child(self.uri, relative_path)
             record.size = self.storage.stat(uri).size
-            view, record.hashes = self._read(uri, relative_path, record.size)
-            record.bytes_read = len(view)
-            return _Loaded(relative_path, view, None)
+            got = read_whole(
+                self.storage,
+                uri,
+                record.size,
+                self.ctx.progress.advance,
+                hash=plan.wants(relative_path),
+                chunk_size=plan.chunk_size,
+                sha256=relative_path in plan.sha256,
+            )
         except (OSError, EOFError) as exc:
             record.error, record.error_kind = describe_read_error(exc)
-            return _Loaded(relative_path, None, exc)
+            return _Loaded(relative_path, None)
+        record.hashes, record.retries, record.bytes_read = got.hashes, got.retries, len(got.view)
+        return _Loaded(relative_path, got.view)
 
     def _read_files(self, paths: list[str]) -> Iterator[_Loaded]:
         """Yield each file's bytes as it arrives, reading ahead on ``workers`` threads.
@@ -216,38 +197,38 @@ class DrillReader(StorageReader):
             if loaded.view is None:
                 self.result.failures.append(ItemFailure(fqn, loaded.relative_path, f"file {record.error_kind}: {record.error}"))
                 continue
-            info = self.storage_data[item.storage_index]
-            end = info.offset + info.length
-            if end > len(loaded.view):
-                self.result.failures.append(
-                    ItemFailure(
-                        fqn,
-                        loaded.relative_path,
-                        f"bytes {info.offset}..{end} lie past the end of the file ({len(loaded.view)} bytes)",
-                    )
-                )
-                continue
-            if getattr(info, "transform_descriptors", None):
-                self.result.failures.append(
-                    ItemFailure(fqn, loaded.relative_path, f"unsupported DCP stream transform {info.transform_descriptors}")
-                )
-                continue
-            blob = ViewReader(loaded.view[info.offset : end])
-            try:
-                if item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(item, blob)
-                    continue
-                tensor = torch.load(blob, map_location="cpu", weights_only=True)
-                tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
-                target = planner.resolve_tensor(item).detach()
-                if target.size() != tensor.size():
-                    raise ValueError(f"shape {tuple(tensor.size())} where metadata says {tuple(target.size())}")
-                target.copy_(tensor)
-                planner.commit_tensor(item, target)
-                self.result.tensors_loaded += 1
-                self.result.tensor_bytes += tensor.numel() * tensor.element_size()
-            except Exception as exc:  # noqa: BLE001 - a bad entry is evidence, not a crash
-                self.result.failures.append(ItemFailure(fqn, loaded.relative_path, _one_line(exc)))
+            problem = self._load_item(loaded.view, item, planner)
+            if problem is not None:
+                self.result.failures.append(ItemFailure(fqn, loaded.relative_path, problem[1], code=problem[0]))
+
+    def _load_item(self, view: memoryview, item: ReadItem, planner: LoadPlanner) -> tuple[str, str] | None:
+        """Load one entry from its file's bytes; (code, reason) when it does not load."""
+        info = self.storage_data[item.storage_index]
+        end = info.offset + info.length
+        if end > len(view):
+            return "entry-not-loaded", f"bytes {info.offset}..{end} lie past the end of the file ({len(view)} bytes)"
+        if getattr(info, "transform_descriptors", None):
+            return "entry-not-loaded", f"unsupported DCP stream transform {info.transform_descriptors}"
+        blob = ViewReader(view[info.offset : end])
+        if item.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(item, blob)
+            return None
+        try:
+            tensor = torch.load(blob, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a bad entry is evidence, not a crash
+            return load_failure(exc)
+        try:
+            tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+            target = planner.resolve_tensor(item).detach()
+            if target.size() != tensor.size():
+                raise ValueError(f"shape {tuple(tensor.size())} where metadata says {tuple(target.size())}")
+            target.copy_(tensor)
+            planner.commit_tensor(item, target)
+        except Exception as exc:  # noqa: BLE001
+            return "entry-not-loaded", one_line(exc)
+        self.result.tensors_loaded += 1
+        self.result.tensor_bytes += tensor.numel() * tensor.element_size()
+        return None
 
 
 def skeleton(metadata: Metadata, device: torch.device) -> dict[str, Any]:
@@ -261,25 +242,9 @@ def skeleton(metadata: Metadata, device: torch.device) -> dict[str, Any]:
     return state
 
 
-def restore_dcp(
-    storage: Storage,
-    ref: CheckpointRef,
-    device: torch.device,
-    progress: Progress | None = None,
-    plan: HashPlan | None = None,
-) -> RestoreResult:
-    """Read every file of the DCP checkpoint ``ref`` once — hashing it as ``plan`` says — and
-    load every entry onto ``device``."""
-    progress = progress or NullProgress()
-    result = RestoreResult(uri=ref.uri, format="dcp", device=str(device))
-    reader = DrillReader(storage, ref.uri, result, progress, plan or HashPlan())
-    try:
-        metadata = reader.read_metadata()
-    except MetadataUnreadable as exc:
-        result.metadata_error = str(exc)
-        return result
-    result.index = metadata.storage_data
-    result.inventory = [
+def inventory(metadata: Metadata) -> list[TensorInfo]:
+    """Every tensor from the index alone: nothing materialized."""
+    return [
         TensorInfo(
             fqn,
             tuple(md.size),
@@ -288,21 +253,45 @@ def restore_dcp(
         )
         for fqn, md in metadata.state_dict_metadata.items()
         if isinstance(md, TensorStorageMetadata)
-    ]  # from the index alone: nothing materialized
-    progress.phase("read", total_bytes=_checkpoint_bytes(storage, ref.uri, metadata))
-    state = skeleton(metadata, device)
-    planner = SafeLoadPlanner(result.failures)
+    ]
+
+
+class DCPAdapter:
+    name = "dcp"
+
+    def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
+        """Read every file of ``ref`` once — hashed as the plan says — and load every entry
+        onto the device into targets allocated from the metadata, as a resume would."""
+        result = RestoreResult(uri=ref.uri, format=self.name, device=str(ctx.device))
+        result.layout = Layout(format=self.name, required=parts.CANONICAL_PARTS, optimizer_keys="fqn")
+        if ref.step is not None:
+            result.layout.step_counters["directory name"] = ref.step
+        reader = DrillReader(storage, ref.uri, result, ctx)
+        try:
+            metadata = reader.read_metadata()
+        except MetadataUnreadable as exc:
+            result.metadata_error = str(exc)
+            return result
+        result.index = metadata.storage_data
+        result.inventory = inventory(metadata)
+        ctx.progress.phase("read", total_bytes=_checkpoint_bytes(storage, ref.uri, metadata))
+        state = skeleton(metadata, ctx.device)
+        planner = SafeLoadPlanner(result.failures)
+        _dcp_load(state, reader, planner)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        result.values_loaded = planner.values_loaded
+        result.state = state
+        return result
+
+
+def _dcp_load(state: dict[str, Any], reader: DrillReader, planner: SafeLoadPlanner) -> None:
     import torch.distributed.checkpoint as dcp
 
     with warnings.catch_warnings():
         # A single-process restore is intended; DCP warns about it on every call.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=reader, planner=planner, no_dist=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    result.values_loaded = planner.values_loaded
-    result.state = state
-    return result
 
 
 def _checkpoint_bytes(storage: Storage, uri: str, metadata: Metadata) -> int | None:
@@ -315,21 +304,16 @@ def _checkpoint_bytes(storage: Storage, uri: str, metadata: Metadata) -> int | N
     return total or None
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 def load_into(storage: Storage, uri: str, stateful: dict[str, Any]) -> None:
     """Load a DCP checkpoint into live training objects (``Stateful``s), the way a resume
     does, through drill's safe reader; raises on anything that does not load."""
-    import torch.distributed.checkpoint as dcp
+    from drill.restore import NullProgress
+    from drill.integrity.hashing import HashPlan
 
     result = RestoreResult(uri=uri, format="dcp", device="")
-    reader = DrillReader(storage, uri, result, NullProgress(), HashPlan(files=frozenset()))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(stateful, storage_reader=reader, planner=SafeLoadPlanner(result.failures, flatten=True), no_dist=True)
-    problems = result.failures + [ItemFailure(f.relative_path, f.relative_path, f.error or "") for f in result.files if f.error]
+    ctx = RestoreContext(device=torch.device("cpu"), progress=NullProgress(), hash_plan=HashPlan(files=frozenset()))
+    reader = DrillReader(storage, uri, result, ctx)
+    _dcp_load(stateful, reader, SafeLoadPlanner(result.failures, flatten=True))
+    problems = [f.reason for f in result.failures] + [f"{f.relative_path}: {f.error}" for f in result.files if f.error]
     if result.metadata_error or problems:
-        raise RuntimeError(f"checkpoint did not load into the training objects: {result.metadata_error or problems[0].reason}")
+        raise RuntimeError(f"checkpoint did not load into the training objects: {result.metadata_error or problems[0]}")

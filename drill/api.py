@@ -1,0 +1,129 @@
+"""drill's Python API: everything the CLI does, as functions.
+
+    from drill import run_drill, DrillRequest, verify_checkpoint, seal
+
+    outcome = run_drill(DrillRequest(root="/ckpt/run7", selector="latest"))
+    print(outcome.status, outcome.exit_code, outcome.timings.restore)
+
+Functions that touch the record database take ``db`` (a URL or an SQLite path; default
+``$DRILL_DATABASE_URL``, else the embedded SQLite file).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from drill.pipeline import DrillOutcome, DrillRequest, Recorder
+from drill.pipeline import run_drill as _run_pipeline
+
+if TYPE_CHECKING:
+    from drill.policy.model import Policy
+    from drill.restore import Progress
+    from drill.scheduling.isolate import IsolatedResult
+    from drill.storage import Storage
+
+
+def run_drill(
+    request: DrillRequest,
+    *,
+    db: str | None = None,
+    recorder: Recorder | None = None,
+    progress: Progress | None = None,
+    storage: Storage | None = None,
+) -> DrillOutcome:
+    """Run one drill and record it in the database (or report it to ``recorder``).
+
+    Raises :class:`~drill.errors.UsageError` for a request this host cannot run and
+    :class:`~drill.errors.DatabaseError` when the database cannot be opened — both before
+    anything is read or recorded. Everything after that is in the outcome.
+    """
+    if recorder is not None:
+        return _run_pipeline(request, recorder, progress=progress, storage=storage)
+    from drill.records.db import open_database
+    from drill.records.recorder import DatabaseRecorder
+
+    database = open_database(db)
+    try:
+        return _run_pipeline(request, DatabaseRecorder(database), progress=progress, storage=storage)
+    finally:
+        database.close()
+
+
+def run_policy(policy: Policy, *, db: str | None = None, trigger: str = "policy") -> IsolatedResult:
+    """Run a policy's drill isolated in a child process (timeout, memory limit), record it
+    exactly once, and send its alerts."""
+    from drill.records.db import open_database, resolve_url
+    from drill.records.store import Records
+    from drill.scheduling.isolate import run_isolated
+
+    url = resolve_url(db)
+    database = open_database(url)
+    try:
+        return run_isolated(policy, url, Records(database), trigger=trigger)
+    finally:
+        database.close()
+
+
+def history(
+    *,
+    db: str | None = None,
+    root: str | None = None,
+    limit: int = 50,
+    since: datetime | None = None,
+    status: str | None = None,
+    policy: str | None = None,
+) -> list[DrillOutcome]:
+    """Recorded drills, newest first (their checks are left out: see :func:`get_drill`)."""
+    from drill.records.db import read_database
+    from drill.records.store import Records
+    from drill.storage import normalize
+
+    database = read_database(db)
+    if database is None:
+        return []
+    try:
+        key = normalize(root) if root else None
+        return Records(database).history(run_root=key, limit=limit, since=since, status=status, policy=policy)
+    finally:
+        database.close()
+
+
+def get_drill(drill_id: int, *, db: str | None = None) -> DrillOutcome:
+    """One recorded drill with every check's evidence; :class:`~drill.errors.NotFound` if none."""
+    from drill.errors import NotFound
+    from drill.records.db import read_database
+    from drill.records.store import Records
+
+    database = read_database(db)
+    if database is None:
+        raise NotFound(f"no drill with id {drill_id} (no drills recorded yet)")
+    try:
+        return Records(database).get(drill_id)
+    finally:
+        database.close()
+
+
+def last_good(root: str, *, db: str | None = None) -> DrillOutcome | None:
+    """The newest retained checkpoint under ``root`` whose latest drill passed."""
+    from drill.discover import discover
+    from drill.errors import NothingToDrill
+    from drill.records.db import read_database
+    from drill.records.store import Records
+    from drill.storage import normalize, storage_for
+
+    key = normalize(root)
+    try:
+        found = discover(storage_for(key), key)
+    except OSError as exc:
+        raise NothingToDrill(f"run root {root} cannot be listed ({exc.strerror or exc})") from None
+    database = read_database(db)
+    if database is None:
+        return None
+    try:
+        return Records(database).last_good(key, [c.uri for c in found.checkpoints])
+    finally:
+        database.close()
+
+
+__all__ = ["get_drill", "history", "last_good", "run_drill", "run_policy"]

@@ -1,0 +1,111 @@
+"""``drill history``, ``drill show``, ``drill db upgrade|status``: reading and keeping the record."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Annotated
+
+import typer
+
+from drill.cli.common import DbOption, DebugOption, JsonOption, exit_with, flag, print_json, stderr, stdout
+from drill.errors import ExitCode, UsageError
+
+Since = Annotated[str | None, typer.Option("--since", help="Only drills started within this long (e.g. 7d, 12h).")]
+Status = Annotated[str | None, typer.Option("--status", help="Only drills with this verdict (passed, failed, error, …).")]
+Policy = Annotated[str | None, typer.Option("--policy", help="Only drills of this policy.")]
+
+
+def history(
+    root: Annotated[str | None, typer.Option("--root", help="Only drills of this run directory.")] = None,
+    since: Since = None,
+    status: Status = None,
+    policy: Policy = None,
+    limit: Annotated[int, typer.Option(help="Show at most this many drills, newest first.")] = 50,
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """List recorded drills, newest first: what was drilled, when, verdict, latency.
+
+    Example: drill history --root ./demo-run --since 7d --status failed
+    """
+    from drill.api import history as recorded
+    from drill.units import parse_duration
+    from drill.verdict import DrillStatus
+
+    after = datetime.now(timezone.utc) - timedelta(seconds=flag("--since", parse_duration, since)) if since else None
+    if status is not None:
+        flag("--status", DrillStatus, status)
+    if limit < 1:
+        raise UsageError(f"--limit: must be at least 1, not {limit}")
+    drills = recorded(db=db, root=root, limit=limit, since=after, status=status, policy=policy)
+    if json:
+        print_json([d.to_document(with_checks=False) for d in drills])
+    elif not drills:
+        stderr().print("no drills recorded" + (" matching the filters" if root or since or status or policy else ""), markup=False)
+    else:
+        from drill.cli.render import render_history
+
+        render_history(stdout(), drills)
+
+
+def show(
+    drill_id: Annotated[int, typer.Argument(help="The drill's id, as `drill history` lists it.")],
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Show one drill with every check's evidence and findings, its replayed steps and alerts.
+
+    Example: drill show 12 --json
+    """
+    from drill.api import get_drill
+
+    outcome = get_drill(drill_id, db=db)
+    if json:
+        print_json(outcome.to_document())
+    else:
+        from drill.cli.render import render_drill
+
+        render_drill(stdout(), outcome)
+
+
+def db_upgrade(db: DbOption = None, debug: DebugOption = False) -> None:
+    """Migrate the record database's schema to this drill's version (Alembic head).
+
+    Needed for PostgreSQL after installing a new drill; the embedded SQLite upgrades itself.
+
+    Example: drill db upgrade --db postgresql://drill@db.internal/drill
+    """
+    from drill.records.db import resolve_url, safe_url, upgrade
+
+    url = resolve_url(db)
+    before, after = upgrade(url)
+    if before == after:
+        stdout().print(f"{safe_url(url)} is up to date (revision {after})", markup=False)
+    else:
+        stdout().print(f"{safe_url(url)} upgraded from {before or 'empty'} to {after}", markup=False)
+
+
+def db_status(db: DbOption = None, json: JsonOption = False, debug: DebugOption = False) -> None:
+    """Show the database's schema revision next to the one this drill needs.
+
+    Exits 0 when they match, 4 when the schema is behind (run `drill db upgrade`) or ahead
+    (this drill is older than the database).
+
+    Example: drill db status --db postgresql://drill@db.internal/drill
+    """
+    from drill.records.db import schema_status
+
+    status = schema_status(db)
+    if json:
+        print_json({"url": status.url, "current": status.current, "head": status.head, "state": status.state, "tables": list(status.tables)})
+    else:
+        advice = {
+            "current": "up to date",
+            "behind": "behind: run `drill db upgrade`",
+            "ahead": "ahead: this drill is older than the database; install the drill that upgraded it",
+        }[status.state]
+        stdout().print(f"{status.url}: revision {status.current or 'none'}, drill needs {status.head} ({advice})", markup=False)
+    if status.state != "current":
+        raise exit_with(ExitCode.DATABASE)

@@ -1,0 +1,158 @@
+"""``drill run``: one drill by hand, or the drill a policy describes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from drill.cli.common import (
+    CoverageDaysOption,
+    DbOption,
+    DebugOption,
+    JsonOption,
+    QuietOption,
+    RequireSealedOption,
+    SampleOption,
+    exit_with,
+    print_json,
+    stderr,
+    stdout,
+)
+from drill.errors import UsageError
+
+if TYPE_CHECKING:
+    from drill.pipeline import DrillOutcome, DrillRequest
+
+Root = Annotated[str | None, typer.Option("--root", help="Run directory holding the checkpoints (step-N/, checkpoint-N/, *.pt).")]
+Checkpoint = Annotated[str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")]
+PolicyFile = Annotated[
+    Path | None, typer.Option("--policy", help="Run the drill a policy file describes, isolated in a child process (quiet unless it fails).")
+]
+Device = Annotated[str, typer.Option("--device", help="Restore onto auto (CUDA if present), cpu, cuda or cuda:N.")]
+Format = Annotated[str, typer.Option("--format", help="Force a format: auto, dcp, torch-save, lightning, hf-trainer.")]
+AllowMissing = Annotated[list[str] | None, typer.Option("--allow-missing", help="Accept a missing part (repeatable), e.g. rng.")]
+AllowClass = Annotated[
+    list[str] | None,
+    typer.Option("--allow-class", help="Allow-list a class a layout legitimately pickles (repeatable), e.g. transformers.training_args.TrainingArguments."),
+]
+FiniteScan = Annotated[str, typer.Option("--finite-scan", help="NaN/Inf scan of weights and moments: full, sampled or off.")]
+Replay = Annotated[str | None, typer.Option("--replay", help="Replay entrypoint module:function (default: the one the run's run.json names).")]
+ReplaySteps = Annotated[int, typer.Option("--replay-steps", help="K: training steps to replay and compare.")]
+ReplayTimeout = Annotated[float, typer.Option("--replay-timeout", help="Wall-clock limit for the replay, seconds.")]
+Rtol = Annotated[float | None, typer.Option("--rtol", help="Relative tolerance for loss/grad norm (default: exact on the same device type).")]
+Atol = Annotated[float | None, typer.Option("--atol", help="Absolute tolerance for loss/grad norm.")]
+NoReplay = Annotated[bool, typer.Option("--no-replay", help="Skip the replay (the drill then proves restore only).")]
+Trigger = Annotated[str, typer.Option("--trigger", hidden=True)]
+
+
+def run(
+    root: Root = None,
+    checkpoint: Checkpoint = "latest",
+    policy: PolicyFile = None,
+    device: Device = "auto",
+    format: Format = "auto",
+    allow_missing: AllowMissing = None,
+    allow_class: AllowClass = None,
+    finite_scan: FiniteScan = "full",
+    sample: SampleOption = "all",
+    require_sealed: RequireSealedOption = False,
+    coverage_days: CoverageDaysOption = 7.0,
+    replay: Replay = None,
+    replay_steps: ReplaySteps = 5,
+    replay_timeout: ReplayTimeout = 300.0,
+    rtol: Rtol = None,
+    atol: Atol = None,
+    no_replay: NoReplay = False,
+    trigger: Trigger = "manual",
+    db: DbOption = None,
+    json: JsonOption = False,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Restore one checkpoint onto a device, verify and check it, replay it, and record the drill.
+
+    Every file is read once and every tensor is loaded onto the device; the bytes are hashed
+    in the same pass and compared with the checkpoint's manifest; the state is checked for a
+    resume; then K training steps are replayed from it in a child process and compared with
+    what the original run did. The verdict, every check's evidence, the restore latency per
+    phase and the time to first step are recorded in the database.
+
+    Example: drill run --root ./demo-run --checkpoint latest
+    """
+    if policy is not None:
+        if (root, checkpoint) != (None, "latest"):
+            raise UsageError("--policy names the run and how to select its checkpoint; drop --root/--checkpoint")
+        return run_policy(policy, db=db, json=json, trigger="policy" if trigger == "manual" else trigger)
+    request = build_request(locals())
+    from drill.api import run_drill
+    from drill.cli.progress import RichProgress
+
+    with RichProgress(quiet=quiet) as progress:
+        outcome = run_drill(request, db=db, progress=progress)
+    report(outcome, json=json)
+
+
+def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
+    """The request the flags describe; every flag is checked here, before any I/O."""
+    from drill.checks import Expectations
+    from drill.pipeline import DrillRequest
+    from drill.replay import ReplaySpec, Tolerance
+
+    try:
+        tolerance = None if opts["rtol"] is None and opts["atol"] is None else Tolerance(opts["rtol"] or 0.0, opts["atol"] or 0.0)
+        expectations = Expectations(allow_missing=tuple(opts["allow_missing"] or ()), finite_scan=opts["finite_scan"])
+        replay = ReplaySpec(
+            entrypoint=opts["replay"], steps=opts["replay_steps"], timeout=opts["replay_timeout"], tolerance=tolerance, enabled=not opts["no_replay"]
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return DrillRequest(
+        selector=opts["checkpoint"],
+        root=opts["root"],
+        device=opts["device"],
+        trigger=opts["trigger"],
+        sample=opts["sample"],
+        require_sealed=opts["require_sealed"],
+        coverage_days=opts["coverage_days"],
+        format=opts["format"],
+        allow_classes=tuple(opts["allow_class"] or ()),
+        expectations=expectations,
+        replay=replay,
+    )
+
+
+def report(outcome: DrillOutcome, *, json: bool) -> None:
+    """The outcome on stdout; one line on stderr when it did not pass; the drill's exit code."""
+    from drill.cli.render import render_outcome
+
+    if json:
+        print_json(outcome.to_document())
+    else:
+        render_outcome(stdout(), outcome)
+    err = stderr()
+    if outcome.status.value != "passed" and outcome.message:
+        recorded = f" (drill #{outcome.id} recorded as {outcome.status.value})" if outcome.id is not None else " (nothing was recorded)"
+        tail = recorded if outcome.status.value == "aborted" else ""
+        err.print(f"drill: {outcome.status.value}: {outcome.message}{tail}", markup=False)
+    if outcome.record_problem:
+        err.print(f"drill: warning: {outcome.record_problem}", markup=False)
+    raise exit_with(outcome.exit_code)
+
+
+def run_policy(path: Path, *, db: str | None, json: bool, trigger: str) -> None:
+    """``drill run --policy``: the drill runs isolated in a child; quiet when it passes."""
+    from drill.api import run_policy as run_isolated_policy
+    from drill.cli.nightly import load_policy_or_fail
+
+    result = run_isolated_policy(load_policy_or_fail(path), db=db, trigger=trigger)
+    if result.status is None:
+        raise UsageError(f"policy {path}: {result.message}")
+    if json:
+        print_json(result.document)
+    if result.status.value != "passed":
+        stderr().print(f"drill: {result.status.value}: drill #{result.drill_id}: {result.message}", markup=False)
+    if result.record_problem:
+        stderr().print(f"drill: warning: {result.record_problem}", markup=False)
+    raise exit_with(result.exit_code)

@@ -1,0 +1,37 @@
+"""The coverage ledger after a verification: which bytes are proven, and how recently.
+
+Pure functions; the record store applies them (see :meth:`drill.records.store.Records.apply_coverage`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from drill.findings import CheckResult, Severity
+from drill.integrity.verify import IntegrityPlan
+
+
+@dataclass(frozen=True, slots=True)
+class CoverageUpdate:
+    sealed: dict[str, tuple[int, str]]
+    """Every sealed file → (size, digest): what coverage is measured against."""
+    verified: dict[str, tuple[int, str]]
+    """Files whose bytes just matched their seal."""
+    broken: frozenset[str]
+    """Files that just failed: earlier proofs of them no longer hold."""
+
+
+def coverage_update(plan: IntegrityPlan, integrity: CheckResult) -> CoverageUpdate:
+    assert plan.manifest is not None
+    sealed = {f.path: (f.size, f.xxh3_128) for f in plan.manifest.files}
+    verified = {p: sealed[p] for p in integrity.evidence.get("verified", []) if p in sealed}
+    broken = frozenset(str(f.subject) for f in integrity.findings if f.severity is Severity.ERROR and f.subject in sealed)
+    return CoverageUpdate(sealed, verified, broken)
+
+
+def annotate_coverage(integrity: CheckResult, share: float | None, days: float) -> None:
+    """Add "N% of this checkpoint's bytes verified within the last D days" to the check."""
+    if share is None:
+        return
+    integrity.evidence["coverage"] = {"days": days, "percent": round(100 * share, 1)}
+    integrity.summary += f"; {100 * share:.0f}% of this checkpoint's bytes verified within the last {days:g} days"

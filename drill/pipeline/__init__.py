@@ -1,0 +1,51 @@
+"""One drill, top to bottom.
+
+::
+
+    discover → select → plan integrity → restore (read + hash + load) → checks → replay → verdict
+
+:func:`run_drill` is the whole path; each stage is a small function in
+:mod:`drill.pipeline.stages` that returns the checks it ran. What the drill found is a
+:class:`~drill.pipeline.outcome.DrillOutcome`; where it is recorded is the
+:class:`~drill.pipeline.recorder.Recorder`'s business.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from drill.pipeline.outcome import DrillOutcome
+from drill.pipeline.recorder import NullRecorder, Recorder
+from drill.pipeline.request import DrillRequest
+
+if TYPE_CHECKING:
+    from drill.restore import Progress
+    from drill.storage import Storage
+
+
+def run_drill(
+    request: DrillRequest, recorder: Recorder | None = None, *, progress: Progress | None = None, storage: Storage | None = None
+) -> DrillOutcome:
+    """Run one drill and report it to ``recorder``; returns the outcome.
+
+    A bad checkpoint is a verdict, never an exception. Raises
+    :class:`~drill.errors.UsageError` — before anything is recorded — for a request this host
+    cannot run (no such device, an unknown storage scheme). An interrupt (SIGINT, SIGTERM)
+    ends the drill as ``aborted``; drill's own failures end it as ``error``. Either way the
+    recorder is told exactly once how the drill ended.
+    """
+    from drill.pipeline.stages import Drill, check_stage, discover_stage, plan_stage, replay_stage, restore_stage
+    from drill.restore import NullProgress
+
+    drill = Drill.prepare(request, recorder or NullRecorder(), progress or NullProgress(), storage)
+    with drill.guarded():
+        drill.begin()
+        drill.stage("discover", discover_stage)  # discover, resume
+        drill.stage("plan", plan_stage)  # what to hash; refuses paths out of the checkpoint
+        drill.stage("restore", restore_stage)  # read + hash + load onto the device
+        drill.stage("checks", check_stage)  # integrity, files, load, keys, contract
+        drill.stage("replay", replay_stage)  # replay
+    return drill.finish()
+
+
+__all__ = ["DrillOutcome", "DrillRequest", "NullRecorder", "Recorder", "run_drill"]

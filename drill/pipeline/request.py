@@ -1,0 +1,97 @@
+"""What one drill is asked to do, validated before anything is read or recorded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from drill.checks import Expectations
+from drill.device import parse_device
+from drill.errors import UsageError
+from drill.formats import parse_format
+from drill.integrity.sampling import SampleSpec, SampleSpecError, parse_sample
+from drill.replay.spec import ReplaySpec
+from drill.select import Selection, Selector, parse_selector
+from drill.storage import StorageError, normalize, scheme_of
+from drill.verdict import SLO
+
+TRIGGERS = ("manual", "policy", "scheduler", "resume")
+
+
+@dataclass(kw_only=True, slots=True)
+class DrillRequest:
+    """One drill: which checkpoint, where to restore it, what it must prove.
+
+    Strings are accepted where a parsed form exists (``selector="step:20"``,
+    ``sample="25%"``); anything invalid raises :class:`~drill.errors.UsageError` here, before
+    any I/O and before anything is recorded.
+    """
+
+    selector: Selector | str = "latest"
+    """``latest``, ``oldest``, ``step:N`` or a checkpoint path."""
+    root: str | None = None
+    """The run directory; may be omitted when the selector is a checkpoint path."""
+    device: str = "auto"
+    """``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    trigger: str = "manual"
+    """Who asked: ``manual``, ``policy`` (``drill run --policy``), ``scheduler`` or ``resume``."""
+    expectations: Expectations = field(default_factory=Expectations)
+    sample: SampleSpec | str = "all"
+    """Which files to hash; every file unless a sampled drill is asked for."""
+    require_sealed: bool = False
+    """Fail an unsealed checkpoint instead of accepting a structural proof."""
+    coverage_days: float = 7.0
+    """Report the share of the checkpoint's bytes verified within this many days."""
+    format: str = "auto"
+    """Force a format adapter (``dcp``, ``torch-save``, ``lightning``, ``hf-trainer``)."""
+    allow_classes: tuple[str, ...] = ()
+    """Classes a layout legitimately pickles (e.g. ``transformers.training_args.TrainingArguments``)."""
+    replay: ReplaySpec = field(default_factory=ReplaySpec)
+    """Replay K steps after the checkpoint and compare with the original run."""
+    policy: str | None = None
+    """The policy's name, when a policy asked for this drill."""
+    selection: Selection | None = None
+    """A policy's selection (retention- and settle-aware); used instead of ``selector``."""
+    keep_last: int | None = None
+    """The run's keep-last-K retention (a policy's ``checkpoints.keep_last``)."""
+    slo: SLO | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            self._validate()
+        except (ValueError, SampleSpecError, StorageError) as exc:
+            raise UsageError(str(exc)) from None
+
+    def _validate(self) -> None:
+        if isinstance(self.selector, str):
+            self.selector = _flag("--checkpoint", parse_selector, self.selector)
+        if isinstance(self.sample, str):
+            self.sample = _flag("--sample", parse_sample, self.sample)
+        self.device = _flag("--device", parse_device, self.device)
+        self.format = _flag("--format", parse_format, self.format)
+        self.allow_classes = tuple(self.allow_classes)
+        if self.trigger not in TRIGGERS:
+            raise ValueError(f"unknown trigger {self.trigger!r}: expected {', '.join(TRIGGERS)}")
+        if not self.coverage_days > 0:
+            raise ValueError(f"--coverage-days: must be positive, not {self.coverage_days!r}")
+        if self.keep_last is not None and self.keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, not {self.keep_last}")
+        if self.root is None:
+            if self.selector.kind != "path":
+                raise ValueError(f"--root is required with --checkpoint {self.selector}: only a checkpoint path names its run")
+            assert self.selector.path is not None
+            path = self.selector.path.rstrip("/")
+            self.root = path.rsplit("/", 1)[0] if "/" in path else "."
+        # Records key on one spelling, so `drill history --root` finds a run however it was
+        # spelled when drilled.
+        scheme_of(self.root)
+        self.root = normalize(self.root)
+        if self.selector.kind == "path" and "://" not in str(self.selector.path):
+            self.selector = Selector("path", path=normalize(str(self.selector.path)))
+
+
+def _flag(name: str, parse, value):  # type: ignore[no-untyped-def]
+    """Parse one field; its error names the flag (``--device: unknown device 'tpu' …``)."""
+    try:
+        return parse(value)
+    except (ValueError, SampleSpecError) as exc:
+        raise UsageError(f"{name}: {exc}") from None

@@ -1,0 +1,291 @@
+"""The stages of a drill, and the :class:`Drill` they share.
+
+Each stage is a small function ``(Drill) -> list[CheckResult]``: it does its part of the work,
+leaves what it produced in ``drill.inputs`` for the checks, and returns the checks it ran. A
+stage that makes the rest pointless (nothing to restore, a path out of the checkpoint) calls
+``drill.stop(why)``; the checks of the stages after it are then reported as not run, with
+that reason.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from drill import __version__
+from drill.checks import CheckInputs
+from drill.checks.registry import LOADING_CHECKS, ORDER, STATE_CHECKS, run_checks
+from drill.checks.replay import replay_rows
+from drill.device import resolve_device
+from drill.discover import discover
+from drill.errors import ExitCode, NothingToDrill, UsageError
+from drill.findings import CheckResult, CheckStatus, not_run
+from drill.formats import adapter_for
+from drill.formats.base import RestoreContext
+from drill.integrity.coverage import annotate_coverage
+from drill.integrity.verify import plan_integrity
+from drill.pipeline.interrupts import InterruptGuard, Interrupted
+from drill.pipeline.outcome import CheckpointInfo, DrillOutcome, ReplaySummary, Timings
+from drill.pipeline.recorder import DrillStart, Recorder
+from drill.pipeline.request import DrillRequest
+from drill.replay.run import ERROR, NOT_REPLAYABLE, ReplayOutcome, run_replay
+from drill.restore import Progress
+from drill.select import choose, select
+from drill.storage import Storage, StorageError, storage_for
+from drill.verdict import DrillStatus, decide
+
+Stage = Callable[["Drill"], list[CheckResult]]
+
+
+@dataclass(slots=True)
+class Drill:
+    """One drill in progress: its request, where it reports, and what it has found so far."""
+
+    request: DrillRequest
+    recorder: Recorder
+    progress: Progress
+    storage: Storage
+    device: object
+    """The resolved ``torch.device``."""
+    inputs: CheckInputs
+    outcome: DrillOutcome
+    started: float = field(default_factory=time.perf_counter)
+    results: dict[str, CheckResult] = field(default_factory=dict)
+    stopped: str | None = None
+    """Why the remaining stages do not run."""
+    drill_error: str | None = None
+    replay_error: str | None = None
+    restored_step: int | None = None
+    """The step the restored train state holds (the replay starts after it)."""
+    guard: InterruptGuard = field(default_factory=InterruptGuard)
+
+    @classmethod
+    def prepare(cls, request: DrillRequest, recorder: Recorder, progress: Progress, storage: Storage | None) -> Drill:
+        """Everything that can be wrong with the request fails here, before anything is recorded."""
+        import torch
+
+        assert request.root is not None
+        try:
+            device = resolve_device(request.device)
+            storage = storage or storage_for(request.root)
+        except (ValueError, StorageError) as exc:
+            raise UsageError(str(exc)) from None
+        outcome = DrillOutcome(
+            id=None,
+            status=DrillStatus.RUNNING,
+            exit_code=ExitCode.ERROR,  # until the verdict
+            message=None,
+            run_root=request.root,
+            selector=str(request.selection or request.selector),
+            trigger=request.trigger,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            device=str(device),
+            started_at=datetime.now(timezone.utc),
+            policy=request.policy,
+            versions={"drill": __version__, "torch": torch.__version__},
+            sample=str(request.sample),
+        )
+        inputs = CheckInputs(storage=storage, root=request.root, expectations=request.expectations, require_sealed=request.require_sealed)
+        return cls(request, recorder, progress, storage, device, inputs, outcome)
+
+    @property
+    def timings(self) -> Timings:
+        return self.outcome.timings
+
+    def begin(self) -> None:
+        o = self.outcome
+        start = DrillStart(
+            run_root=o.run_root, selector=o.selector, trigger=o.trigger, device=o.device, policy=o.policy, started_at=o.started_at, versions=o.versions
+        )
+        o.id = self.recorder.begin(start)
+
+    def stage(self, name: str, fn: Stage) -> None:
+        """Run one stage unless an earlier one stopped the drill; record its checks."""
+        if self.stopped is not None:
+            return
+        self.outcome.phase = name
+        self.recorder.phase(name)
+        self.progress.phase(name)
+        results = fn(self)
+        self.results.update({r.name: r for r in results})
+        if results:
+            self.recorder.checks(results)
+
+    def stop(self, why: str) -> None:
+        self.stopped = why
+
+    @contextmanager
+    def guarded(self) -> Iterator[None]:
+        """Interrupts and drill's own failures end the drill; they never escape it."""
+        with self.guard:
+            try:
+                yield
+            except (Interrupted, KeyboardInterrupt):
+                self.guard.signum = self.guard.signum or 2
+            except Exception:  # noqa: BLE001 - drill's own failure: recorded with its traceback
+                if self.guard.signum is None:  # an interrupt wrapped by a library is still one
+                    text = traceback.format_exc()
+                    self.drill_error = text.strip().splitlines()[-1]
+                    self.outcome.error = text
+            finally:
+                self.guard.quiet()
+
+    def finish(self) -> DrillOutcome:
+        """The verdict, from the checks and what happened to drill itself; recorded once."""
+        o = self.outcome
+        why = self.stopped or (f"the drill ended during {o.phase}" if self.guard.signum or self.drill_error else "not reached")
+        o.checks = [self.results.get(name) or not_run(name, why) for name in ORDER]
+        if self.request.slo is not None and not self.guard.signum:
+            o.slo_breaches = self.request.slo.breaches(o.timings.restore, o.timings.ttfs)
+        verdict = decide(
+            o.checks,
+            drill_error=self.drill_error,
+            replay_error=self.replay_error,
+            slo_breaches=o.slo_breaches,
+            interrupted_by=self.guard.signum,
+        )
+        o.status, o.exit_code, o.message = verdict.status, verdict.exit_code, verdict.message
+        if self.guard.signum is not None:
+            o.message = f"{verdict.message} during {o.phase}"
+        o.finished_at = datetime.now(timezone.utc)
+        self.recorder.finish(o)
+        return o
+
+
+# -- the stages -----------------------------------------------------------------------------
+def discover_stage(d: Drill) -> list[CheckResult]:
+    """List the run root, choose the checkpoint; the ``discover`` and ``resume`` checks."""
+    root, inputs = d.request.root, d.inputs
+    assert root is not None
+    try:
+        try:
+            inputs.discovery = discover(d.storage, root)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise NothingToDrill(
+                f"run root {root} does not exist or is not a directory ({exc.strerror})",
+                hint="check the path; is the checkpoint filesystem mounted on this host?",
+            ) from None
+        except PermissionError as exc:
+            raise NothingToDrill(f"run root {root} cannot be listed ({exc.strerror})") from None
+        choice = _choose(d)
+        inputs.ref, inputs.selection = choice.ref, choice.reason
+        ref = choice.ref
+        d.outcome.selection = choice.reason
+        d.outcome.checkpoint = CheckpointInfo(uri=ref.uri, name=ref.name, step=ref.step, format=ref.format)
+    except NothingToDrill as exc:
+        inputs.nothing_to_drill = exc
+        d.stop(f"nothing to drill: {exc.message}")
+    finally:
+        d.timings.discover = time.perf_counter() - d.started
+    return run_checks(("discover", "resume"), inputs)
+
+
+def _choose(d: Drill):  # type: ignore[no-untyped-def]
+    found, request = d.inputs.discovery, d.request
+    assert found is not None
+    if request.selection is not None:
+        return choose(found, request.selection, now=time.time(), keep_last=request.keep_last, last_drilled=d.recorder.last_drilled(found.root))
+    return select(found, request.selector)  # type: ignore[arg-type]
+
+
+def plan_stage(d: Drill) -> list[CheckResult]:
+    """List the checkpoint and read its manifests: what to hash. A path out of the
+    checkpoint stops the drill here, with nothing opened."""
+    started = time.perf_counter()
+    ref, request = d.inputs.ref, d.request
+    assert ref is not None
+    ledger = d.recorder.last_verified(ref.uri) if request.sample.kind == "auto" else {}  # type: ignore[union-attr]
+    plan = plan_integrity(d.storage, ref.uri, request.sample, ledger)  # type: ignore[arg-type]
+    d.inputs.plan = plan
+    o = d.outcome
+    o.evidence_level = plan.evidence_level
+    o.checkpoint = CheckpointInfo(
+        uri=ref.uri, name=ref.name, step=ref.step, format=ref.format, bytes=sum(plan.on_storage.values()) or None, files=len(plan.on_storage) or None
+    )
+    d.recorder.selected(o.checkpoint, selection=o.selection or "", evidence_level=o.evidence_level, sample=o.sample)
+    d.timings.plan = time.perf_counter() - started
+    if plan.refuse:
+        d.stop("a path leads out of the checkpoint: nothing was opened")
+        return run_checks(("integrity",), d.inputs)
+    return []
+
+
+def restore_stage(d: Drill) -> list[CheckResult]:
+    """Read every file once — hashing the bytes it then deserializes — and load every tensor
+    onto the device, as a resume would."""
+    ref, plan = d.inputs.ref, d.inputs.plan
+    assert ref is not None and plan is not None
+    adapter = adapter_for(ref.format if d.request.format == "auto" else d.request.format)  # imported off the clock
+    ctx = RestoreContext(device=d.device, progress=d.progress, hash_plan=plan.hash_plan, allow_classes=d.request.allow_classes)  # type: ignore[arg-type]
+    started = time.perf_counter()
+    result = adapter.restore(d.storage, ref, ctx)
+    t = d.timings
+    t.read, t.load = result.read_seconds, result.load_seconds
+    t.restore = (t.discover or 0.0) + (t.plan or 0.0) + (time.perf_counter() - started)
+    d.inputs.restore = result
+    d.outcome.bytes_read = result.bytes_read
+    d.restored_step = _restored_step(result.state, ref.step)
+    return []
+
+
+def check_stage(d: Drill) -> list[CheckResult]:
+    """The state checks over what was restored; the coverage ledger learns what was proven."""
+    started = time.perf_counter()
+    results = run_checks(STATE_CHECKS, d.inputs)
+    plan, integrity = d.inputs.plan, results[0]
+    if plan is not None and plan.manifest is not None and d.outcome.checkpoint is not None:
+        share = d.recorder.verified(d.outcome.checkpoint, plan, integrity, d.request.coverage_days)
+        annotate_coverage(integrity, share, d.request.coverage_days)
+    d.timings.checks = time.perf_counter() - started
+    restore = d.inputs.restore
+    if restore is not None:
+        restore.state.clear()  # free the restored tensors (and device memory) before the replay
+        if getattr(d.device, "type", "cpu") == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+    return results
+
+
+def replay_stage(d: Drill) -> list[CheckResult]:
+    """K training steps from the checkpoint in the real training objects, compared with
+    what the original run did."""
+    started = time.perf_counter()
+    outcome = _replay(d)
+    d.timings.replay = time.perf_counter() - started
+    if outcome.first_step_at is not None:
+        d.timings.ttfs = outcome.first_step_at - d.started
+    if outcome.verdict == ERROR:
+        d.replay_error = outcome.reason
+        d.outcome.error = outcome.traceback or outcome.reason
+    d.inputs.replay = outcome
+    d.outcome.replay = ReplaySummary(verdict=outcome.verdict, reason=outcome.reason, steps=replay_rows(outcome))
+    return run_checks(("replay",), d.inputs)
+
+
+def _replay(d: Drill) -> ReplayOutcome:
+    request, ref, restore = d.request, d.inputs.ref, d.inputs.restore
+    assert ref is not None and restore is not None
+    if not request.replay.enabled:
+        return ReplayOutcome(verdict=NOT_REPLAYABLE, reason="replay not run (--no-replay)")
+    broken = [d.results[n] for n in LOADING_CHECKS if n in d.results and d.results[n].status is CheckStatus.FAILED]
+    if broken:
+        return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"{broken[0].name} failed: {broken[0].summary}")
+    if ref.format != "dcp" and request.replay.entrypoint is None:
+        return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"no replay entrypoint for this {ref.format} checkpoint: pass --replay module:function")
+    run_dir = d.inputs.root if ref.uri != d.inputs.root else os.path.dirname(d.inputs.root.rstrip("/"))
+    return run_replay(spec=request.replay, run_dir=run_dir, checkpoint=ref.uri, step=d.restored_step, device=str(d.device))
+
+
+def _restored_step(state: dict, fallback: int | None) -> int | None:  # type: ignore[type-arg]
+    step = state.get("train_state.step")
+    if hasattr(step, "item"):
+        step = step.item()
+    return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else fallback

@@ -1,0 +1,42 @@
+"""Whether a valid policy can run *here*: what ``drill policy check`` warns about.
+
+A policy can be valid and still fail on this host — a storage scheme with no backend, a run
+directory that is not mounted, a CUDA device on a CPU-only host, an alert secret that is not
+set in this environment. These are warnings, not errors: the policy may be meant for another
+host.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+
+from drill.policy.model import Policy
+from drill.storage import StorageError, storage_for
+
+
+def warnings_for(policy: Policy) -> list[str]:
+    """One sentence per reason this policy would not run on this host."""
+    out: list[str] = []
+    root = policy.checkpoints.root
+    try:
+        storage = storage_for(root)
+    except StorageError as exc:
+        out.append(f"checkpoints.root: {exc}")
+    else:
+        try:
+            storage.stat(root)
+        except OSError as exc:
+            out.append(f"checkpoints.root: {root} cannot be reached from this host ({exc.strerror or exc})")
+    if policy.device.startswith("cuda"):
+        from drill.device import cuda_usable
+
+        if not cuda_usable():
+            out.append(f"device: {policy.device}, but this host has no usable CUDA device")
+    webhook = policy.alerts.webhook
+    if webhook and webhook.startswith("env:") and not os.environ.get(webhook[4:]):
+        out.append(f"alerts.webhook: ${webhook[4:]} is not set in this environment: alerts would not be delivered")
+    entry = policy.replay.entrypoint
+    if policy.replay.enabled and entry and importlib.machinery.PathFinder.find_spec(entry.split(":")[0].split(".")[0]) is None:
+        out.append(f"replay.entrypoint: {entry.split(':')[0]} is not importable here")
+    return out

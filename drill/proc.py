@@ -1,0 +1,63 @@
+"""Child processes of drill: a clean interpreter that dies with its parent.
+
+A child starts as ``python -I`` (isolated: no ``PYTHON*`` variables, no user site, and — unlike
+``python -m`` — not the current directory first on ``sys.path``), then takes the parent's
+import path minus anything inside a directory it must not trust (the run directory, the
+checkpoint). A module planted in a run directory (``xxhash.py``, ``torch.py``, a module
+``run.json`` names) is therefore never imported by drill's children, wherever drill was
+started from.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+from collections.abc import Iterable
+
+PR_SET_PDEATHSIG = 1
+
+_BOOT = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]) + [p for p in sys.path if p.startswith(sys.base_prefix)]; "
+    "import runpy; sys.argv = sys.argv[2:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
+
+
+def inside(path: str, directories: Iterable[str]) -> bool:
+    """Whether ``path`` is one of ``directories`` or lies under one (symlinks resolved)."""
+    real = os.path.realpath(path)
+    for d in directories:
+        base = os.path.realpath(d)
+        if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
+            return True
+    return False
+
+
+def trusted_path(untrusted: Iterable[str]) -> list[str]:
+    """This process's ``sys.path`` (``''`` meaning the current directory) without anything
+    under ``untrusted``: a child never imports from more places than its parent did."""
+    untrusted = [u for u in untrusted if u and "://" not in u]
+    absolute = [os.path.abspath(p or os.curdir) for p in sys.path]
+    return [p for p in dict.fromkeys(absolute) if not inside(p, untrusted)]
+
+
+def python_command(module: str, *args: str, untrusted: Iterable[str] = ()) -> list[str]:
+    """The command line that runs ``python -m module args…`` in an isolated interpreter."""
+    return [sys.executable, "-I", "-c", _BOOT, json.dumps(trusted_path(untrusted)), module, *args]
+
+
+def child_preexec(memory: int | None = None):  # type: ignore[no-untyped-def]
+    """In the child, before exec: die with the parent; cap the address space."""
+
+    def setup() -> None:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:
+            pass  # not Linux: the next drill's orphan recovery still closes the record
+        if memory:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    return setup

@@ -1,0 +1,97 @@
+"""The scheduler's lease (one scheduler fires drills per database) and what it reports."""
+
+from __future__ import annotations
+
+import os
+import socket
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from drill.records.models import Drill, SchedulerLease
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def aware(t: datetime) -> datetime:
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t
+
+
+class LeaseMixin:
+    def _session(self) -> AbstractContextManager[Session]: ...  # provided by Records
+
+    def acquire_lease(self, holder: str, ttl: float, policies: list[str]) -> dict[str, Any] | None:
+        """Take (or renew) the scheduler lease; returns the other holder's row if it is live."""
+        now = utcnow()
+        with self._session() as s:
+            lease = s.get(SchedulerLease, "scheduler", with_for_update=True)
+            if lease is not None and lease.holder != holder and aware(lease.expires_at) > now:
+                return {
+                    "holder": lease.holder,
+                    "host": lease.host,
+                    "pid": lease.pid,
+                    "heartbeat_at": aware(lease.heartbeat_at).isoformat(),
+                    "expires_at": aware(lease.expires_at).isoformat(),
+                }
+            if lease is None:
+                lease = SchedulerLease(name="scheduler", holder=holder, host=socket.gethostname(), pid=os.getpid(), started_at=now, heartbeat_at=now, expires_at=now)
+                s.add(lease)
+            if lease.holder != holder:
+                lease.started_at = now
+            lease.holder, lease.host, lease.pid = holder, socket.gethostname(), os.getpid()
+            lease.heartbeat_at = now
+            lease.expires_at = now + timedelta(seconds=ttl)
+            lease.policies = {"names": policies}
+        return None
+
+    def holds_lease(self, holder: str) -> bool:
+        with self._session() as s:
+            lease = s.get(SchedulerLease, "scheduler")
+            return lease is not None and lease.holder == holder and aware(lease.expires_at) > utcnow()
+
+    def release_lease(self, holder: str) -> None:
+        with self._session() as s:
+            lease = s.get(SchedulerLease, "scheduler")
+            if lease is not None and lease.holder == holder:
+                lease.expires_at = utcnow()
+
+    def scheduler_state(self) -> dict[str, Any]:
+        """The lease (is a scheduler alive?) and each scheduled job's next fire time."""
+        from sqlalchemy import text
+
+        with self._session() as s:
+            lease = s.get(SchedulerLease, "scheduler")
+            jobs = {row[0]: row[1] for row in s.execute(text("SELECT id, next_run_time FROM apscheduler_jobs"))}
+            now = utcnow()
+            doc: dict[str, Any] = {"alive": False, "scheduler": None, "jobs": {}}
+            if lease is not None:
+                doc["alive"] = aware(lease.expires_at) > now
+                doc["scheduler"] = {
+                    "host": lease.host,
+                    "pid": lease.pid,
+                    "started_at": aware(lease.started_at).isoformat(),
+                    "heartbeat_at": aware(lease.heartbeat_at).isoformat(),
+                    "heartbeat_age_seconds": (now - aware(lease.heartbeat_at)).total_seconds(),
+                    "policies": (lease.policies or {}).get("names", []),
+                }
+            for name, ts in jobs.items():
+                doc["jobs"][name] = None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
+            return doc
+
+    def policy_summary(self, policy: str) -> dict[str, Any]:
+        """The policy's last drill and its history counted by status (SLO breaches apart)."""
+        from sqlalchemy import func
+
+        from drill.records.rows import outcome_from_row
+
+        with self._session() as s:
+            last = s.scalar(
+                select(Drill).where(Drill.policy == policy).order_by(Drill.id.desc()).options(selectinload(Drill.checkpoint), selectinload(Drill.alerts))
+            )
+            counts = dict(s.execute(select(Drill.status, func.count()).where(Drill.policy == policy).group_by(Drill.status)).all())
+            return {"last": outcome_from_row(last, with_checks=False).to_document(with_checks=False) if last else None, "counts": counts}

@@ -1,0 +1,69 @@
+"""The coverage ledger: per sealed file, when its bytes last matched their digest."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from drill.integrity.coverage import CoverageUpdate
+from drill.records.models import Checkpoint, FileVerification
+
+
+class LedgerMixin:
+    def _session(self) -> AbstractContextManager[Session]: ...  # provided by Records
+
+    def checkpoint_id(self, uri: str) -> int | None:
+        with self._session() as s:
+            return s.scalar(select(Checkpoint.id).where(Checkpoint.uri == uri))
+
+    def ensure_checkpoint(self, *, run_root: str, uri: str, step: int | None, format: str) -> int:
+        """The checkpoint's id, recording it first if it is new."""
+        from drill.pipeline.outcome import CheckpointInfo
+        from drill.records.store import checkpoint_row
+
+        info = CheckpointInfo(uri=uri, name=uri.rstrip("/").rsplit("/", 1)[-1], step=step, format=format)
+        with self._session() as s:
+            return checkpoint_row(s, run_root, info).id
+
+    def last_verified(self, checkpoint_id: int | None) -> dict[str, tuple[datetime, str]]:
+        """Path → (when it last matched, the digest it matched)."""
+        if checkpoint_id is None:
+            return {}
+        with self._session() as s:
+            rows = s.scalars(select(FileVerification).where(FileVerification.checkpoint_id == checkpoint_id))
+            return {r.path: (_aware(r.verified_at), r.xxh3_128) for r in rows}
+
+    def apply_coverage(self, checkpoint_id: int, drill_id: int | None, update: CoverageUpdate, days: float) -> float:
+        """Record the files that matched, forget the ones that failed, and return the share of
+        the checkpoint's sealed bytes verified within ``days``."""
+        now = datetime.now(timezone.utc)
+        with self._session() as s:
+            rows = {r.path: r for r in s.scalars(select(FileVerification).where(FileVerification.checkpoint_id == checkpoint_id))}
+            for path, (size, digest) in update.verified.items():
+                row = rows.get(path)
+                if row is None:
+                    row = rows[path] = FileVerification(checkpoint_id=checkpoint_id, path=path, size=size, xxh3_128=digest, verified_at=now)
+                    s.add(row)
+                row.size, row.xxh3_128, row.verified_at, row.drill_id = size, digest, now, drill_id
+            for path in update.broken & set(rows):
+                s.delete(rows.pop(path))
+            total = sum(size for size, _ in update.sealed.values())
+            if not total:
+                return 1.0
+            since = now - timedelta(days=days)
+            fresh = sum(
+                size
+                for path, (size, digest) in update.sealed.items()
+                if path in rows and rows[path].xxh3_128 == digest and _aware(rows[path].verified_at) >= since
+            )
+            return fresh / total
+
+
+def _aware(t: datetime) -> datetime:
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t
+
+
+__all__ = ["LedgerMixin"]

@@ -1,0 +1,155 @@
+"""The database recorder: a drill that got a row always ends with a final status.
+
+Every write is retried when the failure is transient (a lock held past the busy timeout, a
+dropped connection). A write that still fails mid-drill is noted and the drill goes on —
+its evidence matters more than its progress markers. At the end, the full outcome is written
+in one transaction; if that fails, the row is closed as ``error`` with the reason and the
+real verdict in its message; if even that fails, the outcome goes to the local
+:class:`~drill.records.spool.Spool`, which the next drill delivers. Either way the caller gets
+the verdict back to print, with ``record_problem`` saying what happened to the record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import TypeVar
+
+from drill.errors import DatabaseError
+from drill.findings import CheckResult
+from drill.integrity.coverage import coverage_update
+from drill.integrity.verify import IntegrityPlan
+from drill.pipeline.outcome import CheckpointInfo, DrillOutcome
+from drill.pipeline.recorder import DrillStart
+from drill.records.db import Database, safe_url
+from drill.records.spool import Spool
+from drill.records.store import Records
+
+log = logging.getLogger("drill.records")
+T = TypeVar("T")
+
+ATTEMPTS = 3
+BACKOFF = (0.2, 1.0)
+
+
+class DatabaseRecorder:
+    def __init__(self, db: Database, *, spool: Spool | None = None, attempts: int = ATTEMPTS) -> None:
+        self.records = Records(db)
+        self.spool = spool or Spool(safe_url(db.url))
+        self.attempts = attempts
+        self.id: int | None = None
+        self.checkpoint_id: int | None = None
+        self.problem: str | None = None
+        """The first record write that failed mid-drill, if any."""
+
+    # -- the protocol -----------------------------------------------------------------------
+    def begin(self, start: DrillStart) -> int | None:
+        self.reconcile()
+        try:
+            self.id = self._retry(lambda: self.records.begin_drill(start))
+        except DatabaseError as exc:
+            self.problem = f"the drill could not be recorded when it began ({exc.message})"
+        return self.id
+
+    def phase(self, name: str) -> None:
+        if self.id is not None:
+            self._best_effort(f"phase {name}", lambda: self.records.set_phase(self.id, name))  # type: ignore[arg-type]
+
+    def selected(self, checkpoint: CheckpointInfo, *, selection: str, evidence_level: str | None, sample: str | None) -> None:
+        if self.id is None:
+            return
+        self.checkpoint_id = self._best_effort(
+            "checkpoint",
+            lambda: self.records.attach_checkpoint(self.id, checkpoint, selection=selection, evidence_level=evidence_level, sample=sample),  # type: ignore[arg-type]
+        )
+
+    def last_drilled(self, run_root: str) -> Mapping[str, datetime]:
+        return self._best_effort("last drilled", lambda: self.records.last_drilled(run_root)) or {}
+
+    def last_verified(self, checkpoint_uri: str) -> Mapping[str, datetime]:
+        ledger = self._best_effort("coverage ledger", lambda: self.records.last_verified(self.records.checkpoint_id(checkpoint_uri))) or {}
+        return {path: when for path, (when, _) in ledger.items()}
+
+    def verified(self, checkpoint: CheckpointInfo, plan: IntegrityPlan, integrity: CheckResult, days: float) -> float | None:
+        if self.checkpoint_id is None:
+            return None
+        update = coverage_update(plan, integrity)
+        return self._best_effort("coverage ledger", lambda: self.records.apply_coverage(self.checkpoint_id, self.id, update, days))  # type: ignore[arg-type]
+
+    def checks(self, results: list[CheckResult]) -> None:
+        if self.id is not None:
+            self._best_effort("checks", lambda: self.records.add_checks(self.id, results))  # type: ignore[arg-type]
+
+    def finish(self, outcome: DrillOutcome) -> None:
+        try:
+            self._finish(outcome)
+        except Exception as exc:  # noqa: BLE001 - finish never raises: the verdict must reach the caller
+            outcome.record_problem = f"the record could not be written: {exc}"
+            log.exception("drill record")
+
+    # -- closing, whatever it takes ---------------------------------------------------------
+    def _finish(self, outcome: DrillOutcome) -> None:
+        try:
+            if self.id is not None:
+                self._retry(lambda: self.records.finish_drill(outcome))
+            else:
+                self._retry(lambda: self.records.insert_outcome(outcome))
+            if self.problem:
+                outcome.record_problem = f"recorded, but {self.problem}"
+            return
+        except DatabaseError as exc:
+            reason = exc.message
+        if self.id is not None:
+            text = f"the verdict could not be recorded ({reason}): the drill {outcome.status.value}" + (f": {outcome.message}" if outcome.message else "")
+            try:
+                self._retry(lambda: self.records.close_as_error(self.id, text))  # type: ignore[arg-type]
+                outcome.record_problem = f"drill #{self.id} is closed as error: the full verdict could not be written ({reason})"
+                return
+            except DatabaseError:
+                pass
+        path = self.spool.put(outcome.to_document())
+        outcome.record_problem = f"the database is unavailable ({reason}): the verdict is kept in {path} until the next drill delivers it"
+
+    def reconcile(self) -> None:
+        """Deliver spooled verdicts, then close drills whose process is gone (in that order:
+        a spooled verdict is the truth about its drill; "process gone" is only a guess)."""
+        for path, doc in self.spool.pending():
+            try:
+                outcome = DrillOutcome.from_document(doc)
+                if outcome.id is not None and self._exists(outcome.id):
+                    self.records.finish_drill(outcome)
+                else:
+                    outcome.id = None
+                    self.records.insert_outcome(outcome)
+                self.spool.done(path)
+            except DatabaseError:
+                return  # still away: try again next time
+            except (KeyError, ValueError, TypeError):
+                log.warning("spooled drill %s is not an outcome document; left in place", path)
+        self._best_effort("orphan recovery", self.records.recover_orphans)
+
+    def _exists(self, drill_id: int) -> bool:
+        try:
+            self.records.get(drill_id)
+            return True
+        except Exception:  # noqa: BLE001 - NotFound, or a row that will not read: insert anew
+            return False
+
+    def _retry(self, fn: Callable[[], T]) -> T:
+        for attempt in range(self.attempts):
+            try:
+                return fn()
+            except DatabaseError as exc:
+                if not getattr(exc, "transient", False) or attempt + 1 == self.attempts:
+                    raise
+                time.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
+        raise AssertionError("unreachable")
+
+    def _best_effort(self, what: str, fn: Callable[[], T]) -> T | None:
+        try:
+            return self._retry(fn)
+        except DatabaseError as exc:
+            self.problem = self.problem or f"writing the {what} failed ({exc.message})"
+            return None
