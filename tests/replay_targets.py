@@ -26,3 +26,14 @@ def raising(*, run_dir: str, checkpoint: str, device: torch.device) -> DemoRepla
 
 def hanging(*, run_dir: str, checkpoint: str, device: torch.device) -> DemoReplay:
     return _Hanging(build_replay(run_dir=run_dir, checkpoint=checkpoint, device=device).objs)
+
+
+class _NaNLoss(DemoReplay):
+    def step(self) -> Any:
+        record = super().step()
+        return type(record)(step=record.step, loss=float("nan"), grad_norm=float("inf"), batch=record.batch)
+
+
+def nan_loss(*, run_dir: str, checkpoint: str, device: torch.device) -> DemoReplay:
+    """A replay whose losses come out NaN (and grad norms infinite): a diverged run."""
+    return _NaNLoss(build_replay(run_dir=run_dir, checkpoint=checkpoint, device=device).objs)

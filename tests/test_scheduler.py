@@ -221,3 +221,24 @@ def test_last_good(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
     assert good.exit_code == 0 and good.stdout == f"{demo_run / 'step-20'}\n"
     doc = json.loads(invoke(runner, "last-good", "--root", str(demo_run), "--json", "--db", sqlite_url).stdout)
     assert doc["checkpoint"]["step"] == 20
+
+
+def test_a_scheduler_stopped_mid_drill_records_that_drill_once_and_starts_no_other(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+    hook = tmp_path / "alerts.jsonl"
+    policy = _policy(
+        tmp_path,
+        "hangs",
+        demo_run,
+        "schedule: {cron: '*/2 * * * * *'}\nreplay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\n"
+        f"limits: {{timeout: 20m}}\nalerts: {{command: 'cat >> {hook}', on: [aborted]}}\n",
+    )
+    proc = _start(sqlite_url, policy, extra=("--grace", "1"))
+    drill = _wait(lambda: next((d for d in _drills(sqlite_url) if d["status"] == "running" and d["phase"] == "replay"), None), 60, "a drill in its replay")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    time.sleep(2.5)  # a cron tick after the stop fires nothing
+    ((drill_id, status, phase),) = [(d["id"], d["status"], d["phase"]) for d in _drills(sqlite_url)]
+    assert (drill_id, status, phase) == (drill["id"], "aborted", "replay")
+    (alert,) = [json.loads(line) for line in hook.read_text().splitlines()]
+    assert alert["drill_id"] == drill_id and alert["status"] == "aborted"  # the drill that was stopped, alerted once

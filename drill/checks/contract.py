@@ -82,66 +82,74 @@ def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Find
     model = {k: v for k, v in _part(state, parts.MODEL).items() if isinstance(v, torch.Tensor)}
     if not opt:
         return [], {}
-    findings: list[Finding] = []
-    groups = _param_groups(opt)
-    members = [p for g in groups for p in g]
-    dupes = sorted(str(p) for p, n in Counter(members).items() if n > 1)
-    for p in dupes:
-        findings.append(_f("param-in-two-groups", f"optimizer.param_groups[*].params: {p}", f"parameter {p} is in more than one param group: a resume would step it twice"))
+    members = [p for g in _param_groups(opt) for p in g]
+    findings = [
+        _f("param-in-two-groups", f"optimizer.param_groups[*].params: {p}", f"parameter {p} is in more than one param group: a resume would step it twice")
+        for p in sorted(str(p) for p, n in Counter(members).items() if n > 1)
+    ]
     slots = ADAM_SLOTS if _is_adam(opt) else ()
-    checked = 0
-    if layout.optimizer_keys == "fqn":
-        for fqn in members:
-            findings += _missing_slots(opt, str(fqn), f"parameter {fqn}", slots)
-            for slot in slots:
-                key = f"state.{fqn}.{slot}"
-                if key not in opt:
-                    continue
-                value, param = opt[key], model.get(fqn)
-                if slot != "step" and isinstance(value, torch.Tensor) and param is not None:
-                    if tuple(value.shape) != tuple(param.shape) or value.dtype != param.dtype:
-                        findings.append(
-                            _f(
-                                "optimizer-slot-mismatch",
-                                f"optimizer.{key}",
-                                f"{slot} of {fqn} is {tuple(value.shape)} {value.dtype}, the parameter {tuple(param.shape)} {param.dtype}: "
-                                "the optimizer state belongs to a different model",
-                                expected=f"{tuple(param.shape)} {param.dtype}",
-                                actual=f"{tuple(value.shape)} {value.dtype}",
-                            )
-                        )
-            checked += 1
-        grouped = {str(m) for m in members}
-        for fqn, t in model.items():
-            if t.is_floating_point() and fqn not in grouped and members:
+    check = _slots_by_name if layout.optimizer_keys == "fqn" else _slots_by_index
+    findings += check(opt, model, members, slots)
+    return findings, {"params_checked": len(members), "slots": list(slots)}
+
+
+def _slots_by_name(opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], members: list[Any], slots: tuple[str, ...]) -> list[Finding]:
+    """Optimizer state keyed by parameter name (DCP): each slot against its parameter."""
+    findings: list[Finding] = []
+    for fqn in members:
+        findings += _missing_slots(opt, str(fqn), f"parameter {fqn}", slots)
+        param = model.get(fqn)
+        for slot in slots:
+            value = opt.get(f"state.{fqn}.{slot}")
+            if slot == "step" or not isinstance(value, torch.Tensor) or param is None:
+                continue
+            if tuple(value.shape) != tuple(param.shape) or value.dtype != param.dtype:
                 findings.append(
                     _f(
-                        "param-not-optimized",
-                        f"model.{fqn}",
-                        f"model.{fqn} is in no optimizer param group: frozen on purpose, or a resume would never train it",
-                        severity=Severity.WARNING,
+                        "optimizer-slot-mismatch",
+                        f"optimizer.state.{fqn}.{slot}",
+                        f"{slot} of {fqn} is {tuple(value.shape)} {value.dtype}, the parameter {tuple(param.shape)} {param.dtype}: "
+                        "the optimizer state belongs to a different model",
+                        expected=f"{tuple(param.shape)} {param.dtype}",
+                        actual=f"{tuple(value.shape)} {value.dtype}",
                     )
                 )
-    else:
-        shapes = Counter(tuple(t.shape) for t in model.values() if t.is_floating_point())
-        for idx in members:
-            findings += _missing_slots(opt, str(idx), f"parameter #{idx}", slots)
-            moment = opt.get(f"state.{idx}.exp_avg")
-            if isinstance(moment, torch.Tensor) and model:
-                shape = tuple(moment.shape)
-                if shapes[shape] > 0:
-                    shapes[shape] -= 1
-                else:
-                    findings.append(
-                        _f(
-                            "optimizer-slot-mismatch",
-                            f"optimizer.state.{idx}.exp_avg",
-                            f"exp_avg of parameter #{idx} has shape {shape}, which no remaining model parameter has",
-                            actual=shape,
-                        )
-                    )
-            checked += 1
-    return findings, {"params_checked": checked, "slots": list(slots)}
+    grouped = {str(m) for m in members}
+    findings += [
+        _f(
+            "param-not-optimized",
+            f"model.{fqn}",
+            f"model.{fqn} is in no optimizer param group: frozen on purpose, or a resume would never train it",
+            severity=Severity.WARNING,
+        )
+        for fqn, t in model.items()
+        if t.is_floating_point() and fqn not in grouped and members
+    ]
+    return findings
+
+
+def _slots_by_index(opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], members: list[Any], slots: tuple[str, ...]) -> list[Finding]:
+    """torch.optim's own index-keyed state: slots present, and moments shaped like some parameter."""
+    findings: list[Finding] = []
+    shapes = Counter(tuple(t.shape) for t in model.values() if t.is_floating_point())
+    for idx in members:
+        findings += _missing_slots(opt, str(idx), f"parameter #{idx}", slots)
+        moment = opt.get(f"state.{idx}.exp_avg")
+        if not isinstance(moment, torch.Tensor) or not model:
+            continue
+        shape = tuple(moment.shape)
+        if shapes[shape] > 0:
+            shapes[shape] -= 1
+            continue
+        findings.append(
+            _f(
+                "optimizer-slot-mismatch",
+                f"optimizer.state.{idx}.exp_avg",
+                f"exp_avg of parameter #{idx} has shape {shape}, which no remaining model parameter has",
+                actual=shape,
+            )
+        )
+    return findings
 
 
 # -- step counters --------------------------------------------------------------------------

@@ -25,47 +25,11 @@ def check_keys(inputs: CheckInputs) -> CheckResult:
     if restore.metadata_error is not None:
         return CheckResult(name=NAME, summary="not checked: the checkpoint index could not be loaded", skipped=True)
     counts = Counter(key.split(".", 1)[0] for key in restore.state)
-    failed_parts = {f.key.split(".", 1)[0] for f in restore.failures}
     required = expectations.parts_required(restore.layout)
     recommended = expectations.parts_recommended(restore.layout)
-    findings = []
-    for part in (*required, *recommended):
-        if counts[part] == 0:
-            is_required = part in required
-            findings.append(
-                Finding(
-                    check=NAME,
-                    code="part-missing",
-                    severity=Severity.ERROR if is_required else Severity.WARNING,
-                    subject=part,
-                    message=f"no {part} state in the checkpoint: {parts.WHAT_A_RESUME_LOSES.get(part, 'a resume would lose it')}",
-                    expected=f"{part}.*",
-                    actual="absent",
-                    hint="save it with the other Stateful objects passed to dcp.save"
-                    if is_required
-                    else f"accepted for this format; save it for a bitwise resume, or pass --allow-missing {part}",
-                )
-            )
-    for part, needed in _PART_SHAPE.items():
-        if counts[part] == 0:
-            continue
-        for sub in needed:
-            prefix = f"{part}.{sub}"
-            if not any(k == prefix or k.startswith(prefix + ".") for k in restore.state):
-                findings.append(
-                    Finding(
-                        check=NAME,
-                        code="part-incomplete",
-                        severity=Severity.ERROR,
-                        subject=prefix,
-                        message=f"{part} has no {sub!r}: {parts.WHAT_A_RESUME_LOSES.get(part, '')}".rstrip(": "),
-                        expected=prefix,
-                        actual="absent",
-                    )
-                )
-    if counts[parts.MODEL] and not any(
-        k.startswith(parts.MODEL + ".") and hasattr(v, "shape") for k, v in restore.state.items()
-    ):
+    hint = restore.layout.save_hint if restore.layout else "save every part with the checkpoint"
+    findings = _missing(counts, required, recommended, hint) + _incomplete(counts, restore.state) + _unknown(counts)
+    if counts[parts.MODEL] and not any(k.startswith(parts.MODEL + ".") and hasattr(v, "shape") for k, v in restore.state.items()):
         findings.append(
             Finding(
                 check=NAME,
@@ -75,42 +39,93 @@ def check_keys(inputs: CheckInputs) -> CheckResult:
                 message="the model part holds no tensors: a resume would start from untrained weights",
             )
         )
-    unknown = sorted(p for p in counts if p not in parts.CANONICAL_PARTS and p != parts.EXTRA)
-    for part in unknown:
-        findings.append(
-            Finding(
-                check=NAME,
-                code="part-unknown",
-                severity=Severity.INFO,
-                subject=part,
-                message=f"{part} ({counts[part]} entries) is not a canonical part; drill restores it but does not check it",
-            )
-        )
-    present = {p: counts[p] for p in sorted(counts)}
-    missing = [f.subject for f in findings if f.code == "part-missing"]
     fmt = restore.layout.format if restore.layout else restore.format
-    if any(f.severity is Severity.ERROR for f in findings):
-        summary = "missing: " + ", ".join(str(f.subject) for f in findings if f.severity is Severity.ERROR)
+    errors = [str(f.subject) for f in findings if f.severity is Severity.ERROR]
+    if errors:
+        summary = "missing: " + ", ".join(errors)
     else:
         summary = f"{fmt}: holds " + ", ".join(f"{p} ({counts[p]})" for p in (*parts.CANONICAL_PARTS, parts.EXTRA) if counts[p])
+    evidence = {
+        "format": fmt,
+        "parts": {p: counts[p] for p in sorted(counts)},
+        "required": list(required),
+        "recommended": list(recommended),
+        "missing": [f.subject for f in findings if f.code == "part-missing"],
+        "not_loaded": sorted({f.key.split(".", 1)[0] for f in restore.failures}),
+        **_inventory(restore.inventory),
+    }
+    return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
+
+
+def _missing(counts: Counter[str], required: tuple[str, ...], recommended: tuple[str, ...], hint: str) -> list[Finding]:
+    out = []
+    for part in (*required, *recommended):
+        if counts[part]:
+            continue
+        is_required = part in required
+        out.append(
+            Finding(
+                check=NAME,
+                code="part-missing",
+                severity=Severity.ERROR if is_required else Severity.WARNING,
+                subject=part,
+                message=f"no {part} state in the checkpoint: {parts.WHAT_A_RESUME_LOSES.get(part, 'a resume would lose it')}",
+                expected=f"{part}.*",
+                actual="absent",
+                hint=hint if is_required else f"accepted for this format; save it for a bitwise resume, or pass --allow-missing {part}",
+            )
+        )
+    return out
+
+
+def _incomplete(counts: Counter[str], state: dict) -> list[Finding]:  # type: ignore[type-arg]
+    out = []
+    for part, needed in _PART_SHAPE.items():
+        if not counts[part]:
+            continue
+        for sub in needed:
+            prefix = f"{part}.{sub}"
+            if not any(k == prefix or k.startswith(prefix + ".") for k in state):
+                why = parts.WHAT_A_RESUME_LOSES.get(part, "")
+                out.append(
+                    Finding(
+                        check=NAME,
+                        code="part-incomplete",
+                        severity=Severity.ERROR,
+                        subject=prefix,
+                        message=f"{part} has no {sub!r}: {why}".rstrip(": "),
+                        expected=prefix,
+                        actual="absent",
+                    )
+                )
+    return out
+
+
+def _unknown(counts: Counter[str]) -> list[Finding]:
+    return [
+        Finding(
+            check=NAME,
+            code="part-unknown",
+            severity=Severity.INFO,
+            subject=part,
+            message=f"{part} ({counts[part]} entries) is not a canonical part; drill restores it but does not check it",
+        )
+        for part in sorted(p for p in counts if p not in parts.CANONICAL_PARTS and p != parts.EXTRA)
+    ]
+
+
+def _inventory(inventory: list) -> dict:  # type: ignore[type-arg]
     tensors: dict[str, dict[str, int]] = {}
-    for info in restore.inventory:
+    for info in inventory:
         slot = tensors.setdefault(info.key.split(".", 1)[0], {"tensors": 0, "bytes": 0})
         slot["tensors"] += 1
         slot["bytes"] += info.nbytes
-    evidence = {
-        "format": fmt,
-        "parts": present,
+    return {
         "tensors": tensors,
-        "required": list(required),
-        "recommended": list(recommended),
-        "missing": missing,
-        "not_loaded": sorted(failed_parts),
-        "inventory_entries": len(restore.inventory),
+        "inventory_entries": len(inventory),
         # The first entries in full (key, shape, dtype, bytes, rank); a 70B model has ~10^5.
         "inventory": [
             {"key": i.key, "shape": list(i.shape), "dtype": i.dtype, "bytes": i.nbytes, **({"rank": i.rank} if i.rank is not None else {})}
-            for i in restore.inventory[:INVENTORY_SHOWN]
+            for i in inventory[:INVENTORY_SHOWN]
         ],
     }
-    return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)

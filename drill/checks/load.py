@@ -6,10 +6,14 @@ from collections import defaultdict
 
 from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity
+from drill.restore import ItemFailure, RestoreResult
 from drill.units import human_bytes
 
 NAME = "load"
 SHOWN_KEYS = 5
+
+
+ALLOW_HINT = "if the class is legitimate for this layout, allow-list it: --allow-class module.Class"
 
 
 def check_load(inputs: CheckInputs) -> CheckResult:
@@ -23,43 +27,63 @@ def check_load(inputs: CheckInputs) -> CheckResult:
         "failed": len(restore.failures),
     }
     if restore.metadata_error is not None:
-        unsafe = [f for f in restore.failures if f.code == "unsafe-pickle"]
-        finding = Finding(
-            check=NAME,
-            code="unsafe-pickle" if unsafe else "metadata-unreadable",
-            severity=Severity.ERROR,
-            subject=unsafe[0].relative_path if unsafe else (".metadata" if restore.format == "dcp" else restore.uri),
-            message=f"the checkpoint cannot be loaded ({restore.metadata_error}): nothing in it can be restored",
-            hint="if the class is legitimate for this layout, allow-list it: --allow-class module.Class"
-            if unsafe
-            else "the save may not have finished; drill an older checkpoint: drill run --checkpoint step:N",
-        )
-        return CheckResult(name=NAME, summary="checkpoint metadata could not be loaded", findings=[finding], evidence=evidence)
+        return CheckResult(name=NAME, summary="the checkpoint's index could not be loaded", findings=[_index_finding(restore)], evidence=evidence)
+    findings = [_entry_finding(f) for f in restore.failures if not _lost_with_file(f)] + _lost_files(restore.failures)
+    if findings:
+        summary = f"{len(restore.failures)} entries failed to load onto {restore.device}"
+    else:
+        summary = f"{restore.tensors_loaded} tensors ({human_bytes(restore.tensor_bytes)}) and {restore.values_loaded} values loaded onto {restore.device}"
+    return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
 
-    findings = []
-    # One finding per broken file rather than one per entry in it: a lost shard can hold
-    # thousands of entries, and the files check already names the file.
+
+def _index_finding(restore: RestoreResult) -> Finding:
+    """Nothing could be loaded: say why, and what to do about it for that reason."""
+    unsafe = [f for f in restore.failures if f.code == "unsafe-pickle"]
+    error = restore.metadata_error or ""
+    if unsafe or "allow-list" in error:
+        code, hint = "unsafe-pickle", ALLOW_HINT
+    elif any(f.error_kind == "missing" for f in restore.files):
+        code, hint = "metadata-unreadable", "the save may not have finished; drill an older checkpoint: drill run --checkpoint step:N"
+    else:
+        code, hint = "metadata-unreadable", "the index is damaged; restore it from a replica or drill an older checkpoint"
+    subject = unsafe[0].relative_path if unsafe else (".metadata" if restore.format == "dcp" else restore.uri)
+    return Finding(
+        check=NAME,
+        code=code,
+        severity=Severity.ERROR,
+        subject=subject,
+        message=f"the checkpoint cannot be loaded ({error}): nothing in it can be restored",
+        hint=hint,
+    )
+
+
+def _lost_with_file(failure: ItemFailure) -> bool:
+    return failure.relative_path is not None and failure.reason.startswith("file ")
+
+
+def _entry_finding(failure: ItemFailure) -> Finding:
+    return Finding(
+        check=NAME,
+        code=failure.code,
+        severity=Severity.ERROR,
+        subject=failure.key,
+        message=f"{failure.key} did not load: {failure.reason}",
+        actual=failure.reason,
+        hint=ALLOW_HINT if failure.code == "unsafe-pickle" else None,
+    )
+
+
+def _lost_files(failures: list[ItemFailure]) -> list[Finding]:
+    """One finding per broken file rather than one per entry in it: a lost shard can hold
+    thousands of entries, and the files check already names the file."""
     by_file: dict[str, list[str]] = defaultdict(list)
-    for failure in restore.failures:
-        if failure.relative_path is not None and failure.reason.startswith("file "):
-            by_file[failure.relative_path].append(failure.key)
-            continue
-        findings.append(
-            Finding(
-                check=NAME,
-                code=failure.code,
-                severity=Severity.ERROR,
-                subject=failure.key,
-                message=f"{failure.key} did not load: {failure.reason}",
-                actual=failure.reason,
-                hint="if the class is legitimate for this layout, allow-list it: --allow-class module.Class"
-                if failure.code == "unsafe-pickle"
-                else None,
-            )
-        )
+    for failure in failures:
+        if _lost_with_file(failure):
+            by_file[str(failure.relative_path)].append(failure.key)
+    out = []
     for path, keys in sorted(by_file.items()):
         shown = ", ".join(sorted(keys)[:SHOWN_KEYS]) + (f" and {len(keys) - SHOWN_KEYS} more" if len(keys) > SHOWN_KEYS else "")
-        findings.append(
+        out.append(
             Finding(
                 check=NAME,
                 code="entries-lost-with-file",
@@ -69,11 +93,4 @@ def check_load(inputs: CheckInputs) -> CheckResult:
                 actual=sorted(keys),
             )
         )
-    if findings:
-        summary = f"{len(restore.failures)} entries failed to load onto {restore.device}"
-    else:
-        summary = (
-            f"{restore.tensors_loaded} tensors ({human_bytes(restore.tensor_bytes)}) and "
-            f"{restore.values_loaded} values loaded onto {restore.device}"
-        )
-    return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
+    return out

@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 
 from drill import __version__
 from drill.cli import demo, integrity, nightly, records, run
-from drill.cli.common import error_boundary, stderr
+from drill.cli.common import error_boundary, stderr, terminate_as_interrupt
 from drill.errors import ExitCode
 
 EXIT_CODES = """\
@@ -91,4 +91,5 @@ def _root(
 
 
 def main() -> None:
+    terminate_as_interrupt()
     app()

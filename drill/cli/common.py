@@ -71,6 +71,23 @@ def fail(message: str, code: ExitCode, hint: str | None = None) -> typer.Exit:
     return typer.Exit(int(code))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside a drill: handled like Ctrl-C, with its own exit code."""
+
+
+def terminate_as_interrupt() -> None:
+    """Turn SIGTERM into :class:`Terminated` (a drill installs its own handler while it runs)."""
+    import signal
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated("interrupted by SIGTERM")
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (an embedding application's business)
+        pass
+
+
 def error_boundary(fn: F) -> F:
     """Turn :class:`DrillError` into its one-line message and exit code; anything else is a
     bug, shown as one line unless ``--debug`` asks for the traceback."""
@@ -85,9 +102,10 @@ def error_boundary(fn: F) -> F:
             raise fail(exc.message, exc.exit_code, exc.hint) from None
         except (typer.Exit, typer.Abort):
             raise
-        except KeyboardInterrupt:  # outside a drill (a drill records its own interrupt)
-            stderr().print("drill: aborted: interrupted (nothing was recorded)", markup=False)
-            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+        except KeyboardInterrupt as exc:  # outside a drill (a drill records its own interrupt)
+            code = ExitCode.TERMINATED if isinstance(exc, Terminated) else ExitCode.INTERRUPTED
+            stderr().print(f"drill: aborted: {str(exc) or 'interrupted by SIGINT'} (nothing was recorded)", markup=False)
+            raise typer.Exit(int(code)) from None
         except Exception as exc:
             if kwargs.get("debug"):
                 raise

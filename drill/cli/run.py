@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -138,6 +140,12 @@ def report(outcome: DrillOutcome, *, json: bool) -> None:
         err.print(f"drill: {outcome.status.value}: {outcome.message}{tail}", markup=False)
     if outcome.record_problem:
         err.print(f"drill: warning: {outcome.record_problem}", markup=False)
+    if outcome.status.value == "aborted" and sys.stdout is sys.__stdout__:
+        # Interrupted: the record is written; reads still in flight (a hung mount) must not
+        # hold the process, and interpreter shutdown would wait for them.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(outcome.exit_code))
     raise exit_with(outcome.exit_code)
 
 

@@ -37,6 +37,8 @@ class Layout:
     multi_rank: bool = False
     """The files say more than one rank saved (HF names rng files per rank only then)."""
     notes: list[str] = field(default_factory=list)
+    save_hint: str = "save it with the other Stateful objects passed to dcp.save"
+    """What to do about a missing required part, in this framework's terms."""
 
 
 def flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:

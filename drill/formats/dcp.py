@@ -176,9 +176,10 @@ class DrillReader(StorageReader):
         self._records = records
         self.result.files.extend(records.values())
         window = self.workers + 1
-        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="drill-read") as pool:
-            pending: deque[CFuture[_Loaded]] = deque()
-            queue = deque(paths)
+        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="drill-read")
+        pending: deque[CFuture[_Loaded]] = deque()
+        queue = deque(paths)
+        try:
             while queue or pending:
                 while queue and len(pending) < window:
                     p = queue.popleft()
@@ -187,6 +188,10 @@ class DrillReader(StorageReader):
                 loaded = pending.popleft().result()
                 self.result.read_seconds += time.perf_counter() - waited
                 yield loaded
+        finally:
+            # An interrupt must not wait for reads in flight (a stuck mount could hold it
+            # forever): queued reads are cancelled and the threads left to finish alone.
+            pool.shutdown(wait=not (queue or pending), cancel_futures=True)
 
     # -- loading ----------------------------------------------------------------------------
     def _load_items(self, loaded: _Loaded, items: list[ReadItem], planner: LoadPlanner) -> None:

@@ -138,6 +138,8 @@ def _layout(ref: CheckpointRef, got: _Read) -> Layout:
         scheduler_per_step=True,
         rank_files={parts.RNG: sorted(got.rng_ranks)} if got.rng_ranks else {},
         multi_rank=bool(got.rng_ranks),
+        save_hint="the Trainer writes optimizer.pt, scheduler.pt and rng_state*.pth with every checkpoint "
+        "(save_only_model=False): was a file deleted, or the checkpoint copied without it?",
     )
     global_step = got.trainer_state.get("global_step")
     if isinstance(global_step, int):

@@ -48,6 +48,7 @@ def canonicalize_lightning(obj: dict[str, Any]) -> tuple[dict[str, Any], Layout]
         recommended=(parts.LR_SCHEDULER, parts.DATALOADER, parts.RNG),
         optimizer_keys="index",
         scheduler_per_step=False,  # Lightning steps schedulers per epoch unless configured
+        save_hint="Lightning saves it unless ModelCheckpoint(save_weights_only=True): save full checkpoints to resume",
         notes=["Lightning resumes data from the fit loop's progress counters; without a stateful "
                "loader it restarts the epoch's sampler rather than continuing mid-epoch"],
     )  # fmt: skip
@@ -76,6 +77,7 @@ def canonicalize_dict(obj: dict[str, Any]) -> tuple[dict[str, Any], Layout]:
         recommended=(parts.LR_SCHEDULER, parts.DATALOADER, parts.RNG),
         optimizer_keys="index",
         scheduler_per_step=True,
+        save_hint="put it in the dict passed to torch.save (e.g. optimizer.state_dict() under 'optimizer')",
     )
     return state, layout
 
@@ -84,12 +86,15 @@ def canonicalize(obj: Any) -> tuple[dict[str, Any], Layout]:
     if isinstance(obj, dict) and all(isinstance(v, torch.Tensor) for v in obj.values()):
         state: dict[str, Any] = {}
         flatten(obj, parts.MODEL, state)  # a bare state dict: weights only
-        return state, Layout(format="torch-save", required=(parts.MODEL,), recommended=parts.CANONICAL_PARTS[1:])
+        bare = Layout(format="torch-save", required=(parts.MODEL,), recommended=parts.CANONICAL_PARTS[1:])
+        bare.save_hint = "a bare state dict holds weights only: save a dict with model, optimizer and step to resume"
+        return state, bare
     if isinstance(obj, dict) and any(k in obj for k in LIGHTNING_MARKERS):
         return canonicalize_lightning(obj)
     if isinstance(obj, dict):
         return canonicalize_dict(obj)
-    return {f"{parts.EXTRA}.object": obj}, Layout(format="torch-save", required=(parts.MODEL,))
+    other = Layout(format="torch-save", required=(parts.MODEL,), save_hint=f"the file holds a {type(obj).__name__}, not a state dict")
+    return {f"{parts.EXTRA}.object": obj}, other
 
 
 class TorchSaveAdapter:

@@ -2,8 +2,8 @@
 
 It runs in its own isolated interpreter (see :mod:`drill.proc`) so that a hang can be killed
 at the timeout, a crash cannot take drill down, and the device memory it used is freed when
-it exits. It talks to the parent through one pipe: ``("restored", t)``, ``("step", record,
-t)``…, ``("done",)``, ``("refused", why)`` or ``("error", traceback)``.
+it exits. It talks to the parent through one pipe, in JSON: ``["restored"]``, ``["step",
+record]``…, ``["done"]``, ``["refused", why]`` or ``["error", traceback]``.
 
 An entrypoint the run directory names (``run.json``) is imported only if its code lies
 outside the run directory and the checkpoint; one the user or policy names is trusted.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+import json
 import os
 import sys
 import time
@@ -62,11 +63,15 @@ def main(conn: Any, entrypoint: str, trust: str, run_dir: str, checkpoint: str, 
             check_origin(entrypoint, (run_dir, checkpoint))
         _replay(conn, entrypoint, run_dir, checkpoint, device, steps)
     except Refused as exc:
-        conn.send(("refused", str(exc)))
+        _send(conn, "refused", str(exc))
     except BaseException:  # noqa: BLE001 - the traceback is the evidence
-        conn.send(("error", traceback.format_exc()))
+        _send(conn, "error", traceback.format_exc())
     finally:
         conn.close()
+
+
+def _send(conn: Any, kind: str, *payload: Any) -> None:
+    conn.send_bytes(json.dumps([kind, *payload]).encode())
 
 
 def _replay(conn: Any, entrypoint: str, run_dir: str, checkpoint: str, device: str, steps: int) -> None:
@@ -87,13 +92,24 @@ def _replay(conn: Any, entrypoint: str, run_dir: str, checkpoint: str, device: s
         target.restore(checkpoint)
     else:
         load_into(storage_for(checkpoint), checkpoint, target.stateful())
-    conn.send(("restored", time.perf_counter()))
+    _send(conn, "restored")
     for _ in range(steps):
         record = target.step()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        conn.send(("step", record, time.perf_counter()))
-    conn.send(("done",))
+        _send(conn, "step", _plain(record))
+    _send(conn, "done")
+
+
+def _plain(record: Any) -> dict[str, Any]:
+    """A step record as plain JSON fields (whatever the target returned, a StepRecord or alike)."""
+    fields = ("step", "loss", "grad_norm", "batch", "lr", "tokens")
+    get = record.get if isinstance(record, dict) else (lambda k: getattr(record, k, None))
+    out = {k: get(k) for k in fields}
+    for k in ("loss", "grad_norm", "lr"):
+        out[k] = None if out[k] is None else float(out[k])
+    out["step"] = int(out["step"])
+    return {k: v for k, v in out.items() if v is not None or k == "loss"}
 
 
 if __name__ == "__main__":

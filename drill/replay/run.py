@@ -118,9 +118,8 @@ def _run_child(
     read_fd, write_fd = os.pipe()
     trust = "explicit" if explicit else "implicit"
     args = (str(write_fd), entrypoint, trust, run_dir, checkpoint, device, str(steps))
-    cmd = python_command("drill.replay.child", *args, untrusted=(run_dir, checkpoint))
     proc = subprocess.Popen(
-        cmd,
+        python_command("drill.replay.child", *args, untrusted=(run_dir, checkpoint)),
         pass_fds=(write_fd,),
         stdin=subprocess.DEVNULL,
         stdout=_stderr_fd(),
@@ -129,40 +128,8 @@ def _run_child(
     os.close(write_fd)
     receive = Connection(read_fd, writable=False)
     outcome = ReplayOutcome(verdict=ERROR, reason="")
-    deadline = started + timeout
-    last_phase = "starting"
     try:
-        while True:
-            left = deadline - time.perf_counter()
-            if left <= 0 or not receive.poll(left):
-                proc.kill()
-                done = len(outcome.steps)
-                outcome.reason = f"replay timed out after {timeout:g} s ({last_phase}, {done} of {steps} steps done); the child was killed"
-                return outcome
-            try:
-                msg: Any = receive.recv()
-            except EOFError:
-                proc.wait(5)
-                outcome.reason = f"the replay process died ({_exit(proc.returncode)}) while {last_phase}"
-                return outcome
-            if msg[0] == "restored":
-                outcome.restore_seconds = time.perf_counter() - started
-                last_phase = "replaying"
-            elif msg[0] == "step":
-                outcome.steps.append((None, msg[1]))
-                if outcome.first_step_at is None:
-                    outcome.first_step_at = time.perf_counter()
-            elif msg[0] == "refused":
-                outcome.verdict, outcome.reason = REFUSED, msg[1]
-                return outcome
-            elif msg[0] == "error":
-                outcome.traceback = msg[1]
-                last = msg[1].strip().splitlines()[-1]
-                outcome.reason = f"the replay raised while {last_phase}: {last}"
-                return outcome
-            elif msg[0] == "done":
-                outcome.verdict = PASSED
-                return outcome
+        _listen(receive, proc, outcome, steps, started, started + timeout, timeout)
     except BaseException:
         proc.kill()  # interrupted: the child goes at once, not after its grace time
         raise
@@ -174,6 +141,40 @@ def _run_child(
             proc.kill()
             proc.wait()
         receive.close()
+    return outcome
+
+
+def _listen(receive: Connection, proc: subprocess.Popen, outcome: ReplayOutcome, steps: int, started: float, deadline: float, timeout: float) -> None:
+    """Fill ``outcome`` from the child's messages (JSON: the parent never unpickles what a
+    child sends) until it is done, fails, dies or runs out of time."""
+    phase = "starting"
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0 or not receive.poll(left):
+            proc.kill()
+            outcome.reason = f"replay timed out after {timeout:g} s ({phase}, {len(outcome.steps)} of {steps} steps done); the child was killed"
+            return
+        try:
+            kind, *rest = json.loads(receive.recv_bytes())
+        except EOFError:
+            proc.wait(5)
+            outcome.reason = f"the replay process died ({_exit(proc.returncode)}) while {phase}"
+            return
+        if kind == "restored":
+            outcome.restore_seconds, phase = time.perf_counter() - started, "replaying"
+        elif kind == "step":
+            outcome.steps.append((None, StepRecord(**rest[0])))
+            outcome.first_step_at = outcome.first_step_at or time.perf_counter()
+        elif kind == "refused":
+            outcome.verdict, outcome.reason = REFUSED, rest[0]
+            return
+        elif kind == "error":
+            outcome.traceback = rest[0]
+            outcome.reason = f"the replay raised while {phase}: {rest[0].strip().splitlines()[-1]}"
+            return
+        elif kind == "done":
+            outcome.verdict = PASSED
+            return
 
 
 def _stderr_fd() -> int:

@@ -101,11 +101,7 @@ class DrillScheduler:
 
     def run(self) -> None:
         """Run until SIGTERM/SIGINT (or :meth:`stop`); raises :class:`SchedulerLocked`."""
-        from apscheduler.executors.pool import ThreadPoolExecutor
-        from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
-        from apscheduler.schedulers.background import BackgroundScheduler
-
-        from drill.policy.load import cron_trigger
+        from drill.records.recorder import DatabaseRecorder
 
         db = open_database(self.db_url)
         records = Records(db)
@@ -118,12 +114,34 @@ class DrillScheduler:
                 "only one may fire drills",
                 hint=f"stop it first; if it died, its lease lapses at {other['expires_at']}",
             )
-        from drill.records.recorder import DatabaseRecorder
-
         DatabaseRecorder(db).reconcile()  # spooled verdicts first, then drills a dead process left
         _CONTEXT.db_url, _CONTEXT.holder = self.db_url, self.holder
         _CONTEXT.policies = {p.name: p for p in self.policies}
         _CONTEXT.stopping = self.stop_event
+        scheduler = self._start_jobs(db)
+        self._install_signals()
+        scheduler.resume()
+        log.info("scheduler %s started: %s", self.holder, ", ".join(names))
+        try:
+            while not self.stop_event.wait(self.heartbeat):
+                if records.acquire_lease(self.holder, self.lease_ttl, names) is not None:
+                    log.error("the lease was taken over; stopping")
+                    break
+        finally:
+            self.stop_event.set()  # a job firing from now on starts nothing
+            self._wind_down(scheduler)
+            records.release_lease(self.holder)
+            db.close()
+            log.info("scheduler %s stopped", self.holder)
+
+    def _start_jobs(self, db: Any) -> Any:
+        """APScheduler, paused, with one job per policy (and none for a policy no longer given)."""
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        from drill.policy.load import cron_trigger
+
         scheduler = BackgroundScheduler(
             jobstores={"default": SQLAlchemyJobStore(engine=db.engine, tablename="apscheduler_jobs")},
             executors={"default": ThreadPoolExecutor(self.concurrency)},
@@ -133,7 +151,7 @@ class DrillScheduler:
         scheduler.start(paused=True)
         for job in scheduler.get_jobs():
             if job.id not in _CONTEXT.policies:
-                job.remove()  # a policy no longer given: its schedule goes with it
+                job.remove()
         for p in self.policies:
             assert p.schedule is not None
             scheduler.add_job(
@@ -147,27 +165,20 @@ class DrillScheduler:
                 coalesce=True,
                 max_instances=1,
             )
-        self._install_signals()
-        scheduler.resume()
-        log.info("scheduler %s started: %s", self.holder, ", ".join(names))
-        try:
-            while not self.stop_event.wait(self.heartbeat):
-                if records.acquire_lease(self.holder, self.lease_ttl, names) is not None:
-                    log.error("the lease was taken over; stopping")
-                    break
-        finally:
-            from drill.scheduling.isolate import stop_children
+        return scheduler
 
-            scheduler.pause()
-            waiter = threading.Thread(target=scheduler.shutdown, kwargs={"wait": True}, daemon=True)
-            waiter.start()
-            waiter.join(self.grace)  # running drills may finish within the grace time…
-            if waiter.is_alive():
-                stop_children(grace=10.0)  # …else they are told to stop, and record `aborted`
-                waiter.join(15.0)
-            records.release_lease(self.holder)
-            db.close()
-            log.info("scheduler %s stopped", self.holder)
+    def _wind_down(self, scheduler: Any) -> None:
+        """Running drills get the grace time to finish; then they are told to stop and each
+        records itself ``aborted``."""
+        from drill.scheduling.isolate import stop_children
+
+        scheduler.pause()
+        waiter = threading.Thread(target=scheduler.shutdown, kwargs={"wait": True}, daemon=True)
+        waiter.start()
+        waiter.join(self.grace)
+        if waiter.is_alive():
+            stop_children(grace=10.0)
+            waiter.join(15.0)
 
     def stop(self) -> None:
         self.stop_event.set()

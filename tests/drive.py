@@ -1,0 +1,56 @@
+"""Run the ``drill`` CLI with a pause at one phase, for tests that interrupt a real drill.
+
+    python -m tests.drive PHASE MARKER -- drill-arguments…
+
+At PHASE the process writes MARKER and waits (the test then signals it). ``read`` pauses
+inside DCP's load, on a reader thread, as a slow mount would; ``open-db`` pauses before the
+drill has a record; ``replay`` marks the start of the replay and does not pause (the replay
+child runs).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    phase, marker = sys.argv[1], Path(sys.argv[2])
+    args = sys.argv[sys.argv.index("--") + 1 :]
+
+    def arrive(hold: bool = True) -> None:
+        marker.write_text(phase)
+        if hold:
+            time.sleep(60)
+
+    import drill.cli.progress as progress
+    import drill.records.db as db
+
+    class Pausing(progress.RichProgress):
+        def phase(self, name: str, total_bytes: int | None = None) -> None:
+            super().phase(name, total_bytes)
+            if name == phase and phase != "read":
+                arrive(hold=phase != "replay")
+
+        def advance(self, nbytes: int) -> None:
+            if phase == "read":
+                arrive()
+
+    progress.RichProgress = Pausing  # type: ignore[misc]
+    if phase == "open-db":
+        real = db.open_database
+
+        def slow_open(url=None):  # type: ignore[no-untyped-def]
+            arrive()
+            return real(url)
+
+        db.open_database = slow_open  # type: ignore[assignment]
+    from drill.cli.app import main as drill_main
+
+    sys.argv = ["drill", *args]
+    drill_main()
+
+
+if __name__ == "__main__":
+    main()

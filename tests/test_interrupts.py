@@ -1,0 +1,90 @@
+"""Ctrl-C and SIGTERM at every phase of a real drill: one aborted record, one line, fast."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from drill import history
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _drive(phase: str, marker: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.drive", phase, str(marker), "--", "run", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the drill never reached the phase"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    ("phase", "recorded_phase"),
+    [("discover", "discover"), ("plan", "plan"), ("restore", "restore"), ("read", "restore"), ("checks", "checks"), ("replay", "replay")],
+    ids=["discover", "plan", "restore", "inside-dcp-load", "checks", "replay"],
+)
+def test_an_interrupt_at_any_phase_is_one_aborted_record(demo_run: Path, sqlite_url: str, tmp_path: Path, phase: str, recorded_phase: str, sig: int) -> None:
+    marker = tmp_path / "arrived"
+    extra = ("--replay", "tests.replay_targets:hanging") if phase == "replay" else ("--no-replay",)
+    proc = _drive(phase, marker, "--root", str(demo_run), "--db", sqlite_url, *extra)
+    _wait_for(marker, proc)
+    if phase == "replay":
+        time.sleep(1.0)  # the replay child is running
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+    assert proc.returncode == (130 if sig == signal.SIGINT else 143), err
+    assert took < 2.0, f"took {took:.1f} s to stop"
+    lines = [ln for ln in err.splitlines() if not ln.startswith("drill: +")]
+    name = signal.Signals(sig).name
+    (drill,) = history(db=sqlite_url)
+    assert lines == [f"drill: aborted: interrupted by {name} during {recorded_phase} (drill #{drill.id} recorded as aborted)"]
+    assert drill.status == "aborted" and drill.phase == recorded_phase and drill.finished_at is not None
+    assert int(drill.exit_code) == proc.returncode
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_before_the_record_exists_claims_none(demo_run: Path, sqlite_url: str, tmp_path: Path, sig: int) -> None:
+    marker = tmp_path / "arrived"
+    proc = _drive("open-db", marker, "--root", str(demo_run), "--db", sqlite_url, "--no-replay")
+    _wait_for(marker, proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == (130 if sig == signal.SIGINT else 143)
+    name = signal.Signals(sig).name
+    assert err.strip().splitlines() == [f"drill: aborted: interrupted by {name} (nothing was recorded)"]
+    assert history(db=sqlite_url) == []
+
+
+def test_the_replay_child_goes_with_the_drill(demo_run: Path, sqlite_url: str, tmp_path: Path) -> None:
+    marker = tmp_path / "arrived"
+    proc = _drive("replay", marker, "--root", str(demo_run), "--db", sqlite_url, "--replay", "tests.replay_targets:hanging")
+    _wait_for(marker, proc)
+    time.sleep(1.0)
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert children, "the replay child should be running"
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    time.sleep(0.5)
+    for pid in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
