@@ -28,12 +28,12 @@ from _common import PLAIN_LOAD, inner, outer  # noqa: E402
 DRILL_RESTORE = r"""
 import sys, time, torch
 from drill.discover import discover
-from drill.restore.dcp import restore_dcp
+from drill.formats import restore
 from drill.storage import LocalStorage
 storage = LocalStorage()
 ref = discover(storage, sys.argv[1]).checkpoints[-1]
 t = time.perf_counter()
-r = restore_dcp(storage, ref, torch.device("cpu"))
+r = restore(storage, ref, torch.device("cpu"))
 assert not r.failures and r.metadata_error is None
 print(time.perf_counter() - t)
 """

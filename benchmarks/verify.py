@@ -42,13 +42,13 @@ import sys, time, torch
 from drill.discover import discover
 from drill.integrity.sampling import SampleSpec
 from drill.integrity.verify import Observed, integrity_check, plan_integrity
-from drill.restore.dcp import restore_dcp
+from drill.formats import restore
 from drill.storage import LocalStorage
 storage = LocalStorage()
 ref = discover(storage, sys.argv[1]).checkpoints[-1]
 t = time.perf_counter()
 plan = plan_integrity(storage, ref.uri, SampleSpec("all"))
-r = restore_dcp(storage, ref, torch.device("cpu"), plan=plan.hash_plan)
+r = restore(storage, ref, torch.device("cpu"), hash_plan=plan.hash_plan)
 observed = {f.relative_path: Observed(hashes=f.hashes) for f in r.files}
 check = integrity_check(plan, observed)
 elapsed = time.perf_counter() - t

@@ -61,7 +61,7 @@ def _latency(o: DrillOutcome) -> str:
     return f"restore {human_seconds(t.restore)} = " + " + ".join(parts)
 
 
-def render_outcome(console: Console, o: DrillOutcome) -> None:
+def render_outcome(console: Console, o: DrillOutcome, where: str | None = None) -> None:
     """What ``drill run`` prints: every check with its evidence line, findings, the verdict."""
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for col in ("check", "status", "evidence"):
@@ -83,7 +83,7 @@ def render_outcome(console: Console, o: DrillOutcome) -> None:
     if o.timings.ttfs is not None:
         console.print(f"time to first step {human_seconds(o.timings.ttfs)} (drill start → first replayed step done)", markup=False)
     if o.id is not None:
-        console.print(f"details: drill show {o.id}", markup=False, style="dim")
+        console.print(f"recorded in {where or 'the record database'}  (drill show {o.id})", markup=False, style="dim")
     if o.status.value == "failed" and ck is not None:
         console.print(f"re-check the bytes without restoring: drill verify {ck.uri}", markup=False, style="dim")
 

@@ -91,9 +91,12 @@ def run(
     from drill.api import run_drill
     from drill.cli.progress import RichProgress
 
+    from drill.records.db import resolve_url, safe_url
+
+    where = safe_url(resolve_url(db))
     with RichProgress(quiet=quiet) as progress:
         outcome = run_drill(request, db=db, progress=progress)
-    report(outcome, json=json)
+    report(outcome, json=json, where=where)
 
 
 def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
@@ -125,14 +128,14 @@ def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
     )
 
 
-def report(outcome: DrillOutcome, *, json: bool) -> None:
+def report(outcome: DrillOutcome, *, json: bool, where: str | None = None) -> None:
     """The outcome on stdout; one line on stderr when it did not pass; the drill's exit code."""
     from drill.cli.render import render_outcome
 
     if json:
         print_json(outcome.to_document())
     else:
-        render_outcome(stdout(), outcome)
+        render_outcome(stdout(), outcome, where)
     err = stderr()
     if outcome.status.value != "passed" and outcome.message:
         recorded = f" (drill #{outcome.id} recorded as {outcome.status.value})" if outcome.id is not None else " (nothing was recorded)"
