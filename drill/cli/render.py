@@ -13,27 +13,30 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from drill.findings import CheckResult, Finding, Severity
+from drill.findings import CheckResult, CheckStatus, Finding, Severity
+from drill.verdict import DrillStatus
 from drill.units import human_bytes, human_rate, human_seconds
 
 if TYPE_CHECKING:  # drill verify renders checks without importing torch
     from drill.pipeline.outcome import DrillOutcome
 
 STATUS_STYLE = {
-    "passed": "bold green",
-    "slo_breach": "bold yellow",
-    "failed": "bold red",
-    "error": "bold magenta",
-    "aborted": "bold yellow",
-    "running": "cyan",
-    "skipped": "dim",
+    DrillStatus.PASSED: "bold green",
+    DrillStatus.SLO_BREACH: "bold yellow",
+    DrillStatus.FAILED: "bold red",
+    DrillStatus.ERROR: "bold magenta",
+    DrillStatus.ABORTED: "bold yellow",
+    DrillStatus.RUNNING: "cyan",
+    CheckStatus.SKIPPED: "dim",
+    CheckStatus.ERROR: "bold magenta",
 }
 EVIDENCE_SHOWN = 12
 """Evidence entries shown per check by ``drill show`` (``--json`` has all of them)."""
 
 
 def _styled(status: str) -> str:
-    return f"[{STATUS_STYLE.get(status, '')}]{status.upper()}[/]"
+    style = next((v for k, v in STATUS_STYLE.items() if k.value == status), "")
+    return f"[{style}]{status.upper()}[/]"
 
 
 def render_findings(console: Console, findings: list[Finding]) -> None:
@@ -84,7 +87,7 @@ def render_outcome(console: Console, o: DrillOutcome, where: str | None = None) 
         console.print(f"time to first step {human_seconds(o.timings.ttfs)} (drill start → first replayed step done)", markup=False)
     if o.id is not None:
         console.print(f"recorded in {where or 'the record database'}  (drill show {o.id})", markup=False, style="dim")
-    if o.status.value == "failed" and ck is not None:
+    if o.status is DrillStatus.FAILED and ck is not None:
         console.print(f"re-check the bytes without restoring: drill verify {ck.uri}", markup=False, style="dim")
 
 

@@ -23,6 +23,7 @@ from drill.cli.common import (
     stdout,
 )
 from drill.errors import UsageError
+from drill.verdict import DrillStatus
 
 if TYPE_CHECKING:
     from drill.pipeline import DrillOutcome, DrillRequest
@@ -137,13 +138,13 @@ def report(outcome: DrillOutcome, *, json: bool, where: str | None = None) -> No
     else:
         render_outcome(stdout(), outcome, where)
     err = stderr()
-    if outcome.status.value != "passed" and outcome.message:
+    if outcome.status is not DrillStatus.PASSED and outcome.message:
         recorded = f" (drill #{outcome.id} recorded as {outcome.status.value})" if outcome.id is not None else " (nothing was recorded)"
-        tail = recorded if outcome.status.value == "aborted" else ""
+        tail = recorded if outcome.status is DrillStatus.ABORTED else ""
         err.print(f"drill: {outcome.status.value}: {outcome.message}{tail}", markup=False)
     if outcome.record_problem:
         err.print(f"drill: warning: {outcome.record_problem}", markup=False)
-    if outcome.status.value == "aborted" and sys.stdout is sys.__stdout__:
+    if outcome.status is DrillStatus.ABORTED and sys.stdout is sys.__stdout__:
         # Interrupted: the record is written; reads still in flight (a hung mount) must not
         # hold the process, and interpreter shutdown would wait for them.
         sys.stdout.flush()
@@ -162,7 +163,7 @@ def run_policy(path: Path, *, db: str | None, json: bool, trigger: str) -> None:
         raise UsageError(f"policy {path}: {result.message}")
     if json:
         print_json(result.document)
-    if result.status.value != "passed":
+    if result.status is not DrillStatus.PASSED:
         stderr().print(f"drill: {result.status.value}: drill #{result.drill_id}: {result.message}", markup=False)
     if result.record_problem:
         stderr().print(f"drill: warning: {result.record_problem}", markup=False)

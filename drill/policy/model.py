@@ -19,7 +19,7 @@ from drill.formats import parse_format
 from drill.integrity.sampling import SampleSpecError, parse_sample
 from drill.replay.spec import ENTRYPOINT
 from drill.select import Selection
-from drill.verdict import SLO, FINAL
+from drill.verdict import FINAL, SLO, DrillStatus
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
@@ -162,7 +162,7 @@ class Alerts:
     """Seconds for each delivery attempt."""
     retries: int = 3
     """Attempts per webhook delivery."""
-    on: tuple[str, ...] = ("failed", "error", "slo_breach", "aborted")
+    on: tuple[str, ...] = tuple(s.value for s in FINAL if s is not DrillStatus.PASSED)
     """The drill statuses that alert."""
 
     def __post_init__(self) -> None:
