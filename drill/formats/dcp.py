@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import time
 import warnings
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future as CFuture
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,8 +35,10 @@ from drill import parts
 from drill.discover import DCP_METADATA, CheckpointRef
 from drill.formats.base import RestoreContext, one_line
 from drill.formats.canonical import Layout
+from drill.formats.dcp_entries import DIRECT_MIN_BYTES, TAIL_BYTES, TensorSpec, byte_view, data_start, local_header_end, records, tensor_spec
 from drill.formats.safeload import load_failure
-from drill.integrity.reading import describe_read_error, read_whole
+from drill.integrity.hashing import ChunkHasher
+from drill.integrity.reading import ATTEMPTS, TRANSIENT, SequentialReader, describe_read_error, read_whole
 from drill.restore import FileRead, ItemFailure, RestoreResult, TensorInfo
 from drill.safe_pickle import restricted_loads
 from drill.storage import Storage
@@ -73,13 +76,24 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 
 @dataclass(slots=True)
-class _Loaded:
-    relative_path: str
-    view: memoryview | None
+class _FileOutcome:
+    """What one reader thread did with one file; the main thread applies it."""
+
+    record: FileRead
+    values: list[tuple[ReadItem, memoryview]] = field(default_factory=list)
+    """Non-tensor entries, deserialized by the main thread (they go into the state dict)."""
+    failures: list[ItemFailure] = field(default_factory=list)
+    tensors: int = 0
+    tensor_bytes: int = 0
 
 
 class DrillReader(StorageReader):
-    """A DCP ``StorageReader`` over a :class:`Storage` that records instead of raising."""
+    """A DCP ``StorageReader`` over a :class:`Storage` that records instead of raising.
+
+    Each file is read once, in order, on a reader thread: a large tensor's bytes go straight
+    from the file into the target tensor (see :mod:`drill.formats.dcp_entries`), everything
+    else through a small buffer; every byte is hashed on the way.
+    """
 
     def __init__(self, storage: Storage, uri: str, result: RestoreResult, ctx: RestoreContext, workers: int = 4) -> None:
         super().__init__()
@@ -90,7 +104,6 @@ class DrillReader(StorageReader):
         self.workers = workers
         self.storage_data: dict[Any, Any] = {}
         self._metadata: Metadata | None = None
-        self._records: dict[str, FileRead] = {}
 
     # -- StorageReader protocol -------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
@@ -119,9 +132,9 @@ class DrillReader(StorageReader):
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        for loaded in self._read_files(sorted(per_file)):
+        for outcome in self._read_files(per_file, planner):
             started = time.perf_counter()
-            self._load_items(loaded, per_file[loaded.relative_path], planner)
+            self._apply(outcome, planner)
             self.result.load_seconds += time.perf_counter() - started
         fut: Future[None] = Future()
         fut.set_result(None)
@@ -132,12 +145,18 @@ class DrillReader(StorageReader):
         started = time.perf_counter()
         record = FileRead(DCP_METADATA, None)
         self.result.files.append(record)
-        view = self._read_one(DCP_METADATA, record).view
-        self.result.read_seconds += time.perf_counter() - started
-        if view is None:
-            raise MetadataUnreadable(f"{DCP_METADATA}: {record.error}")
         try:
-            metadata = restricted_loads(bytes(view))
+            uri = self.storage.child(self.uri, DCP_METADATA)
+            record.size = self.storage.stat(uri).size
+            got = read_whole(self.storage, uri, record.size, self.ctx.progress.advance, **self._hashing(DCP_METADATA))
+            record.hashes, record.retries, record.bytes_read = got.hashes, got.retries, len(got.view)
+        except (OSError, EOFError) as exc:
+            record.error, record.error_kind = describe_read_error(exc)
+            raise MetadataUnreadable(f"{DCP_METADATA}: {record.error}") from None
+        finally:
+            self.result.read_seconds += time.perf_counter() - started
+        try:
+            metadata = restricted_loads(bytes(got.view))
         except Exception as exc:  # noqa: BLE001
             raise MetadataUnreadable(f"{DCP_METADATA} does not unpickle safely: {one_line(exc)}") from exc
         if not isinstance(metadata, Metadata):
@@ -146,94 +165,169 @@ class DrillReader(StorageReader):
             metadata.storage_meta = StorageMeta()
         return metadata
 
-    def _read_one(self, relative_path: str, record: FileRead) -> _Loaded:
+    def _hashing(self, relative_path: str) -> dict[str, Any]:
         plan = self.ctx.hash_plan
-        try:
-            uri = self.storage.child(self.uri, relative_path)
-            record.size = self.storage.stat(uri).size
-            got = read_whole(
-                self.storage,
-                uri,
-                record.size,
-                self.ctx.progress.advance,
-                hash=plan.wants(relative_path),
-                chunk_size=plan.chunk_size,
-                sha256=relative_path in plan.sha256,
-            )
-        except (OSError, EOFError) as exc:
-            record.error, record.error_kind = describe_read_error(exc)
-            return _Loaded(relative_path, None)
-        record.hashes, record.retries, record.bytes_read = got.hashes, got.retries, len(got.view)
-        return _Loaded(relative_path, got.view)
+        return {"hash": plan.wants(relative_path), "chunk_size": plan.chunk_size, "sha256": relative_path in plan.sha256}
 
-    def _read_files(self, paths: list[str]) -> Iterator[_Loaded]:
-        """Yield each file's bytes as it arrives, reading ahead on ``workers`` threads.
-
-        At most ``workers + 1`` file buffers are alive at once, so peak memory stays near
-        the restored state plus a few files, not twice the checkpoint.
-        """
-        records = {p: FileRead(p, None) for p in paths}
-        self._records = records
+    def _read_files(self, per_file: dict[str, list[ReadItem]], planner: LoadPlanner) -> Iterator[_FileOutcome]:
+        """Each file's outcome as it is done, read on ``workers`` threads."""
+        paths = sorted(per_file)
+        records = {p: FileRead(p, None, items=len(per_file[p])) for p in paths}
         self.result.files.extend(records.values())
-        window = self.workers + 1
         pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="drill-read")
-        pending: deque[CFuture[_Loaded]] = deque()
-        queue = deque(paths)
+        pending: deque[CFuture[_FileOutcome]] = deque(pool.submit(self._read_file, p, per_file[p], records[p], planner) for p in paths)
         try:
-            while queue or pending:
-                while queue and len(pending) < window:
-                    p = queue.popleft()
-                    pending.append(pool.submit(self._read_one, p, records[p]))
+            while pending:
                 waited = time.perf_counter()
-                loaded = pending.popleft().result()
+                outcome = pending.popleft().result()
                 self.result.read_seconds += time.perf_counter() - waited
-                yield loaded
+                yield outcome
         finally:
             # An interrupt must not wait for reads in flight (a stuck mount could hold it
             # forever): queued reads are cancelled and the threads left to finish alone.
-            pool.shutdown(wait=not (queue or pending), cancel_futures=True)
+            pool.shutdown(wait=not pending, cancel_futures=True)
 
-    # -- loading ----------------------------------------------------------------------------
-    def _load_items(self, loaded: _Loaded, items: list[ReadItem], planner: LoadPlanner) -> None:
-        record = self._records[loaded.relative_path]
-        record.items = len(items)
-        for item in items:
-            fqn = item.dest_index.fqn
-            if loaded.view is None:
-                self.result.failures.append(ItemFailure(fqn, loaded.relative_path, f"file {record.error_kind}: {record.error}"))
-                continue
-            problem = self._load_item(loaded.view, item, planner)
-            if problem is not None:
-                self.result.failures.append(ItemFailure(fqn, loaded.relative_path, problem[1], code=problem[0]))
+    def _read_file(self, relative_path: str, items: list[ReadItem], record: FileRead, planner: LoadPlanner) -> _FileOutcome:
+        """One file, start to end; transient I/O errors are retried from the start."""
+        for attempt in range(ATTEMPTS):
+            outcome = _FileOutcome(record)
+            try:
+                self._stream_file(relative_path, sorted(items, key=self._offset), outcome, planner)
+                return outcome
+            except OSError as exc:
+                if exc.errno in TRANSIENT and attempt + 1 < ATTEMPTS:
+                    record.retries += 1
+                    continue
+                self._file_failed(exc, items, outcome)
+                return outcome
+            except EOFError as exc:
+                self._file_failed(exc, items, outcome)
+                return outcome
+        raise AssertionError("unreachable")
 
-    def _load_item(self, view: memoryview, item: ReadItem, planner: LoadPlanner) -> tuple[str, str] | None:
-        """Load one entry from its file's bytes; (code, reason) when it does not load."""
+    def _offset(self, item: ReadItem) -> int:
+        return int(self.storage_data[item.storage_index].offset)
+
+    def _file_failed(self, exc: BaseException, items: list[ReadItem], outcome: _FileOutcome) -> None:
+        record = outcome.record
+        record.error, record.error_kind = describe_read_error(exc)
+        done = {f.key for f in outcome.failures}
+        outcome.failures += [
+            ItemFailure(i.dest_index.fqn, record.relative_path, f"file {record.error_kind}: {record.error}")
+            for i in items
+            if i.dest_index.fqn not in done
+        ]
+
+    def _stream_file(self, relative_path: str, items: list[ReadItem], outcome: _FileOutcome, planner: LoadPlanner) -> None:
+        record = outcome.record
+        uri = self.storage.child(self.uri, relative_path)
+        record.size = self.storage.stat(uri).size
+        wanted = self._hashing(relative_path)
+        hasher = ChunkHasher(wanted["chunk_size"], wanted["sha256"]) if wanted["hash"] else None
+        with self.storage.open(uri) as f:
+            reader = SequentialReader(f, record.size, hasher, self.ctx.progress.advance)
+            for item in items:
+                self._entry(reader, item, planner, outcome)
+            record.hashes = reader.finish()
+        record.bytes_read = reader.pos
+
+    # -- one entry --------------------------------------------------------------------------
+    def _entry(self, reader: SequentialReader, item: ReadItem, planner: LoadPlanner, outcome: _FileOutcome) -> None:
         info = self.storage_data[item.storage_index]
-        end = info.offset + info.length
-        if end > len(view):
-            return "entry-not-loaded", f"bytes {info.offset}..{end} lie past the end of the file ({len(view)} bytes)"
+        start, end = int(info.offset), int(info.offset) + int(info.length)
+        fqn, path = item.dest_index.fqn, outcome.record.relative_path
+        if end > reader.size:
+            outcome.failures.append(ItemFailure(fqn, path, f"bytes {start}..{end} lie past the end of the file ({reader.size} bytes)"))
+            return
+        if start < reader.pos:
+            outcome.failures.append(ItemFailure(fqn, path, f"bytes {start}..{end} overlap the entry before it"))
+            return
         if getattr(info, "transform_descriptors", None):
-            return "entry-not-loaded", f"unsupported DCP stream transform {info.transform_descriptors}"
-        blob = ViewReader(view[info.offset : end])
+            outcome.failures.append(ItemFailure(fqn, path, f"unsupported DCP stream transform {info.transform_descriptors}"))
+            return
+        reader.skip_to(start)
         if item.type == LoadItemType.BYTE_IO:
-            planner.load_bytes(item, blob)
-            return None
-        try:
-            tensor = torch.load(blob, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - a bad entry is evidence, not a crash
-            return load_failure(exc)
-        try:
-            tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
-            target = planner.resolve_tensor(item).detach()
-            if target.size() != tensor.size():
-                raise ValueError(f"shape {tuple(tensor.size())} where metadata says {tuple(target.size())}")
-            target.copy_(tensor)
-            planner.commit_tensor(item, target)
-        except Exception as exc:  # noqa: BLE001
-            return "entry-not-loaded", one_line(exc)
-        self.result.tensors_loaded += 1
-        self.result.tensor_bytes += tensor.numel() * tensor.element_size()
-        return None
+            outcome.values.append((item, reader.read(end - start)))
+            return
+        head = b""
+        if end - start >= DIRECT_MIN_BYTES:
+            head = _read_in_place(reader, item, end - start, planner)
+            if head is None:
+                outcome.tensors += 1
+                outcome.tensor_bytes += _nbytes(planner.resolve_tensor(item))
+                return
+        blob = bytes(head) + bytes(reader.read(end - reader.pos))
+        problem = _load_tensor(blob, item, planner)
+        if problem is not None:
+            outcome.failures.append(ItemFailure(fqn, path, problem[1], code=problem[0]))
+            return
+        outcome.tensors += 1
+        outcome.tensor_bytes += _nbytes(planner.resolve_tensor(item))
+
+    def _apply(self, outcome: _FileOutcome, planner: LoadPlanner) -> None:
+        """Non-tensor values into the state dict, and the file's tally into the result."""
+        for item, blob in outcome.values:
+            planner.load_bytes(item, io.BytesIO(blob))
+        self.result.failures += outcome.failures
+        self.result.tensors_loaded += outcome.tensors
+        self.result.tensor_bytes += outcome.tensor_bytes
+
+
+def _read_in_place(reader: SequentialReader, item: ReadItem, length: int, planner: LoadPlanner) -> memoryview | None:
+    """Read one tensor entry's raw bytes straight into its target; None when done, else the
+    head bytes consumed before finding that this entry cannot be read in place."""
+    start = reader.pos
+    recs = records(reader.peek(start + length - min(length, TAIL_BYTES), min(length, TAIL_BYTES)), length)
+    data = [r for name, r in (recs or {}).items() if name.startswith("data/")]
+    pkl = (recs or {}).get("data.pkl")
+    if len(data) != 1 or pkl is None or not (data[0].stored and pkl.stored) or pkl.header_offset > data[0].header_offset:
+        return memoryview(b"")
+    head = bytearray(reader.read(local_header_end(data[0])))
+    nlen, elen = struct.unpack_from("<HH", head, data[0].header_offset + 26)
+    head += reader.read(nlen + elen)
+    view = memoryview(head)
+    spec, pkl_at = None, data_start(view, pkl)
+    if pkl_at is not None and data_start(view, data[0]) == len(head):
+        spec = tensor_spec(view[pkl_at : pkl_at + pkl.size])
+    target = planner.resolve_tensor(item).detach()
+    if spec is None or not _fits(spec, data[0], item, target):
+        return view
+    staging = target if target.device.type == "cpu" and target.is_contiguous() else torch.empty(spec.size, dtype=spec.dtype)
+    reader.read_into(byte_view(staging))
+    if staging is not target:
+        target.copy_(staging)
+    planner.commit_tensor(item, target)
+    reader.skip_to(start + length)
+    return None
+
+
+def _fits(spec: TensorSpec, data: Any, item: ReadItem, target: torch.Tensor) -> bool:
+    """The stored tensor is exactly the target's bytes: contiguous, same dtype and shape, read whole."""
+    nbytes = spec.storage_numel * torch.empty((), dtype=spec.dtype).element_size()
+    whole = not any(item.storage_offsets) and list(item.lengths) == list(spec.size)
+    return spec.contiguous and nbytes == data.size and target.dtype == spec.dtype and tuple(target.shape) == spec.size and whole
+
+
+def _load_tensor(blob: bytes, item: ReadItem, planner: LoadPlanner) -> tuple[str, str] | None:
+    """The ordinary way: ``torch.load(weights_only=True)``, narrowed and copied into the target."""
+    try:
+        tensor = torch.load(ViewReader(memoryview(blob)), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a bad entry is evidence, not a crash
+        return load_failure(exc)
+    try:
+        tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        if target.size() != tensor.size():
+            raise ValueError(f"shape {tuple(tensor.size())} where metadata says {tuple(target.size())}")
+        target.copy_(tensor)
+        planner.commit_tensor(item, target)
+    except Exception as exc:  # noqa: BLE001
+        return "entry-not-loaded", one_line(exc)
+    return None
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def skeleton(metadata: Metadata, device: torch.device) -> dict[str, Any]:

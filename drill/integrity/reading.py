@@ -13,6 +13,7 @@ import mmap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, ChunkHasher, FileHashes
 from drill.storage import NotARegularFile, PathEscapesCheckpoint, Storage
@@ -125,3 +126,63 @@ def describe_read_error(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, OSError):
         return exc.strerror or str(exc), "unreadable"
     return f"{type(exc).__name__}: {exc}".splitlines()[0], "unreadable"
+
+
+class SequentialReader:
+    """One pass over a file in order: every byte read once and hashed as it arrives, wherever
+    it goes — a small buffer, or straight into the tensor that holds it.
+
+    ``peek`` reads ahead out of order (to learn where a record's bytes are) without hashing:
+    those bytes are read again, in order, when the pass reaches them.
+    """
+
+    def __init__(self, f: BinaryIO, size: int, hasher: ChunkHasher | None, on_bytes: Callable[[int], None] = lambda n: None) -> None:
+        self.f, self.size, self.hasher, self.on_bytes = f, size, hasher, on_bytes
+        self.pos = 0
+        self._scratch: memoryview | None = None
+
+    def read(self, n: int) -> memoryview:
+        """The next ``n`` bytes, in a buffer of their own."""
+        view = memoryview(bytearray(n))
+        self.read_into(view)
+        return view
+
+    def read_into(self, view: memoryview) -> None:
+        """Fill ``view`` with the next ``len(view)`` bytes; :class:`FileChanged` if the file
+        ends first."""
+        got = 0
+        while got < len(view):
+            n = self.f.readinto(view[got : got + READ_CHUNK])
+            if not n:
+                raise FileChanged(f"file shrank while it was read: it ends at byte {self.pos + got}, {self.size} bytes when listed")
+            got += n
+            self.on_bytes(n)
+        if self.hasher is not None:
+            self.hasher.update(view)
+        self.pos += got
+
+    def skip_to(self, offset: int) -> None:
+        """Read (and hash) everything up to ``offset``, keeping none of it."""
+        while self.pos < offset:
+            if self._scratch is None:
+                self._scratch = memoryview(bytearray(READ_CHUNK))
+            self.read_into(self._scratch[: min(READ_CHUNK, offset - self.pos)])
+
+    def peek(self, offset: int, n: int) -> memoryview:
+        """``n`` bytes at ``offset``, read out of order and not hashed."""
+        here = self.f.tell()
+        try:
+            self.f.seek(offset)
+            data = self.f.read(n) or b""
+        finally:
+            self.f.seek(here)
+        if len(data) < n:
+            raise FileChanged(f"file shrank while it was read: {offset + len(data)} bytes where {offset + n} were listed")
+        return memoryview(data)
+
+    def finish(self) -> FileHashes | None:
+        """Read to the size the file had when listed; :class:`FileChanged` if it grew."""
+        self.skip_to(self.size)
+        if self.f.read(1):
+            raise FileChanged(f"file grew while it was read: more than the {self.size} bytes it had when listed")
+        return self.hasher.finish() if self.hasher is not None else None
