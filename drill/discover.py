@@ -87,6 +87,16 @@ def inspect_dir(storage: Storage, uri: str, name: str, entries: list[Entry] | No
     return None
 
 
+RESUME_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth")
+
+
+def _final_export(ref: CheckpointRef, entries: list[Entry]) -> bool:
+    """A directory with Hugging Face's trainer_state.json but no step in its name and none of
+    the files a resume reads (optimizer, scheduler, RNG): ``save_model``/``save_state`` output."""
+    names = {e.name for e in entries}
+    return ref.format == "hf-trainer" and ref.step is None and not (names & set(RESUME_FILES)) and not any(n.startswith("rng_state") for n in names)
+
+
 def _single_file(entry: Entry) -> CheckpointRef:
     return CheckpointRef(uri=entry.uri, name=entry.name, step=step_of(entry.name), format="torch-save", mtime=entry.mtime)
 
@@ -112,7 +122,7 @@ def discover(storage: Storage, root: str) -> Discovery:
         # ``drill run --root step-40``: the root is itself one checkpoint (its *.pt files are
         # parts of it, not checkpoints of their own).
         itself = inspect_dir(storage, root, root_entry.name, entries)
-        if isinstance(itself, CheckpointRef):
+        if isinstance(itself, CheckpointRef) and not _final_export(itself, entries):
             found.checkpoints.append(itself)
             return found
         if isinstance(itself, IncompleteSave):

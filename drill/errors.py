@@ -68,3 +68,9 @@ class NotFound(DrillError):
     """A record asked for by id does not exist."""
 
     exit_code = ExitCode.USAGE
+
+
+class ResourceLimit(DrillError):
+    """The drill cannot be done on this host (the restored state would not fit its memory)."""
+
+    exit_code = ExitCode.ERROR

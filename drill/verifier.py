@@ -108,8 +108,10 @@ def verify_checkpoint(
     records: Records | None = None,
     coverage_days: float = 7.0,
     storage: Storage | None = None,
+    key: bytes | None = None,
 ) -> VerifyOutcome:
-    """Verify the checkpoint directory (or single checkpoint file) at ``uri``.
+    """Verify the checkpoint directory (or single checkpoint file) at ``uri`` (with ``key``,
+    its seal must be that key's: see :mod:`drill.integrity.keys`).
 
     Raises :class:`~drill.errors.NothingToDrill` when nothing (or an empty directory) is
     there and :class:`~drill.errors.UsageError` for a run directory (naming its checkpoints);
@@ -131,7 +133,7 @@ def verify_checkpoint(
         raise _run_root(uri, what.discovery)  # type: ignore[arg-type]
     if what.kind == "empty":
         raise NothingToDrill(f"{uri} is an empty directory: no checkpoint to verify")
-    outcome = _verify_directory(storage, uri, sample, require_sealed, records, coverage_days, started)
+    outcome = _verify_directory(storage, uri, sample, require_sealed, records, coverage_days, started, key)
     if what.kind == "incomplete":
         outcome.result.findings.insert(0, _incomplete_finding(what.incomplete))  # type: ignore[arg-type]
         outcome.result.summary = f"incomplete save; {outcome.result.summary}"
@@ -141,14 +143,14 @@ def verify_checkpoint(
 
 
 def _verify_directory(
-    storage: Storage, uri: str, sample: SampleSpec, require_sealed: bool, records: Records | None, coverage_days: float, started: float
+    storage: Storage, uri: str, sample: SampleSpec, require_sealed: bool, records: Records | None, coverage_days: float, started: float, key: bytes | None
 ) -> VerifyOutcome:
     checkpoint_id = None
     last: dict = {}
     if records is not None and sample.kind == "auto":
         checkpoint_id = _checkpoint_id(records, uri)
         last = {p: t for p, (t, _) in records.last_verified(checkpoint_id).items()}
-    plan = plan_integrity(storage, uri, sample, last)
+    plan = plan_integrity(storage, uri, sample, last, key=key)
     if plan.refuse:
         return VerifyOutcome(uri=uri, result=integrity_check(plan, {}), seconds=time.perf_counter() - started, bytes_hashed=0)
     observed: dict[str, Observed] = {}
@@ -165,7 +167,7 @@ def _verify_directory(
     return VerifyOutcome(uri=uri, result=result, seconds=result.seconds, bytes_hashed=hashed)
 
 
-def seal_checkpoint(uri: str, *, force: bool = False, storage: Storage | None = None) -> SealResult:
+def seal_checkpoint(uri: str, *, force: bool = False, storage: Storage | None = None, key: bytes | None = None) -> SealResult:
     """``drill seal``: seal one checkpoint directory — never a run directory (a usage error
     naming its checkpoints) nor an incomplete save (a :class:`SealConflict`)."""
     storage = storage or storage_for(uri)
@@ -183,7 +185,7 @@ def seal_checkpoint(uri: str, *, force: bool = False, storage: Storage | None = 
     if what.kind == "incomplete":
         assert what.incomplete is not None
         raise SealConflict(f"{what.incomplete.name} is an incomplete save ({what.incomplete.reason}): sealing it would vouch for a save that never finished")
-    return seal(uri, force=force, storage=storage)
+    return seal(uri, force=force, storage=storage, key=key)
 
 
 def _checkpoint_id(records: Records, uri: str) -> int:

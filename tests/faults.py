@@ -11,7 +11,7 @@ import errno
 import io
 import os
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from drill.storage import Entry, LocalStorage
 
@@ -47,7 +47,14 @@ class Fail:
     times: int | None = None
 
 
-Fault = Flip | Truncate | Grow | Fail | str
+@dataclass
+class Hang:
+    """The read never returns (a hung mount) — until ``release`` is set."""
+
+    release: Any = None
+
+
+Fault = Flip | Truncate | Grow | Fail | Hang | str
 """``"deny"``: the open itself is refused (permission denied)."""
 
 
@@ -64,6 +71,8 @@ class _FaultyReader(io.RawIOBase):
     def readinto(self, b) -> int:  # type: ignore[no-untyped-def, override]
         view = memoryview(b).cast("B")
         f = self.fault
+        if isinstance(f, Hang):
+            f.release.wait(120)
         if isinstance(f, Truncate):
             view = view[: max(0, f.at - self.pos)]
         if isinstance(f, Fail) and self.pos + len(view) > f.at:

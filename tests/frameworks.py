@@ -22,8 +22,9 @@ class _TokenDataset(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
-def hf_trainer_run(out: Path) -> Path:
-    """A tiny GPT-2 built from a config (no download), trained 4 steps by transformers' Trainer."""
+def hf_trainer_run(out: Path, *, finish: bool = False) -> Path:
+    """A tiny GPT-2 built from a config (no download), trained 4 steps by transformers' Trainer;
+    ``finish``: then ``save_model()`` and ``save_state()``, as HF's example scripts end."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
@@ -39,7 +40,11 @@ def hf_trainer_run(out: Path) -> Path:
         disable_tqdm=True,
         logging_steps=1,
     )
-    Trainer(model=model, args=args, train_dataset=_TokenDataset()).train()
+    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset())
+    trainer.train()
+    if finish:
+        trainer.save_model()
+        trainer.save_state()
     return out
 
 

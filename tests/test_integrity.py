@@ -48,7 +48,7 @@ def test_clean_sealed_checkpoint_proves_every_byte(demo_run: Path, sqlite_url: s
     outcome = _drill(demo_run, sqlite_url)
     assert outcome.status == "passed"
     integrity = _integrity(outcome)
-    assert integrity.summary.startswith("sealed: every byte matches the manifest (3 files")
+    assert integrity.summary.startswith("sealed, unauthenticated: every byte matches the manifest (3 files")
     assert integrity.evidence["evidence_level"] == "sealed"
     assert integrity.evidence["bytes_verified"] == integrity.evidence["bytes_listed"]
     assert integrity.evidence["coverage"] == {"days": 7.0, "percent": 100.0}

@@ -217,3 +217,56 @@ def test_the_public_api(demo_run: Path, sqlite_url: str) -> None:
     assert verified.exit_code == 0 and "every byte matches" in verified.result.summary
     outcome = api.run_drill(api.DrillRequest(root=str(demo_run), selector="step:20", replay=ReplaySpec(enabled=False)), db=sqlite_url)
     assert outcome.status is api.DrillStatus.PASSED and outcome.exit_code is api.ExitCode.PASSED
+
+
+def test_a_read_that_never_returns_ends_the_drill_at_its_timeout(demo_run: Path, sqlite_url: str) -> None:
+    import threading
+    import time
+
+    from tests.faults import Hang
+
+    release = threading.Event()
+    started = time.monotonic()
+    try:
+        outcome = drill(demo_run, sqlite_url, storage=FaultyStorage({"__0_1.distcp": Hang(release)}), timeout=2)
+    finally:
+        release.set()
+    assert time.monotonic() - started < 10
+    assert (outcome.status, int(outcome.exit_code)) == ("error", 5)
+    assert outcome.message == "the drill ran past its 2 s timeout during restore"
+    assert _recorded(sqlite_url, outcome)["status"] == "error"
+
+
+def test_no_checkpoint_file_is_ever_memory_mapped(demo_run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file truncated while mapped kills the reader with SIGBUS: drill maps none."""
+    import mmap
+
+    real = mmap.mmap
+
+    def anonymous_only(fileno, *a, **k):  # type: ignore[no-untyped-def]
+        assert fileno == -1, "a checkpoint file was memory-mapped"
+        return real(fileno, *a, **k)
+
+    monkeypatch.setattr(mmap, "mmap", anonymous_only)
+    assert drill(demo_run, sqlite_url, replay=ReplaySpec(steps=1)).status == "passed"
+    from drill import verify_checkpoint
+
+    assert verify_checkpoint(str(demo_run / "step-20")).exit_code == 0
+
+
+def test_a_file_truncated_on_disk_during_the_drill_is_a_finding(demo_run: Path, sqlite_url: str) -> None:
+    shard = demo_run / "step-30" / "__0_0.distcp"
+
+    class TruncateWhenReading:
+        def phase(self, name: str, total_bytes: int | None = None) -> None:
+            if name == "read":  # DCP re-saving into the directory truncates its files
+                with open(shard, "r+b") as f:
+                    f.truncate(1000)
+
+        def advance(self, nbytes: int) -> None:
+            pass
+
+    outcome = drill(demo_run, sqlite_url, progress=TruncateWhenReading())
+    assert outcome.status == "failed"
+    codes = {(f.check, f.code) for f in outcome.findings}
+    assert ("integrity", "size-mismatch") in codes or ("files", "file-changed") in codes

@@ -61,9 +61,15 @@ def test_auto_takes_the_least_recently_verified_first() -> None:
     now = datetime.now(timezone.utc)
     last = {p: now - timedelta(hours=i) for i, p in enumerate(SIZES)}  # later index = older
     never = "__new_0.distcp"
-    picked = select_sample(parse_sample("auto:3%"), {**SIZES, never: 1000}, last)
-    assert never in picked
-    assert "__39_0.distcp" in picked and "__0_0.distcp" not in picked
+    picked = select_sample(parse_sample("auto:5%"), {**SIZES, never: 1000}, last)
+    assert picked == {never, "__39_0.distcp"}  # the never-verified, then the least recently verified
+
+
+def test_a_byte_budget_takes_whole_files_closest_to_it() -> None:
+    sizes = {"a": 300, "b": 600, "c": 100}
+    picked = select_sample(parse_sample("50%"), sizes)
+    assert abs(sum(sizes[p] for p in picked) - 500) <= 200  # about half, never all three
+    assert len(picked) < 3
 
 
 def test_auto_sampled_drills_cover_the_checkpoint(demo_run: Path, sqlite_url: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity
+from drill.restore import FileRead
 from drill.units import human_bytes
 
 NAME = "files"
@@ -20,28 +21,27 @@ _CODES = {
 def check_files(inputs: CheckInputs) -> CheckResult:
     restore = inputs.restore
     assert restore is not None
-    findings = []
-    for f in restore.files:
-        if f.error_kind is None:
-            continue
-        code, verb = _CODES.get(f.error_kind, ("file-unreadable", "cannot be read"))
-        holds = f" and holds {f.items} state entries" if f.items else ""
-        findings.append(
-            Finding(
-                check=NAME,
-                code=code,
-                severity=Severity.ERROR,
-                subject=f.relative_path,
-                message=f"{f.relative_path} {verb} ({f.error}){holds}: a resume from this checkpoint would fail",
-                expected="present and readable",
-                actual=f.error,
-                hint="restore the file from a replica or drill an older checkpoint: drill run --checkpoint step:N",
-            )
+    listed = inputs.plan.on_storage if inputs.plan is not None else {}
+    findings = [_unreadable(f) for f in restore.files if f.error_kind is not None]
+    findings += [
+        Finding(
+            check=NAME,
+            code="file-changed",
+            severity=Severity.ERROR,
+            subject=f.relative_path,
+            message=f"{f.relative_path} changed while the drill ran: {listed[f.relative_path]} bytes when listed, {f.size} when read "
+            "(a save writing into this checkpoint?)",
+            expected=listed[f.relative_path],
+            actual=f.size,
+            hint="drill a checkpoint no save is writing into, or give saves time to settle (a policy's selection.settle)",
         )
+        for f in restore.files
+        if f.error_kind is None and f.size is not None and listed.get(f.relative_path, f.size) != f.size
+    ]
     ok = [f for f in restore.files if f.error_kind is None]
     total = restore.bytes_read
     if findings:
-        summary = f"{len(findings)} of {len(restore.files)} files missing or unreadable"
+        summary = f"{len(findings)} of {len(restore.files)} files missing, unreadable or changed"
     else:
         summary = f"all {len(restore.files)} files present and read in full ({human_bytes(total)})"
     evidence = {
@@ -61,3 +61,18 @@ def check_files(inputs: CheckInputs) -> CheckResult:
         "bytes_read": total,
     }
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
+
+
+def _unreadable(f: FileRead) -> Finding:
+    code, verb = _CODES.get(f.error_kind or "", ("file-unreadable", "cannot be read"))
+    holds = f" and holds {f.items} state entries" if f.items else ""
+    return Finding(
+        check=NAME,
+        code=code,
+        severity=Severity.ERROR,
+        subject=f.relative_path,
+        message=f"{f.relative_path} {verb} ({f.error}){holds}: a resume from this checkpoint would fail",
+        expected="present and readable",
+        actual=f.error,
+        hint="restore the file from a replica or drill an older checkpoint: drill run --checkpoint step:N",
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from drill.checks import CheckInputs
@@ -14,6 +15,19 @@ SHOWN_KEYS = 5
 
 
 ALLOW_HINT = "if the class is legitimate for this layout, allow-list it: --allow-class module.Class"
+DANGEROUS = ("os.", "posix.", "nt.", "subprocess.", "builtins.", "__builtin__.", "sys.", "shutil.", "socket.", "importlib.", "runpy.", "pty.", "webbrowser.")
+"""Modules whose globals run commands or code: a pickle naming them is hostile, not a layout to allow."""
+
+
+def unsafe_hint(reason: str) -> str:
+    """What to do about a refused pickle: allow-list a legitimate class, or treat it as hostile."""
+    named = re.search(r"names ([\w.]+)|references ([\w.]+)", reason)
+    name = next((g for g in (named.groups() if named else ()) if g), None)
+    if name and name.startswith(DANGEROUS):
+        return f"{name} runs commands or code: this checkpoint is hostile or corrupted — never load it with torch.load(weights_only=False)"
+    if name:
+        return f"if {name} is legitimate for this layout, allow-list it: --allow-class {name}"
+    return ALLOW_HINT
 
 
 def check_load(inputs: CheckInputs) -> CheckResult:
@@ -40,8 +54,10 @@ def _index_finding(restore: RestoreResult) -> Finding:
     """Nothing could be loaded: say why, and what to do about it for that reason."""
     unsafe = [f for f in restore.failures if f.code == "unsafe-pickle"]
     error = restore.metadata_error or ""
-    if unsafe or "allow-list" in error:
-        code, hint = "unsafe-pickle", ALLOW_HINT
+    if restore.metadata_code == "metadata-implausible":
+        code, hint = restore.metadata_code, "the index does not describe the files beside it: damaged or forged; nothing was allocated"
+    elif unsafe or "allow-list" in error:
+        code, hint = "unsafe-pickle", unsafe_hint(unsafe[0].reason if unsafe else error)
     elif any(f.error_kind == "missing" for f in restore.files):
         code, hint = "metadata-unreadable", "the save may not have finished; drill an older checkpoint: drill run --checkpoint step:N"
     else:
@@ -69,7 +85,7 @@ def _entry_finding(failure: ItemFailure) -> Finding:
         subject=failure.key,
         message=f"{failure.key} did not load: {failure.reason}",
         actual=failure.reason,
-        hint=ALLOW_HINT if failure.code == "unsafe-pickle" else None,
+        hint=unsafe_hint(failure.reason) if failure.code == "unsafe-pickle" else None,
     )
 
 

@@ -42,6 +42,15 @@ RequireSealedOption = Annotated[
 CoverageDaysOption = Annotated[
     float, typer.Option("--coverage-days", help="Report the share of bytes verified within this many days.")
 ]
+KeyFileOption = Annotated[
+    str | None,
+    typer.Option(
+        "--key-file",
+        help="File holding the seal key (keyed seals: an HMAC only its holder can produce). "
+        "Default: $DRILL_SEAL_KEY_FILE, else $DRILL_SEAL_KEY.",
+        show_default=False,
+    ),
+]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks for unexpected errors.")]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (errors and the verdict line still print).")]
 
@@ -133,3 +142,14 @@ def flag(name: str, parse: Callable[[Any], T], value: Any) -> T:
 
 def exit_with(code: int) -> typer.Exit:
     return typer.Exit(int(code))
+
+
+def seal_key(key_file: str | None) -> bytes | None:
+    """The seal key, or a usage error that never shows it."""
+    from drill.errors import UsageError
+    from drill.integrity.keys import SealKeyError, load_key
+
+    try:
+        return load_key(key_file)
+    except SealKeyError as exc:
+        raise UsageError(str(exc)) from None

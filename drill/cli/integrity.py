@@ -7,12 +7,27 @@ from typing import Annotated
 import typer
 
 from drill.errors import UsageError
-from drill.cli.common import CoverageDaysOption, DbOption, DebugOption, JsonOption, RequireSealedOption, SampleOption, exit_with, flag, print_json, stderr, stdout
+from drill.cli.common import (
+    CoverageDaysOption,
+    DbOption,
+    DebugOption,
+    JsonOption,
+    KeyFileOption,
+    RequireSealedOption,
+    SampleOption,
+    exit_with,
+    flag,
+    print_json,
+    seal_key,
+    stderr,
+    stdout,
+)
 
 
 def seal(
     checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory to seal.")],
     force: Annotated[bool, typer.Option("--force", help="Replace a manifest that seals different content.")] = False,
+    key_file: KeyFileOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
@@ -29,14 +44,14 @@ def seal(
     from drill.verifier import seal_checkpoint
 
     try:
-        result = seal_checkpoint(checkpoint, force=force)
+        result = seal_checkpoint(checkpoint, force=force, key=seal_key(key_file))
     except SealConflict as exc:
         raise IntegrityConflict(str(exc), hint=f"verify it first: drill verify {checkpoint}") from None
     m = result.manifest
     if json:
-        print_json({"manifest": result.path, "written": result.written, "step": m.step, "files": len(m.files), "bytes": m.total_bytes})
+        print_json({"manifest": result.path, "written": result.written, "keyed": m.key_id is not None, "step": m.step, "files": len(m.files), "bytes": m.total_bytes})
         return
-    verb = "sealed" if result.written else "already sealed (identical manifest)"
+    verb = ("sealed with key " + m.key_id if m.key_id else "sealed") if result.written else "already sealed (identical manifest)"
     stdout().print(f"{verb}: {len(m.files)} files, {human_bytes(m.total_bytes)} → {result.path}", markup=False)
 
 
@@ -45,6 +60,8 @@ def verify(
     sample: SampleOption = "all",
     require_sealed: RequireSealedOption = False,
     coverage_days: CoverageDaysOption = 7.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds the verification may take before it ends as an error.")] = 3600.0,
+    key_file: KeyFileOption = None,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -67,9 +84,14 @@ def verify(
     spec = flag("--sample", parse_sample, sample)
     if not coverage_days > 0:
         raise UsageError(f"--coverage-days: must be positive, not {coverage_days}")
+    from drill.interrupts import deadline
+
     database = open_database(db)
     try:
-        outcome = verify_checkpoint(checkpoint, sample=spec, require_sealed=require_sealed, records=Records(database), coverage_days=coverage_days)
+        with deadline(timeout, f"drill verify {checkpoint}"):
+            outcome = verify_checkpoint(
+                checkpoint, sample=spec, require_sealed=require_sealed, records=Records(database), coverage_days=coverage_days, key=seal_key(key_file)
+            )
     finally:
         database.close()
     r = outcome.result

@@ -14,6 +14,7 @@ from drill.cli.common import (
     DbOption,
     DebugOption,
     JsonOption,
+    KeyFileOption,
     QuietOption,
     RequireSealedOption,
     SampleOption,
@@ -47,6 +48,8 @@ ReplayTimeout = Annotated[float, typer.Option("--replay-timeout", help="Wall-clo
 Rtol = Annotated[float | None, typer.Option("--rtol", help="Relative tolerance for loss/grad norm (default: exact on the same device type).")]
 Atol = Annotated[float | None, typer.Option("--atol", help="Absolute tolerance for loss/grad norm.")]
 NoReplay = Annotated[bool, typer.Option("--no-replay", help="Skip the replay (the drill then proves restore only).")]
+MemoryBudget = Annotated[str | None, typer.Option("--memory-budget", help="Most the restored state may occupy (e.g. 16GiB); default: what the device has free.")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds the whole drill may take before it ends as an error (a hung mount).")]
 Trigger = Annotated[str, typer.Option("--trigger", hidden=True)]
 
 
@@ -61,6 +64,7 @@ def run(
     finite_scan: FiniteScan = "full",
     sample: SampleOption = "all",
     require_sealed: RequireSealedOption = False,
+    key_file: KeyFileOption = None,
     coverage_days: CoverageDaysOption = 7.0,
     replay: Replay = None,
     replay_steps: ReplaySteps = 5,
@@ -68,6 +72,8 @@ def run(
     rtol: Rtol = None,
     atol: Atol = None,
     no_replay: NoReplay = False,
+    timeout: Timeout = 3600.0,
+    memory_budget: MemoryBudget = None,
     trigger: Trigger = "manual",
     db: DbOption = None,
     json: JsonOption = False,
@@ -121,11 +127,14 @@ def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
         trigger=opts["trigger"],
         sample=opts["sample"],
         require_sealed=opts["require_sealed"],
+        key_file=opts["key_file"],
         coverage_days=opts["coverage_days"],
         format=opts["format"],
         allow_classes=tuple(opts["allow_class"] or ()),
         expectations=expectations,
         replay=replay,
+        timeout=opts["timeout"],
+        memory_budget=opts["memory_budget"],
     )
 
 

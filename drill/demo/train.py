@@ -25,7 +25,7 @@ from drill.demo.data import ShuffledWindowLoader, batch_fingerprint, synthetic_c
 from drill.demo.model import TinyGPT
 from drill.demo.state import ModelState, OptimizerState, RNGState, TrainState, WarmupCosine
 from drill.discover import step_of
-from drill.sdk import StepLog, StepRecord, seal
+from drill.sdk import StepLog, StepRecord, load_key, seal
 
 
 @dataclass(slots=True)
@@ -131,7 +131,7 @@ def save_checkpoint(objs: TrainingObjects, run_dir: Path) -> Path:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(objs.stateful(), storage_writer=writer, no_dist=True)
-    seal(path, step=objs.train_state.step)
+    seal(path, step=objs.train_state.step, key=load_key())  # keyed when $DRILL_SEAL_KEY_FILE names a key
     return path
 
 

@@ -11,6 +11,7 @@ file and entry it could not restore instead of stopping at the first.
 from __future__ import annotations
 
 import io
+import math
 import os
 import struct
 import time
@@ -27,7 +28,7 @@ from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import StorageReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
@@ -176,16 +177,18 @@ class DrillReader(StorageReader):
         self.result.files.extend(records.values())
         pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="drill-read")
         pending: deque[CFuture[_FileOutcome]] = deque(pool.submit(self._read_file, p, per_file[p], records[p], planner) for p in paths)
+        done = False
         try:
             while pending:
                 waited = time.perf_counter()
                 outcome = pending.popleft().result()
                 self.result.read_seconds += time.perf_counter() - waited
                 yield outcome
+            done = True
         finally:
-            # An interrupt must not wait for reads in flight (a stuck mount could hold it
-            # forever): queued reads are cancelled and the threads left to finish alone.
-            pool.shutdown(wait=not pending, cancel_futures=True)
+            # An interrupt or the deadline must not wait for reads in flight (a hung mount could
+            # hold them forever): queued reads are cancelled, running ones left to finish alone.
+            pool.shutdown(wait=done, cancel_futures=True)
 
     def _read_file(self, relative_path: str, items: list[ReadItem], record: FileRead, planner: LoadPlanner) -> _FileOutcome:
         """One file, start to end; transient I/O errors are retried from the start."""
@@ -372,8 +375,15 @@ class DCPAdapter:
             result.metadata_error = str(exc)
             return result
         result.index = metadata.storage_data
-        result.inventory = inventory(metadata)
-        ctx.progress.phase("read", total_bytes=_checkpoint_bytes(storage, ref.uri, metadata))
+        sizes = _file_sizes(storage, ref.uri, metadata)
+        try:
+            result.inventory = inventory(metadata)
+            need = claimed_bytes(metadata, sizes)
+        except ValueError as exc:  # the index claims what the files cannot hold: allocate nothing
+            result.metadata_error, result.metadata_code = f"{DCP_METADATA}: {exc}", "metadata-implausible"
+            return result
+        check_budget(need, ctx)
+        ctx.progress.phase("read", total_bytes=sum(sizes.values()))
         state = skeleton(metadata, ctx.device)
         planner = SafeLoadPlanner(result.failures)
         _dcp_load(state, reader, planner)
@@ -393,14 +403,67 @@ def _dcp_load(state: dict[str, Any], reader: DrillReader, planner: SafeLoadPlann
         dcp.load(state, storage_reader=reader, planner=planner, no_dist=True)
 
 
-def _checkpoint_bytes(storage: Storage, uri: str, metadata: Metadata) -> int | None:
-    total = 0
+def _file_sizes(storage: Storage, uri: str, metadata: Metadata) -> dict[str, int]:
+    """The size of each data file the index names that exists (missing ones are the reader's finding)."""
+    sizes = {}
     for rel in {info.relative_path for info in (metadata.storage_data or {}).values()}:
         try:
-            total += storage.stat(storage.child(uri, rel)).size
+            sizes[rel] = storage.stat(storage.child(uri, rel)).size
         except OSError:
             continue
-    return total or None
+    return sizes
+
+
+def claimed_bytes(metadata: Metadata, sizes: dict[str, int]) -> int:
+    """Bytes the restored tensors will occupy, once the index is shown to be plausible: every
+    chunk is no larger than the entry that stores it, and the entries fit their files.
+    ``ValueError`` otherwise — before a byte is allocated (a forged index claiming a
+    2^40-element tensor must not make drill ask for 4 TiB)."""
+    total = 0
+    data = metadata.storage_data or {}
+    for info in data.values():
+        size = sizes.get(info.relative_path)
+        if size is not None and int(info.offset) + int(info.length) > size and int(info.length) > size:
+            raise ValueError(f"an entry of {int(info.length)} bytes is larger than its whole file {info.relative_path} ({size} bytes)")
+    for fqn, md in metadata.state_dict_metadata.items():
+        if not isinstance(md, TensorStorageMetadata):
+            continue
+        item = torch.empty((), dtype=md.properties.dtype).element_size()
+        if any(int(d) < 0 for d in md.size):
+            raise ValueError(f"{fqn} has a negative dimension {tuple(md.size)}")
+        for chunk in md.chunks:
+            need = math.prod(int(d) for d in chunk.sizes) * item
+            info = data.get(MetadataIndex(fqn, chunk.offsets))
+            if info is None:
+                raise ValueError(f"{fqn}: a chunk at {tuple(chunk.offsets)} has no storage entry")
+            if need > int(info.length):
+                raise ValueError(f"{fqn}: a chunk of {need} bytes ({tuple(chunk.sizes)}) claims more than its {int(info.length)}-byte entry")
+            total += need
+    return total
+
+
+def check_budget(need: int, ctx: RestoreContext) -> None:
+    """Refuse, before allocating, a restore that would not fit the device's memory."""
+    from drill.errors import ResourceLimit
+    from drill.units import human_bytes
+
+    budget = ctx.memory_budget if ctx.memory_budget is not None else available_memory(ctx.device)
+    if budget is not None and need > budget:
+        raise ResourceLimit(f"restoring this checkpoint needs {human_bytes(need)} on {ctx.device}, which has {human_bytes(budget)} available")
+
+
+def available_memory(device: torch.device) -> int | None:
+    """What the device can still allocate: CUDA's free memory, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def load_into(storage: Storage, uri: str, stateful: dict[str, Any]) -> None:

@@ -25,6 +25,8 @@ def coverage_update(plan: IntegrityPlan, integrity: CheckResult) -> CoverageUpda
     assert plan.manifest is not None
     sealed = {f.path: (f.size, f.xxh3_128) for f in plan.manifest.files}
     verified = {p: sealed[p] for p in integrity.evidence.get("verified", []) if p in sealed}
+    if integrity.evidence.get("authenticated") is False and plan.key is not None:
+        verified = {}  # bytes that match a manifest the key does not vouch for prove nothing
     broken = frozenset(str(f.subject) for f in integrity.findings if f.severity is Severity.ERROR and f.subject in sealed)
     return CoverageUpdate(sealed, verified, broken)
 

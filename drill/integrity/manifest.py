@@ -14,6 +14,8 @@ digest is xxh3-128 of the canonical JSON (sorted keys, no spaces) of everything 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import platform
@@ -67,6 +69,12 @@ class Manifest:
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     frameworks: dict[str, str] = field(default_factory=dict)
     version: int = VERSION
+    key_id: str | None = None
+    """Which key sealed it (a keyed seal), never the key."""
+    hmac_sha256: str | None = None
+    """HMAC-SHA256 of the canonical manifest under that key (a keyed seal)."""
+    signed: bytes = b""
+    """The canonical bytes the digests cover, as read (for authenticating a parsed manifest)."""
 
     @property
     def total_bytes(self) -> int:
@@ -86,19 +94,47 @@ class Manifest:
             "files": [{"path": f.path, "size": f.size, "xxh3_128": f.xxh3_128, "chunks": list(f.chunks)} for f in self.files],
         }
 
-    def to_json(self) -> bytes:
+    def to_json(self, key: bytes | None = None) -> bytes:
+        """The manifest file: its body, the body's xxh3-128 digest, and with a key, the key's id
+        and an HMAC-SHA256 that only a holder of the key can produce."""
         body = self.body()
+        if key is not None:
+            body["key_id"] = key_id(key)
         body["manifest_xxh3_128"] = self_digest(body)
+        if key is not None:
+            body["manifest_hmac_sha256"] = hmac.new(key, canonical(body, exclude=DIGESTS), hashlib.sha256).hexdigest()
         return (json.dumps(body, indent=1) + "\n").encode()
+
+    def authenticate(self, key: bytes) -> str | None:
+        """None when this manifest was sealed with ``key``; else why not, in one sentence."""
+        if self.hmac_sha256 is None:
+            return "the manifest carries no HMAC: it was sealed without a key, or rewritten by someone without it"
+        if self.key_id != key_id(key):
+            return f"the manifest was sealed with another key (key id {self.key_id}, this key's is {key_id(key)})"
+        expected = hmac.new(key, self.signed, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, self.hmac_sha256):
+            return "the manifest's HMAC does not match: it was edited by someone without the key"
+        return None
 
     def same_content(self, other: Manifest) -> bool:
         """Whether both seal the same bytes (creation time and versions aside)."""
         return self.by_path() == other.by_path()
 
 
+DIGESTS = ("manifest_xxh3_128", "manifest_hmac_sha256")
+
+
+def canonical(body: dict[str, Any], exclude: tuple[str, ...] = DIGESTS) -> bytes:
+    return json.dumps({k: v for k, v in body.items() if k not in exclude}, sort_keys=True, separators=(",", ":")).encode()
+
+
 def self_digest(body: dict[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return xxhash.xxh3_128_hexdigest(canonical)
+    return xxhash.xxh3_128_hexdigest(canonical(body))
+
+
+def key_id(key: bytes) -> str:
+    """A public name for a key (to tell keys apart in rotation), from which the key cannot be learned."""
+    return hmac.new(key, b"drill seal key id", hashlib.sha256).hexdigest()[:16]
 
 
 def check_relative_path(path: str) -> None:
@@ -112,7 +148,7 @@ def parse_manifest(data: bytes) -> Manifest:
     """Parse and validate a manifest: JSON shape, safe paths, and its own digest."""
     try:
         doc = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ManifestInvalid("manifest-not-json", f"{MANIFEST_NAME} is not JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} is not a drill manifest")
@@ -125,6 +161,7 @@ def parse_manifest(data: bytes) -> Manifest:
         ]
         chunk_size = int(doc["chunk_size"])
         claimed = doc.pop("manifest_xxh3_128")
+        mac = doc.pop("manifest_hmac_sha256", None)
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} is malformed: missing or bad {exc}") from None
     for f in files:
@@ -140,12 +177,15 @@ def parse_manifest(data: bytes) -> Manifest:
             f"{MANIFEST_NAME} does not match its own digest (recorded {claimed}, computed {actual}): it was edited or damaged",
         )
     return Manifest(
-        step=doc.get("step"),
+        step=doc.get("step") if isinstance(doc.get("step"), int) else None,
         chunk_size=chunk_size,
         files=files,
         created_at=str(doc.get("created_at")),
-        frameworks=dict(doc.get("frameworks") or {}),
+        frameworks={str(k): str(v) for k, v in (doc.get("frameworks") or {}).items()} if isinstance(doc.get("frameworks"), dict) else {},
         version=doc["version"],
+        key_id=str(doc["key_id"]) if doc.get("key_id") is not None else None,
+        hmac_sha256=str(mac) if mac is not None else None,
+        signed=canonical(doc),
     )
 
 
@@ -262,9 +302,12 @@ def seal(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     force: bool = False,
     storage: Storage | None = None,
+    key: bytes | None = None,
 ) -> SealResult:
     """Write ``drill-manifest.json`` into the checkpoint at ``path``: one read of its files.
 
+    With ``key`` (see :func:`drill.integrity.keys.load_key`), the seal is keyed: an HMAC that
+    only a holder of the key can produce, so writing the checkpoint is not enough to forge it.
     An identical existing manifest is left alone; a *different* one raises
     :class:`SealConflict` unless ``force`` (the checkpoint changed after it was sealed —
     which is exactly what a seal exists to catch, so replacing it must be deliberate).
@@ -277,7 +320,10 @@ def seal(
         from drill.discover import step_of
 
         step = step_of(checkpoint.rstrip("/").rsplit("/", 1)[-1])
-    listing = list_files(storage, checkpoint)
+    try:
+        listing = list_files(storage, checkpoint)
+    except PathEscapesCheckpoint as exc:
+        raise SealConflict(f"refusing to seal {checkpoint}: {exc}") from None
     if listing.odd:
         rel, kind = sorted(listing.odd.items())[0]
         raise SealConflict(f"{rel} in {checkpoint} is not a regular file ({kind}); a checkpoint holding it is not sealed")
@@ -294,12 +340,15 @@ def seal(
             raise SealConflict(f"{checkpoint}/{MANIFEST_NAME} exists but is not a valid manifest ({exc}); not replacing it") from None
         existing = None
     if existing is not None and existing.same_content(manifest):
-        return SealResult(existing, False, storage.child(checkpoint, MANIFEST_NAME))
+        if key is None or existing.authenticate(key) is None:
+            return SealResult(existing, False, storage.child(checkpoint, MANIFEST_NAME))
+        force = True  # the same bytes, sealed again with the key: the seal only gains a signature
     if existing is not None and not force:
         raise SealConflict(f"{checkpoint}/{MANIFEST_NAME} seals different content: the checkpoint changed after it was sealed")
     target = storage.child(checkpoint, MANIFEST_NAME)
+    manifest.key_id = key_id(key) if key is not None else None
     try:
-        storage.write(target, manifest.to_json(), replace=force)
+        storage.write(target, manifest.to_json(key), replace=force or existing is not None)
     except FileExistsError:
         raise SealConflict(f"{target} appeared while sealing; not replacing it") from None
     return SealResult(manifest, True, target)

@@ -92,13 +92,17 @@ def _key(path: str) -> int:
 
 
 def _take(ordered: Iterable[str], sizes: Mapping[str, int], budget: int) -> set[str]:
+    """Files in order, each taken only if it brings the bytes closer to the budget (whole files
+    are the unit: 50% of three files is about half the bytes, not all of them)."""
     chosen: set[str] = set()
     used = 0
     for path in ordered:
-        if chosen and used >= budget:
+        size = sizes[path]
+        if not chosen or abs(used + size - budget) < abs(used - budget):
+            chosen.add(path)
+            used += size
+        if used >= budget:
             break
-        chosen.add(path)
-        used += sizes[path]
     return chosen
 
 

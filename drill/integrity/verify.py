@@ -54,6 +54,8 @@ class IntegrityPlan:
     selected: set[str] = field(default_factory=set)
     """Paths to hash this time (all files unless sampled)."""
     hash_plan: HashPlan = field(default_factory=HashPlan)
+    key: bytes | None = field(default=None, repr=False)
+    """The seal key to authenticate the manifest with (never printed or recorded)."""
 
     @property
     def refuse(self) -> bool:
@@ -73,8 +75,9 @@ def plan_integrity(
     sample: SampleSpec,
     last_verified: Mapping[str, Any] | None = None,
     always: tuple[str, ...] = (".metadata",),
+    key: bytes | None = None,
 ) -> IntegrityPlan:
-    plan = IntegrityPlan(checkpoint=checkpoint, sample=sample)
+    plan = IntegrityPlan(checkpoint=checkpoint, sample=sample, key=key)
     entry = storage.stat(checkpoint)
     if not entry.is_dir:  # a single-file checkpoint carries no manifest: structure only
         plan.on_storage = {entry.name: entry.size}
@@ -230,16 +233,35 @@ def _refusal(plan: IntegrityPlan, evidence: dict[str, Any]) -> CheckResult | Non
     return CheckResult(name=NAME, summary="refused: a path leads out of the checkpoint; nothing was opened", findings=findings, evidence=evidence)
 
 
+def _authentication(plan: IntegrityPlan, evidence: dict[str, Any]) -> tuple[list[Finding], str]:
+    """Whether the seal is the key holder's: ``sealed and authenticated`` or ``sealed, unauthenticated``."""
+    manifest = plan.manifest
+    assert manifest is not None
+    evidence["key_id"] = manifest.key_id
+    if plan.key is None:
+        evidence["authenticated"] = False
+        keyed = " (keyed seal; no key given to check it)" if manifest.hmac_sha256 else ""
+        return [], f"sealed, unauthenticated{keyed}"
+    why = manifest.authenticate(plan.key)
+    evidence["authenticated"] = why is None
+    if why is None:
+        return [], "sealed and authenticated"
+    code = "manifest-unauthenticated" if manifest.hmac_sha256 is None else "manifest-hmac-mismatch"
+    hint = "if the checkpoint is genuine, seal it again with the key: drill seal --force --key-file KEY " + plan.checkpoint
+    return [_finding(code, MANIFEST_NAME, f"{MANIFEST_NAME} is not authenticated by the seal key: {why}", hint=hint)], "sealed, NOT authenticated"
+
+
 def _sealed_part(plan: IntegrityPlan, observed: Mapping[str, Observed], evidence: dict[str, Any]) -> tuple[list[Finding], str]:
+    auth, sealed = _authentication(plan, evidence)
     findings, ev = _compare_manifest(plan, observed)
     evidence.update(ev)
     evidence["manifests"][MANIFEST_NAME] = f"proved the content of {ev['files_verified']} of {ev['files_listed']} files"
     pct = 100.0 * ev["bytes_verified"] / ev["bytes_listed"] if ev["bytes_listed"] else 100.0
     if findings:
-        return findings, f"sealed: {len(findings)} mismatch(es) against the manifest"
+        return auth + findings, f"{sealed}: {len(findings)} mismatch(es) against the manifest"
     if plan.sample.is_full:
-        return findings, f"sealed: every byte matches the manifest ({ev['files_verified']} files, {human_bytes(ev['bytes_verified'])})"
-    return findings, f"sealed, sampled {plan.sample}: {pct:.0f}% of bytes verified this drill, all match"
+        return auth, f"{sealed}: every byte matches the manifest ({ev['files_verified']} files, {human_bytes(ev['bytes_verified'])})"
+    return auth, f"{sealed}, sampled {plan.sample}: {pct:.0f}% of bytes verified this drill, all match"
 
 
 def _unsealed_part(

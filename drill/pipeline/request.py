@@ -12,6 +12,7 @@ from drill.integrity.sampling import SampleSpec, SampleSpecError, parse_sample
 from drill.replay.spec import ReplaySpec
 from drill.select import Selection, Selector, parse_selector
 from drill.storage import StorageError, normalize, scheme_of
+from drill.units import parse_size
 from drill.verdict import SLO
 
 TRIGGERS = ("manual", "policy", "scheduler", "resume")
@@ -39,6 +40,9 @@ class DrillRequest:
     """Which files to hash; every file unless a sampled drill is asked for."""
     require_sealed: bool = False
     """Fail an unsealed checkpoint instead of accepting a structural proof."""
+    key_file: str | None = None
+    """The seal key to authenticate manifests with; None: ``$DRILL_SEAL_KEY_FILE`` or
+    ``$DRILL_SEAL_KEY`` if set (see :mod:`drill.integrity.keys`)."""
     coverage_days: float = 7.0
     """Report the share of the checkpoint's bytes verified within this many days."""
     format: str = "auto"
@@ -54,6 +58,12 @@ class DrillRequest:
     keep_last: int | None = None
     """The run's keep-last-K retention (a policy's ``checkpoints.keep_last``)."""
     slo: SLO | None = None
+    memory_budget: int | str | None = None
+    """Bytes the restored state may occupy on the device (``"16GiB"`` accepted); a checkpoint
+    needing more is refused before anything is allocated. None: what the device has free."""
+    timeout: float | None = 3600.0
+    """Seconds the whole drill may take; past it, wherever it is, the drill ends as ``error``
+    with the phase it was in (a hung mount, a storage that never answers). None: no limit."""
 
     def __post_init__(self) -> None:
         try:
@@ -68,11 +78,15 @@ class DrillRequest:
             self.sample = _flag("--sample", parse_sample, self.sample)
         self.device = _flag("--device", parse_device, self.device)
         self.format = _flag("--format", parse_format, self.format)
+        if self.memory_budget is not None:
+            self.memory_budget = _flag("--memory-budget", parse_size, self.memory_budget)
         self.allow_classes = tuple(self.allow_classes)
         if self.trigger not in TRIGGERS:
             raise ValueError(f"unknown trigger {self.trigger!r}: expected {', '.join(TRIGGERS)}")
         if not self.coverage_days > 0:
             raise ValueError(f"--coverage-days: must be positive, not {self.coverage_days!r}")
+        if self.timeout is not None and not (0 < self.timeout < float("inf")):
+            raise ValueError(f"--timeout: must be a positive number of seconds, not {self.timeout!r}")
         if self.keep_last is not None and self.keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, not {self.keep_last}")
         if self.root is None:

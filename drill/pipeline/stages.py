@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -24,13 +25,14 @@ from drill.checks.registry import LOADING_CHECKS, ORDER, STATE_CHECKS, run_check
 from drill.checks.replay import replay_rows
 from drill.device import resolve_device
 from drill.discover import discover
-from drill.errors import ExitCode, NothingToDrill, UsageError
+from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError
 from drill.findings import CheckResult, CheckStatus, not_run
 from drill.formats import adapter_for
 from drill.formats.base import RestoreContext
 from drill.integrity.coverage import annotate_coverage
+from drill.integrity.keys import load_key
 from drill.integrity.verify import plan_integrity
-from drill.pipeline.interrupts import InterruptGuard, Interrupted
+from drill.interrupts import InterruptGuard, Interrupted
 from drill.pipeline.outcome import CheckpointInfo, DrillOutcome, ReplaySummary, Timings
 from drill.pipeline.recorder import DrillStart, Recorder
 from drill.pipeline.request import DrillRequest
@@ -63,6 +65,8 @@ class Drill:
     replay_error: str | None = None
     restored_step: int | None = None
     """The step the restored train state holds (the replay starts after it)."""
+    key: bytes | None = field(default=None, repr=False)
+    """The seal key, if one is configured (never recorded)."""
     guard: InterruptGuard = field(default_factory=InterruptGuard)
 
     @classmethod
@@ -74,6 +78,7 @@ class Drill:
         try:
             device = resolve_device(request.device)
             storage = storage or storage_for(request.root)
+            key = load_key(request.key_file)
         except (ValueError, StorageError) as exc:
             raise UsageError(str(exc)) from None
         outcome = DrillOutcome(
@@ -93,7 +98,9 @@ class Drill:
             sample=str(request.sample),
         )
         inputs = CheckInputs(storage=storage, root=request.root, expectations=request.expectations, require_sealed=request.require_sealed)
-        return cls(request, recorder, progress, storage, device, inputs, outcome)
+        drill = cls(request, recorder, progress, storage, device, inputs, outcome)
+        drill.key = key
+        return drill
 
     @property
     def timings(self) -> Timings:
@@ -123,16 +130,23 @@ class Drill:
 
     @contextmanager
     def guarded(self) -> Iterator[None]:
-        """Interrupts and drill's own failures end the drill; they never escape it."""
+        """Interrupts, the deadline and drill's own failures end the drill; they never escape it."""
+        self.guard.timeout = self.request.timeout
         with self.guard:
             try:
                 yield
             except (Interrupted, KeyboardInterrupt):
                 self.guard.signum = self.guard.signum or 2
-            except Exception:  # noqa: BLE001 - drill's own failure: recorded with its traceback
-                if self.guard.signum is None:  # an interrupt wrapped by a library is still one
+            except (SystemExit, GeneratorExit):
+                raise
+            except BaseException:  # noqa: BLE001 - drill's own failure (DCP's CheckpointException is a BaseException)
+                if self.guard.timed_out:
+                    self.drill_error = f"the drill ran past its {self.request.timeout:g} s timeout during {self.outcome.phase}"
+                    self.outcome.error = self.drill_error
+                elif self.guard.signum is None:  # an interrupt wrapped by a library is still one
                     text = traceback.format_exc()
-                    self.drill_error = text.strip().splitlines()[-1]
+                    err = sys.exc_info()[1]
+                    self.drill_error = err.message if isinstance(err, DrillError) else text.strip().splitlines()[-1]
                     self.outcome.error = text
             finally:
                 self.guard.quiet()
@@ -202,7 +216,7 @@ def plan_stage(d: Drill) -> list[CheckResult]:
     ref, request = d.inputs.ref, d.request
     assert ref is not None
     ledger = d.recorder.last_verified(ref.uri) if request.sample.kind == "auto" else {}  # type: ignore[union-attr]
-    plan = plan_integrity(d.storage, ref.uri, request.sample, ledger)  # type: ignore[arg-type]
+    plan = plan_integrity(d.storage, ref.uri, request.sample, ledger, key=d.key)  # type: ignore[arg-type]
     d.inputs.plan = plan
     o = d.outcome
     o.evidence_level = plan.evidence_level
@@ -223,7 +237,13 @@ def restore_stage(d: Drill) -> list[CheckResult]:
     ref, plan = d.inputs.ref, d.inputs.plan
     assert ref is not None and plan is not None
     adapter = adapter_for(ref.format if d.request.format == "auto" else d.request.format)  # imported off the clock
-    ctx = RestoreContext(device=d.device, progress=d.progress, hash_plan=plan.hash_plan, allow_classes=d.request.allow_classes)  # type: ignore[arg-type]
+    ctx = RestoreContext(
+        device=d.device,  # type: ignore[arg-type]
+        progress=d.progress,
+        hash_plan=plan.hash_plan,
+        allow_classes=d.request.allow_classes,
+        memory_budget=d.request.memory_budget,
+    )
     started = time.perf_counter()
     result = adapter.restore(d.storage, ref, ctx)
     t = d.timings

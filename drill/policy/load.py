@@ -104,7 +104,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "selection": {"strategy": STR, "step": INT, "window": _duration, "settle": _duration, "seed": INT},
     "schedule": {"cron": STR, "timezone": STR, "start_window": _duration},
     "contract": {"allow_missing": _parts_list, "require": _parts_list, "finite_scan": STR, "allow_classes": _str_list},
-    "integrity": {"require_sealed": BOOL, "sample": STR, "coverage_days": NUM},
+    "integrity": {"require_sealed": BOOL, "sample": STR, "coverage_days": NUM, "key_file": STR},
     "replay": {"enabled": BOOL, "entrypoint": STR, "steps": INT, "rtol": NUM, "atol": NUM, "timeout": _duration},
     "slo": {"max_restore_seconds": _duration, "max_ttfs_seconds": _duration},
     "alerts": {"webhook": STR, "command": STR, "timeout": _duration, "retries": INT, "on": _str_list},

@@ -114,6 +114,9 @@ class Integrity:
     """Which files to hash: ``all``, ``n/t``, ``P%``, a size, ``auto[:P%|:SIZE]``."""
     coverage_days: float = 7.0
     """Report the share of the checkpoint's bytes verified within this many days."""
+    key_file: str | None = None
+    """A file holding the seal key: manifests must carry its HMAC (a keyed seal). The key
+    stays in the file; the policy names only where it is."""
 
     def __post_init__(self) -> None:
         try:

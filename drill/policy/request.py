@@ -22,6 +22,7 @@ def request_from_policy(policy: Policy, trigger: str) -> DrillRequest:
         ),
         sample=policy.integrity.sample,
         require_sealed=policy.integrity.require_sealed,
+        key_file=policy.integrity.key_file,
         coverage_days=policy.integrity.coverage_days,
         format=policy.checkpoints.format,
         allow_classes=policy.contract.allow_classes,
@@ -30,4 +31,8 @@ def request_from_policy(policy: Policy, trigger: str) -> DrillRequest:
         selection=policy.selection,
         keep_last=policy.checkpoints.keep_last,
         slo=policy.slo,
+        memory_budget=policy.limits.memory,
+        # The drill ends itself — recorded, with the phase it was in — a little before the
+        # parent would have to kill it at the policy's limit.
+        timeout=max(1.0, policy.limits.timeout - min(30.0, 0.1 * policy.limits.timeout)),
     )

@@ -27,21 +27,39 @@ class Refused(Exception):
     pass
 
 
+def _top(entrypoint: str) -> str:
+    return entrypoint.partition(":")[0].split(".")[0]
+
+
+def _in_run_dir(top: str, run_dir: str) -> str | None:
+    for candidate in (os.path.join(run_dir, f"{top}.py"), os.path.join(run_dir, top)):
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
 def check_origin(entrypoint: str, untrusted: tuple[str, ...]) -> None:
-    """Refuse an implicit entrypoint whose top-level package lives in an untrusted directory,
-    without executing any of it (the path finder only looks at files)."""
-    top = entrypoint.partition(":")[0].split(".")[0]
+    """Refuse an implicit entrypoint (one the run names) whose code lives in an untrusted
+    directory, without executing any of it (the path finder only looks at files)."""
+    top = _top(entrypoint)
     spec = importlib.machinery.PathFinder.find_spec(top)
-    if spec is None:
-        return  # a built-in or frozen module, or none at all: the import says which
-    places = [spec.origin] if spec.origin else []
-    places += list(spec.submodule_search_locations or [])
+    places = ([spec.origin] if spec and spec.origin else []) + list((spec.submodule_search_locations or []) if spec else [])
+    if spec is None and (planted := _in_run_dir(top, untrusted[0])):
+        places = [planted]
     for place in places:
         if place and inside(place, untrusted):
             raise Refused(
                 f"the run names replay entrypoint {entrypoint}, whose code is at {place}, inside the run directory "
                 "or checkpoint: drill does not run code from a checkpoint unless you name it explicitly"
             )
+
+
+def trust_explicit(entrypoint: str, run_dir: str) -> None:
+    """An entrypoint the user or policy named may live in the run directory: the directory
+    goes *last* on the import path, so it cannot shadow anything installed."""
+    top = _top(entrypoint)
+    if importlib.machinery.PathFinder.find_spec(top) is None and _in_run_dir(top, run_dir):
+        sys.path.append(run_dir)
 
 
 def resolve_entrypoint(spec: str) -> Any:
@@ -59,7 +77,9 @@ def main(conn: Any, entrypoint: str, trust: str, run_dir: str, checkpoint: str, 
     # Deterministic cuBLAS needs its workspace fixed before CUDA initializes.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     try:
-        if trust != "explicit":
+        if trust == "explicit":
+            trust_explicit(entrypoint, run_dir)
+        else:
             check_origin(entrypoint, (run_dir, checkpoint))
         _replay(conn, entrypoint, run_dir, checkpoint, device, steps)
     except Refused as exc:

@@ -106,6 +106,8 @@ def run_replay(*, spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | N
         compared = "data order, loss and grad norm" if reference.has_data_order else "loss and grad norm (the record has no batch fingerprints: data order not compared)"
         outcome.verdict = PASSED
         outcome.reason = f"{len(replayed)} steps after step {step} match the original run {'bit for bit' if exact else f'within rtol={tol.rtol:g}, atol={tol.atol:g}'}: {compared}"
+        if len(wanted) < spec.steps:
+            outcome.reason += f" ({len(wanted)} of the {spec.steps} steps asked for: the original run's record ({reference.source}) has no more after step {step})"
     return outcome
 
 

@@ -57,6 +57,8 @@ class RestoreResult:
     failures: list[ItemFailure] = field(default_factory=list)
     metadata_error: str | None = None
     """Why nothing of the state could be loaded (an unreadable or unsafe index), if so."""
+    metadata_code: str | None = None
+    """The finding code for ``metadata_error`` when the adapter knows it (``metadata-implausible``)."""
     index: Any = None
     """The format's own index of where each entry lives (DCP: ``Metadata.storage_data``)."""
     inventory: list[TensorInfo] = field(default_factory=list)

@@ -7,10 +7,12 @@
     log.append(step, loss=loss.item(), grad_norm=gn, batch=batch_fingerprint)
     ...
     dcp.save(state, checkpoint_id=ckpt_dir)   # on rank 0, after the save completes:
-    seal(ckpt_dir)                           # drill-manifest.json: sizes and xxh3-128 digests
+    seal(ckpt_dir, key=load_key())           # drill-manifest.json: sizes, xxh3-128 digests, and an
+                                             # HMAC when $DRILL_SEAL_KEY_FILE names a key
 """
 
+from drill.integrity.keys import load_key
 from drill.integrity.manifest import SealConflict, SealResult, seal
 from drill.sdk.steplog import STEP_LOG, StepLog, StepRecord, read_step_log
 
-__all__ = ["STEP_LOG", "SealConflict", "SealResult", "StepLog", "StepRecord", "read_step_log", "seal"]
+__all__ = ["STEP_LOG", "SealConflict", "SealResult", "StepLog", "StepRecord", "load_key", "read_step_log", "seal"]

@@ -1,0 +1,43 @@
+"""The key for keyed seals: from a file, or from the environment — never from a command line
+(where ``ps`` shows it), and never printed, logged or recorded.
+
+An unkeyed seal proves the bytes are what was sealed, but whoever can write the checkpoint
+can also rewrite its manifest and every digest in it. A keyed seal adds an HMAC-SHA256 that
+only a holder of the key can produce: keep the key where the training job can read it and the
+checkpoint's other writers cannot.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+KEY_FILE_ENV = "DRILL_SEAL_KEY_FILE"
+KEY_ENV = "DRILL_SEAL_KEY"
+MIN_KEY_BYTES = 16
+
+
+class SealKeyError(ValueError):
+    """The key cannot be used; the message never contains it."""
+
+
+def load_key(key_file: str | os.PathLike[str] | None = None) -> bytes | None:
+    """``key_file``, else ``$DRILL_SEAL_KEY_FILE``, else ``$DRILL_SEAL_KEY``; None when none is set.
+
+    A key file holds the key's bytes (one trailing newline is ignored).
+    """
+    path = key_file or os.environ.get(KEY_FILE_ENV)
+    if path:
+        try:
+            key = Path(path).read_bytes()
+        except OSError as exc:
+            raise SealKeyError(f"the seal key file {path} cannot be read ({exc.strerror or exc})") from None
+        key = key[:-1] if key.endswith(b"\n") else key
+        source = f"the seal key file {path}"
+    elif os.environ.get(KEY_ENV):
+        key, source = os.environ[KEY_ENV].encode(), f"${KEY_ENV}"
+    else:
+        return None
+    if len(key) < MIN_KEY_BYTES:
+        raise SealKeyError(f"{source} holds {len(key)} bytes; a seal key needs at least {MIN_KEY_BYTES} (e.g. head -c 32 /dev/urandom)")
+    return key

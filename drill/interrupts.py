@@ -1,0 +1,103 @@
+"""SIGINT, SIGTERM and a deadline during a drill: stop at once, wherever the drill is.
+
+A handler raises :class:`Interrupted` (or :class:`TimedOut`, on SIGALRM at the deadline) in
+the main thread. Libraries may wrap it on its way out (DCP's load turns any exception into a
+``CheckpointException``), so the guard also remembers what arrived: whatever exception the
+drill ends with, an interrupt that arrived is what ended it. A second signal while the drill
+records itself is noted and ignored; a third exits at once.
+
+The deadline bounds every phase: a read stuck on a hung mount, a FIFO that slipped past the
+checks, a storage that never answers — the main thread is woken and the drill ends as
+``error`` with the phase it was in. Threads stuck in a system call are left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType, TracebackType
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(BaseException):
+    """A signal asked the drill to stop (a ``BaseException``: no ``except Exception`` eats it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class TimedOut(BaseException):
+    """The drill ran past its deadline."""
+
+
+class InterruptGuard:
+    """Install the handlers for the duration of a drill (main thread only; elsewhere the
+    caller's own handling applies). ``timeout``: seconds before :class:`TimedOut`."""
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self.signum: int | None = None
+        self.timeout = timeout
+        self.timed_out = False
+        self._count = 0
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._count += 1
+        if self._count == 1:
+            self.signum = signum
+            raise Interrupted(signum)
+        if self._count >= 3:
+            os._exit(128 + signum)  # the user insists: no record is worth a hung terminal
+
+    def _alarm(self, signum: int, frame: FrameType | None) -> None:
+        if self._count == 0 and not self.timed_out:
+            self.timed_out = True
+            raise TimedOut(f"ran past its {self.timeout:g} s timeout")
+
+    def quiet(self) -> None:
+        """From now on signals only count (the drill is recording its end)."""
+        self._count = max(self._count, 1)
+        if self.timeout and threading.current_thread() is threading.main_thread():
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def __enter__(self) -> InterruptGuard:
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            if self.timeout:
+                self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._alarm)
+                signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if signal.SIGALRM in self._previous:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+@contextmanager
+def deadline(seconds: float | None, what: str) -> Iterator[None]:
+    """Raise :class:`~drill.errors.DrillError` (exit 5) if the block runs past ``seconds``."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from drill.errors import DrillError
+
+    def alarm(signum: int, frame: FrameType | None) -> None:
+        raise TimedOut(what)
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except TimedOut:
+        raise DrillError(f"{what} ran past its {seconds:g} s timeout (a hung mount, or storage that never answers)") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
