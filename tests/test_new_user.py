@@ -54,9 +54,19 @@ def test_a_schema_newer_than_drill_says_so_and_upgrade_refuses(sqlite_url: str) 
     assert "internal error" not in upgrade.stderr
 
 
+def test_read_only_commands_never_write_the_database(demo_run: Path, tmp_path: Path) -> None:
+    db = tmp_path / "drill.db"
+    assert invoke(CliRunner(), "run", "--root", str(demo_run), "--no-replay", "-q", "--db", str(db)).exit_code == 0
+    before = db.read_bytes()
+    assert invoke(CliRunner(), "history", "--db", str(db)).exit_code == 0
+    assert invoke(CliRunner(), "show", "1", "--json", "--db", str(db)).exit_code == 0
+    assert invoke(CliRunner(), "scheduler", "status", "--db", str(db)).exit_code == 3
+    assert db.read_bytes() == before
+
+
 def test_read_only_commands_work_on_a_read_only_database(demo_run: Path, tmp_path: Path) -> None:
     if os.geteuid() == 0:
-        pytest.skip("root ignores file permissions")
+        pytest.skip("root ignores file permissions (the bytes-unchanged test above runs everywhere)")
     db = tmp_path / "ro" / "drill.db"
     db.parent.mkdir()
     assert invoke(CliRunner(), "run", "--root", str(demo_run), "--no-replay", "-q", "--db", str(db)).exit_code == 0

@@ -122,7 +122,7 @@ def _make_engine(url: str, *, readonly: bool = False) -> Engine:
         kwargs["connect_args"] = {"timeout": sqlite_busy_timeout()}
         if readonly and parsed.database and parsed.database != ":memory:":
             target = Path(parsed.database).resolve().as_uri()
-            kwargs["creator"] = lambda: sqlite3.connect(f"{target}?mode=ro", uri=True, timeout=sqlite_busy_timeout())
+            kwargs["creator"] = lambda: _read_only(target)
     elif parsed.get_backend_name() == "postgresql":
         kwargs["connect_args"] = {"connect_timeout": 10}
     try:
@@ -140,6 +140,18 @@ def sqlite_busy_timeout() -> float:
         return max(0.0, float(os.environ.get("DRILL_SQLITE_BUSY_TIMEOUT", "30")))
     except ValueError:
         return 30.0
+
+
+def _read_only(target: str) -> sqlite3.Connection:
+    """A read-only connection; on read-only media (where not even WAL's shared-memory file can
+    be made) the file is opened as immutable, which reads it without any lock."""
+    conn = sqlite3.connect(f"{target}?mode=ro", uri=True, timeout=sqlite_busy_timeout(), check_same_thread=False)
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return conn
+    except sqlite3.OperationalError:
+        conn.close()
+        return sqlite3.connect(f"{target}?immutable=1", uri=True, check_same_thread=False)
 
 
 def _sqlite_directory(database: str | None) -> None:
