@@ -39,7 +39,7 @@ def test_run_json_is_one_document_on_stdout(cli: CliRunner, demo_run: Path, sqli
     assert res.exit_code == 0
     doc = json.loads(res.stdout)
     assert doc["status"] == "passed" and doc["checkpoint"]["step"] == 20
-    assert [c["name"] for c in doc["checks"]] == ["discover", "resume", "integrity", "files", "load", "keys", "contract", "replay"]
+    assert [c["name"] for c in doc["checks"]] == ["discover", "resume", "integrity", "durable", "files", "load", "keys", "contract", "replay"]
     assert doc["bytes_read"] == sum(p.stat().st_size for p in (demo_run / "step-20").iterdir() if p.name != "drill-manifest.json")
     shown = invoke(cli, "show", str(doc["id"]), "--json", "--db", sqlite_url)
     assert json.loads(shown.stdout) == doc  # one document: what ran is what was recorded
@@ -154,9 +154,9 @@ def test_history_and_show(cli: CliRunner, demo_run: Path, db_url: str, tmp_path:
     assert table.exit_code == 0 and "PASSED" in table.stdout and "FAILED" in table.stdout
 
     shown = json.loads(invoke(cli, "show", str(docs[1]["id"]), "--json", "--db", db_url).stdout)
-    assert [c["name"] for c in shown["checks"]] == ["discover", "resume", "integrity", "files", "load", "keys", "contract", "replay"]
+    assert [c["name"] for c in shown["checks"]] == ["discover", "resume", "integrity", "durable", "files", "load", "keys", "contract", "replay"]
     assert shown["checks"][-1]["status"] == "skipped" and shown["replay"]["verdict"] == "not replayable"
-    assert shown["checks"][3]["evidence"]["files_ok"] == 3
+    assert shown["checks"][4]["evidence"]["files_ok"] == 3
     assert shown["evidence_level"] == "sealed" and shown["sample"] == "all"
     missing = invoke(cli, "show", "9999", "--db", db_url)
     assert missing.exit_code == 2 and "no drill with id 9999" in missing.stderr
@@ -239,7 +239,7 @@ def test_unexpected_failure_is_recorded_as_error_with_traceback(
     assert res.stderr.strip() == "drill: error: RuntimeError: device fell off the bus"
     doc = json.loads(res.stdout)
     assert doc["status"] == "error" and doc["phase"] == "restore"
-    assert [c["status"] for c in doc["checks"][2:]] == ["skipped"] * 6  # not checked: the drill ended during restore
+    assert [c["status"] for c in doc["checks"][2:]] == ["skipped"] * 7  # not checked: the drill ended during restore
     shown = json.loads(invoke(cli, "show", str(doc["id"]), "--json", "--db", sqlite_url).stdout)
     assert shown == doc and "Traceback" in shown["error"]
 

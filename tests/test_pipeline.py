@@ -19,7 +19,7 @@ from tests.conftest import drill
 from tests.faults import Fail, FaultyStorage, Flip, Grow, Truncate
 from tests.test_formats import rewrite_dcp
 
-ORDER = ["discover", "resume", "integrity", "files", "load", "keys", "contract", "replay"]
+ORDER = ["discover", "resume", "integrity", "durable", "files", "load", "keys", "contract", "replay"]
 
 
 def _recorded(db: str, outcome: DrillOutcome) -> dict[str, Any]:

@@ -76,6 +76,9 @@ class CheckInputs:
     plan: IntegrityPlan | None = None
     restore: RestoreResult | None = None
     replay: ReplayOutcome | None = None
+    durable: str | None = None
+    """The run root's copy on a durable tier, when one is to be verified."""
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
 
 __all__ = ["CheckInputs", "Expectations", "FINITE_SCANS"]

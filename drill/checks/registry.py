@@ -7,6 +7,7 @@ from collections.abc import Callable
 from drill.checks import CheckInputs
 from drill.checks.contract import check_contract
 from drill.checks.discovery import check_discover
+from drill.checks.durable import check_durable
 from drill.checks.files import check_files
 from drill.checks.integrity import check_integrity
 from drill.checks.keys import check_keys
@@ -21,6 +22,7 @@ CHECKS: dict[str, Check] = {
     "discover": check_discover,
     "resume": check_resume,
     "integrity": check_integrity,
+    "durable": check_durable,
     "files": check_files,
     "load": check_load,
     "keys": check_keys,
@@ -28,7 +30,7 @@ CHECKS: dict[str, Check] = {
     "replay": check_replay,
 }
 ORDER = tuple(CHECKS)
-STATE_CHECKS = ("integrity", "files", "load", "keys", "contract")
+STATE_CHECKS = ("integrity", "durable", "files", "load", "keys", "contract")
 """What the checks stage runs over a restored checkpoint."""
 LOADING_CHECKS = ("files", "load", "keys")
 """A failure in any of these means the state cannot be loaded into training objects: no replay."""

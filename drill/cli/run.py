@@ -50,6 +50,7 @@ Atol = Annotated[float | None, typer.Option("--atol", help="Absolute tolerance f
 NoReplay = Annotated[bool, typer.Option("--no-replay", help="Skip the replay (the drill then proves restore only).")]
 MemoryBudget = Annotated[str | None, typer.Option("--memory-budget", help="Most the restored state may occupy (e.g. 16GiB); default: what the device has free.")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds the whole drill may take before it ends as an error (a hung mount).")]
+Durable = Annotated[str | None, typer.Option("--durable", help="The run's copy on a durable tier (e.g. s3://bucket/run7): verify the drilled checkpoint's copy there too.")]
 Trigger = Annotated[str, typer.Option("--trigger", hidden=True)]
 
 
@@ -74,6 +75,7 @@ def run(
     no_replay: NoReplay = False,
     timeout: Timeout = 3600.0,
     memory_budget: MemoryBudget = None,
+    durable: Durable = None,
     trigger: Trigger = "manual",
     db: DbOption = None,
     json: JsonOption = False,
@@ -135,6 +137,7 @@ def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
         replay=replay,
         timeout=opts["timeout"],
         memory_budget=opts["memory_budget"],
+        durable=opts["durable"],
     )
 
 

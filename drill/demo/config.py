@@ -63,6 +63,9 @@ class DemoConfig:
         (run_dir / RUN_FILE).write_text(json.dumps(doc, indent=2) + "\n")
 
     @classmethod
-    def read(cls, run_dir: Path) -> DemoConfig:
-        doc = json.loads((run_dir / RUN_FILE).read_text())
+    def read(cls, run_dir: str | Path) -> DemoConfig:
+        """The configuration recorded in ``run_dir``: a local path or an ``s3://`` prefix."""
+        from drill.sdk.runfiles import read_run_file
+
+        doc = json.loads(read_run_file(str(run_dir), RUN_FILE))
         return cls(**doc["config"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,4 +26,4 @@ class DemoReplay:
 
 
 def build_replay(*, run_dir: str, checkpoint: str, device: torch.device) -> DemoReplay:
-    return DemoReplay(build(DemoConfig.read(Path(run_dir)), device))
+    return DemoReplay(build(DemoConfig.read(run_dir), device))

@@ -232,6 +232,7 @@ class DrillReader(StorageReader):
             for item in items:
                 self._entry(reader, item, planner, outcome)
             record.hashes = reader.finish()
+            record.retries += getattr(f, "retries", 0)  # an object store's retried requests
         record.bytes_read = reader.pos
 
     # -- one entry --------------------------------------------------------------------------

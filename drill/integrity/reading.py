@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import errno
 import mmap
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, ChunkHasher, FileHashes
-from drill.storage import NotARegularFile, PathEscapesCheckpoint, Storage
+from drill.storage import FileChanged, NotARegularFile, PathEscapesCheckpoint, Storage
 
 READ_CHUNK = 8 << 20
 """Bytes per read call: large enough to stream at page-cache speed."""
@@ -24,10 +25,6 @@ READ_CHUNK = 8 << 20
 TRANSIENT = frozenset({errno.EIO, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE, errno.ECONNRESET})
 ATTEMPTS = 3
 """Reads of one file before a transient error counts: the first and two retries."""
-
-
-class FileChanged(EOFError):
-    """The file's size changed between the listing and the end of the read."""
 
 
 @dataclass(slots=True)
@@ -170,12 +167,10 @@ class SequentialReader:
 
     def peek(self, offset: int, n: int) -> memoryview:
         """``n`` bytes at ``offset``, read out of order and not hashed."""
-        here = self.f.tell()
-        try:
-            self.f.seek(offset)
-            data = self.f.read(n) or b""
-        finally:
-            self.f.seek(here)
+        if hasattr(self.f, "pread"):  # object storage: one ranged request beside the read-ahead
+            data = self.f.pread(offset, n)
+        else:
+            data = os.pread(self.f.fileno(), n, offset)
         if len(data) < n:
             raise FileChanged(f"file shrank while it was read: {offset + len(data)} bytes where {offset + n} were listed")
         return memoryview(data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from drill.checks import Expectations
 from drill.device import parse_device
@@ -40,6 +41,15 @@ class DrillRequest:
     """Which files to hash; every file unless a sampled drill is asked for."""
     require_sealed: bool = False
     """Fail an unsealed checkpoint instead of accepting a structural proof."""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    """Object-store settings (``endpoint_url``, ``region``, ``profile``, ``addressing_style``,
+    ``concurrency``, ``part_size``); the environment fills in the rest."""
+    durable: str | None = None
+    """The run root's copy on a durable tier (``s3://bucket/run7``): the drilled checkpoint's
+    copy there is verified against the same manifest (did the drain finish?)."""
+    scratch: str | None = None
+    """A local directory: a remote checkpoint is first copied there, and the copy is what gets
+    verified and loaded (removed when the drill ends). None: read the object store directly."""
     key_file: str | None = None
     """The seal key to authenticate manifests with; None: ``$DRILL_SEAL_KEY_FILE`` or
     ``$DRILL_SEAL_KEY`` if set (see :mod:`drill.integrity.keys`)."""
@@ -99,6 +109,10 @@ class DrillRequest:
         # spelled when drilled.
         scheme_of(self.root)
         self.root = normalize(self.root)
+        if self.durable is not None:
+            self.durable = normalize(self.durable)
+            if self.durable == self.root:
+                raise ValueError(f"--durable {self.durable} is the run root itself: name the other tier's copy")
         if self.selector.kind == "path" and "://" not in str(self.selector.path):
             self.selector = Selector("path", path=normalize(str(self.selector.path)))
 

@@ -10,13 +10,14 @@ that reason.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from drill import __version__
@@ -39,7 +40,9 @@ from drill.pipeline.request import DrillRequest
 from drill.replay.run import ERROR, NOT_REPLAYABLE, ReplayOutcome, run_replay
 from drill.restore import Progress
 from drill.select import choose, select
-from drill.storage import Storage, StorageError, storage_for
+from drill.discover import CheckpointRef
+from drill.integrity.manifest import MANIFEST_NAME, list_files
+from drill.storage import LocalStorage, Storage, StorageError, scheme_of, storage_for
 from drill.verdict import DrillStatus, decide
 
 Stage = Callable[["Drill"], list[CheckResult]]
@@ -67,6 +70,8 @@ class Drill:
     """The step the restored train state holds (the replay starts after it)."""
     key: bytes | None = field(default=None, repr=False)
     """The seal key, if one is configured (never recorded)."""
+    scratch_copy: str | None = None
+    """The local copy of a remote checkpoint, removed when the drill ends."""
     guard: InterruptGuard = field(default_factory=InterruptGuard)
 
     @classmethod
@@ -77,7 +82,7 @@ class Drill:
         assert request.root is not None
         try:
             device = resolve_device(request.device)
-            storage = storage or storage_for(request.root)
+            storage = storage or storage_for(request.root, request.storage_options)
             key = load_key(request.key_file)
         except (ValueError, StorageError) as exc:
             raise UsageError(str(exc)) from None
@@ -97,7 +102,14 @@ class Drill:
             versions={"drill": __version__, "torch": torch.__version__},
             sample=str(request.sample),
         )
-        inputs = CheckInputs(storage=storage, root=request.root, expectations=request.expectations, require_sealed=request.require_sealed)
+        inputs = CheckInputs(
+            storage=storage,
+            root=request.root,
+            expectations=request.expectations,
+            require_sealed=request.require_sealed,
+            durable=request.durable,
+            storage_options=request.storage_options,
+        )
         drill = cls(request, recorder, progress, storage, device, inputs, outcome)
         drill.key = key
         return drill
@@ -150,6 +162,8 @@ class Drill:
                     self.outcome.error = text
             finally:
                 self.guard.quiet()
+                if self.scratch_copy is not None:
+                    shutil.rmtree(self.scratch_copy, ignore_errors=True)
 
     def finish(self) -> DrillOutcome:
         """The verdict, from the checks and what happened to drill itself; recorded once."""
@@ -216,6 +230,8 @@ def plan_stage(d: Drill) -> list[CheckResult]:
     ref, request = d.inputs.ref, d.request
     assert ref is not None
     ledger = d.recorder.last_verified(ref.uri) if request.sample.kind == "auto" else {}  # type: ignore[union-attr]
+    if request.scratch is not None and scheme_of(ref.uri) != "file":
+        ref = _to_scratch(d, ref)
     plan = plan_integrity(d.storage, ref.uri, request.sample, ledger, key=d.key)  # type: ignore[arg-type]
     d.inputs.plan = plan
     o = d.outcome
@@ -229,6 +245,33 @@ def plan_stage(d: Drill) -> list[CheckResult]:
         d.stop("a path leads out of the checkpoint: nothing was opened")
         return run_checks(("integrity",), d.inputs)
     return []
+
+
+def _to_scratch(d: Drill, ref: CheckpointRef) -> CheckpointRef:
+    """Copy a remote checkpoint to the scratch directory; from here on the drill reads the copy."""
+    assert d.request.scratch is not None
+    local = os.path.join(d.request.scratch, f"drill-{os.getpid()}-{ref.name}")
+    d.scratch_copy = local
+    listing = list_files(d.storage, ref.uri)
+    for rel in sorted(listing.files):
+        target = os.path.join(local, *rel.split("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with d.storage.open(d.storage.child(ref.uri, rel)) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+    manifest = d.storage.child(ref.uri, MANIFEST_NAME)
+    try:
+        with d.storage.open(manifest) as src, open(os.path.join(local, MANIFEST_NAME), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    except FileNotFoundError:
+        pass
+    d.storage = d.inputs.storage = LocalStorage()
+    copied = replace(ref, uri=local)
+    d.inputs.ref = copied
+    discover = d.results.get("discover")
+    if discover is not None:
+        discover.summary += f"; read from a scratch copy in {local} (removed afterwards)"
+        discover.evidence["scratch_copy"] = local
+    return copied
 
 
 def restore_stage(d: Drill) -> list[CheckResult]:
@@ -259,7 +302,7 @@ def check_stage(d: Drill) -> list[CheckResult]:
     """The state checks over what was restored; the coverage ledger learns what was proven."""
     started = time.perf_counter()
     results = run_checks(STATE_CHECKS, d.inputs)
-    plan, integrity = d.inputs.plan, results[0]
+    plan, integrity = d.inputs.plan, next(r for r in results if r.name == "integrity")
     if plan is not None and plan.manifest is not None and d.outcome.checkpoint is not None:
         share = d.recorder.verified(d.outcome.checkpoint, plan, integrity, d.request.coverage_days)
         annotate_coverage(integrity, share, d.request.coverage_days)
@@ -300,8 +343,10 @@ def _replay(d: Drill) -> ReplayOutcome:
         return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"{broken[0].name} failed: {broken[0].summary}")
     if ref.format != "dcp" and request.replay.entrypoint is None:
         return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"no replay entrypoint for this {ref.format} checkpoint: pass --replay module:function")
-    run_dir = d.inputs.root if ref.uri != d.inputs.root else os.path.dirname(d.inputs.root.rstrip("/"))
-    return run_replay(spec=request.replay, run_dir=run_dir, checkpoint=ref.uri, step=d.restored_step, device=str(d.device))
+    run_dir = d.inputs.root if ref.uri != d.inputs.root else d.inputs.root.rstrip("/").rsplit("/", 1)[0]
+    return run_replay(
+        spec=request.replay, run_dir=run_dir, checkpoint=ref.uri, step=d.restored_step, device=str(d.device), storage_options=request.storage_options
+    )
 
 
 def _restored_step(state: dict, fallback: int | None) -> int | None:  # type: ignore[type-arg]

@@ -12,7 +12,7 @@ import importlib.machinery
 import os
 
 from drill.policy.model import Policy
-from drill.storage import StorageError, storage_for
+from drill.storage import StorageError, scheme_of, storage_for
 
 
 def warnings_for(policy: Policy) -> list[str]:
@@ -20,14 +20,17 @@ def warnings_for(policy: Policy) -> list[str]:
     out: list[str] = []
     root = policy.checkpoints.root
     try:
-        storage = storage_for(root)
+        storage = storage_for(root, dict(policy.checkpoints.s3))
     except StorageError as exc:
         out.append(f"checkpoints.root: {exc}")
     else:
-        try:
-            storage.stat(root)
-        except OSError as exc:
-            out.append(f"checkpoints.root: {root} cannot be reached from this host ({exc.strerror or exc})")
+        if scheme_of(root) == "s3":  # never a network call from a check: are there credentials at all?
+            out += _s3_credentials(root)
+        else:
+            try:
+                storage.stat(root)
+            except OSError as exc:
+                out.append(f"checkpoints.root: {root} cannot be reached from this host ({exc.strerror or exc})")
     if policy.device.startswith("cuda"):
         from drill.device import cuda_usable
 
@@ -40,3 +43,11 @@ def warnings_for(policy: Policy) -> list[str]:
     if policy.replay.enabled and entry and importlib.machinery.PathFinder.find_spec(entry.split(":")[0].split(".")[0]) is None:
         out.append(f"replay.entrypoint: {entry.split(':')[0]} is not importable here")
     return out
+
+
+def _s3_credentials(root: str) -> list[str]:
+    env = os.environ
+    shared = os.path.expanduser(env.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))
+    if env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_PROFILE") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE") or os.path.exists(shared):
+        return []
+    return [f"checkpoints.root: {root}: no AWS credentials in this environment or ~/.aws (an instance role may still provide them)"]

@@ -11,7 +11,7 @@ import difflib
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
@@ -58,6 +58,12 @@ def _parts_list(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in (value if isinstance(value, list) else [value]))
 
 
+def _mapping_value(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("expected a mapping")
+    return {str(k): v for k, v in value.items()}
+
+
 def _str_list(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError("expected a list of strings")
@@ -100,7 +106,7 @@ STR, INT, BOOL, NUM = _typed(str, "a string"), _typed(int, "an integer"), _typed
 # section → {key: converter}: the value's type and units. What a value may be is the
 # dataclass's business (its __post_init__), so the rules live in one place.
 SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
-    "checkpoints": {"root": STR, "format": STR, "keep_last": INT},
+    "checkpoints": {"root": STR, "format": STR, "keep_last": INT, "durable": STR, "scratch": STR, "s3": _mapping_value},
     "selection": {"strategy": STR, "step": INT, "window": _duration, "settle": _duration, "seed": INT},
     "schedule": {"cron": STR, "timezone": STR, "start_window": _duration},
     "contract": {"allow_missing": _parts_list, "require": _parts_list, "finite_scan": STR, "allow_classes": _str_list},
@@ -247,7 +253,7 @@ def _relative_root(ck: Checkpoints, file: str) -> Checkpoints:
     if "://" in ck.root or os.path.isabs(ck.root) or file == "<policy>":
         return ck
     root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(file)), ck.root))
-    return Checkpoints(root=root, format=ck.format, keep_last=ck.keep_last)
+    return replace(ck, root=root)
 
 
 def load_policy(path: str | os.PathLike[str]) -> Policy:

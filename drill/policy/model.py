@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from drill import parts
 from drill.checks import FINITE_SCANS
@@ -46,10 +47,30 @@ class Checkpoints:
     """``auto``, ``dcp``, ``torch-save``, ``lightning`` or ``hf-trainer``."""
     keep_last: int | None = None
     """The run's keep-last-K retention: the checkpoint it will purge next is never drilled."""
+    durable: str | None = None
+    """The run's copy on a durable tier (``s3://bucket/run7``), verified against the same
+    manifest as the drilled checkpoint: did the drain finish, is the copy identical?"""
+    scratch: str | None = None
+    """A local directory: a remote checkpoint is copied there first, and the copy is verified
+    and loaded (removed afterwards). None: read the object store directly, no temporary file."""
+    s3: dict[str, Any] = field(default_factory=dict)
+    """Object-store settings for ``s3://`` roots: ``endpoint_url``, ``region``, ``profile``,
+    ``addressing_style`` (auto, path, virtual), ``concurrency``, ``part_size``. Credentials come
+    from the environment or the shared AWS config, never from a policy."""
 
     def __post_init__(self) -> None:
         if not self.root.strip():
             raise FieldError("root", "must name the run directory")
+        if self.s3:
+            from drill.storage.s3 import S3Config
+
+            unknown = set(self.s3) - set(S3Config.__dataclass_fields__) - {"retry_seconds", "max_attempts", "timeout"}
+            if unknown:
+                raise FieldError("s3", f"unknown setting(s) {', '.join(sorted(unknown))} (credentials belong in the environment)")
+            try:
+                S3Config.from_env(**self.s3)
+            except (TypeError, ValueError) as exc:
+                raise FieldError("s3", str(exc)) from None
         try:
             parse_format(self.format)
         except ValueError as exc:

@@ -13,6 +13,9 @@ def request_from_policy(policy: Policy, trigger: str) -> DrillRequest:
     tolerance = None if r.rtol is None and r.atol is None else Tolerance(r.rtol or 0.0, r.atol or 0.0)
     return DrillRequest(
         root=policy.checkpoints.root,
+        storage_options=dict(policy.checkpoints.s3),
+        durable=policy.checkpoints.durable,
+        scratch=policy.checkpoints.scratch,
         device=policy.device,
         trigger=trigger,
         expectations=Expectations(

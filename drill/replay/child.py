@@ -70,18 +70,19 @@ def resolve_entrypoint(spec: str) -> Any:
     return obj
 
 
-def main(conn: Any, entrypoint: str, trust: str, run_dir: str, checkpoint: str, device: str, steps: int) -> None:
+def main(conn: Any, entrypoint: str, trust: str, run_dir: str, checkpoint: str, device: str, steps: int, options: dict[str, Any]) -> None:
     # stdout belongs to the parent's --json document: the trainer's prints go to stderr.
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     # Deterministic cuBLAS needs its workspace fixed before CUDA initializes.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     try:
-        if trust == "explicit":
+        local = "://" not in run_dir
+        if trust == "explicit" and local:
             trust_explicit(entrypoint, run_dir)
-        else:
+        elif local:
             check_origin(entrypoint, (run_dir, checkpoint))
-        _replay(conn, entrypoint, run_dir, checkpoint, device, steps)
+        _replay(conn, entrypoint, run_dir, checkpoint, device, steps, options)
     except Refused as exc:
         _send(conn, "refused", str(exc))
     except BaseException:  # noqa: BLE001 - the traceback is the evidence
@@ -94,12 +95,13 @@ def _send(conn: Any, kind: str, *payload: Any) -> None:
     conn.send_bytes(json.dumps([kind, *payload]).encode())
 
 
-def _replay(conn: Any, entrypoint: str, run_dir: str, checkpoint: str, device: str, steps: int) -> None:
+def _replay(conn: Any, entrypoint: str, run_dir: str, checkpoint: str, device: str, steps: int, options: dict[str, Any]) -> None:
     import torch
 
     from drill.formats.dcp import load_into
-    from drill.storage import storage_for
+    from drill.storage import storage_for, use_options
 
+    use_options(options)
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -111,7 +113,7 @@ def _replay(conn: Any, entrypoint: str, run_dir: str, checkpoint: str, device: s
     if hasattr(target, "restore"):  # a target that loads its own (non-DCP) checkpoint
         target.restore(checkpoint)
     else:
-        load_into(storage_for(checkpoint), checkpoint, target.stateful())
+        load_into(storage_for(checkpoint, options), checkpoint, target.stateful())
     _send(conn, "restored")
     for _ in range(steps):
         record = target.step()
@@ -135,5 +137,5 @@ def _plain(record: Any) -> dict[str, Any]:
 if __name__ == "__main__":
     from multiprocessing.connection import Connection
 
-    fd, entry, trust, run, ckpt, dev, k = sys.argv[1:8]
-    main(Connection(int(fd), readable=False), entry, trust, run, ckpt, dev, int(k))
+    fd, entry, trust, run, ckpt, dev, k, opts = sys.argv[1:9]
+    main(Connection(int(fd), readable=False), entry, trust, run, ckpt, dev, int(k), json.loads(opts))

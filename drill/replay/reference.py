@@ -23,7 +23,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from drill.sdk.steplog import STEP_LOG, StepRecord, read_step_log
+from drill.discover import step_of
+from drill.sdk.steplog import STEP_LOG, StepRecord, parse_step_log
+from drill.storage import Storage, scheme_of, storage_for
 
 
 @dataclass(slots=True)
@@ -38,35 +40,55 @@ class Reference:
         return any(r.batch for r in self.steps.values())
 
 
-def _from_step_log(run_dir: Path) -> Reference | None:
-    if not (run_dir / STEP_LOG).is_file():
+MAX_LOG_BYTES = 256 << 20
+
+
+def _read_text(storage: Storage, uri: str) -> str | None:
+    """A small text file of the run, or None when it is not there (or not a file)."""
+    try:
+        with storage.open(uri) as f:
+            data = f.read(MAX_LOG_BYTES + 1)
+    except OSError:
         return None
-    ref = Reference(source=STEP_LOG, steps={r.step: r for r in read_step_log(run_dir)})
-    run_json = run_dir / "run.json"
-    if run_json.is_file():
-        try:
-            ref.device = json.loads(run_json.read_text()).get("device")
-        except json.JSONDecodeError:
-            pass
+    return data[:MAX_LOG_BYTES].decode("utf-8", "replace")
+
+
+def _from_step_log(storage: Storage, run_dir: str) -> Reference | None:
+    text = _read_text(storage, storage.child(run_dir, STEP_LOG))
+    if text is None:
+        return None
+    ref = Reference(source=STEP_LOG, steps={r.step: r for r in parse_step_log(text.splitlines())})
+    run_json = _read_text(storage, storage.child(run_dir, "run.json"))
+    try:
+        doc = json.loads(run_json) if run_json else {}
+        ref.device = doc.get("device") if isinstance(doc, dict) and isinstance(doc.get("device"), str) else None
+    except (ValueError, RecursionError):
+        pass
     return ref
 
 
-def _from_hf(run_dir: Path) -> Reference | None:
-    states = sorted(run_dir.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[-1]) if p.parent.name.split("-")[-1].isdigit() else -1)
-    if (run_dir / "trainer_state.json").is_file():
-        states.append(run_dir / "trainer_state.json")
-    for path in reversed(states):
+def _from_hf(storage: Storage, run_dir: str) -> Reference | None:
+    try:
+        entries = storage.list(run_dir)
+    except OSError:
+        return None
+    dirs = sorted((step_of(e.name) or -1, e.name) for e in entries if e.is_dir and e.name.startswith("checkpoint-"))
+    states = [storage.child(run_dir, f"{name}/trainer_state.json") for _, name in dirs]
+    states.append(storage.child(run_dir, "trainer_state.json"))
+    for uri in reversed(states):
+        text = _read_text(storage, uri)
         try:
-            history = json.loads(path.read_text()).get("log_history", [])
-        except (json.JSONDecodeError, OSError):
+            doc = json.loads(text) if text else None
+        except (ValueError, RecursionError):
             continue
-        steps = {
-            int(h["step"]): StepRecord(step=int(h["step"]), loss=float(h["loss"]), grad_norm=_float(h.get("grad_norm")))
-            for h in history
-            if "loss" in h and "step" in h
-        }
+        history = doc.get("log_history", []) if isinstance(doc, dict) else []
+        steps = {}
+        for h in history if isinstance(history, list) else []:
+            loss, step = _float(h.get("loss")) if isinstance(h, dict) else None, h.get("step") if isinstance(h, dict) else None
+            if loss is not None and isinstance(step, int):
+                steps[step] = StepRecord(step=step, loss=loss, grad_norm=_float(h.get("grad_norm")))
         if steps:
-            return Reference(source=f"{path.relative_to(run_dir)} log_history", steps=steps)
+            return Reference(source=f"{uri[len(run_dir) + 1:]} log_history", steps=steps)
     return None
 
 
@@ -113,13 +135,22 @@ def _from_tensorboard(run_dir: Path) -> Reference | None:
     return None
 
 
-def load_reference(run_dir: str | os.PathLike[str]) -> Reference | None:
-    """The original run's record, from the first source that has one; None when none does."""
-    root = Path(run_dir)
-    if not root.is_dir():
+def load_reference(run_dir: str | os.PathLike[str], storage: Storage | None = None) -> Reference | None:
+    """The original run's record, from the first source that has one; None when none does.
+
+    The step log and Hugging Face's trainer state are read through ``storage`` (an object
+    store too); Lightning's CSV and TensorBoard events only from a local run directory.
+    """
+    uri = os.fspath(run_dir)
+    storage = storage or storage_for(uri)
+    for importer in (_from_step_log, _from_hf):
+        ref = importer(storage, uri)
+        if ref is not None and ref.steps:
+            return ref
+    if scheme_of(uri) != "file" or not Path(uri).is_dir():
         return None
-    for importer in (_from_step_log, _from_hf, _from_lightning_csv, _from_tensorboard):
-        ref = importer(root)
+    for local in (_from_lightning_csv, _from_tensorboard):
+        ref = local(Path(uri))
         if ref is not None and ref.steps:
             return ref
     return None

@@ -9,7 +9,6 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from drill.proc import child_preexec, python_command
@@ -17,6 +16,7 @@ from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE, Divergence, Toleranc
 from drill.replay.reference import Reference, load_reference
 from drill.replay.spec import ENTRYPOINT, ReplaySpec
 from drill.sdk.steplog import STEP_LOG, StepRecord
+from drill.storage import Storage, storage_for
 
 FRAMEWORK_LOG = Tolerance(rtol=1e-3, atol=1e-4)
 """Frameworks round what they log (HF: 4 decimals): compare to that precision."""
@@ -40,15 +40,17 @@ class ReplayOutcome:
     traceback: str | None = None
 
 
-def entrypoint_for(run_dir: str, spec: ReplaySpec) -> tuple[str | None, bool]:
+def entrypoint_for(run_dir: str, spec: ReplaySpec, storage: Storage | None = None) -> tuple[str | None, bool]:
     """(entrypoint, explicit): ``--replay`` or the policy's (explicit), else the one the run
     names in its ``run.json`` (the demo does), which is only trusted outside the run."""
     if spec.entrypoint:
         return spec.entrypoint, True
-    run_json = Path(run_dir) / "run.json"
+    storage = storage or storage_for(run_dir)
     try:
-        named = json.loads(run_json.read_text()).get("replay") if run_json.is_file() else None
-    except (ValueError, OSError, AttributeError, RecursionError):
+        with storage.open(storage.child(run_dir, "run.json")) as f:
+            doc = json.loads(f.read(1 << 20))
+        named = doc.get("replay") if isinstance(doc, dict) else None
+    except (ValueError, OSError, RecursionError):
         return None, False
     return (named, False) if isinstance(named, str) and ENTRYPOINT.match(named) else (None, False)
 
@@ -62,16 +64,19 @@ def tolerance_for(reference: Reference, device: str, spec: ReplaySpec) -> Tolera
     return SAME_DEVICE if same else CROSS_DEVICE
 
 
-def run_replay(*, spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | None, device: str) -> ReplayOutcome:
+def run_replay(
+    *, spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | None, device: str, storage_options: dict[str, Any] | None = None
+) -> ReplayOutcome:
     """Replay K steps after ``checkpoint`` (at ``step``) and compare with the original run."""
     started = time.perf_counter()
-    entrypoint, explicit = entrypoint_for(run_dir, spec)
+    storage = storage_for(run_dir, storage_options)
+    entrypoint, explicit = entrypoint_for(run_dir, spec, storage)
     if entrypoint is None:
         return ReplayOutcome(
             verdict=NOT_REPLAYABLE,
             reason="no replay entrypoint: pass --replay module:function (or name one in the run's run.json)",
         )
-    reference = load_reference(run_dir)
+    reference = load_reference(run_dir, storage)
     if reference is None:
         return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"no record of the original run under {run_dir} ({STEP_LOG}, trainer_state.json, metrics.csv or TensorBoard events)")
     if step is None:
@@ -86,7 +91,7 @@ def run_replay(*, spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | N
         )
     k = max(wanted) - step
     tol = tolerance_for(reference, device, spec)
-    outcome = _run_child(entrypoint, explicit, run_dir, checkpoint, device, k, spec.timeout, started)
+    outcome = _run_child(entrypoint, explicit, run_dir, checkpoint, device, k, spec.timeout, started, storage_options or {})
     outcome.tolerance = tol
     outcome.reference_source = reference.source
     replayed = [got for _, got in outcome.steps]
@@ -112,14 +117,14 @@ def run_replay(*, spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | N
 
 
 def _run_child(
-    entrypoint: str, explicit: bool, run_dir: str, checkpoint: str, device: str, steps: int, timeout: float, started: float
+    entrypoint: str, explicit: bool, run_dir: str, checkpoint: str, device: str, steps: int, timeout: float, started: float, options: dict[str, Any]
 ) -> ReplayOutcome:
     # A fresh interpreter, not a fork: a forked child of a process that already used torch's
     # thread pools can deadlock, and a fresh one frees all its (device) memory when it exits.
     # Isolated: nothing in the run directory or the checkpoint is on its import path.
     read_fd, write_fd = os.pipe()
     trust = "explicit" if explicit else "implicit"
-    args = (str(write_fd), entrypoint, trust, run_dir, checkpoint, device, str(steps))
+    args = (str(write_fd), entrypoint, trust, run_dir, checkpoint, device, str(steps), json.dumps(options))
     proc = subprocess.Popen(
         python_command("drill.replay.child", *args, untrusted=(run_dir, checkpoint)),
         pass_fds=(write_fd,),

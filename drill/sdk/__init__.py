@@ -13,6 +13,7 @@
 
 from drill.integrity.keys import load_key
 from drill.integrity.manifest import SealConflict, SealResult, seal
+from drill.sdk.runfiles import read_run_file
 from drill.sdk.steplog import STEP_LOG, StepLog, StepRecord, read_step_log
 
-__all__ = ["STEP_LOG", "SealConflict", "SealResult", "StepLog", "StepRecord", "load_key", "read_step_log", "seal"]
+__all__ = ["STEP_LOG", "SealConflict", "SealResult", "StepLog", "StepRecord", "load_key", "read_run_file", "read_step_log", "seal"]

@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 STEP_LOG = "drill-steps.jsonl"
@@ -59,12 +60,19 @@ class StepLog:
 
 def read_step_log(run_dir: str | os.PathLike[str]) -> list[StepRecord]:
     """All records, in file order; a torn last line (a crash mid-write) is ignored."""
-    path = Path(run_dir) / STEP_LOG
+    with open(Path(run_dir) / STEP_LOG, encoding="utf-8") as f:
+        return parse_step_log(f)
+
+
+def parse_step_log(lines: Iterable[str]) -> list[StepRecord]:
+    """Step records from JSON lines; lines that are not one (a torn last line) are skipped."""
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                records.append(StepRecord(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError):
-                continue
+    for line in lines:
+        try:
+            doc = json.loads(line)
+            record = StepRecord(**{k: doc[k] for k in ("step", "loss", "grad_norm", "batch", "lr", "tokens") if k in doc})
+        except (ValueError, TypeError, KeyError, RecursionError):
+            continue
+        if isinstance(record.step, int) and isinstance(record.loss, (int, float)):
+            records.append(record)
     return records

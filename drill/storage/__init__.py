@@ -4,10 +4,12 @@
 and reads only through a :class:`Storage`.
 """
 
-from drill.storage.base import Entry, EntryKind, NotARegularFile, PathEscapesCheckpoint, Storage, StorageError
+from typing import Any
+
+from drill.storage.base import Entry, EntryKind, FileChanged, NotARegularFile, PathEscapesCheckpoint, Storage, StorageError
 from drill.storage.local import LocalStorage
 
-SCHEMES = ("file",)
+SCHEMES = ("file", "s3")
 """URI schemes with a backend here; a plain path is a local file."""
 
 
@@ -15,23 +17,55 @@ def scheme_of(uri: str) -> str:
     return uri.split("://", 1)[0].lower() if "://" in uri else "file"
 
 
-def storage_for(uri: str) -> Storage:
-    """The storage that serves ``uri``; raises :class:`StorageError` for an unknown scheme."""
+_defaults: dict[str, Any] = {}
+
+
+def use_options(options: dict[str, Any] | None) -> None:
+    """Make ``options`` the process's default for :func:`storage_for`.
+
+    The replay child calls this with the drill's settings, so a replay entrypoint that reads
+    its run directory through :func:`drill.sdk.read_run_file` reaches the same object store.
+    """
+    _defaults.clear()
+    _defaults.update(options or {})
+
+
+def storage_for(uri: str, options: dict[str, Any] | None = None) -> Storage:
+    """The storage that serves ``uri``; raises :class:`StorageError` for an unknown scheme.
+
+    ``options`` configure an object store (``endpoint_url``, ``region``, ``profile``,
+    ``addressing_style``, ``concurrency``, ``part_size``); the environment fills the rest.
+    """
+    options = _defaults if options is None else options
     scheme = scheme_of(uri)
     if scheme == "file":
         return LocalStorage()
-    raise StorageError(f"unsupported storage scheme {scheme!r} in {uri!r} (supported: local paths, file://)")
+    if scheme == "s3":
+        from drill.storage.s3 import S3Config, S3Storage
+
+        try:
+            return S3Storage(S3Config.from_env(**(options or {})))
+        except (TypeError, ValueError) as exc:
+            raise StorageError(f"S3 settings: {exc}") from None
+    raise StorageError(f"unsupported storage scheme {scheme!r} in {uri!r} (supported: local paths, file://, s3://)")
 
 
 def normalize(uri: str) -> str:
     """The one spelling of a run root or checkpoint that records key on."""
+    if scheme_of(uri) == "s3":
+        from drill.storage.s3 import split
+
+        bucket, key = split(uri)
+        return f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
     return storage_for(uri).normalize(uri)
 
 
 __all__ = [
     "SCHEMES",
+    "use_options",
     "Entry",
     "EntryKind",
+    "FileChanged",
     "LocalStorage",
     "NotARegularFile",
     "PathEscapesCheckpoint",

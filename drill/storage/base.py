@@ -15,6 +15,10 @@ class PathEscapesCheckpoint(StorageError):
     """A relative path would leave the checkpoint (``..``, absolute, or a symlink leading out)."""
 
 
+class FileChanged(EOFError):
+    """A file's size or content changed between its listing and the end of its read."""
+
+
 class NotARegularFile(StorageError):
     """A FIFO, socket or device where a file should be: never opened (opening a FIFO blocks)."""
 

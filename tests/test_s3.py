@@ -1,0 +1,230 @@
+"""Checkpoints in S3-compatible object storage, drilled from a real S3 server on 127.0.0.1.
+
+moto's standalone server is the S3 implementation (started once for the module, stopped by
+pid); a fault-injecting proxy in front of it throttles, forbids, resets and cuts bodies short.
+Nothing is monkeypatched: drill talks to them through boto3 over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from drill import get_drill, history
+from tests.conftest import drill, invoke
+from tests.s3server import FaultProxy, MotoServer, Rule
+
+pytestmark = pytest.mark.slow
+SECRET = "s3cr3t-never-printed-4f9c2a"
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoServer]:
+    pytest.importorskip("moto", reason="moto[server] is not installed: no S3 server to test against")
+    server = MotoServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(moto: MotoServer, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A fresh bucket on the server, credentials in the environment (as boto3 finds them)."""
+    import boto3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "drill-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
+    monkeypatch.setenv("DRILL_S3_ADDRESSING_STYLE", "path")
+    monkeypatch.setenv("DRILL_S3_PART_SIZE", "256KiB")
+    client = boto3.client("s3", endpoint_url=moto.url)
+    bucket = f"ckpt-{uuid.uuid4().hex[:10]}"
+    client.create_bucket(Bucket=bucket)
+    return client, bucket
+
+
+def upload(client, local: Path, bucket: str, prefix: str) -> str:  # type: ignore[no-untyped-def]
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local).as_posix()}")
+    return f"s3://{bucket}/{prefix}"
+
+
+def _leaks(*texts: str) -> bool:
+    return any(SECRET in t for t in texts)
+
+
+def test_a_sealed_run_drills_from_s3_replay_included(demo_run: Path, s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "run7")
+    res = invoke(CliRunner(), "run", "--root", root, "--json", "-q", "--db", sqlite_url)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["checkpoint"]["uri"] == f"{root}/step-30" and doc["run_root"] == root
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["integrity"]["summary"].startswith("sealed, unauthenticated: every byte matches the manifest (3 files")
+    assert checks["replay"]["status"] == "passed" and "bit for bit" in checks["replay"]["summary"]  # the child loads from S3 too
+    assert doc["bytes_read"] == sum(p.stat().st_size for p in (demo_run / "step-30").iterdir() if p.name != "drill-manifest.json")
+    assert not _leaks(res.stdout, res.stderr, Path(sqlite_url.removeprefix("sqlite:///")).read_bytes().decode("latin-1"))
+
+    shard = demo_run / "step-30" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    client.put_object(Bucket=bucket, Key="run7/step-30/__0_0.distcp", Body=bytes(data))
+    bad = invoke(CliRunner(), "run", "--root", root, "--no-replay", "--json", "-q", "--db", sqlite_url)
+    assert bad.exit_code == 1
+    integrity = next(c for c in json.loads(bad.stdout)["checks"] if c["name"] == "integrity")
+    assert [(f["code"], f["subject"]) for f in integrity["findings"]] == [("digest-mismatch", "__0_0.distcp")]
+
+
+def test_selection_and_verify_work_on_an_s3_root(demo_run: Path, s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "r")
+    assert drill(root, sqlite_url, "step:10").checkpoint.name == "step-10"  # type: ignore[union-attr]
+    assert drill(root, sqlite_url, "oldest").checkpoint.step == 10  # type: ignore[union-attr]
+    res = invoke(CliRunner(), "verify", f"{root}/step-20", "--db", sqlite_url)
+    assert res.exit_code == 0 and "every byte matches" in res.stdout
+    missing = invoke(CliRunner(), "run", "--root", root, "-c", "step:99", "-q", "--db", sqlite_url)
+    assert missing.exit_code == 3 and "retained: 10, 20, 30" in missing.stderr
+
+
+def test_the_example_s3_policy_drills_a_sealed_run(demo_run: Path, s3, sqlite_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    client, _ = s3
+    text = (Path(__file__).resolve().parent.parent / "policies" / "s3.yaml").read_text()
+    bucket, prefix = "training-checkpoints", "pretrain-70b"
+    assert f"root: s3://{bucket}/{prefix}/" in text and "settle: 1h" in text
+    client.create_bucket(Bucket=bucket)
+    try:
+        upload(client, demo_run, bucket, prefix)
+        policy = tmp_path / "s3.yaml"
+        policy.write_text(text.replace("settle: 1h", "settle: 0s"))  # the upload is seconds old
+        res = invoke(CliRunner(), "run", "--policy", str(policy), "--json", "--db", sqlite_url)
+        assert res.exit_code == 0, res.stdout + res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["policy"] == "pretrain-s3-nightly" and doc["evidence_level"] == "sealed"
+        assert doc["checkpoint"]["uri"].startswith(f"s3://{bucket}/{prefix}/step-")
+    finally:
+        objects = client.list_objects_v2(Bucket=bucket).get("Contents", [])
+        for o in objects:
+            client.delete_object(Bucket=bucket, Key=o["Key"])
+        client.delete_bucket(Bucket=bucket)
+
+
+def test_the_durable_copy_is_complete_and_identical_or_says_what_is_not(demo_run: Path, s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    client, bucket = s3
+    durable = upload(client, demo_run, bucket, "run7")
+    ok = drill(demo_run, sqlite_url, durable=durable)
+    check = ok.check("durable")
+    assert ok.status == "passed" and check.summary.startswith("durable copy complete and identical: 3 files")  # type: ignore[union-attr]
+
+    client.delete_object(Bucket=bucket, Key="run7/step-30/__0_1.distcp")  # the drain never finished
+    data = bytearray((demo_run / "step-30" / "__0_0.distcp").read_bytes())
+    data[100] ^= 1
+    client.put_object(Bucket=bucket, Key="run7/step-30/__0_0.distcp", Body=bytes(data))
+    bad = drill(demo_run, sqlite_url, durable=durable)
+    codes = sorted((f.code, f.subject) for f in bad.check("durable").findings)  # type: ignore[union-attr]
+    assert codes == [("durable-digest-mismatch", "__0_0.distcp"), ("durable-missing", "__0_1.distcp")]
+    assert bad.status == "failed" and bad.check("integrity").status.value == "passed"  # type: ignore[union-attr]
+
+
+# -- bad input ------------------------------------------------------------------------------
+@pytest.fixture
+def proxy(moto: MotoServer, s3, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:  # type: ignore[no-untyped-def]
+    p = FaultProxy(moto.port).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", p.url)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def test_a_missing_bucket_names_it(s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    res = invoke(CliRunner(), "run", "--root", "s3://no-such-bucket-here/run", "-q", "--db", sqlite_url)
+    assert res.exit_code == 3 and "s3://no-such-bucket-here" in res.stderr and "no such bucket" in res.stderr
+    (recorded,) = history(db=sqlite_url)
+    assert recorded.status == "failed"
+
+
+def test_access_denied_is_a_finding_naming_bucket_and_key_without_retries(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "run")
+    proxy.rules.append(Rule("step-30/__0_1.distcp", "forbid", method="GET"))
+    outcome = drill(root, sqlite_url)
+    (finding,) = [f for f in outcome.findings if f.check == "files"]
+    assert finding.code == "file-unreadable" and finding.subject == "__0_1.distcp"
+    assert f"s3://{bucket}/run/step-30/__0_1.distcp" in finding.message and "access denied" in finding.message
+    assert proxy.rules[0].hits <= 2  # refused at once (the manifest hash of the file, and the restore), never retried
+
+
+def test_an_object_deleted_between_listing_and_reading(demo_run: Path, s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "run")
+
+    class DeleteOnRead:
+        def phase(self, name: str, total_bytes: int | None = None) -> None:
+            if name == "read":
+                client.delete_object(Bucket=bucket, Key="run/step-30/__0_0.distcp")
+
+        def advance(self, n: int) -> None:
+            pass
+
+    outcome = drill(root, sqlite_url, progress=DeleteOnRead())
+    assert outcome.status == "failed"
+    assert ("files", "file-missing", "__0_0.distcp") in [(f.check, f.code, f.subject) for f in outcome.findings]
+
+
+def test_throttling_and_resets_are_retried_and_bounded(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "run")
+    proxy.rules += [Rule("__0_0.distcp", "slowdown", times=3, method="GET"), Rule("__0_1.distcp", "reset", times=1, method="GET")]
+    outcome = drill(root, sqlite_url)
+    assert outcome.status == "passed", [f.message for f in outcome.findings]
+    files = {f["path"]: f for f in outcome.check("files").evidence["files"]}  # type: ignore[union-attr]
+    assert files["__0_0.distcp"].get("retries", 0) + files["__0_1.distcp"].get("retries", 0) >= 3
+
+    proxy.rules[:] = [Rule("__0_0.distcp", "slowdown", method="GET")]  # throttled for good
+    import time
+
+    started = time.monotonic()
+    throttled = drill(root, sqlite_url)
+    assert time.monotonic() - started < 60
+    (finding,) = [f for f in throttled.findings if f.check == "files"]
+    assert finding.subject == "__0_0.distcp" and "SlowDown" in finding.message and "gave up after 6 attempts" in finding.message
+
+
+def test_an_object_shorter_than_its_manifest_says(demo_run: Path, s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "run")
+    data = (demo_run / "step-30" / "__0_1.distcp").read_bytes()
+    client.put_object(Bucket=bucket, Key="run/step-30/__0_1.distcp", Body=data[: len(data) // 2])
+    outcome = drill(root, sqlite_url)
+    assert ("integrity", "size-mismatch", "__0_1.distcp") in [(f.check, f.code, f.subject) for f in outcome.findings]
+
+
+def test_a_policy_denying_list_bucket_is_a_clear_error(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "run")
+    proxy.rules.append(Rule(f"/{bucket}", "forbid", method="GET", query="list-type"))
+    res = invoke(CliRunner(), "run", "--root", root, "-q", "--db", sqlite_url)
+    assert res.exit_code == 3 and "access denied" in res.stderr and f"s3://{bucket}/run" in res.stderr
+    assert not _leaks(res.stdout, res.stderr)
+    (recorded,) = history(db=sqlite_url)
+    assert get_drill(recorded.id, db=sqlite_url).status == "failed"
+
+
+def test_an_s3_root_with_a_scratch_copy_verifies_and_loads_the_copy(demo_run: Path, s3, sqlite_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "run")
+    scratch = tmp_path / "scratch"
+    outcome = drill(root, sqlite_url, scratch=str(scratch))
+    assert outcome.status == "passed"
+    assert "scratch copy" in outcome.check("discover").summary  # type: ignore[union-attr]
+    assert not scratch.exists() or not any(scratch.iterdir())  # cleaned up afterwards
