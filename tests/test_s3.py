@@ -8,8 +8,6 @@ Nothing is monkeypatched: drill talks to them through boto3 over HTTP.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,3 +226,49 @@ def test_an_s3_root_with_a_scratch_copy_verifies_and_loads_the_copy(demo_run: Pa
     assert outcome.status == "passed"
     assert "scratch copy" in outcome.check("discover").summary  # type: ignore[union-attr]
     assert not scratch.exists() or not any(scratch.iterdir())  # cleaned up afterwards
+
+
+
+def test_without_list_bucket_even_a_named_checkpoint_is_refused_with_the_permission_named(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "run")
+    proxy.rules.append(Rule(f"/{bucket}", "forbid", method="GET", query="list-type"))
+    res = invoke(CliRunner(), "run", "-c", f"{root}/step-30", "--db", sqlite_url)
+    # Completeness cannot be proven without a listing: no verdict on GetObject alone.
+    assert res.exit_code == 3 and "access denied" in res.stderr and "s3:ListBucket" in res.stdout
+    (recorded,) = history(db=sqlite_url)
+    assert recorded.status == "failed" and recorded.exit_code == 3
+
+
+def test_a_second_real_implementation_ceph_radosgw(demo_run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same drill against Ceph's gateway (where Debian's ceph packages are installed):
+    ranged GETs with If-Match, listing with delimiters and 404s as a real store serves them."""
+    from tests.radosgw import RadosGateway, available
+
+    if not available():
+        pytest.skip("Ceph (ceph-mon ceph-osd radosgw ceph-common) is not installed")
+    import boto3
+
+    with RadosGateway(memstore_bytes=256 << 20) as rgw:
+        for name, value in (("AWS_ACCESS_KEY_ID", rgw.access_key), ("AWS_SECRET_ACCESS_KEY", rgw.secret_key), ("AWS_ENDPOINT_URL", rgw.url)):
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        monkeypatch.setenv("DRILL_S3_ADDRESSING_STYLE", "path")
+        monkeypatch.setenv("DRILL_S3_PART_SIZE", "128KiB")
+        # A session of its own: boto3's default session keeps the credentials it first found.
+        client = boto3.session.Session().client("s3")
+        client.create_bucket(Bucket="ckpt")
+        root = upload(client, demo_run, "ckpt", "run7")
+        good = drill(root, sqlite_url)
+        assert good.status == "passed", [f.message for f in good.findings]
+        assert good.check("integrity").summary.startswith("sealed, unauthenticated: every byte matches")  # type: ignore[union-attr]
+
+        data = bytearray((demo_run / "step-30" / "__0_1.distcp").read_bytes())
+        data[-1000] ^= 0x01
+        client.put_object(Bucket="ckpt", Key="run7/step-30/__0_1.distcp", Body=bytes(data))
+        client.delete_object(Bucket="ckpt", Key="run7/step-30/__0_0.distcp")
+        bad = drill(root, sqlite_url)
+        found = {(f.check, f.code, f.subject) for f in bad.findings}
+        assert {("integrity", "digest-mismatch", "__0_1.distcp"), ("files", "file-missing", "__0_0.distcp")} <= found, found
+        missing = drill("s3://no-such-bucket/run", sqlite_url)
+        assert "no such bucket" in missing.message

@@ -172,7 +172,11 @@ def test_drill_timeout_kills_the_child(demo_run: Path, tmp_path: Path, sqlite_ur
     )
     db = open_database(sqlite_url)
     r = run_isolated(policy, sqlite_url, Records(db), trigger="policy")
-    assert r.status == "error" and "killed at the policy's 12 s timeout" in r.message
+    # The child stops itself a little before the policy's timeout, to record the phase it was
+    # in; on a loaded machine the parent's kill at the timeout itself may come first.
+    assert r.status == "error" and r.exit_code == 5
+    assert "ran past its 10.8 s timeout during replay" in r.message or "killed at the policy's 12 s timeout" in r.message, r.message
+    assert get_drill(r.drill_id, db=sqlite_url).status == "error"
     db.close()
 
 

@@ -47,7 +47,7 @@ def _reference(inputs: CheckInputs) -> tuple[dict[str, tuple[int, tuple[str, ...
 
 def check_durable(inputs: CheckInputs) -> CheckResult:
     if inputs.durable is None:
-        return not_run(NAME, "no durable tier configured (--durable URI, or a policy's checkpoints.durable)")
+        return not_run(NAME, "no durable tier to compare with (--durable URI)")
     if inputs.plan is None or inputs.ref is None:
         return not_run(NAME, "no checkpoint was drilled")
     copy = durable_copy(inputs.durable, inputs.root, inputs.ref.uri)

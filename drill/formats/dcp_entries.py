@@ -133,13 +133,24 @@ def local_header_end(record: Record) -> int:
     return record.header_offset + _LOCAL.size
 
 
-_STORAGES: dict[str, torch.dtype] = {}
+_STORAGES: dict[str, torch.dtype] = {
+    "DoubleStorage": torch.float64,
+    "FloatStorage": torch.float32,
+    "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16,
+    "LongStorage": torch.int64,
+    "IntStorage": torch.int32,
+    "ShortStorage": torch.int16,
+    "CharStorage": torch.int8,
+    "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool,
+    "ComplexFloatStorage": torch.complex64,
+    "ComplexDoubleStorage": torch.complex128,
+}
+"""The legacy typed-storage class names ``torch.save`` pickles, and the dtypes they hold."""
 
 
 def _storage_dtype(name: str) -> torch.dtype | None:
-    if not _STORAGES:
-        for n in ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool", "ComplexFloat", "ComplexDouble"):
-            _STORAGES[f"{n}Storage"] = getattr(torch, f"{n}Storage").dtype
     return _STORAGES.get(name)
 
 

@@ -201,7 +201,12 @@ def discover_stage(d: Drill) -> list[CheckResult]:
                 hint="check the path; is the checkpoint filesystem mounted on this host?",
             ) from None
         except PermissionError as exc:
-            raise NothingToDrill(f"run root {root} cannot be listed ({exc.strerror})") from None
+            hint = (
+                "drill needs s3:ListBucket on the prefix (to find checkpoints and prove none of their objects is missing) as well as s3:GetObject"
+                if scheme_of(root) == "s3"
+                else "check the directory's permissions for the user drill runs as"
+            )
+            raise NothingToDrill(f"run root {root} cannot be listed ({exc.strerror})", hint=hint) from None
         choice = _choose(d)
         inputs.ref, inputs.selection = choice.ref, choice.reason
         ref = choice.ref

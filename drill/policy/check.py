@@ -18,19 +18,10 @@ from drill.storage import StorageError, scheme_of, storage_for
 def warnings_for(policy: Policy) -> list[str]:
     """One sentence per reason this policy would not run on this host."""
     out: list[str] = []
-    root = policy.checkpoints.root
-    try:
-        storage = storage_for(root, dict(policy.checkpoints.s3))
-    except StorageError as exc:
-        out.append(f"checkpoints.root: {exc}")
-    else:
-        if scheme_of(root) == "s3":  # never a network call from a check: are there credentials at all?
-            out += _s3_credentials(root)
-        else:
-            try:
-                storage.stat(root)
-            except OSError as exc:
-                out.append(f"checkpoints.root: {root} cannot be reached from this host ({exc.strerror or exc})")
+    for name in ("root", "durable", "scratch"):
+        uri = getattr(policy.checkpoints, name)
+        if uri:
+            out += _reachable(f"checkpoints.{name}", uri, policy)
     if policy.device.startswith("cuda"):
         from drill.device import cuda_usable
 
@@ -45,9 +36,23 @@ def warnings_for(policy: Policy) -> list[str]:
     return out
 
 
-def _s3_credentials(root: str) -> list[str]:
+def _reachable(field: str, uri: str, policy: Policy) -> list[str]:
+    try:
+        storage = storage_for(uri, dict(policy.checkpoints.s3))
+    except StorageError as exc:
+        return [f"{field}: {exc}"]
+    if scheme_of(uri) == "s3":  # never a network call from a check: are there credentials at all?
+        return _s3_credentials(field, uri)
+    try:
+        storage.stat(uri)
+    except OSError as exc:
+        return [f"{field}: {uri} cannot be reached from this host ({exc.strerror or exc})"]
+    return []
+
+
+def _s3_credentials(field: str, root: str) -> list[str]:
     env = os.environ
     shared = os.path.expanduser(env.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))
     if env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_PROFILE") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE") or os.path.exists(shared):
         return []
-    return [f"checkpoints.root: {root}: no AWS credentials in this environment or ~/.aws (an instance role may still provide them)"]
+    return [f"{field}: {root}: no AWS credentials in this environment or ~/.aws (an instance role may still provide them)"]

@@ -239,10 +239,21 @@ class S3Object(io.RawIOBase):
         return n
 
     def pread(self, offset: int, n: int) -> bytes:
-        """``n`` bytes at ``offset``, fetched on their own (the read-ahead is left alone)."""
+        """``n`` bytes at ``offset``, out of order: from the read-ahead when its parts cover
+        them (a reader peeking at what it is about to stream costs no request), otherwise
+        fetched on their own."""
         if n <= 0 or offset >= self.size:
             return b""
-        return self._get(offset, min(self.size, offset + n))
+        end = min(self.size, offset + n)
+        self._schedule()
+        if self._parts and self._parts[0][0] <= offset and end <= self._scheduled:
+            out = bytearray()
+            for start, fut in self._parts:
+                if start < end and offset < start + self.storage.config.part_size:
+                    data = fut.result()
+                    out += data[max(0, offset - start) : end - start]
+            return bytes(out)
+        return self._get(offset, end)
 
     def tell(self) -> int:
         return self._pos
