@@ -19,6 +19,7 @@ from drill.pipeline import run_drill as _run_pipeline
 
 if TYPE_CHECKING:
     from drill.policy.model import Policy
+    from drill.records.audit import ChainReport
     from drill.restore import Progress
     from drill.scheduling.isolate import IsolatedResult
     from drill.storage import Storage
@@ -126,4 +127,39 @@ def last_good(root: str, *, db: str | None = None) -> DrillOutcome | None:
         database.close()
 
 
-__all__ = ["get_drill", "history", "last_good", "run_drill", "run_policy"]
+def verify_audit_chain(*, db: str | None = None, head: str | None = None) -> ChainReport:
+    """Check the tamper-evident drill log: every link, every closed record's digest, and —
+    with ``head`` (a chain head an auditor pinned) — that the log still reaches it. The audit
+    key, when ``$DRILL_AUDIT_KEY_FILE``/``$DRILL_AUDIT_KEY`` holds one, checks every HMAC.
+    Raises :class:`~drill.errors.UsageError` when that key cannot be used."""
+    from drill.errors import UsageError
+    from drill.integrity.keys import SealKeyError
+    from drill.records.audit import ChainReport, load_audit_key, verify_chain
+    from drill.records.db import read_database
+
+    try:
+        key = load_audit_key()
+    except SealKeyError as exc:
+        raise UsageError(str(exc)) from None
+    database = read_database(db)
+    if database is None:
+        report = ChainReport()
+        if head is not None:
+            report = _no_database_for(head)
+        return report
+    try:
+        with database.sessions.begin() as session:
+            return verify_chain(session, key=key, head=head)
+    finally:
+        database.close()
+
+
+def _no_database_for(head: str) -> ChainReport:
+    from drill.findings import Finding, Severity
+    from drill.records.audit import ChainReport
+
+    problem = Finding(check="audit", code="head-missing", severity=Severity.ERROR, subject=head, message=f"the pinned chain head {head} is not in the chain: no drills are recorded at all")
+    return ChainReport(problems=[problem])
+
+
+__all__ = ["get_drill", "history", "last_good", "run_drill", "run_policy", "verify_audit_chain"]

@@ -177,6 +177,10 @@ def test_drill_timeout_kills_the_child(demo_run: Path, tmp_path: Path, sqlite_ur
     assert r.status == "error" and r.exit_code == 5
     assert "ran past its 10.8 s timeout during replay" in r.message or "killed at the policy's 12 s timeout" in r.message, r.message
     assert get_drill(r.drill_id, db=sqlite_url).status == "error"
+    from drill.api import verify_audit_chain
+
+    chain = verify_audit_chain(db=sqlite_url)  # closed by whichever side, the record is sealed
+    assert chain.intact and chain.head is not None and chain.head.drill_id == r.drill_id and chain.records == 1
     db.close()
 
 

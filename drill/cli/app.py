@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from drill import __version__
-from drill.cli import demo, integrity, nightly, records, run
+from drill.cli import audit, demo, integrity, nightly, records, run
 from drill.cli.common import error_boundary, stderr, terminate_as_interrupt
 from drill.errors import ExitCode
 
@@ -56,6 +56,8 @@ app = _group(
 db_app = _group("Manage the record database's schema.")
 policy_app = _group("Validate policy files.")
 scheduler_app = _group("Run drills on each policy's cron schedule.")
+audit_app = _group("Check the tamper-evident drill log.")
+app.add_typer(audit_app, name="audit")
 app.add_typer(db_app, name="db")
 app.add_typer(policy_app, name="policy")
 app.add_typer(scheduler_app, name="scheduler")
@@ -73,6 +75,7 @@ for group, name, command in (
     (policy_app, "check", nightly.policy_check),
     (scheduler_app, "start", nightly.scheduler_start),
     (scheduler_app, "status", nightly.scheduler_status),
+    (audit_app, "verify", audit.audit_verify),
 ):
     group.command(name)(error_boundary(command))
 

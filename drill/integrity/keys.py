@@ -21,23 +21,26 @@ class SealKeyError(ValueError):
     """The key cannot be used; the message never contains it."""
 
 
-def load_key(key_file: str | os.PathLike[str] | None = None) -> bytes | None:
+def load_key(
+    key_file: str | os.PathLike[str] | None = None, *, file_env: str = KEY_FILE_ENV, env: str = KEY_ENV, what: str = "seal key"
+) -> bytes | None:
     """``key_file``, else ``$DRILL_SEAL_KEY_FILE``, else ``$DRILL_SEAL_KEY``; None when none is set.
 
-    A key file holds the key's bytes (one trailing newline is ignored).
+    A key file holds the key's bytes (one trailing newline is ignored). ``file_env``, ``env``
+    and ``what`` name another key read the same way (the audit chain's).
     """
-    path = key_file or os.environ.get(KEY_FILE_ENV)
+    path = key_file or os.environ.get(file_env)
     if path:
         try:
             key = Path(path).read_bytes()
         except OSError as exc:
-            raise SealKeyError(f"the seal key file {path} cannot be read ({exc.strerror or exc})") from None
+            raise SealKeyError(f"the {what} file {path} cannot be read ({exc.strerror or exc})") from None
         key = key[:-1] if key.endswith(b"\n") else key
-        source = f"the seal key file {path}"
-    elif os.environ.get(KEY_ENV):
-        key, source = os.environ[KEY_ENV].encode(), f"${KEY_ENV}"
+        source = f"the {what} file {path}"
+    elif os.environ.get(env):
+        key, source = os.environ[env].encode(), f"${env}"
     else:
         return None
     if len(key) < MIN_KEY_BYTES:
-        raise SealKeyError(f"{source} holds {len(key)} bytes; a seal key needs at least {MIN_KEY_BYTES} (e.g. head -c 32 /dev/urandom)")
+        raise SealKeyError(f"{source} holds {len(key)} bytes; a {what} needs at least {MIN_KEY_BYTES} (e.g. head -c 32 /dev/urandom)")
     return key

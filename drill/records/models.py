@@ -187,3 +187,24 @@ class SchedulerLease(Base):
     heartbeat_at: Mapped[datetime]
     expires_at: Mapped[datetime]
     policies: Mapped[dict[str, Any] | None]
+
+
+class AuditEntry(Base):
+    """One link of the tamper-evident drill log (see :mod:`drill.records.audit`).
+
+    No foreign key on purpose: an entry outlives a deleted drill row, which is how the
+    deletion is found."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (UniqueConstraint("hash", name="uq_audit_log_hash"),)
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    drill_id: Mapped[int] = mapped_column(Integer, index=True)
+    content_sha256: Mapped[str] = mapped_column(String(64))
+    """SHA-256 of the drill's record as closed: its row, checks, replayed steps, checkpoint URI."""
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+    mac: Mapped[str | None] = mapped_column(String(64))
+    """HMAC-SHA256 of the same message, when an audit key was configured."""
+    key_id: Mapped[str | None] = mapped_column(String(16))
+    sealed_at: Mapped[datetime]

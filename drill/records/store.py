@@ -24,6 +24,7 @@ from drill.errors import DatabaseError, NotFound
 from drill.findings import CheckResult
 from drill.pipeline.outcome import DrillOutcome
 from drill.pipeline.recorder import DrillStart
+from drill.records.audit import load_audit_key, seal_drill
 from drill.records.db import Database, _reason, safe_url
 from drill.records.lease import LeaseMixin
 from drill.records.ledger import LedgerMixin
@@ -43,6 +44,18 @@ class Records(LedgerMixin, LeaseMixin):
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._key: bytes | None | bool = False  # not loaded yet
+
+    def _seal(self, s: Session, drill_id: int) -> None:
+        """Append the drill, just closed in this transaction, to the audit chain."""
+        if self._key is False:
+            from drill.integrity.keys import SealKeyError
+
+            try:
+                self._key = load_audit_key()
+            except SealKeyError:
+                self._key = None  # the verdict is never lost over a key: sealed unauthenticated
+        seal_drill(s, drill_id, self._key or None)  # type: ignore[arg-type]
 
     @contextmanager
     def _session(self) -> Iterator[Session]:
@@ -100,6 +113,7 @@ class Records(LedgerMixin, LeaseMixin):
         with self._session() as s:
             d = s.get_one(Drill, outcome.id)
             write_outcome(s, d, outcome)
+            self._seal(s, d.id)
 
     def insert_outcome(self, outcome: DrillOutcome) -> int:
         """A drill that ran without a row (the database was away when it began)."""
@@ -113,6 +127,7 @@ class Records(LedgerMixin, LeaseMixin):
             s.flush()
             outcome.id = d.id
             write_outcome(s, d, outcome)
+            self._seal(s, d.id)
             return d.id
 
     def close_as_error(self, drill_id: int, reason: str) -> None:
@@ -121,6 +136,7 @@ class Records(LedgerMixin, LeaseMixin):
             d = s.get_one(Drill, drill_id)
             d.status, d.exit_code, d.finished_at = DrillStatus.ERROR.value, 5, utcnow()
             d.message = d.error = reason[:10000]
+            self._seal(s, drill_id)
 
     def record_alerts(self, drill_id: int, deliveries: list[Any]) -> None:
         with self._session() as s:
@@ -149,6 +165,7 @@ class Records(LedgerMixin, LeaseMixin):
                 return False
             d.status, d.exit_code, d.finished_at = status.value, exit_code, utcnow()
             d.message = d.error = f"{reason} (last phase reached: {d.phase})"
+            self._seal(s, drill_id)
             return True
 
     def recover_orphans(self) -> list[int]:
@@ -166,6 +183,8 @@ class Records(LedgerMixin, LeaseMixin):
                     f"it was killed or crashed (last phase reached: {d.phase})"
                 )
                 recovered.append(d.id)
+            for drill_id in recovered:
+                self._seal(s, drill_id)
             return recovered
 
     # -- reading ----------------------------------------------------------------------------

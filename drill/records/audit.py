@@ -1,0 +1,265 @@
+"""The tamper-evident drill log: every closed drill record sealed into a hash chain.
+
+When a drill's record is closed — by the drill itself, by the parent that saw it die, by
+orphan recovery, or by a spooled verdict delivered later — its content (the drill row, its
+checks with their evidence, its replayed steps and the checkpoint's URI, as canonical JSON)
+is digested with SHA-256 and appended to ``audit_log`` in the same transaction, as entry
+``seq``::
+
+    hash[seq] = SHA-256("drill-audit/1" | seq | drill id | content digest | sealed at | hash[seq-1])
+
+With an audit key (``$DRILL_AUDIT_KEY_FILE`` or ``$DRILL_AUDIT_KEY``) each entry also carries
+an HMAC-SHA256 of the same message. :func:`verify_chain` recomputes every link and every
+record's digest: an edited record, an edited, reordered or deleted entry, a deleted drill row
+or a row inserted outside drill is named. Deleting the newest records together with their
+entries leaves a shorter chain that is still consistent — which is why reports print the chain
+head: an auditor who pinned it (``drill audit verify --head HASH``) sees it vanish. Without a
+key, someone with write access to the database could recompute the whole chain; the pinned
+head or a key they do not hold is what stops that.
+
+Alerts and the coverage ledger are not sealed: they are written after the record closes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from drill.findings import Finding, Severity
+from drill.records.models import AuditEntry, Checkpoint, CheckRecord, Drill, ReplayStep
+from drill.verdict import DrillStatus
+
+GENESIS = "0" * 64
+VERSION = "drill-audit/1"
+KEY_FILE_ENV = "DRILL_AUDIT_KEY_FILE"
+KEY_ENV = "DRILL_AUDIT_KEY"
+_PG_LOCK = 0x64726C6C  # "drll": one advisory lock serializes appends on PostgreSQL
+
+
+def load_audit_key() -> bytes | None:
+    """The audit key from the environment, or None; raises ``SealKeyError`` when unusable."""
+    from drill.integrity.keys import load_key
+
+    return load_key(file_env=KEY_FILE_ENV, env=KEY_ENV, what="audit key")
+
+
+def key_id(key: bytes) -> str:
+    return hmac.new(key, b"drill audit key id", hashlib.sha256).hexdigest()[:16]
+
+
+# -- content --------------------------------------------------------------------------------
+def _plain(row: Mapping[str, Any], drop: tuple[str, ...]) -> dict[str, Any]:
+    return {k: (v.astimezone(timezone.utc).isoformat() if isinstance(v, datetime) else v) for k, v in row.items() if k not in drop}
+
+
+def _digest(drill: Mapping[str, Any], checkpoint_uri: str | None, checks: Iterable[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]) -> str:
+    doc = {
+        "drill": _plain(drill, ("checkpoint_id",)),
+        "checkpoint": checkpoint_uri,
+        "checks": [_plain(c, ("id", "drill_id")) for c in checks],
+        "replay_steps": [_plain(r, ("id", "drill_id")) for r in steps],
+    }
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _message(seq: int, drill_id: int, content: str, sealed_at: datetime, prev: str) -> bytes:
+    return f"{VERSION}|{seq}|{drill_id}|{content}|{sealed_at.astimezone(timezone.utc).isoformat()}|{prev}".encode()
+
+
+def _hash(message: bytes) -> str:
+    return hashlib.sha256(message).hexdigest()
+
+
+class _Contents:
+    """Drill records as sealed, read with plain table selects (so sealing and verifying
+    digest exactly the values the database returns)."""
+
+    def __init__(self, s: Session, drill_ids: list[int] | None = None) -> None:
+        d, c, r, k = Drill.__table__, CheckRecord.__table__, ReplayStep.__table__, Checkpoint.__table__
+        only = (lambda col: col.in_(drill_ids)) if drill_ids is not None else (lambda col: col.isnot(None))
+        self.drills = {row["id"]: row for row in s.execute(select(d).where(only(d.c.id))).mappings()}
+        self.uris = dict(s.execute(select(k.c.id, k.c.uri).where(k.c.id.in_({x["checkpoint_id"] for x in self.drills.values()} - {None}))).all())
+        self.checks: dict[int, list[Any]] = defaultdict(list)
+        for row in s.execute(select(c).where(only(c.c.drill_id)).order_by(c.c.id)).mappings():
+            self.checks[row["drill_id"]].append(row)
+        self.steps: dict[int, list[Any]] = defaultdict(list)
+        for row in s.execute(select(r).where(only(r.c.drill_id)).order_by(r.c.step, r.c.id)).mappings():
+            self.steps[row["drill_id"]].append(row)
+
+    def digest(self, drill_id: int) -> str | None:
+        row = self.drills.get(drill_id)
+        if row is None:
+            return None
+        return _digest(row, self.uris.get(row["checkpoint_id"]), self.checks[drill_id], self.steps[drill_id])
+
+
+# -- sealing --------------------------------------------------------------------------------
+def seal_drill(s: Session, drill_id: int, key: bytes | None) -> AuditEntry:
+    """Append the closed drill ``drill_id`` to the chain, in the caller's transaction."""
+    s.flush()
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
+    # On SQLite the flush above already holds the database's write lock: appends are serial.
+    last = s.execute(select(AuditEntry.seq, AuditEntry.hash).order_by(AuditEntry.seq.desc()).limit(1)).first()
+    seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
+    content = _Contents(s, [drill_id]).digest(drill_id)
+    assert content is not None
+    sealed_at = datetime.now(timezone.utc)
+    message = _message(seq, drill_id, content, sealed_at, prev)
+    entry = AuditEntry(
+        seq=seq,
+        drill_id=drill_id,
+        content_sha256=content,
+        prev_hash=prev,
+        hash=_hash(message),
+        mac=hmac.new(key, message, hashlib.sha256).hexdigest() if key else None,
+        key_id=key_id(key) if key else None,
+        sealed_at=sealed_at,
+    )
+    s.add(entry)
+    s.flush()
+    return entry
+
+
+# -- verifying ------------------------------------------------------------------------------
+@dataclass(slots=True)
+class ChainHead:
+    seq: int
+    hash: str
+    drill_id: int
+    sealed_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "hash": self.hash, "drill_id": self.drill_id, "sealed_at": self.sealed_at.isoformat()}
+
+
+@dataclass(slots=True)
+class ChainReport:
+    """What :func:`verify_chain` found."""
+
+    entries: int = 0
+    records: int = 0
+    """Closed drill records checked against their latest entry."""
+    head: ChainHead | None = None
+    authenticated: int = 0
+    """Entries whose HMAC verified under the key given."""
+    before_chain: int = 0
+    """Closed records older than the chain's first entry (recorded before drill kept one)."""
+    problems: list[Finding] = field(default_factory=list)
+
+    @property
+    def intact(self) -> bool:
+        return not any(p.severity is Severity.ERROR for p in self.problems)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "intact": self.intact,
+            "entries": self.entries,
+            "records": self.records,
+            "authenticated": self.authenticated,
+            "before_chain": self.before_chain,
+            "head": self.head.to_dict() if self.head else None,
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+
+def _problem(code: str, subject: str, message: str, severity: Severity = Severity.ERROR) -> Finding:
+    return Finding(check="audit", code=code, severity=severity, subject=subject, message=message)
+
+
+def verify_chain(s: Session, *, key: bytes | None = None, head: str | None = None) -> ChainReport:
+    """Recompute every link and every closed record's digest; name what does not match."""
+    entries = list(s.scalars(select(AuditEntry).order_by(AuditEntry.seq)))
+    contents = _Contents(s)
+    report = ChainReport(entries=len(entries))
+    latest: dict[int, AuditEntry] = {}
+    prev_hash, prev_seq = GENESIS, 0
+    for e in entries:
+        report.problems += _link_problems(e, prev_hash, prev_seq, key, report)
+        prev_hash, prev_seq = e.hash, e.seq
+        latest[e.drill_id] = e
+    if entries:
+        last = entries[-1]
+        report.head = ChainHead(last.seq, last.hash, last.drill_id, last.sealed_at)
+    report.problems += _record_problems(contents, latest, entries[0] if entries else None, report)
+    if head is not None and not any(e.hash == head.strip().lower() for e in entries):
+        report.problems.append(
+            _problem("head-missing", head, f"the pinned chain head {head} is not in the chain: the log was rewritten or its newest entries deleted")
+        )
+    return report
+
+
+def _link_problems(e: AuditEntry, prev_hash: str, prev_seq: int, key: bytes | None, report: ChainReport) -> list[Finding]:
+    out = []
+    where = f"entry {e.seq} (drill #{e.drill_id})"
+    if e.seq != prev_seq + 1:
+        out.append(_problem("entries-missing", f"entry {e.seq}", f"entries {prev_seq + 1}..{e.seq - 1} are missing from the chain: deleted"))
+    message = _message(e.seq, e.drill_id, e.content_sha256, e.sealed_at, e.prev_hash)
+    if e.prev_hash != prev_hash and e.seq == prev_seq + 1:
+        out.append(_problem("link-broken", where, f"{where} does not follow the entry before it: entries were reordered, edited or replaced"))
+    if _hash(message) != e.hash:
+        out.append(_problem("entry-edited", where, f"{where} does not match its own hash: the entry was edited"))
+    if key is not None:
+        if e.mac is None:
+            out.append(_problem("entry-unauthenticated", where, f"{where} carries no HMAC (sealed without an audit key)", Severity.WARNING))
+        elif e.key_id != key_id(key):
+            out.append(_problem("entry-other-key", where, f"{where} was sealed with another key (key id {e.key_id})", Severity.WARNING))
+        elif hmac.compare_digest(e.mac, hmac.new(key, message, hashlib.sha256).hexdigest()):
+            report.authenticated += 1
+        else:
+            out.append(_problem("entry-forged", where, f"{where} fails its HMAC: written or rewritten by someone without the audit key"))
+    return out
+
+
+def _record_problems(contents: _Contents, latest: dict[int, AuditEntry], first: AuditEntry | None, report: ChainReport) -> list[Finding]:
+    out = []
+    for drill_id, e in latest.items():
+        digest = contents.digest(drill_id)
+        if digest is None:
+            out.append(_problem("record-deleted", f"drill #{drill_id}", f"drill #{drill_id} is in the chain (entry {e.seq}) but its record is gone: deleted"))
+        elif digest != e.content_sha256:
+            out.append(_problem("record-edited", f"drill #{drill_id}", f"drill #{drill_id} differs from the record sealed in entry {e.seq}: edited after it was recorded"))
+        else:
+            report.records += 1
+    for drill_id, row in sorted(contents.drills.items()):
+        if drill_id in latest or row["status"] == DrillStatus.RUNNING.value:
+            continue
+        if _before_chain(row, first):
+            report.before_chain += 1
+            continue
+        out.append(_problem("record-unsealed", f"drill #{drill_id}", f"drill #{drill_id} is closed but not in the chain: inserted or closed outside drill"))
+    return out
+
+
+CHAINED_SINCE = (0, 3)
+"""The drill version that began sealing records: a newer record outside the chain is suspect."""
+
+
+def _before_chain(row: Mapping[str, Any], first: AuditEntry | None) -> bool:
+    """Closed before drill kept a chain (or before this chain's first entry)."""
+    parts = []
+    for piece in str(row["drill_version"] or "0").split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit()) or "0"
+        parts.append(int(digits))
+    if tuple(parts) >= CHAINED_SINCE:
+        return False
+    finished = row["finished_at"]
+    return first is None or (finished is not None and finished < first.sealed_at and row["id"] < first.drill_id)
+
+
+def chain_head(s: Session) -> ChainHead | None:
+    e = s.scalars(select(AuditEntry).order_by(AuditEntry.seq.desc()).limit(1)).first()
+    return ChainHead(e.seq, e.hash, e.drill_id, e.sealed_at) if e else None
+
+
+__all__ = ["GENESIS", "ChainHead", "ChainReport", "chain_head", "load_audit_key", "seal_drill", "verify_chain"]

@@ -1,0 +1,184 @@
+"""The tamper-evident drill log, on SQLite and the live PostgreSQL: every way of editing the
+record after the fact is named by ``drill audit verify``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from drill.records.db import open_database
+from tests.conftest import drill, invoke
+from tests.faults import FaultyStorage, Flip
+
+
+def _sql(url: str, *statements: str) -> None:
+    db = open_database(url)
+    try:
+        with db.engine.begin() as conn:
+            for statement in statements:
+                conn.execute(sa.text(statement))
+    finally:
+        db.close()
+
+
+def _verify(url: str, *extra: str):  # type: ignore[no-untyped-def]
+    res = invoke(CliRunner(), "audit", "verify", "--db", url, "--json", *extra)
+    return res.exit_code, json.loads(res.stdout)
+
+
+def _codes(doc: dict) -> list[tuple[str, str]]:
+    return [(p["code"], p["subject"]) for p in doc["problems"]]
+
+
+def _flipped() -> FaultyStorage:
+    return FaultyStorage({"__0_0.distcp": Flip(offset=4096)})
+
+
+@pytest.fixture
+def three_drills(demo_run: Path, db_url: str) -> str:
+    """Three closed drills: passed, failed (a flipped byte), passed."""
+    assert drill(demo_run, db_url).status == "passed"
+    assert drill(demo_run, db_url, storage=_flipped()).status == "failed"
+    assert drill(demo_run, db_url, "step:20").status == "passed"
+    return db_url
+
+
+def test_an_untouched_log_is_intact_and_names_its_head(three_drills: str) -> None:
+    code, doc = _verify(three_drills)
+    assert code == 0 and doc["intact"] and doc["entries"] == 3 and doc["records"] == 3
+    assert doc["head"]["seq"] == 3 and doc["head"]["drill_id"] == 3 and len(doc["head"]["hash"]) == 64
+    res = invoke(CliRunner(), "audit", "verify", "--db", three_drills)
+    assert res.exit_code == 0 and res.stdout.startswith(f"audit chain intact: 3 entries, 3 records match; head {doc['head']['hash']}")
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "UPDATE drills SET status = 'passed', exit_code = 0 WHERE id = 2",  # the failure hidden
+        "UPDATE drills SET restore_seconds = restore_seconds / 10 WHERE id = 2",  # a faster restore
+        "UPDATE check_results SET summary = 'fine' WHERE drill_id = 2 AND name = 'integrity'",
+        "DELETE FROM check_results WHERE drill_id = 2 AND name = 'integrity'",
+        "UPDATE drills SET checkpoint_id = (SELECT MAX(id) FROM checkpoints) WHERE id = 2",
+    ],
+)
+def test_an_edited_record_is_named(three_drills: str, edit: str) -> None:
+    _sql(three_drills, edit)
+    code, doc = _verify(three_drills)
+    assert code == 1 and not doc["intact"]
+    assert _codes(doc) == [("record-edited", "drill #2")]
+
+
+def test_an_edited_replay_step_is_named(demo_run: Path, db_url: str) -> None:
+    from drill.replay import ReplaySpec
+
+    drill(demo_run, db_url, replay=ReplaySpec(steps=2))
+    _sql(db_url, "UPDATE replay_steps SET loss = loss + 0.001 WHERE drill_id = 1")
+    assert _codes(_verify(db_url)[1]) == [("record-edited", "drill #1")]
+
+
+def test_deleted_reordered_and_inserted_records_are_named(three_drills: str) -> None:
+    _sql(three_drills, "DELETE FROM check_results WHERE drill_id = 2", "DELETE FROM drills WHERE id = 2")
+    assert _codes(_verify(three_drills)[1]) == [("record-deleted", "drill #2")]
+
+    _sql(three_drills, "UPDATE audit_log SET seq = 99 WHERE seq = 1", "UPDATE audit_log SET seq = 1 WHERE seq = 3", "UPDATE audit_log SET seq = 3 WHERE seq = 99")
+    codes = _codes(_verify(three_drills)[1])
+    assert ("link-broken", "entry 1 (drill #3)") in codes and ("link-broken", "entry 3 (drill #1)") in codes
+
+
+def test_a_deleted_entry_and_a_record_inserted_behind_drills_back(three_drills: str) -> None:
+    _sql(three_drills, "DELETE FROM audit_log WHERE seq = 2")
+    assert _codes(_verify(three_drills)[1]) == [("entries-missing", "entry 3"), ("record-unsealed", "drill #2")]
+
+
+def test_truncating_the_newest_records_is_caught_by_a_pinned_head(three_drills: str) -> None:
+    _, before = _verify(three_drills)
+    pinned = before["head"]["hash"]
+    _sql(three_drills, "DELETE FROM check_results WHERE drill_id = 3", "DELETE FROM drills WHERE id = 3", "DELETE FROM audit_log WHERE seq = 3")
+    code, doc = _verify(three_drills)
+    assert code == 0 and doc["entries"] == 2  # consistent on its own: that is what the pin is for
+    code, doc = _verify(three_drills, "--head", pinned)
+    assert code == 1 and _codes(doc) == [("head-missing", pinned)]
+
+
+def _rewrite_chain(url: str) -> None:
+    """What someone with write access but no key could do: edit a record, then recompute its
+    digest and every hash after it."""
+    from drill.records import audit
+
+    _sql(url, "UPDATE drills SET status = 'passed', exit_code = 0, message = NULL WHERE id = 2")
+    db = open_database(url)
+    try:
+        with db.sessions.begin() as s:
+            entries = list(s.scalars(sa.select(audit.AuditEntry).order_by(audit.AuditEntry.seq)))
+            contents = audit._Contents(s)
+            prev = audit.GENESIS
+            for e in entries:
+                e.content_sha256 = contents.digest(e.drill_id)  # type: ignore[assignment]
+                e.prev_hash = prev
+                e.hash = hashlib.sha256(audit._message(e.seq, e.drill_id, e.content_sha256, e.sealed_at, prev)).hexdigest()
+                prev = e.hash
+    finally:
+        db.close()
+
+
+def test_with_an_audit_key_a_recomputed_chain_is_a_forgery(demo_run: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = tmp_path / "audit.key"
+    key.write_bytes(b"k" * 32)
+    monkeypatch.setenv("DRILL_AUDIT_KEY_FILE", str(key))
+    drill(demo_run, db_url)
+    drill(demo_run, db_url, storage=_flipped())
+    code, doc = _verify(db_url)
+    assert code == 0 and doc["authenticated"] == 2
+
+    _rewrite_chain(db_url)
+    code, doc = _verify(db_url)
+    assert code == 1 and ("entry-forged", "entry 2 (drill #2)") in _codes(doc)
+    monkeypatch.delenv("DRILL_AUDIT_KEY_FILE")
+    assert _verify(db_url)[0] == 0  # without the key a rewrite is consistent: the key (or a pinned head) is what catches it
+
+
+def test_an_unusable_audit_key_is_a_usage_error(sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRILL_AUDIT_KEY_FILE", str(tmp_path / "absent.key"))
+    res = invoke(CliRunner(), "audit", "verify", "--db", sqlite_url)
+    assert res.exit_code == 2 and "the audit key file" in res.stderr and "cannot be read" in res.stderr
+
+
+def test_an_empty_database_has_an_empty_chain(sqlite_url: str) -> None:
+    res = invoke(CliRunner(), "audit", "verify", "--db", sqlite_url)
+    assert res.exit_code == 0 and "audit chain: empty" in res.stdout
+
+
+def test_concurrent_drills_extend_one_chain(demo_run: Path, db_url: str) -> None:
+    """Records closed at the same moment by different connections never fork the chain."""
+    from drill.pipeline.outcome import DrillOutcome
+    from drill.records.store import Records
+
+    template = drill(demo_run, db_url)
+    errors: list[BaseException] = []
+
+    def close_many() -> None:
+        db = open_database(db_url)
+        try:
+            for _ in range(8):
+                doc = template.to_document()
+                doc["id"] = None
+                Records(db).insert_outcome(DrillOutcome.from_document(doc))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            db.close()
+
+    threads = [threading.Thread(target=close_many) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    code, doc = _verify(db_url)
+    assert code == 0 and doc["entries"] == 25 and doc["records"] == 25
