@@ -20,6 +20,9 @@ _EXPORTS = {
     "history": "drill.api",
     "get_drill": "drill.api",
     "last_good": "drill.api",
+    "verify_audit_chain": "drill.api",
+    "build_report": "drill.report",
+    "ReportOptions": "drill.report",
     "DrillRequest": "drill.pipeline.request",
     "DrillOutcome": "drill.pipeline.outcome",
     "DrillStatus": "drill.verdict",
@@ -29,11 +32,12 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
-    from drill.api import get_drill, history, last_good, run_drill, run_policy
+    from drill.api import get_drill, history, last_good, run_drill, run_policy, verify_audit_chain
     from drill.errors import ExitCode
     from drill.integrity.manifest import seal
     from drill.pipeline.outcome import DrillOutcome
     from drill.pipeline.request import DrillRequest
+    from drill.report import ReportOptions, build_report
     from drill.verdict import DrillStatus
     from drill.verifier import verify_checkpoint
 

@@ -182,3 +182,15 @@ def test_concurrent_drills_extend_one_chain(demo_run: Path, db_url: str) -> None
     assert not errors
     code, doc = _verify(db_url)
     assert code == 0 and doc["entries"] == 25 and doc["records"] == 25
+
+
+def test_reports_and_metrics_say_when_the_chain_is_broken(demo_run: Path, sqlite_url: str, tmp_path: Path) -> None:
+    drill(demo_run, sqlite_url)
+    _sql(sqlite_url, "UPDATE drills SET restore_seconds = 0.000001 WHERE id = 1")
+    doc = json.loads(invoke(CliRunner(), "report", "--db", sqlite_url, "-f", "json").stdout)
+    assert not doc["chain"]["intact"] and doc["chain"]["problems"][0]["code"] == "record-edited"
+    html = invoke(CliRunner(), "report", "--db", sqlite_url, "-f", "html").stdout
+    assert "Audit chain NOT INTACT" in html and "drill #1 differs from the record sealed in entry 1" in html
+    prom = tmp_path / "drill.prom"
+    invoke(CliRunner(), "metrics", "--db", sqlite_url, "--textfile", str(prom))
+    assert "drill_audit_chain_intact 0.0" in prom.read_text()

@@ -224,3 +224,25 @@ def render_scheduler(console: Console, state: dict[str, Any]) -> None:
             counts or "-",
         )
     console.print(table)
+
+
+def render_goodput(console: Console, rows: list, *, priced: bool) -> None:  # type: ignore[type-arg]
+    """``drill goodput``'s table: one row per combination of GPUs, C and R."""
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    cols = ["GPUs", "MTBF", "C", "R", "interval", "waste", "restart share", "idle GPU-h/day"]
+    if priced:
+        cols += ["restart $/day", "waste $/day", "waste $/year"]
+    for col in cols:
+        table.add_column(col, justify="right")
+    for r in rows:
+        cells = [
+            f"{r.gpus:,}", f"{r.mtbf_hours:.2f} h", human_seconds(r.blocking_s), human_seconds(r.restart_s),
+            human_seconds(r.interval_s) + ("" if r.optimal_interval else " (fixed)"), f"{100 * r.waste_fraction:.2f}%",
+            f"{100 * r.restart_fraction:.2f}%", f"{r.idle_gpu_hours_per_day:,.0f}",
+        ]  # fmt: skip
+        if priced:
+            cells += [f"${r.stall_cost_per_day:,.0f}", f"${r.total_waste_cost_per_day:,.0f}", f"${r.total_waste_cost_per_year:,.0f}"]
+        table.add_row(*cells)
+    console.print(table)
+    if any(not r.valid for r in rows):
+        console.print("note: rows where the interval reaches the MTBF or waste reaches 100% are outside the first-order model", markup=False, style="dim")

@@ -29,6 +29,7 @@ from drill.records.db import Database, _reason, safe_url
 from drill.records.lease import LeaseMixin
 from drill.records.ledger import LedgerMixin
 from drill.records.models import Alert, Checkpoint, CheckRecord, Drill, ReplayStep
+from drill.records.reporting import ReportingMixin
 from drill.records.rows import check_row, outcome_from_row, replay_rows, write_outcome
 from drill.verdict import DrillStatus
 
@@ -39,7 +40,7 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class Records(LedgerMixin, LeaseMixin):
+class Records(LedgerMixin, LeaseMixin, ReportingMixin):
     """The one place that reads and writes drill's tables."""
 
     def __init__(self, db: Database) -> None:

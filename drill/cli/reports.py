@@ -1,0 +1,188 @@
+"""``drill report``, ``drill metrics``, ``drill goodput``: what the record proves, and costs."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta, timezone
+from typing import Annotated
+
+import typer
+
+from drill.cli.common import DbOption, DebugOption, JsonOption, flag, print_json, stderr, stdout
+from drill.errors import UsageError
+
+Since = Annotated[str, typer.Option("--since", help="The window: drills started within this long (30d, 12h), or 'all'.")]
+GpusOption = Annotated[list[int] | None, typer.Option("--gpus", help="Job size in GPUs (repeatable). Default: 4096, 16384, 65536.")]
+PriceOption = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Adds idle GPU cost per day and per year.")]
+NoListOption = Annotated[bool, typer.Option("--no-list", help="Do not list run roots on storage: take retained checkpoints from the record.")]
+SUFFIXES = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json"}
+
+
+def _since(value: str) -> datetime | None:
+    from drill.units import parse_duration
+
+    if value.strip().lower() == "all":
+        return None
+    return datetime.now(timezone.utc) - timedelta(seconds=flag("--since", parse_duration, value))
+
+
+def _format(fmt: str | None, output: str | None) -> str:
+    from drill.report import FORMATS
+
+    if fmt is None:
+        fmt = SUFFIXES.get(os.path.splitext(output or "")[1].lower(), "md")
+    if fmt not in FORMATS:
+        raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def report(
+    since: Since = "30d",
+    policy: Annotated[str | None, typer.Option("--policy", help="Only this policy's drills.")] = None,
+    root: Annotated[str | None, typer.Option("--root", help="Only this run directory.")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", "-f", help="html, md or json (default: from -o's suffix, else md).")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Write the report here (atomically) instead of stdout.")] = None,
+    gpus: GpusOption = None,
+    blocking_s: Annotated[float, typer.Option("--blocking-s", help="Blocking checkpoint time C for the goodput section.")] = 60.0,
+    price: PriceOption = None,
+    no_list: NoListOption = False,
+    db: DbOption = None,
+    debug: DebugOption = False,
+) -> None:
+    """Write an audit report: which checkpoints are proven restorable, on what evidence.
+
+    Per run: the retained checkpoints and their last verdicts, every drill with its evidence,
+    coverage, latency trends (p50/p95), SLO breaches, failures with the command to re-run
+    them, what the measured restore time costs, and the audit chain's head to pin.
+
+    Example: drill report --since 30d -f html -o drill-report.html
+    """
+    from drill.report import ReportOptions, build_report, render
+    from drill.report.build import DEFAULT_GPUS
+
+    kind = _format(fmt, output)
+    window = _since(since)
+    options = ReportOptions(since=window, policy=policy, root=root, gpus=tuple(gpus or DEFAULT_GPUS), blocking_s=blocking_s, price_per_gpu_hour=price, list_storage=not no_list)
+    _check_goodput_inputs(options.gpus, [blocking_s], price)
+    doc = build_report(db, options)
+    text = render(doc, kind)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    _write(output, text)
+    stderr().print(f"wrote {output}: {kind}, {doc.drills} drill(s) in {len(doc.runs)} run(s)", markup=False)
+
+
+def _write(path: str, text: str) -> None:
+    from drill.storage import LocalStorage
+
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UsageError(f"--output: directory {directory} does not exist")
+    try:
+        LocalStorage().write(path, text.encode(), replace=True)
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {path} ({exc.strerror or exc})") from None
+
+
+def _check_goodput_inputs(gpus: tuple[int, ...] | list[int], blocking: list[float], price: float | None) -> None:
+    from drill.goodput import GoodputError, goodput
+
+    try:
+        for n in gpus:
+            for c in blocking:
+                goodput(gpus=n, blocking_s=c, restart_s=0, price_per_gpu_hour=price)
+    except GoodputError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def metrics(
+    textfile: Annotated[str, typer.Option("--textfile", help="The .prom file node_exporter's textfile collector reads.")],
+    coverage_days: Annotated[float, typer.Option("--coverage-days", help="Window for the coverage gauges.")] = 7.0,
+    no_list: NoListOption = False,
+    db: DbOption = None,
+    debug: DebugOption = False,
+) -> None:
+    """Write Prometheus gauges for node_exporter's textfile collector, atomically.
+
+    Last verdict per policy and run, restore latency, time to first step, bytes verified,
+    coverage, age of the last passing drill, and whether the audit chain is intact.
+
+    Example: drill metrics --textfile /var/lib/node_exporter/textfile/drill.prom
+    """
+    from drill.metrics import write_textfile
+
+    directory = os.path.dirname(os.path.abspath(textfile))
+    if not os.path.isdir(directory):
+        raise UsageError(f"--textfile: directory {directory} does not exist")
+    if coverage_days <= 0:
+        raise UsageError(f"--coverage-days must be positive, not {coverage_days:g}")
+    try:
+        series = write_textfile(textfile, db, coverage_days=coverage_days, list_storage=not no_list)
+    except OSError as exc:
+        raise UsageError(f"--textfile: cannot write {textfile} ({exc.strerror or exc})") from None
+    note = "" if textfile.endswith(".prom") else " (node_exporter reads only *.prom files)"
+    stderr().print(f"wrote {series} series to {textfile}{note}", markup=False)
+
+
+def goodput(
+    gpus: GpusOption = None,
+    blocking_s: Annotated[list[float] | None, typer.Option("--blocking-s", help="Blocking checkpoint time C, seconds (repeatable). Default 60.")] = None,
+    restart_s: Annotated[list[float] | None, typer.Option("--restart-s", help="Restart time R, seconds (repeatable). Default 600, or measured with --policy.")] = None,
+    mtbf_hours: Annotated[float | None, typer.Option("--mtbf-hours", help="Job MTBF. Default: Llama 3 405B's rate scaled as 1/N.")] = None,
+    interval_s: Annotated[float | None, typer.Option("--interval-s", help="A fixed checkpoint interval instead of the optimum.")] = None,
+    price: PriceOption = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Take R from this policy's drills: p95 time to first step.")] = None,
+    since: Since = "30d",
+    checkpoint_bytes: Annotated[str | None, typer.Option("--checkpoint-bytes", help="With --policy: full checkpoint size (e.g. 2TB) to scale the restore to.")] = None,
+    restore_bandwidth: Annotated[str | None, typer.Option("--restore-bandwidth", help="With --checkpoint-bytes: aggregate restore bandwidth, e.g. 200GB/s.")] = None,
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Young/Daly goodput: what checkpointing and restarts cost a run of N GPUs.
+
+    τ* = √(2·C·M); waste = C/τ + (τ/2 + R)/M for blocking checkpoint time C, MTBF M and
+    restart time R. Inputs repeat to make a table.
+
+    Example: drill goodput --gpus 4096 --gpus 16384 --gpus 65536 --blocking-s 30 --restart-s 600 --price-per-gpu-hour 2.5
+    """
+    from drill.goodput import GoodputError, table
+
+    measured = None
+    if policy is not None:
+        if restart_s:
+            raise UsageError("--restart-s and --policy both set R: give one")
+        measured = _measured(policy, _since(since), checkpoint_bytes, restore_bandwidth, db)
+        restart_s = [measured.restart_s]
+    elif checkpoint_bytes or restore_bandwidth:
+        raise UsageError("--checkpoint-bytes and --restore-bandwidth scale a policy's measured restore: add --policy")
+    try:
+        rows = table(gpus=gpus or [4096, 16384, 65536], blocking_s=blocking_s or [60.0], restart_s=restart_s or [600.0], mtbf_hours=mtbf_hours, interval_s=interval_s, price_per_gpu_hour=price)
+    except GoodputError as exc:
+        raise UsageError(str(exc)) from None
+    if json:
+        print_json({"rows": [r.to_dict() for r in rows], "restart": None if measured is None else {"restart_s": measured.restart_s, "drills": measured.drills, "how": measured.how}})
+        return
+    from drill.cli.render import render_goodput
+
+    if measured is not None:
+        stderr().print(f"R = {measured.restart_s:.1f} s: {measured.how} of policy {policy}", markup=False)
+    render_goodput(stdout(), rows, priced=price is not None)
+
+
+def _measured(policy: str, since: datetime | None, checkpoint_bytes: str | None, bandwidth: str | None, db: str | None):  # type: ignore[no-untyped-def]
+    from drill.api import history
+    from drill.goodput import GoodputError, measured_restart
+    from drill.units import parse_size
+
+    size = flag("--checkpoint-bytes", parse_size, checkpoint_bytes) if checkpoint_bytes else None
+    rate = flag("--restore-bandwidth", parse_size, bandwidth.removesuffix("/s")) if bandwidth else None
+    drills = history(db=db, policy=policy, since=since, limit=100_000)
+    samples = [(d.timings.ttfs, d.timings.restore) for d in drills if d.timings.ttfs is not None]
+    if not samples:
+        raise UsageError(f"--policy {policy}: no drill of it has a time to first step in the window (run one with its replay enabled)")
+    try:
+        return measured_restart(samples, checkpoint_bytes=size, bandwidth=rate)  # type: ignore[arg-type]
+    except GoodputError as exc:
+        raise UsageError(str(exc)) from None

@@ -1,0 +1,118 @@
+"""Prometheus gauges for node_exporter's textfile collector: is each run still proven
+restorable, how fast does it restore, how much of it is covered.
+
+    drill metrics --textfile /var/lib/node_exporter/textfile/drill.prom
+
+The file is written atomically (a temporary file renamed over it), so the collector never
+reads half of it. Series are labelled ``policy`` (empty for drills run by hand) and
+``run_root``; coverage is per run root.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from drill.verdict import DrillStatus
+
+STATUSES = [s.value for s in DrillStatus if s is not DrillStatus.RUNNING]
+SOURCE = ["policy", "run_root"]
+
+
+def _gauge(registry: Any, name: str, doc: str, labels: list[str]) -> Any:
+    from prometheus_client import Gauge
+
+    return Gauge(name, doc, labels, registry=registry)
+
+
+def build_registry(db: str | None = None, *, coverage_days: float = 7.0, list_storage: bool = True) -> Any:
+    """A ``prometheus_client`` registry holding every drill gauge, read from the record."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    now = time.time()
+    _gauge(registry, "drill_metrics_generated_timestamp_seconds", "When these metrics were written.", []).set(now)
+    latest, report = _read(db, coverage_days, list_storage)
+    _per_source(registry, latest, now)
+    _per_run(registry, report)
+    chain = report.chain
+    _gauge(registry, "drill_audit_chain_intact", "1 when the tamper-evident drill log verifies end to end.", []).set(1 if chain.get("intact") else 0)
+    _gauge(registry, "drill_audit_chain_entries", "Records sealed into the drill log.", []).set(chain.get("entries", 0))
+    return registry
+
+
+def _read(db: str | None, coverage_days: float, list_storage: bool) -> tuple[dict[tuple[str, str], Any], Any]:
+    from drill.records.db import read_database
+    from drill.records.store import Records
+    from drill.report.build import ReportOptions, build_report
+
+    since = datetime.now(timezone.utc) - timedelta(days=coverage_days)
+    report = build_report(db, ReportOptions(since=since, list_storage=list_storage))
+    database = read_database(db)
+    if database is None:
+        return {}, report
+    try:
+        return Records(database).latest_per_source(), report
+    finally:
+        database.close()
+
+
+def _per_source(registry: Any, latest: dict[tuple[str, str], Any], now: float) -> None:
+    g = {
+        "verdict": _gauge(registry, "drill_last_verdict", "1 for the verdict of the latest drill, 0 for the others.", [*SOURCE, "status"]),
+        "exit": _gauge(registry, "drill_last_exit_code", "Exit code of the latest drill.", SOURCE),
+        "at": _gauge(registry, "drill_last_drill_timestamp_seconds", "When the latest drill started.", SOURCE),
+        "ok_at": _gauge(registry, "drill_last_success_timestamp_seconds", "When the latest passing drill started.", SOURCE),
+        "ok_age": _gauge(registry, "drill_last_success_age_seconds", "Seconds since the latest passing drill started.", SOURCE),
+        "restore": _gauge(registry, "drill_restore_seconds", "Restore latency of the latest drill.", SOURCE),
+        "ttfs": _gauge(registry, "drill_ttfs_seconds", "Time to first step of the latest drill.", SOURCE),
+        "read": _gauge(registry, "drill_read_bytes", "Bytes the latest drill read.", SOURCE),
+        "verified": _gauge(registry, "drill_verified_bytes", "Bytes the latest drill verified against their seal.", SOURCE),
+    }
+    for (policy, root), (last, passed) in sorted(latest.items()):
+        labels = (policy, root)
+        for status in STATUSES:
+            g["verdict"].labels(*labels, status).set(1 if last.status.value == status else 0)
+        g["exit"].labels(*labels).set(int(last.exit_code))
+        g["at"].labels(*labels).set(last.started_at.timestamp())
+        if passed is not None:
+            g["ok_at"].labels(*labels).set(passed.started_at.timestamp())
+            g["ok_age"].labels(*labels).set(max(0.0, now - passed.started_at.timestamp()))
+        for key, value in (("restore", last.timings.restore), ("ttfs", last.timings.ttfs), ("read", last.bytes_read)):
+            if value is not None:
+                g[key].labels(*labels).set(value)
+        integrity = last.check("integrity")
+        if integrity is not None and isinstance(integrity.evidence.get("bytes_verified"), int):
+            g["verified"].labels(*labels).set(integrity.evidence["bytes_verified"])
+
+
+def _per_run(registry: Any, report: Any) -> None:
+    g = {
+        "retained": _gauge(registry, "drill_checkpoints_retained", "Retained checkpoints of the run.", ["run_root"]),
+        "drilled": _gauge(registry, "drill_checkpoints_drilled", "Retained checkpoints drilled within the coverage window.", ["run_root"]),
+        "proven": _gauge(registry, "drill_checkpoints_proven", "Retained checkpoints whose latest drill passed.", ["run_root"]),
+        "coverage": _gauge(registry, "drill_coverage_ratio", "Share of retained checkpoints drilled within the coverage window.", ["run_root"]),
+        "bytes": _gauge(registry, "drill_verified_bytes_ratio", "Share of retained bytes verified within the coverage window.", ["run_root"]),
+    }
+    for run in report.runs:
+        c = run.coverage
+        g["retained"].labels(run.run_root).set(c.retained)
+        g["drilled"].labels(run.run_root).set(c.drilled_in_window)
+        g["proven"].labels(run.run_root).set(sum(1 for k in run.checkpoints if k.proven and k.retained is not False))
+        if c.share is not None:
+            g["coverage"].labels(run.run_root).set(c.share)
+        if c.share_bytes is not None:
+            g["bytes"].labels(run.run_root).set(c.share_bytes)
+
+
+def write_textfile(path: str, db: str | None = None, *, coverage_days: float = 7.0, list_storage: bool = True) -> int:
+    """Write the gauges to ``path`` atomically; returns the number of series written."""
+    from prometheus_client import write_to_textfile
+
+    registry = build_registry(db, coverage_days=coverage_days, list_storage=list_storage)
+    write_to_textfile(path, registry)
+    return sum(len(m.samples) for m in registry.collect())
+
+
+__all__ = ["build_registry", "write_textfile"]

@@ -1,0 +1,36 @@
+"""Audit reports: what the record proves about each run's checkpoints.
+
+    from drill.report import ReportOptions, build_report, render
+
+    report = build_report(db, ReportOptions(since=..., policy="pretrain-nightly"))
+    html = render(report, "html")
+
+:mod:`~drill.report.build` assembles a :class:`~drill.report.model.Report` from the record
+database; :mod:`~drill.report.html`, :mod:`~drill.report.markdown` and ``json`` render it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from drill.report.build import ReportOptions, build_report
+from drill.report.model import SCHEMA, Report
+
+FORMATS = ("html", "md", "json")
+
+
+def render(report: Report, fmt: str) -> str:
+    if fmt == "html":
+        from drill.report.html import render_html
+
+        return render_html(report)
+    if fmt == "md":
+        from drill.report.markdown import render_markdown
+
+        return render_markdown(report)
+    if fmt == "json":
+        return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    raise ValueError(f"unknown report format {fmt!r}: expected one of {', '.join(FORMATS)}")
+
+
+__all__ = ["FORMATS", "SCHEMA", "Report", "ReportOptions", "build_report", "render"]

@@ -1,0 +1,206 @@
+"""Assembling a :class:`~drill.report.model.Report` from the record database (and, where the
+run root can be listed from this host, from storage: which checkpoints are still retained)."""
+
+from __future__ import annotations
+
+import shlex
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from drill.errors import DrillError
+from drill.findings import Severity
+from drill.goodput import GoodputError, measured_restart, table
+from drill.pipeline.outcome import DrillOutcome
+from drill.records.reporting import KnownCheckpoint, Verified
+from drill.report.model import CheckpointRow, Coverage, DrillEntry, GoodputSection, Report, RunSection
+from drill.stats import summarize
+
+DEFAULT_GPUS = (4096, 16384, 65536)
+DEFAULT_BLOCKING_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReportOptions:
+    since: datetime | None = None
+    until: datetime | None = None
+    policy: str | None = None
+    root: str | None = None
+    gpus: Sequence[int] = DEFAULT_GPUS
+    blocking_s: float = DEFAULT_BLOCKING_S
+    price_per_gpu_hour: float | None = None
+    list_storage: bool = True
+    """List each run root to learn which checkpoints are retained now (else: as recorded)."""
+
+
+def build_report(db: str | None = None, options: ReportOptions | None = None) -> Report:
+    from drill.records.db import read_database, resolve_url, safe_url
+    from drill.records.store import Records
+    from drill.storage import normalize
+
+    opts = options or ReportOptions()
+    root = normalize(opts.root) if opts.root else None
+    now = datetime.now(timezone.utc)
+    report = Report(now, opts.since, opts.until or now, opts.policy, root, safe_url(resolve_url(db)), chain=_empty_chain())
+    database = read_database(db)
+    if database is None:
+        if root is not None:
+            report.runs.append(_section(None, root, [], opts))
+        return report
+    try:
+        records = Records(database)
+        drills = [d for d in records.drills_in_window(since=opts.since, policy=opts.policy, run_root=root) if d.started_at <= report.until]
+        # Runs drilled before but not in the window appear too: a run whose drills stopped is news.
+        by_root: dict[str, list[DrillOutcome]] = {r: [] for r in ([root] if root else records.run_roots(policy=opts.policy))}
+        for d in drills:
+            by_root.setdefault(d.run_root, []).append(d)
+        report.runs = [_section(records, r, by_root[r], opts) for r in sorted(by_root)]
+        report.chain = _chain(database)
+    finally:
+        database.close()
+    return report
+
+
+def _empty_chain() -> dict[str, Any]:
+    from drill.records.audit import ChainReport
+
+    return ChainReport().to_dict()
+
+
+def _chain(database: Any) -> dict[str, Any]:
+    from drill.integrity.keys import SealKeyError
+    from drill.records.audit import load_audit_key, verify_chain
+
+    try:
+        key = load_audit_key()
+    except SealKeyError:
+        key = None
+    with database.sessions.begin() as s:
+        return verify_chain(s, key=key).to_dict()
+
+
+# -- one run --------------------------------------------------------------------------------
+def _section(records: Any, root: str, drills: list[DrillOutcome], opts: ReportOptions) -> RunSection:
+    known = {k.uri: k for k in records.known_checkpoints(root)} if records else {}
+    latest = records.latest_drills(root) if records else {}
+    ledger = records.ledger(root) if records else {}
+    retained, source, note = _retained(root, known, opts.list_storage)
+    rows = _checkpoint_rows(retained, known, latest, ledger, drills, opts.since)
+    on_storage = [r for r in rows if r.retained is not False]
+    coverage = Coverage(
+        retained=len(on_storage),
+        drilled_in_window=sum(1 for r in on_storage if r.drills_in_window),
+        bytes_retained=sum(r.bytes or 0 for r in on_storage),
+        bytes_verified_in_window=sum(r.bytes_verified_in_window for r in on_storage),
+    )
+    return RunSection(
+        run_root=root,
+        policies=sorted({d.policy for d in drills if d.policy}),
+        retention=source,
+        retention_note=note,
+        checkpoints=rows,
+        coverage=coverage,
+        counts=dict(Counter(d.status.value for d in drills)),
+        restore=summarize([d.timings.restore for d in drills]),
+        ttfs=summarize([d.timings.ttfs for d in drills]),
+        throughput=summarize([d.throughput_bps for d in drills]),
+        drills=[drill_entry(d) for d in drills],
+        goodput=_goodput(drills, opts),
+    )
+
+
+def _retained(root: str, known: dict[str, KnownCheckpoint], list_storage: bool) -> tuple[list[tuple[str, str, int | None, str | None]], str, str | None]:
+    """(uri, name, step, format) of each retained checkpoint, where that came from, and why."""
+    if list_storage:
+        from drill.discover import discover
+        from drill.storage import storage_for
+
+        try:
+            found = discover(storage_for(root), root)
+            return [(c.uri, c.name, c.step, c.format) for c in found.checkpoints], "storage", None
+        except (OSError, DrillError) as exc:
+            note = f"{root} could not be listed from this host ({getattr(exc, 'strerror', None) or exc}): checkpoints as drills last saw them"
+    else:
+        note = "storage not listed (--no-list): checkpoints as drills last saw them"
+    rows = [(k.uri, _name(k.uri), k.step, k.format) for k in known.values()]
+    return rows, "records", note
+
+
+def _checkpoint_rows(
+    retained: list[tuple[str, str, int | None, str | None]],
+    known: dict[str, KnownCheckpoint],
+    latest: dict[str, DrillOutcome],
+    ledger: dict[str, list[Verified]],
+    drills: list[DrillOutcome],
+    since: datetime | None,
+) -> list[CheckpointRow]:
+    in_window = Counter(d.checkpoint.uri for d in drills if d.checkpoint)
+    listed = {uri for uri, *_ in retained}
+    purged = [(uri, _name(uri), known[uri].step if uri in known else None, known[uri].format if uri in known else None) for uri in in_window if uri not in listed]
+    rows = []
+    for uri, name, step, fmt in [*retained, *purged]:
+        k, last, files = known.get(uri), latest.get(uri), ledger.get(uri, [])
+        rows.append(
+            CheckpointRow(
+                uri=uri, name=name, step=step, format=fmt, bytes=k.bytes if k else None, retained=uri in listed,
+                last_drill_id=last.id if last else None, last_status=last.status.value if last else None,
+                last_drilled_at=last.started_at if last else None, evidence_level=last.evidence_level if last else None,
+                bytes_verified=sum(f.size for f in files),
+                bytes_verified_in_window=sum(f.size for f in files if since is None or f.at >= since),
+                verified_at=max((f.at for f in files), default=None), drills_in_window=in_window.get(uri, 0),
+            )
+        )  # fmt: skip
+    return sorted(rows, key=lambda r: (r.step is None, r.step or 0, r.uri))
+
+
+def _name(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+# -- one drill ------------------------------------------------------------------------------
+def drill_entry(o: DrillOutcome) -> DrillEntry:
+    integrity = o.check("integrity")
+    ev = integrity.evidence if integrity else {}
+    findings = [
+        {**f.to_dict(), "check": c.name}
+        for c in o.checks
+        for f in c.findings
+        if f.severity in (Severity.ERROR, Severity.WARNING)
+    ]
+    return DrillEntry(
+        id=o.id, started_at=o.started_at, status=o.status.value, exit_code=int(o.exit_code), message=o.message,
+        checkpoint=o.checkpoint.uri if o.checkpoint else None, step=o.checkpoint.step if o.checkpoint else None,
+        trigger=o.trigger, policy=o.policy, device=o.device, evidence_level=o.evidence_level, sample=o.sample,
+        restore_s=o.timings.restore, ttfs_s=o.timings.ttfs, bytes_read=o.bytes_read, throughput_bps=o.throughput_bps,
+        checks=[{"name": c.name, "status": c.status.value, "summary": c.summary} for c in o.checks],
+        integrity={
+            "summary": integrity.summary if integrity else None, "manifests": ev.get("manifests"),
+            "bytes_verified": ev.get("bytes_verified"), "bytes_listed": ev.get("bytes_listed"), "authenticated": ev.get("authenticated"),
+        },
+        replay=None if o.replay is None else {"verdict": o.replay.verdict, "reason": o.replay.reason, "steps": o.replay.steps},
+        findings=findings, slo_breaches=[str(b.get("message", b)) for b in o.slo_breaches.values()], rerun=rerun_command(o),
+    )  # fmt: skip
+
+
+def rerun_command(o: DrillOutcome) -> str:
+    """The command that drills the same checkpoint again, the same way."""
+    target = ["--checkpoint", o.checkpoint.uri] if o.checkpoint else ["--root", o.run_root, "--checkpoint", o.selector]
+    return shlex.join(["drill", "run", *target, "--device", o.device])
+
+
+# -- goodput --------------------------------------------------------------------------------
+def _goodput(drills: list[DrillOutcome], opts: ReportOptions) -> GoodputSection | None:
+    samples = [(d.timings.ttfs, d.timings.restore) for d in drills if d.timings.ttfs is not None]
+    if not samples:
+        return None
+    try:
+        restart = measured_restart(samples)  # type: ignore[arg-type]
+        rows = table(gpus=list(opts.gpus), blocking_s=[opts.blocking_s], restart_s=[restart.restart_s], price_per_gpu_hour=opts.price_per_gpu_hour)
+    except GoodputError:
+        return None
+    return GoodputSection(restart=restart, blocking_s=opts.blocking_s, rows=rows)
+
+
+__all__ = ["DEFAULT_BLOCKING_S", "DEFAULT_GPUS", "ReportOptions", "build_report", "drill_entry", "rerun_command"]

@@ -1,0 +1,134 @@
+"""An audit report as Markdown (GitHub-flavoured tables), for a code host or a wiki.
+
+Every value that came from a record — run roots, checkpoint names, policy names, messages,
+findings — goes through :func:`cell` (table cells) or :func:`fenced` (commands): ``|``,
+backticks, ``<``/``>`` and Markdown's emphasis and link characters cannot change the layout
+or inject markup.
+"""
+
+from __future__ import annotations
+
+import re
+
+from drill.report import text as t
+from drill.report.model import DrillEntry, GoodputSection, Report, RunSection
+
+_ORDER = {s: i for i, s in enumerate(("passed", "failed", "slo_breach", "error", "aborted", "running"))}
+_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+
+
+def cell(value: object) -> str:
+    """Text safe inside a table cell or a line of prose."""
+    s = " ".join(str(value).split())  # newlines would end the row
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _SPECIAL.sub(r"\\\1", s)
+
+
+def fenced(code: str, lang: str = "sh") -> str:
+    """A code block whose fence is longer than any backtick run inside it."""
+    longest = max((len(m) for m in re.findall(r"`+", code)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{code}\n{fence}"
+
+
+def _table(header: list[str], rows: list[list[object]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return out
+
+
+def render_markdown(report: Report) -> str:
+    lines = ["# drill audit report", ""]
+    lines += _preamble(report)
+    if not report.runs:
+        lines += ["", "**No drills recorded** in this window" + (" for these filters." if report.policy or report.root else "."), ""]
+    for run in report.runs:
+        lines += ["", *_run(run)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _preamble(r: Report) -> list[str]:
+    counts = r.counts()
+    chain = r.chain
+    head = chain.get("head") or {}
+    state = "intact" if chain.get("intact") else "**NOT INTACT**"
+    lines = [
+        f"- Window: {cell(t.window(r.since, r.until))}",
+        f"- Generated: {t.when(r.generated_at)} from `{cell(r.database)}`"
+        + (f"; policy {cell(r.policy)}" if r.policy else "")
+        + (f"; run {cell(r.root)}" if r.root else ""),
+        f"- Drills: {r.drills} — " + ", ".join(f"{n} {cell(s)}" for s, n in sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 99))) if counts else "- Drills: 0",
+        (
+            f"- Audit chain: {state}, {chain.get('entries', 0)} entries; head `{head['hash']}` (entry {head['seq']}, drill #{head['drill_id']})"
+            f" — pin it: `drill audit verify --head {head['hash']}`"
+            if head
+            else f"- Audit chain: {state}, no entries yet"
+        ),
+    ]
+    lines += [f"  - {cell(p['subject'])}: {cell(p['message'])}" for p in chain.get("problems", [])]
+    return lines
+
+
+def _run(run: RunSection) -> list[str]:
+    c = run.coverage
+    lines = [f"## {cell(run.run_root)}", ""]
+    if run.policies:
+        lines += [f"Policies: {', '.join(cell(p) for p in run.policies)}", ""]
+    lines += [
+        f"Coverage: {c.drilled_in_window} of {c.retained} retained checkpoints drilled in the window ({t.share(c.share)}); "
+        f"{t.size(c.bytes_verified_in_window)} of {t.size(c.bytes_retained)} verified against their seals ({t.share(c.share_bytes)}).",
+        "",
+    ]
+    if run.retention_note:
+        lines += [f"_Note: {cell(run.retention_note)}_", ""]
+    lines += ["### Checkpoints", ""]
+    lines += _table(
+        ["checkpoint", "step", "retained", "proven restorable", "last drill", "evidence", "bytes verified", "verified"],
+        [[k.name, k.step if k.step is not None else "–", {True: "yes", False: "purged", None: "unknown"}[k.retained],
+          "yes" if k.proven else "no", f"#{k.last_drill_id} {k.last_status} {t.when(k.last_drilled_at)}" if k.last_drill_id else "never",
+          k.evidence_level or "–", t.size(k.bytes_verified), t.when(k.verified_at)] for k in run.checkpoints],
+    )  # fmt: skip
+    lines += ["", "### Restore latency", ""]
+    lines += _table(
+        ["measure", "drills", "p50", "p95", "max", "latest"],
+        [[name, s.n, f(s.p50), f(s.p95), f(s.max), f(s.last)] for name, s, f in (
+            ("restore latency", run.restore, t.seconds), ("time to first step", run.ttfs, t.seconds), ("read throughput", run.throughput, t.rate))],
+    )  # fmt: skip
+    lines += ["", "### Drills", ""]
+    lines += _table(
+        ["drill", "started", "checkpoint", "verdict", "restore", "first step", "evidence", "replay"],
+        [[f"#{d.id}", t.when(d.started_at), d.checkpoint or "–", d.status, t.seconds(d.restore_s), t.seconds(d.ttfs_s),
+          d.integrity.get("summary") or "–", d.replay["verdict"] if d.replay else "not run"] for d in reversed(run.drills)],
+    )  # fmt: skip
+    for d in run.slo_breaches:
+        lines += ["", f"SLO breach, drill #{d.id}: " + "; ".join(cell(b) for b in d.slo_breaches)]
+    for d in run.failures:
+        lines += ["", *_failure(d)]
+    if run.goodput:
+        lines += ["", *_goodput(run.goodput)]
+    return lines
+
+
+def _failure(d: DrillEntry) -> list[str]:
+    lines = [f"### Drill #{d.id}: {cell(d.status)} — {cell(d.message or '')}", ""]
+    lines += [f"- **{cell(f['check'])}** `{cell(f['code'])}` {cell(f['subject'])}: {cell(f['message'])}" + (f" — hint: {cell(f['hint'])}" if f.get("hint") else "") for f in d.findings]
+    return [*lines, "", "Re-run:", "", fenced(d.rerun)]
+
+
+def _goodput(g: GoodputSection) -> list[str]:
+    r = g.restart
+    lines = [
+        "### What your measured restore time costs",
+        "",
+        f"R = {r.restart_s:.1f} s ({cell(r.how)}); blocking checkpoint C = {g.blocking_s:g} s; MTBF from Llama 3 405B's 419 interruptions in 54 days on 16,384 GPUs, scaled to each size.",
+        "",
+    ]
+    return lines + _table(
+        ["GPUs", "MTBF", "interval τ*", "waste", "restart share", "idle GPU-h/day", "restart stall $/day", "total waste $/day"],
+        [[f"{row.gpus:,}", f"{row.mtbf_hours:.2f} h", t.seconds(row.interval_s), f"{100 * row.waste_fraction:.2f}%",
+          f"{100 * row.restart_fraction:.2f}%", f"{row.idle_gpu_hours_per_day:,.0f}", t.money(row.stall_cost_per_day),
+          t.money(row.total_waste_cost_per_day)] for row in g.rows],
+    )  # fmt: skip
+
+
+__all__ = ["cell", "fenced", "render_markdown"]

@@ -1,0 +1,255 @@
+"""Audit reports, Prometheus metrics and the goodput model, from real drills of the demo run
+(some failing by injected faults), rendered for real: HTML in headless Chromium, metrics
+through prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from drill.replay import ReplaySpec
+from drill.verdict import SLO
+from tests.conftest import drill, invoke
+from tests.faults import FaultyStorage, Flip
+
+HOSTILE = "run <script>alert(1)</script> | `tick` *star* [x](y)"
+"""A run directory name a report must print as text, never as markup."""
+
+
+@pytest.fixture(scope="module")
+def history_db(tmp_path_factory: pytest.TempPathFactory, pristine_run: Path) -> tuple[str, Path]:
+    """Five drills of a demo run whose name is hostile: passed (replayed), failed twice by
+    injected faults, an SLO breach, passed again."""
+    base = tmp_path_factory.mktemp("reports")
+    run = base / HOSTILE
+    shutil.copytree(pristine_run, run)
+    url = f"sqlite:///{base / 'drill.db'}"
+    assert drill(run, url, replay=ReplaySpec(steps=2)).status == "passed"
+    assert drill(run, url, storage=FaultyStorage({"__0_0.distcp": Flip(offset=4096)})).status == "failed"
+    assert drill(run, url, "step:20", storage=FaultyStorage({"__0_1.distcp": Flip(offset=100)})).status == "failed"
+    assert drill(run, url, "step:10", slo=SLO(max_restore_seconds=1e-6)).status == "slo_breach"
+    assert drill(run, url, "step:20", replay=ReplaySpec(steps=2)).status == "passed"
+    return url, run
+
+
+def _report(url: str, *args: str) -> str:
+    res = invoke(CliRunner(), "report", "--db", url, *args)
+    assert res.exit_code == 0, res.stderr
+    return res.stdout
+
+
+def test_the_json_report_holds_the_evidence(history_db: tuple[str, Path]) -> None:
+    url, run = history_db
+    doc = json.loads(_report(url, "-f", "json"))
+    assert doc["schema"] == "drill.report/1" and doc["totals"]["drills"] == 5
+    assert doc["totals"]["by_status"] == {"passed": 2, "failed": 2, "slo_breach": 1}
+    (section,) = doc["runs"]
+    assert section["run_root"] == str(run) and section["retention"] == "storage"
+    rows = {c["name"]: c for c in section["checkpoints"]}
+    assert [rows[n]["proven_restorable"] for n in ("step-10", "step-20", "step-30")] == [False, True, False]  # latest verdicts: slo_breach, passed, failed
+    assert rows["step-20"]["last_drill_id"] == 5 and rows["step-20"]["evidence_level"] == "sealed" and rows["step-20"]["bytes_verified"] > 0
+    assert section["coverage"]["retained"] == 3 and section["coverage"]["drilled_in_window"] == 3 and section["coverage"]["share"] == 1.0
+    assert section["restore_seconds"]["n"] == 5 and section["restore_seconds"]["p95"] >= section["restore_seconds"]["p50"] > 0
+    assert section["ttfs_seconds"]["n"] == 2
+    failed = [d for d in section["drills"] if d["status"] == "failed"]
+    assert [f["code"] for f in failed[0]["findings"] if f["check"] == "integrity"] == ["digest-mismatch"]
+    assert failed[0]["rerun"] == f"drill run --checkpoint '{run}/step-30' --device cpu"
+    replayed = section["drills"][0]["replay"]
+    assert replayed["verdict"] == "passed" and replayed["steps"][0]["reference_loss"] == replayed["steps"][0]["loss"]
+    assert section["slo_breaches"][0]["drill_id"] == 4 and "over the 1e-06 s target" in section["slo_breaches"][0]["breaches"][0]
+    assert section["goodput"]["restart_s"] > 0 and [r["gpus"] for r in section["goodput"]["rows"]] == [4096, 16384, 65536]
+    assert doc["chain"]["intact"] and doc["chain"]["head"]["seq"] == 5
+
+
+def test_the_markdown_report_escapes_what_it_did_not_write(history_db: tuple[str, Path]) -> None:
+    url, _ = history_db
+    md = _report(url, "-f", "md")
+    prose = re.sub(r"(?ms)^(`{3,})sh\n.*?\n\1$", "", md)  # commands stay literal inside code blocks, which never render markup
+    assert "<script>" not in prose and "&lt;script&gt;" in prose and "```sh\ndrill run --checkpoint 'run <script>" not in md
+    (heading,) = [line for line in md.splitlines() if line.startswith("## ")]
+    assert heading.endswith("/run &lt;script&gt;alert(1)&lt;/script&gt; \\| \\`tick\\` \\*star\\* \\[x\\](y)")
+    for line in md.splitlines():
+        if line.startswith("| ") and "step-" in line:  # every table row keeps its columns
+            header_cols = 8
+            assert len(re.findall(r"(?<!\\)\|", line)) == header_cols + 1, line
+    assert "drill run --checkpoint" in md and "### What your measured restore time costs" in md
+    assert re.search(r"head `[0-9a-f]{64}` \(entry 5, drill #5\)", md)
+
+
+def test_the_html_report_is_one_self_contained_escaped_file(history_db: tuple[str, Path], tmp_path: Path) -> None:
+    url, _ = history_db
+    out = tmp_path / "report.html"
+    res = invoke(CliRunner(), "report", "--db", url, "-o", str(out))
+    assert res.exit_code == 0 and res.stdout == "" and f"wrote {out}: html, 5 drill(s)" in res.stderr
+    html = out.read_text()
+    assert html.count("<script") == 0 and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "default-src 'none'" in html and not re.search(r"""(src|href)=["']?(https?:)?//""", html)  # nothing fetched
+    assert html.count('<svg class="chart"') == 2 and '<svg class="strip"' in html
+    assert "proven" in html and "Re-run:" in html and "What your measured restore time costs" in html
+
+
+def _png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Width, height and rows of raw pixels of an 8-bit RGB/RGBA PNG (what Chromium writes)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        (length,), kind = struct.unpack(">I", data[pos : pos + 4]), data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and color in (2, 6)
+            bpp = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw, rows, prev = zlib.decompress(idat), [], bytearray(width * bpp)
+    stride = width * bpp
+    for y in range(height):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            pred = {0: 0, 1: a, 2: b, 3: (a + b) // 2, 4: _paeth(a, b, c)}[f]
+            line[i] = (line[i] + pred) & 0xFF
+        rows.append(bytes(line) if bpp == 3 else bytes(v for j, v in enumerate(line) if j % 4 != 3))
+        prev = line
+    return width, height, rows
+
+
+def _paeth(a: int, b: int, c: int) -> int:
+    p = a + b - c
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    return a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+
+
+def test_the_html_report_renders_in_headless_chromium(history_db: tuple[str, Path], tmp_path: Path) -> None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it where it can)")
+    url, _ = history_db
+    page = tmp_path / "report.html"
+    _report(url, "-o", str(page))
+    shot = tmp_path / "shot.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--hide-scrollbars", "--window-size=1100,1400"]
+    subprocess.run([browser, *flags, f"--screenshot={shot}", page.as_uri()], check=True, capture_output=True, timeout=120)
+    width, height, rows = _png_pixels(shot.read_bytes())
+    assert (width, height) == (1100, 1400)
+    colors = {row[i : i + 3] for row in rows[::4] for i in range(0, len(row), 12)}
+    assert len(colors) > 50  # text, tables and charts, not a blank or error page
+    blue, green, red = bytes((0x25, 0x63, 0xEB)), bytes((0x15, 0x80, 0x3D)), bytes((0xDC, 0x26, 0x26))
+    assert blue in colors and green in colors and red in colors  # the latency series, passed and failed verdicts drawn
+    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], check=True, capture_output=True, text=True, timeout=120).stdout
+    assert dom.count("<polyline") >= 2 and dom.count("<circle") >= 7 and "<script" not in dom
+
+
+def test_a_database_with_no_drills_says_so(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    res = invoke(CliRunner(), "report", "--db", url)
+    assert res.exit_code == 0 and "**No drills recorded** in this window." in res.stdout
+    doc = json.loads(_report(url, "-f", "json"))
+    assert doc["runs"] == [] and doc["totals"]["drills"] == 0
+    assert "No drills recorded" in _report(url, "-f", "html")
+
+
+def test_report_filters_and_bad_flags(history_db: tuple[str, Path], tmp_path: Path) -> None:
+    url, run = history_db
+    assert json.loads(_report(url, "-f", "json", "--policy", "nope"))["runs"] == []
+    assert json.loads(_report(url, "-f", "json", "--root", str(run)))["totals"]["drills"] == 5
+    idle = json.loads(_report(url, "-f", "json", "--since", "1s"))
+    assert idle["totals"]["drills"] == 0 and idle["runs"][0]["coverage"]["drilled_in_window"] == 0  # a run that stopped being drilled shows
+    for args, message in (
+        (["-f", "pdf"], "--format: 'pdf' is not one of html, md, json"),
+        (["--since", "soon"], "--since:"),
+        (["-o", str(tmp_path / "no" / "r.html")], "--output: directory"),
+        (["--gpus", "0"], "--gpus must be a whole number of GPUs"),
+    ):
+        res = invoke(CliRunner(), "report", "--db", url, *args)
+        assert res.exit_code == 2 and message in res.stderr, (args, res.stderr)
+
+
+# -- metrics --------------------------------------------------------------------------------
+def test_the_metrics_textfile_parses_and_tells_the_state(history_db: tuple[str, Path], tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, run = history_db
+    path = tmp_path / "drill.prom"
+    res = invoke(CliRunner(), "metrics", "--db", url, "--textfile", str(path))
+    assert res.exit_code == 0 and f"series to {path}" in res.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["drill.prom"]  # written by rename: no temporary left
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(path.read_text()) for s in f.samples}
+    src = (("policy", ""), ("run_root", str(run)))
+    assert samples[("drill_last_verdict", (*src, ("status", "passed")))] == 1.0
+    assert samples[("drill_last_verdict", (*src, ("status", "failed")))] == 0.0
+    assert samples[("drill_last_exit_code", src)] == 0.0
+    assert 0 <= samples[("drill_last_success_age_seconds", src)] < 3600
+    assert samples[("drill_restore_seconds", src)] > 0 and samples[("drill_ttfs_seconds", src)] > 0 and samples[("drill_verified_bytes", src)] > 0
+    run_label = (("run_root", str(run)),)
+    assert samples[("drill_checkpoints_retained", run_label)] == 3 and samples[("drill_checkpoints_proven", run_label)] == 1
+    assert samples[("drill_coverage_ratio", run_label)] == 1.0
+    assert samples[("drill_audit_chain_intact", ())] == 1.0 and samples[("drill_audit_chain_entries", ())] == 5
+
+
+def test_metrics_bad_paths(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    res = invoke(CliRunner(), "metrics", "--db", url, "--textfile", str(tmp_path / "absent" / "x.prom"))
+    assert res.exit_code == 2 and "--textfile: directory" in res.stderr
+    res = invoke(CliRunner(), "metrics", "--db", url, "--textfile", str(tmp_path / "x.txt"))
+    assert res.exit_code == 0 and "node_exporter reads only *.prom files" in res.stderr
+
+
+# -- goodput --------------------------------------------------------------------------------
+def test_goodput_follows_young_daly() -> None:
+    from drill.goodput import LLAMA3_MTBF_HOURS, goodput
+
+    assert LLAMA3_MTBF_HOURS == pytest.approx(54 * 24 / 419)
+    row = goodput(gpus=16384, blocking_s=60, restart_s=600, price_per_gpu_hour=2.0)
+    m = 54 * 24 / 419 * 3600
+    tau = (2 * 60 * m) ** 0.5
+    assert row.interval_s == pytest.approx(tau) and row.mtbf_hours == pytest.approx(m / 3600)
+    assert row.waste_fraction == pytest.approx(60 / tau + (tau / 2 + 600) / m)
+    assert row.total_waste_cost_per_day == pytest.approx(row.waste_fraction * 16384 * 24 * 2.0)
+    assert row.stall_cost_per_day == pytest.approx(600 / m * 16384 * 24 * 2.0)
+    assert goodput(gpus=4096, blocking_s=60, restart_s=0).mtbf_hours == pytest.approx(4 * m / 3600)  # 1/N
+    fixed = goodput(gpus=16384, blocking_s=60, restart_s=600, interval_s=3600)
+    assert not fixed.optimal_interval and fixed.waste_fraction > row.waste_fraction  # τ* is the optimum
+
+
+def test_goodput_cli_table_json_and_errors() -> None:
+    res = invoke(CliRunner(), "goodput", "--json", "--gpus", "4096", "--gpus", "16384", "--gpus", "65536", "--blocking-s", "30", "--restart-s", "300", "--restart-s", "900")
+    rows = json.loads(res.stdout)["rows"]
+    assert [(r["gpus"], r["restart_s"]) for r in rows] == [(4096, 300), (4096, 900), (16384, 300), (16384, 900), (65536, 300), (65536, 900)]
+    assert {"gpus", "mtbf_hours", "blocking_s", "restart_s", "interval_s", "waste_fraction", "stall_cost_per_day", "total_waste_cost_per_day"} <= set(rows[0])
+    assert rows[0]["stall_cost_per_day"] is None  # no price, no cost
+    table = invoke(CliRunner(), "goodput", "--price-per-gpu-hour", "2")
+    assert table.exit_code == 0 and "65,536" in table.stdout and "waste $/year" in table.stdout
+    for args, message in (
+        (["--gpus", "-8"], "--gpus must be a whole number"),
+        (["--mtbf-hours", "0"], "--mtbf-hours must be a positive number"),
+        (["--blocking-s", "-1"], "--blocking-s (the blocking checkpoint time C) must be a positive number"),
+        (["--restart-s", "-5"], "--restart-s must be zero or more"),
+        (["--interval-s", "nan"], "--interval-s must be a positive number"),
+        (["--checkpoint-bytes", "2TB"], "add --policy"),
+    ):
+        res = invoke(CliRunner(), "goodput", *args)
+        assert res.exit_code == 2 and message in res.stderr, (args, res.stderr)
+
+
+def test_goodput_takes_r_from_a_policys_drills(demo_run: Path, sqlite_url: str) -> None:
+    measured = drill(demo_run, sqlite_url, replay=ReplaySpec(steps=1), policy="nightly")
+    res = invoke(CliRunner(), "goodput", "--json", "--policy", "nightly", "--gpus", "16384", "--db", sqlite_url)
+    doc = json.loads(res.stdout)
+    ttfs = doc["restart"]["restart_s"]
+    assert res.exit_code == 0 and ttfs > 0 and doc["rows"][0]["restart_s"] == ttfs and "p95 time to first step of 1 drill" in doc["restart"]["how"]
+    scaled = json.loads(invoke(CliRunner(), "goodput", "--json", "--policy", "nightly", "--checkpoint-bytes", "2TB", "--restore-bandwidth", "100GB/s", "--db", sqlite_url).stdout)
+    t = measured.timings
+    assert scaled["restart"]["restart_s"] == pytest.approx(t.ttfs - t.restore + 20)  # the restore replaced by 2 TB at 100 GB/s
+    res = invoke(CliRunner(), "goodput", "--policy", "other", "--db", sqlite_url)
+    assert res.exit_code == 2 and "no drill of it has a time to first step" in res.stderr
