@@ -18,6 +18,7 @@ from drill.pipeline import DrillOutcome, DrillRequest, Recorder
 from drill.pipeline import run_drill as _run_pipeline
 
 if TYPE_CHECKING:
+    from drill.dist.context import DistContext
     from drill.policy.model import Policy
     from drill.records.audit import ChainReport
     from drill.restore import Progress
@@ -32,21 +33,25 @@ def run_drill(
     recorder: Recorder | None = None,
     progress: Progress | None = None,
     storage: Storage | None = None,
+    dist: DistContext | None = None,
 ) -> DrillOutcome:
     """Run one drill and record it in the database (or report it to ``recorder``).
+
+    ``dist`` makes this process one rank of a distributed drill (see :mod:`drill.dist`):
+    give rank 0 the database and every other rank a :class:`~drill.pipeline.NullRecorder`.
 
     Raises :class:`~drill.errors.UsageError` for a request this host cannot run and
     :class:`~drill.errors.DatabaseError` when the database cannot be opened — both before
     anything is read or recorded. Everything after that is in the outcome.
     """
     if recorder is not None:
-        return _run_pipeline(request, recorder, progress=progress, storage=storage)
+        return _run_pipeline(request, recorder, progress=progress, storage=storage, dist=dist)
     from drill.records.db import open_database
     from drill.records.recorder import DatabaseRecorder
 
     database = open_database(db)
     try:
-        return _run_pipeline(request, DatabaseRecorder(database), progress=progress, storage=storage)
+        return _run_pipeline(request, DatabaseRecorder(database), progress=progress, storage=storage, dist=dist)
     finally:
         database.close()
 

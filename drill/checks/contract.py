@@ -237,6 +237,9 @@ def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], 
     if cuda_ranks and len(cuda_ranks) != len(per_rank):
         for rank in sorted((r for r in per_rank if r not in cuda_ranks), key=lambda r: -1 if r is None else r):
             findings.append(_f("rng-generator-missing", f"rng.rank_{rank}.cuda", f"rank {rank} saved no CUDA RNG state while other ranks did", rank=rank))
+    ranked = [r for r in per_rank if r is not None]
+    if ranked and len(layout.saved_ranks) > 1:
+        findings += _ranks_missing("rng", "rng-rank-missing", layout.saved_ranks, ranked, "RNG state", "would draw different dropout masks and random numbers than the original run")
     saved = layout.rank_files.get(parts.RNG, [])
     if layout.multi_rank:
         expected = range(max(max(saved) + 1, 2))  # rank-suffixed files exist only when world size > 1
@@ -265,6 +268,8 @@ def check_dataloader(state: Mapping[str, Any], layout: Layout, required: bool) -
     severity = Severity.ERROR if required else Severity.WARNING
     findings: list[Finding] = []
     ranks = sorted({int(m.group(1)) for k in loader if (m := _RANKED.match(k.split(".", 1)[0]))})
+    if ranks and len(layout.saved_ranks) > 1:
+        findings += _ranks_missing("dataloader", "dataloader-rank-missing", [r for r in layout.saved_ranks if r > max(ranks)], ranks, "data-loader state", "would restart its data at epoch start")
     for rank in range(max(ranks) + 1 if ranks else 0):
         if rank not in ranks:
             findings.append(
@@ -286,23 +291,34 @@ def check_dataloader(state: Mapping[str, Any], layout: Layout, required: bool) -
             )
         )
     evidence: dict[str, Any] = {"keys": sorted(loader)[:20], "ranks": ranks}
-    consumed = _batches_consumed(loader)
     step = _as_int(state.get(f"{parts.TRAIN_STATE}.step"))
-    if consumed is not None and step is not None:
-        evidence["batches_consumed"] = consumed
+    for where, sub in [("dataloader", loader)] + [(f"dataloader.rank_{r}", _part(loader, f"rank_{r}")) for r in ranks]:
+        consumed = _batches_consumed(sub)
+        if consumed is None or step is None:
+            continue
+        evidence.setdefault("batches_consumed", consumed)
         if consumed != step:
             direction = "repeat" if consumed < step else "skip"
             findings.append(
                 _f(
                     "dataloader-step-mismatch",
-                    "dataloader",
-                    f"the data loader has consumed {consumed} batches but train_state is at step {step}: a resume would "
+                    where,
+                    f"{where} has consumed {consumed} batches but train_state is at step {step}: a resume would "
                     f"{direction} {abs(step - consumed)} batches and train on different data than the original run",
                     expected=step,
                     actual=consumed,
                 )
             )
     return findings, evidence
+
+
+def _ranks_missing(part: str, code: str, expected: list[int], have: list[int], what: str, harm: str) -> list[Finding]:
+    """A finding per rank that saved the checkpoint but left no ``part.rank_N`` state."""
+    return [
+        _f(code, f"{part}.rank_{rank}", f"rank {rank} saved its shard of the checkpoint but no {what}: on resume rank {rank} {harm}", rank=rank)
+        for rank in expected
+        if rank not in have
+    ]
 
 
 def _batches_consumed(loader: Mapping[str, Any]) -> int | None:
@@ -315,24 +331,47 @@ def _batches_consumed(loader: Mapping[str, Any]) -> int | None:
 
 
 # -- finite scan ----------------------------------------------------------------------------
-def check_finite(state: Mapping[str, Any], mode: str, trained: bool) -> tuple[list[Finding], dict[str, Any]]:
+def _scannable(key: str, t: Any) -> bool:
+    return (
+        key.startswith((parts.MODEL + ".", parts.OPTIMIZER + "."))
+        and isinstance(t, torch.Tensor)
+        and t.device.type != "meta"
+        and t.is_floating_point()
+        and t.numel() > 0
+        and not key.endswith(".step")
+    )
+
+
+def finite_stats(t: torch.Tensor, mode: str) -> list[int]:
+    """[elements scanned, NaN, Inf, 1 if all scanned elements are zero] for one tensor (or chunk)."""
+    view = t.detach().reshape(-1)
+    if mode == "sampled" and view.numel() > 65536:
+        view = view[:: view.numel() // 65536]
+    finite = torch.isfinite(view)
+    if bool(finite.all()):
+        return [view.numel(), 0, 0, int(view.numel() > 1 and not bool(view.any()))]
+    nan = int(torch.isnan(view).sum())
+    return [view.numel(), nan, int((~finite).sum()) - nan, 0]
+
+
+def scan(tensors: list[tuple[str, Any]], mode: str) -> dict[str, list[int]]:
+    """Per key, the stats of every scannable tensor or chunk of it, summed."""
+    out: dict[str, list[int]] = {}
+    for key, t in tensors:
+        if mode == "off" or not _scannable(key, t):
+            continue
+        got = finite_stats(t, mode)
+        have = out.get(key)
+        out[key] = got if have is None else [have[0] + got[0], have[1] + got[1], have[2] + got[2], have[3] & got[3]]
+    return out
+
+
+def check_finite(stats: dict[str, list[int]], mode: str, trained: bool) -> tuple[list[Finding], dict[str, Any]]:
     if mode == "off":
         return [], {"finite_scan": "off"}
     findings: list[Finding] = []
-    scanned = 0
-    for key, t in state.items():
-        if not (key.startswith((parts.MODEL + ".", parts.OPTIMIZER + ".")) and isinstance(t, torch.Tensor)):
-            continue
-        if not t.is_floating_point() or t.numel() == 0 or key.endswith(".step"):
-            continue
-        view = t.detach().reshape(-1)
-        if mode == "sampled" and view.numel() > 65536:
-            view = view[:: view.numel() // 65536]
-        scanned += view.numel()
-        finite = torch.isfinite(view)
-        if not bool(finite.all()):
-            nan = int(torch.isnan(view).sum())
-            inf = int((~finite).sum()) - nan
+    for key, (_, nan, inf, zero) in sorted(stats.items()):
+        if nan or inf:
             findings.append(
                 _f(
                     "non-finite",
@@ -341,7 +380,7 @@ def check_finite(state: Mapping[str, Any], mode: str, trained: bool) -> tuple[li
                     actual={"nan": nan, "inf": inf},
                 )
             )
-        elif trained and view.numel() > 1 and not bool(view.any()) and (key.startswith(parts.MODEL + ".") and key.endswith("weight") or key.endswith("exp_avg_sq")):
+        elif trained and zero and (key.startswith(parts.MODEL + ".") and key.endswith("weight") or key.endswith("exp_avg_sq")):
             findings.append(
                 _f(
                     "still-zero",
@@ -350,7 +389,19 @@ def check_finite(state: Mapping[str, Any], mode: str, trained: bool) -> tuple[li
                     severity=Severity.WARNING,
                 )
             )
-    return findings, {"finite_scan": mode, "elements_scanned": scanned}
+    return findings, {"finite_scan": mode, "elements_scanned": sum(v[0] for v in stats.values())}
+
+
+def _finite(restore: Any, state: Mapping[str, Any], mode: str) -> dict[str, list[int]]:
+    """What the scan found: here, or — after a distributed restore — on the ranks that hold the tensors."""
+    if restore.finite is not None:
+        return {k: v for k, v in restore.finite.items() if k in state}
+    return scan(list(state.items()), mode)
+
+
+def _trained(state: Mapping[str, Any], layout: Layout) -> bool:
+    counters = step_counters(state, layout)
+    return bool(counters and max(counters.values()) > 0)
 
 
 def check_contract(inputs: CheckInputs) -> CheckResult:
@@ -371,7 +422,7 @@ def check_contract(inputs: CheckInputs) -> CheckResult:
         lambda: check_steps(state, layout),
         lambda: check_rng(state, layout),
         lambda: check_dataloader(state, layout, parts.DATALOADER in required),
-        lambda: check_finite(state, expectations.finite_scan, bool(step_counters(state, layout) and max(step_counters(state, layout).values()) > 0)),
+        lambda: check_finite(_finite(restore, state, expectations.finite_scan), expectations.finite_scan, _trained(state, layout)),
     ):
         f, ev = fn()
         findings += f

@@ -51,6 +51,9 @@ NoReplay = Annotated[bool, typer.Option("--no-replay", help="Skip the replay (th
 MemoryBudget = Annotated[str | None, typer.Option("--memory-budget", help="Most the restored state may occupy (e.g. 16GiB); default: what the device has free.")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds the whole drill may take before it ends as an error (a hung mount).")]
 Durable = Annotated[str | None, typer.Option("--durable", help="The run's copy on a durable tier (e.g. s3://bucket/run7): verify the drilled checkpoint's copy there too.")]
+RankTimeout = Annotated[
+    float, typer.Option("--rank-timeout", help="Under torchrun/srun: seconds a rank may lag behind the others before it counts as dead or hung.")
+]
 Trigger = Annotated[str, typer.Option("--trigger", hidden=True)]
 
 
@@ -76,6 +79,7 @@ def run(
     timeout: Timeout = 3600.0,
     memory_budget: MemoryBudget = None,
     durable: Durable = None,
+    rank_timeout: RankTimeout = 600.0,
     trigger: Trigger = "manual",
     db: DbOption = None,
     json: JsonOption = False,
@@ -90,13 +94,23 @@ def run(
     what the original run did. The verdict, every check's evidence, the restore latency per
     phase and the time to first step are recorded in the database.
 
+    Under torchrun or srun every rank runs this same command: each restores its share of the
+    files, and rank 0 checks, records and prints the drill.
+
     Example: drill run --root ./demo-run --checkpoint latest
     """
+    from drill.dist.context import launched_world
+
     if policy is not None:
         if (root, checkpoint) != (None, "latest"):
             raise UsageError("--policy names the run and how to select its checkpoint; drop --root/--checkpoint")
-        return run_policy(policy, db=db, json=json, trigger="policy" if trigger == "manual" else trigger)
-    request = build_request(locals())
+        if launched_world() is None:
+            return run_policy(policy, db=db, json=json, trigger="policy" if trigger == "manual" else trigger)
+        request = policy_request(policy, "policy" if trigger == "manual" else trigger)
+    else:
+        request = build_request(locals())
+    if launched_world() is not None:
+        return run_ranks(request, db=db, json=json, quiet=quiet, rank_timeout=rank_timeout)
     from drill.api import run_drill
     from drill.cli.progress import RichProgress
 
@@ -106,6 +120,40 @@ def run(
     with RichProgress(quiet=quiet) as progress:
         outcome = run_drill(request, db=db, progress=progress)
     report(outcome, json=json, where=where)
+
+
+def policy_request(path: Path, trigger: str) -> DrillRequest:
+    """A policy's drill as a request, for a rank of a distributed job (the batch system, not a
+    child process, bounds its time and memory)."""
+    from drill.cli.nightly import load_policy_or_fail
+    from drill.policy.request import request_from_policy
+
+    return request_from_policy(load_policy_or_fail(path), trigger)
+
+
+def run_ranks(request: DrillRequest, *, db: str | None, json: bool, quiet: bool, rank_timeout: float) -> None:
+    """One rank of a distributed drill: rank 0 records and reports, the others only restore."""
+    from drill.api import run_drill
+    from drill.cli.progress import RichProgress
+    from drill.dist.context import connect
+    from drill.pipeline import NullRecorder
+    from drill.records.db import resolve_url, safe_url
+
+    if rank_timeout <= 0:
+        raise UsageError(f"--rank-timeout must be positive, not {rank_timeout:g}")
+    dist = connect(rank_timeout)
+    try:
+        if dist is None or dist.is_root:
+            with RichProgress(quiet=quiet) as progress:
+                outcome = run_drill(request, db=db, progress=progress, dist=dist)
+            return report(outcome, json=json, where=safe_url(resolve_url(db)))
+        outcome = run_drill(request, recorder=NullRecorder(), dist=dist)
+    finally:
+        if dist is not None:
+            dist.close()
+    if outcome.status is not DrillStatus.PASSED and outcome.message:
+        stderr().print(f"drill: rank {dist.rank}: {outcome.status.value}: {outcome.message}", markup=False)
+    raise exit_with(outcome.exit_code)
 
 
 def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]

@@ -52,13 +52,15 @@ class DemoConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def write(self, run_dir: Path, device: str = "cpu") -> None:
+    def write(self, run_dir: Path, device: str = "cpu", ranks: int = 1) -> None:
         doc = {
             "kind": "drill-demo",
             "config": self.to_dict(),
             "device": device,
+            "ranks": ranks,
             # How drill replays this run: the entrypoint that rebuilds its training objects.
-            "replay": "drill.demo.replay:build_replay",
+            # A run sharded over several ranks names none: its replay needs its ranks.
+            "replay": "drill.demo.replay:build_replay" if ranks == 1 else None,
         }
         (run_dir / RUN_FILE).write_text(json.dumps(doc, indent=2) + "\n")
 

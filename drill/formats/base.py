@@ -35,6 +35,9 @@ class RestoreContext:
     memory_budget: int | None = None
     """Bytes the restored state may occupy on the device; a checkpoint claiming more is
     refused with a finding before anything is allocated. None: no limit."""
+    shard: Any = None
+    """This rank's :class:`~drill.formats.dcp_shard.Shard` when many ranks restore the
+    checkpoint together; None: this process restores all of it."""
 
 
 class FormatAdapter(Protocol):

@@ -36,6 +36,8 @@ class Layout:
     """Part → the ranks that saved it as separate files (HF's rng_state_{rank}.pth)."""
     multi_rank: bool = False
     """The files say more than one rank saved (HF names rng files per rank only then)."""
+    saved_ranks: list[int] = field(default_factory=list)
+    """The ranks that wrote the checkpoint, where its file names say (DCP's ``__<rank>_<n>.distcp``)."""
     notes: list[str] = field(default_factory=list)
     save_hint: str = "save it with the other Stateful objects passed to dcp.save"
     """What to do about a missing required part, in this framework's terms."""

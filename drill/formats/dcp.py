@@ -365,6 +365,10 @@ class DCPAdapter:
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
         """Read every file of ``ref`` once — hashed as the plan says — and load every entry
         onto the device into targets allocated from the metadata, as a resume would."""
+        if ctx.shard is not None:
+            from drill.formats.dcp_shard import restore_shard
+
+            return restore_shard(storage, ref, ctx, ctx.shard)
         result = RestoreResult(uri=ref.uri, format=self.name, device=str(ctx.device))
         result.layout = Layout(format=self.name, required=parts.CANONICAL_PARTS, optimizer_keys="fqn")
         if ref.step is not None:
@@ -376,6 +380,9 @@ class DCPAdapter:
             result.metadata_error = str(exc)
             return result
         result.index = metadata.storage_data
+        from drill.formats.dcp_shard import saved_ranks
+
+        result.layout.saved_ranks = saved_ranks(metadata)
         sizes = _file_sizes(storage, ref.uri, metadata)
         try:
             result.inventory = inventory(metadata)

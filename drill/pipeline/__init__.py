@@ -19,12 +19,18 @@ from drill.pipeline.recorder import NullRecorder, Recorder
 from drill.pipeline.request import DrillRequest
 
 if TYPE_CHECKING:
+    from drill.dist.context import DistContext
     from drill.restore import Progress
     from drill.storage import Storage
 
 
 def run_drill(
-    request: DrillRequest, recorder: Recorder | None = None, *, progress: Progress | None = None, storage: Storage | None = None
+    request: DrillRequest,
+    recorder: Recorder | None = None,
+    *,
+    progress: Progress | None = None,
+    storage: Storage | None = None,
+    dist: DistContext | None = None,
 ) -> DrillOutcome:
     """Run one drill and report it to ``recorder``; returns the outcome.
 
@@ -33,11 +39,16 @@ def run_drill(
     cannot run (no such device, an unknown storage scheme). An interrupt (SIGINT, SIGTERM)
     ends the drill as ``aborted``; drill's own failures end it as ``error``. Either way the
     recorder is told exactly once how the drill ended.
+
+    With ``dist`` (:func:`drill.dist.context.connect`) this process is one rank of a
+    distributed drill: every rank restores its share of the files; rank 0 — whose recorder
+    alone should write — checks, records and publishes the verdict, which every rank returns.
     """
     from drill.pipeline.stages import Drill, check_stage, discover_stage, plan_stage, replay_stage, restore_stage
     from drill.restore import NullProgress
 
     drill = Drill.prepare(request, recorder or NullRecorder(), progress or NullProgress(), storage)
+    drill.dist = dist
     with drill.guarded():
         drill.begin()
         drill.stage("discover", discover_stage)  # discover, resume
@@ -45,7 +56,12 @@ def run_drill(
         drill.stage("restore", restore_stage)  # read + hash + load onto the device
         drill.stage("checks", check_stage)  # integrity, files, load, keys, contract
         drill.stage("replay", replay_stage)  # replay
-    return drill.finish()
+    outcome = drill.finish()
+    if dist is not None:
+        from drill.pipeline.ranks import settle
+
+        outcome = settle(drill, outcome)
+    return outcome
 
 
 __all__ = ["DrillOutcome", "DrillRequest", "NullRecorder", "Recorder", "run_drill"]

@@ -105,6 +105,11 @@ class DrillOutcome:
     """drill's own failure in full (a traceback), or how a dead drill died."""
     versions: dict[str, str | None] = field(default_factory=dict)
     alerts: list[dict[str, Any]] = field(default_factory=list)
+    distributed: dict[str, Any] | None = None
+    """A drill run by many ranks: world size, per-rank files, bytes and seconds, the byte
+    balance, the slowest rank and why (see :func:`drill.dist.restore.figures`)."""
+    job_id: str | None = None
+    """The batch job that ran the drill (``slurm:1234``), when ``drill submit`` launched it."""
     record_problem: str | None = None
     """Set when the record could not be written in full (never part of the stored document)."""
 
@@ -114,6 +119,8 @@ class DrillOutcome:
 
     @property
     def throughput_bps(self) -> float | None:
+        if self.distributed and self.distributed.get("slowest", {}).get("seconds"):
+            return self.distributed["bytes_total"] / self.distributed["slowest"]["seconds"]  # all ranks together
         busy = (self.timings.read or 0.0) + (self.timings.load or 0.0)
         return self.bytes_read / busy if self.bytes_read and busy > 0 else None
 
@@ -150,6 +157,8 @@ class DrillOutcome:
             "error": self.error,
             "versions": self.versions,
             "alerts": self.alerts,
+            "distributed": self.distributed,
+            "job_id": self.job_id,
         }
         if with_checks:
             doc["checks"] = [c.to_dict() for c in self.checks]
@@ -188,4 +197,6 @@ class DrillOutcome:
             error=doc.get("error"),
             versions=dict(doc.get("versions") or {}),
             alerts=list(doc.get("alerts") or []),
+            distributed=doc.get("distributed"),
+            job_id=doc.get("job_id"),
         )

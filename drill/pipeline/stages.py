@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from typing import Any
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -34,6 +35,7 @@ from drill.integrity.coverage import annotate_coverage
 from drill.integrity.keys import load_key
 from drill.integrity.verify import plan_integrity
 from drill.interrupts import InterruptGuard, Interrupted
+from drill.pipeline import ranks
 from drill.pipeline.outcome import CheckpointInfo, DrillOutcome, ReplaySummary, Timings
 from drill.pipeline.recorder import DrillStart, Recorder
 from drill.pipeline.request import DrillRequest
@@ -73,6 +75,10 @@ class Drill:
     scratch_copy: str | None = None
     """The local copy of a remote checkpoint, removed when the drill ends."""
     guard: InterruptGuard = field(default_factory=InterruptGuard)
+    dist: Any = None
+    """The :class:`~drill.dist.context.DistContext` when many ranks run this drill."""
+    hash_plan: Any = None
+    """What to hash, as rank 0 planned it (the other ranks of a distributed drill)."""
 
     @classmethod
     def prepare(cls, request: DrillRequest, recorder: Recorder, progress: Progress, storage: Storage | None) -> Drill:
@@ -101,6 +107,7 @@ class Drill:
             policy=request.policy,
             versions={"drill": __version__, "torch": torch.__version__},
             sample=str(request.sample),
+            job_id=job_id_from_env(),
         )
         inputs = CheckInputs(
             storage=storage,
@@ -190,6 +197,8 @@ class Drill:
 # -- the stages -----------------------------------------------------------------------------
 def discover_stage(d: Drill) -> list[CheckResult]:
     """List the run root, choose the checkpoint; the ``discover`` and ``resume`` checks."""
+    if d.dist is not None and not d.dist.is_root:
+        return ranks.follow_discovery(d)
     root, inputs = d.request.root, d.inputs
     assert root is not None
     try:
@@ -217,6 +226,8 @@ def discover_stage(d: Drill) -> list[CheckResult]:
         d.stop(f"nothing to drill: {exc.message}")
     finally:
         d.timings.discover = time.perf_counter() - d.started
+    if d.dist is not None:
+        ranks.lead_discovery(d)
     return run_checks(("discover", "resume"), inputs)
 
 
@@ -231,6 +242,8 @@ def _choose(d: Drill):  # type: ignore[no-untyped-def]
 def plan_stage(d: Drill) -> list[CheckResult]:
     """List the checkpoint and read its manifests: what to hash. A path out of the
     checkpoint stops the drill here, with nothing opened."""
+    if d.dist is not None and not d.dist.is_root:
+        return ranks.follow_plan(d)
     started = time.perf_counter()
     ref, request = d.inputs.ref, d.request
     assert ref is not None
@@ -248,8 +261,9 @@ def plan_stage(d: Drill) -> list[CheckResult]:
     d.timings.plan = time.perf_counter() - started
     if plan.refuse:
         d.stop("a path leads out of the checkpoint: nothing was opened")
-        return run_checks(("integrity",), d.inputs)
-    return []
+    if d.dist is not None:
+        ranks.share_plan(d)
+    return run_checks(("integrity",), d.inputs) if plan.refuse else []
 
 
 def _to_scratch(d: Drill, ref: CheckpointRef) -> CheckpointRef:
@@ -283,17 +297,19 @@ def restore_stage(d: Drill) -> list[CheckResult]:
     """Read every file once — hashing the bytes it then deserializes — and load every tensor
     onto the device, as a resume would."""
     ref, plan = d.inputs.ref, d.inputs.plan
-    assert ref is not None and plan is not None
+    assert ref is not None
     adapter = adapter_for(ref.format if d.request.format == "auto" else d.request.format)  # imported off the clock
     ctx = RestoreContext(
         device=d.device,  # type: ignore[arg-type]
         progress=d.progress,
-        hash_plan=plan.hash_plan,
+        hash_plan=plan.hash_plan if plan is not None else d.hash_plan,
         allow_classes=d.request.allow_classes,
         memory_budget=d.request.memory_budget,
     )
     started = time.perf_counter()
-    result = adapter.restore(d.storage, ref, ctx)
+    result = adapter.restore(d.storage, ref, ctx) if d.dist is None else ranks.restore_across_ranks(d, adapter, ctx)
+    if result is None:  # a rank other than 0: its share is done
+        return []
     t = d.timings
     t.read, t.load = result.read_seconds, result.load_seconds
     t.restore = (t.discover or 0.0) + (t.plan or 0.0) + (time.perf_counter() - started)
@@ -359,3 +375,10 @@ def _restored_step(state: dict, fallback: int | None) -> int | None:  # type: ig
     if hasattr(step, "item"):
         step = step.item()
     return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else fallback
+
+
+def job_id_from_env() -> str | None:
+    """The batch job this drill runs in: ``$DRILL_JOB_ID``, else Slurm's job id."""
+    if os.environ.get("DRILL_JOB_ID"):
+        return os.environ["DRILL_JOB_ID"][:128]
+    return f"slurm:{os.environ['SLURM_JOB_ID']}" if os.environ.get("SLURM_JOB_ID") else None

@@ -102,6 +102,10 @@ class Drill(Base):
     selection: Mapped[str | None] = mapped_column(Text)
     """How the checkpoint was chosen (with the seed of a random choice)."""
     slo_breaches: Mapped[dict[str, Any] | None]
+    distributed: Mapped[dict[str, Any] | None]
+    """A drill run by many ranks: per-rank figures, balance, the slowest rank."""
+    job_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    """The batch job that ran it (``slurm:1234``)."""
 
     checkpoint: Mapped[Checkpoint | None] = relationship(back_populates="drills")
     checks: Mapped[list[CheckRecord]] = relationship(

@@ -56,6 +56,7 @@ def write_outcome(s: Session, d: Drill, o: DrillOutcome) -> None:
     d.restore_seconds, d.discover_seconds, d.plan_seconds, d.read_seconds = t.restore, t.discover, t.plan, t.read
     d.load_seconds, d.checks_seconds, d.replay_seconds, d.ttfs_seconds = t.load, t.checks, t.replay, t.ttfs
     d.bytes_read, d.throughput_bps = o.bytes_read, o.throughput_bps
+    d.distributed, d.job_id = jsonable(o.distributed) if o.distributed else None, o.job_id
     d.replay_verdict = o.replay.verdict if o.replay else None
     d.replay_reason = o.replay.reason if o.replay else None
     if o.checkpoint is not None:
@@ -96,6 +97,8 @@ def outcome_from_row(d: Drill, *, with_checks: bool) -> DrillOutcome:
         checks=[_check(c) for c in d.checks] if with_checks else [],
         error=d.error,
         versions={"drill": d.drill_version, "torch": d.torch_version},
+        distributed=dict(d.distributed) if d.distributed else None,
+        job_id=d.job_id,
         alerts=[{"channel": a.channel, "target": a.target, "delivered": a.delivered, "attempts": a.attempts, "error": a.error} for a in d.alerts],
     )
 

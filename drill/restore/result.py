@@ -70,6 +70,11 @@ class RestoreResult:
     tensors_loaded: int = 0
     tensor_bytes: int = 0
     values_loaded: int = 0
+    chunks: list[tuple[str, tuple[int, ...], Any]] = field(default_factory=list)
+    """Chunks of tensors this rank restored only part of (a distributed restore): key, offsets, tensor."""
+    finite: dict[str, list[int]] | None = None
+    """Per tensor key, what a distributed restore's ranks found scanning their shares:
+    [elements scanned, NaN, Inf, 1 if every element was zero]. None: scan ``state`` here."""
     read_seconds: float = 0.0
     """Time the restore waited on storage (bytes not yet read)."""
     load_seconds: float = 0.0

@@ -1,0 +1,182 @@
+"""The demo run trained by N ranks on CPU: FSDP2-sharded model and optimizer, per-rank RNG and
+data-loader state, saved with DCP as a genuinely sharded checkpoint (``__<rank>_<n>.distcp``).
+
+``drill demo DIR --ranks N`` starts N processes of this module (gloo, a ``file://``
+rendezvous: nothing listens on a port). Each rank trains its slice of every global batch;
+rank 0 logs the global loss and the global batch's fingerprint, seals each checkpoint and
+applies retention.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from drill import parts
+from drill.demo.config import DemoConfig
+
+RANKS_FILE = "run.json"
+
+
+def train_distributed(run_dir: str | Path, cfg: DemoConfig, ranks: int, *, timeout: float = 1800.0) -> float:
+    """Train with ``ranks`` processes into ``run_dir`` (a fresh directory); returns seconds."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if any(run_dir.iterdir()):
+        raise FileExistsError(f"{run_dir} is not empty; the demo writes a fresh run directory")
+    if ranks < 2:
+        raise ValueError("--ranks must be at least 2 for a sharded run (1 is the ordinary demo)")
+    cfg.write(run_dir, ranks=ranks)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="drill-demo-rdzv-") as rdzv:
+        env = {**os.environ, "DRILL_DIST_INIT": f"file://{rdzv}/store", "WORLD_SIZE": str(ranks)}
+        procs = []
+        for rank in range(ranks):
+            log = open(Path(rdzv) / f"rank{rank}.log", "w+b")
+            cmd = [sys.executable, "-m", "drill.demo.distributed", str(run_dir)]
+            procs.append((subprocess.Popen(cmd, env={**env, "RANK": str(rank)}, stdout=log, stderr=subprocess.STDOUT), log))
+        _wait_all(procs, timeout)
+    return time.perf_counter() - started
+
+
+def _wait_all(procs: list[tuple[subprocess.Popen, Any]], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    failed: list[str] = []
+    for rank, (proc, log) in enumerate(procs):
+        try:
+            code = proc.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            code = None
+        if code != 0:
+            log.seek(0)
+            tail = log.read().decode(errors="replace").strip().splitlines()[-3:]
+            failed.append(f"rank {rank} {'timed out' if code is None else f'exited {code}'}: {' | '.join(tail)}")
+            for other, _ in procs:
+                if other.poll() is None:
+                    other.kill()
+    for _, log in procs:
+        log.close()
+    if failed:
+        raise RuntimeError("; ".join(failed))
+
+
+# -- one rank -------------------------------------------------------------------------------
+def _objects(cfg: DemoConfig, rank: int, world: int) -> dict[str, Any]:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from drill.demo.data import ShuffledWindowLoader, synthetic_corpus
+    from drill.demo.model import TinyGPT
+    from drill.demo.state import WarmupCosine
+    from drill.demo.train import seed_everything
+
+    seed_everything(cfg.seed)  # the same initial weights on every rank
+    model = TinyGPT(cfg)
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(cfg.warmup_steps, cfg.steps))
+    tokens = synthetic_corpus(cfg.vocab_size, cfg.corpus_tokens, cfg.seed)
+    loader = ShuffledWindowLoader(tokens, cfg.block_size, cfg.batch_size * world, cfg.seed)  # the global batch
+    seed_everything(cfg.seed + 1 + rank)  # each rank its own dropout stream
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader, "step": 0, "tokens": 0}
+
+
+def _step(o: dict[str, Any], cfg: DemoConfig, rank: int, world: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from drill.demo.data import batch_fingerprint
+
+    o["model"].train()
+    x_all, y_all = o["loader"].next_batch()
+    x, y = x_all[rank * cfg.batch_size : (rank + 1) * cfg.batch_size], y_all[rank * cfg.batch_size : (rank + 1) * cfg.batch_size]
+    loss = o["model"](x, y)
+    o["optimizer"].zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(o["model"].parameters(), 1.0)
+    lr = o["optimizer"].param_groups[0]["lr"]
+    o["optimizer"].step()
+    o["scheduler"].step()
+    o["step"] += 1
+    o["tokens"] += x_all.numel()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    grad = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    return {"step": o["step"], "loss": mean.item() / world, "grad_norm": float(grad), "batch": batch_fingerprint(x_all), "lr": lr, "tokens": o["tokens"]}
+
+
+def _state(o: dict[str, Any], rank: int) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    from drill.demo.state import RNGState
+
+    return {
+        parts.MODEL: get_model_state_dict(o["model"]),
+        parts.OPTIMIZER: get_optimizer_state_dict(o["model"], o["optimizer"]),
+        parts.LR_SCHEDULER: o["scheduler"].state_dict(),
+        parts.DATALOADER: {f"rank_{rank}": o["loader"].state_dict()},
+        parts.RNG: {f"rank_{rank}": RNGState().state_dict()},
+        parts.TRAIN_STATE: {"step": o["step"], "tokens_seen": o["tokens"]},
+    }
+
+
+def _save(o: dict[str, Any], run_dir: Path, cfg: DemoConfig, rank: int) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from drill.demo.train import apply_retention, checkpoint_dir
+    from drill.sdk import load_key, seal
+
+    path = checkpoint_dir(run_dir, o["step"])
+    dcp.save(_state(o, rank), storage_writer=dcp.FileSystemWriter(str(path), thread_count=1))
+    dist.barrier()
+    if rank == 0:
+        seal(path, step=o["step"], key=load_key())
+        apply_retention(run_dir, cfg.keep)
+    dist.barrier()
+
+
+def main(run_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from drill.demo.train import deterministic
+    from drill.sdk import StepLog
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=os.environ["DRILL_DIST_INIT"], rank=rank, world_size=world)
+    path = Path(run_dir)
+    cfg = DemoConfig(**json.loads((path / RANKS_FILE).read_text())["config"])
+    try:
+        with deterministic(cfg.threads):
+            o = _objects(cfg, rank, world)
+            log = StepLog(path) if rank == 0 else None
+            while o["step"] < cfg.steps:
+                record = _step(o, cfg, rank, world)
+                if log is not None:
+                    log.append(record.pop("step"), **record)
+                if o["step"] % cfg.save_every == 0:
+                    if log is not None:
+                        log.sync()
+                    _save(o, path, cfg, rank)
+            if log is not None:
+                log.close()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    main(sys.argv[1])

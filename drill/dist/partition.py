@@ -1,0 +1,24 @@
+"""Which rank reads which file: every file exactly once, the bytes balanced across ranks."""
+
+from __future__ import annotations
+
+
+def assign(sizes: dict[str, int], world: int) -> list[list[str]]:
+    """Files to ranks, largest first onto the least-loaded rank (LPT): within 4/3 of the best
+    possible balance, and exact when the files are equal and the world divides them."""
+    loads = [0] * world
+    out: list[list[str]] = [[] for _ in range(world)]
+    for path, size in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):
+        rank = min(range(world), key=lambda r: (loads[r], r))
+        out[rank].append(path)
+        loads[rank] += size
+    return [sorted(files) for files in out]
+
+
+def balance(loads: list[int]) -> float | None:
+    """Most bytes on one rank over fewest (1.0 is perfect); None when a rank got nothing."""
+    low = min(loads) if loads else 0
+    return max(loads) / low if low > 0 else None
+
+
+__all__ = ["assign", "balance"]

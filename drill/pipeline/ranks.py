@@ -1,0 +1,77 @@
+"""The pipeline's stages when many ranks run one drill (see :mod:`drill.dist`).
+
+Rank 0 leads: it discovers, selects and plans, and every other rank follows its choice; all
+ranks restore their share; rank 0 merges the reports, runs the checks and the replay, records
+the drill and publishes the verdict, which every rank exits with.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from drill.findings import CheckResult
+
+if TYPE_CHECKING:
+    from drill.formats.base import RestoreContext
+    from drill.pipeline.outcome import DrillOutcome
+    from drill.pipeline.stages import Drill
+    from drill.restore import RestoreResult
+
+
+def lead_discovery(d: Drill) -> None:
+    """Rank 0: every rank drills the checkpoint rank 0 chose (a random choice included)."""
+    d.dist.broadcast((d.inputs.ref, d.inputs.selection, d.stopped), "discover")
+
+
+def follow_discovery(d: Drill) -> list[CheckResult]:
+    ref, selection, stopped = d.dist.broadcast(None, "discover")
+    d.inputs.ref, d.inputs.selection = ref, selection
+    if stopped:
+        d.stop(stopped)
+    return []
+
+
+def share_plan(d: Drill) -> None:
+    """What to hash, as rank 0 planned it (its coverage ledger decides a sampled drill's files)."""
+    plan = d.inputs.plan
+    d.dist.broadcast((plan.hash_plan if plan is not None else None, d.stopped), "plan")
+
+
+def follow_plan(d: Drill) -> list[CheckResult]:
+    d.hash_plan, stopped = d.dist.broadcast(None, "plan")
+    if stopped:
+        d.stop(stopped)
+    return []
+
+
+def restore_across_ranks(d: Drill, adapter: Any, ctx: RestoreContext) -> RestoreResult | None:
+    """This rank's share; on rank 0 the merged result, with the per-rank figures on the outcome."""
+    from drill.dist.restore import figures, merge, restore_share
+
+    reports = restore_share(d.dist, adapter, d.storage, d.inputs.ref, ctx, d.request.expectations.finite_scan)
+    if reports is None:
+        d.stop(f"rank {d.dist.rank} restored its share; rank 0 checks and records the drill")
+        return None
+    d.outcome.distributed = figures(reports, ctx.shard)
+    return merge(reports)
+
+
+def settle(d: Drill, outcome: DrillOutcome) -> DrillOutcome:
+    """Rank 0 publishes the verdict; every other rank takes it (and exits with its code)."""
+    from drill.errors import ExitCode
+    from drill.verdict import DrillStatus
+
+    if d.dist.is_root:
+        d.dist.publish("verdict", (outcome.id, outcome.status.value, int(outcome.exit_code), outcome.message))
+        return outcome
+    try:
+        left = max(1.0, d.request.timeout - (time.perf_counter() - d.started))
+        outcome.id, status, code, outcome.message = d.dist.wait_for("verdict", left)
+        outcome.status, outcome.exit_code = DrillStatus(status), ExitCode(code)
+    except Exception as exc:  # noqa: BLE001 - rank 0 is gone: this rank cannot know the verdict
+        outcome.status, outcome.exit_code, outcome.message = DrillStatus.ERROR, ExitCode.ERROR, str(exc)
+    return outcome
+
+
+__all__ = ["follow_discovery", "follow_plan", "lead_discovery", "restore_across_ranks", "settle", "share_plan"]
