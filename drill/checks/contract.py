@@ -19,6 +19,7 @@ from drill import parts
 from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity
 from drill.formats.canonical import Layout
+from drill.restore.finite import scan
 
 NAME = "contract"
 ADAM_SLOTS = ("exp_avg", "exp_avg_sq", "step")
@@ -331,41 +332,6 @@ def _batches_consumed(loader: Mapping[str, Any]) -> int | None:
 
 
 # -- finite scan ----------------------------------------------------------------------------
-def _scannable(key: str, t: Any) -> bool:
-    return (
-        key.startswith((parts.MODEL + ".", parts.OPTIMIZER + "."))
-        and isinstance(t, torch.Tensor)
-        and t.device.type != "meta"
-        and t.is_floating_point()
-        and t.numel() > 0
-        and not key.endswith(".step")
-    )
-
-
-def finite_stats(t: torch.Tensor, mode: str) -> list[int]:
-    """[elements scanned, NaN, Inf, 1 if all scanned elements are zero] for one tensor (or chunk)."""
-    view = t.detach().reshape(-1)
-    if mode == "sampled" and view.numel() > 65536:
-        view = view[:: view.numel() // 65536]
-    finite = torch.isfinite(view)
-    if bool(finite.all()):
-        return [view.numel(), 0, 0, int(view.numel() > 1 and not bool(view.any()))]
-    nan = int(torch.isnan(view).sum())
-    return [view.numel(), nan, int((~finite).sum()) - nan, 0]
-
-
-def scan(tensors: list[tuple[str, Any]], mode: str) -> dict[str, list[int]]:
-    """Per key, the stats of every scannable tensor or chunk of it, summed."""
-    out: dict[str, list[int]] = {}
-    for key, t in tensors:
-        if mode == "off" or not _scannable(key, t):
-            continue
-        got = finite_stats(t, mode)
-        have = out.get(key)
-        out[key] = got if have is None else [have[0] + got[0], have[1] + got[1], have[2] + got[2], have[3] & got[3]]
-    return out
-
-
 def check_finite(stats: dict[str, list[int]], mode: str, trained: bool) -> tuple[list[Finding], dict[str, Any]]:
     if mode == "off":
         return [], {"finite_scan": "off"}

@@ -101,15 +101,11 @@ def run(
     """
     from drill.dist.context import launched_world
 
-    if policy is not None:
-        if (root, checkpoint) != (None, "latest"):
-            raise UsageError("--policy names the run and how to select its checkpoint; drop --root/--checkpoint")
-        if launched_world() is None:
-            return run_policy(policy, db=db, json=json, trigger="policy" if trigger == "manual" else trigger)
-        request = policy_request(policy, "policy" if trigger == "manual" else trigger)
-    else:
-        request = build_request(locals())
-    if launched_world() is not None:
+    ranks = launched_world() is not None
+    if policy is not None and not ranks:
+        return run_policy(_only_policy(policy, root, checkpoint), db=db, json=json, trigger="policy" if trigger == "manual" else trigger)
+    request = policy_request(_only_policy(policy, root, checkpoint), "policy" if trigger == "manual" else trigger) if policy else build_request(locals())
+    if ranks:
         return run_ranks(request, db=db, json=json, quiet=quiet, rank_timeout=rank_timeout)
     from drill.api import run_drill
     from drill.cli.progress import RichProgress
@@ -120,6 +116,12 @@ def run(
     with RichProgress(quiet=quiet) as progress:
         outcome = run_drill(request, db=db, progress=progress)
     report(outcome, json=json, where=where)
+
+
+def _only_policy(policy: Path, root: str | None, checkpoint: str) -> Path:
+    if (root, checkpoint) != (None, "latest"):
+        raise UsageError("--policy names the run and how to select its checkpoint; drop --root/--checkpoint")
+    return policy
 
 
 def policy_request(path: Path, trigger: str) -> DrillRequest:

@@ -3,6 +3,6 @@ Kubernetes indexed Job started. Each data file is read and hashed by exactly one
 gathers what every rank found, runs the checks and alone writes the record.
 
 :mod:`~drill.dist.context` joins the job (rank, world, drill's own gloo group);
-:mod:`~drill.dist.partition` balances files across ranks by bytes;
+:mod:`~drill.restore.partition` balances files across ranks by bytes;
 :mod:`~drill.dist.restore` runs a rank's share and merges the reports on rank 0.
 """

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from drill.checks.contract import scan
+from drill.restore.finite import scan
 from drill.dist.context import DistContext, RankFailure
-from drill.dist.partition import balance
+from drill.restore.partition import balance
 from drill.failpoints import failpoint
 from drill.formats.base import RestoreContext, one_line
 from drill.formats.dcp_shard import Shard

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 
 from drill import parts
 from drill.discover import CheckpointRef
-from drill.dist.partition import assign
+from drill.restore.partition import assign
 from drill.formats.base import RestoreContext
 from drill.formats.canonical import Layout
 from drill.formats.dcp import DrillReader, MetadataUnreadable, SafeLoadPlanner, _file_sizes, check_budget, claimed_bytes, inventory
