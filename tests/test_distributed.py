@@ -5,6 +5,7 @@ rendezvous: nothing listens on a port); ranks killed and hung by failpoints."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -126,3 +127,149 @@ def test_the_contract_wants_rng_and_loader_state_from_every_saved_rank() -> None
     assert sorted(f.subject for f in findings if f.code == "dataloader-rank-missing") == ["dataloader.rank_2", "dataloader.rank_3"]
     findings, _ = check_dataloader({**loader, "train_state.step": 11}, layout, required=True)
     assert sorted(f.subject for f in findings if f.code == "dataloader-step-mismatch") == ["dataloader.rank_0", "dataloader.rank_1"]
+
+
+# -- launchers ------------------------------------------------------------------------------
+def _policy(tmp_path: Path, root: Path, allocation: str, name: str = "sharded") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\ncheckpoints: {{root: {root}, format: dcp}}\nreplay: {{enabled: false}}\nlimits: {{timeout: 5m}}\nallocation:\n{allocation}")
+    return path
+
+
+def test_the_slurm_script_holds_the_allocation_and_no_password(sharded_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from tests.conftest import invoke
+
+    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  nodes: 2\n  ranks_per_node: 4\n  gpus_per_node: 8\n  partition: gpu\n  account: ml\n  rendezvous: /shared/rdzv\n  log_dir: {tmp_path}\n  sbatch_args: ['--qos=low']\n")
+    res = invoke(CliRunner(), "submit", "--policy", str(policy), "--dry-run", "--db", "postgresql://drill@db.internal/drill")
+    assert res.exit_code == 0, res.stderr
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu", "#SBATCH --account=ml",
+                 "#SBATCH --qos=low", "#SBATCH --time=15", f"#SBATCH --output={tmp_path}/drill-%j.out", 'DRILL_DIST_INIT="file:///shared/rdzv/drill-rdzv-$SLURM_JOB_ID"'):  # fmt: skip
+        assert line in res.stdout, line
+    assert f"run --policy {policy} --trigger policy --quiet --db postgresql+psycopg://drill@db.internal/drill" in res.stdout
+    res = invoke(CliRunner(), "submit", "--policy", str(policy), "--dry-run", "--db", "postgresql://drill:s3cret@db/drill")
+    assert res.exit_code == 2 and "must not" in res.stderr and "s3cret" not in res.stderr + res.stdout
+    monkeypatch.setenv("DRILL_DATABASE_URL", "postgresql://drill:s3cret@db/drill")
+    res = invoke(CliRunner(), "submit", "--policy", str(policy), "--dry-run")
+    assert res.exit_code == 0 and "s3cret" not in res.stdout and "--db" not in res.stdout  # the job inherits the variable
+    bad = _policy(tmp_path, sharded_run, "  launcher: slurm\n  nodes: 2\n", name="bad")
+    res = invoke(CliRunner(), "policy", "check", str(bad))
+    assert res.exit_code == 2 and "allocation.rendezvous: required for more than one node" in res.stderr
+
+
+def test_the_kubernetes_manifests_validate_against_the_api_schema(sharded_run: Path, tmp_path: Path) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from tests.conftest import invoke
+
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed (pip install '.[dev]')")
+    policy = _policy(tmp_path, sharded_run, "  launcher: k8s\n  nodes: 4\n  ranks_per_node: 8\n  gpus_per_node: 8\n  image: registry.internal/drill:0.3\n  namespace: training\n")
+    res = invoke(CliRunner(), "submit", "--policy", str(policy))
+    assert res.exit_code == 0, res.stderr
+    docs = list(yaml.safe_load_all(res.stdout))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Job"]
+    for doc in docs:
+        kv.validate(doc, "1.30.0", strict=True)  # raises on any field the API does not know
+    job = docs[2]["spec"]
+    assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"] == 4
+    pod = job["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["subdomain"] == docs[1]["metadata"]["name"] and container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert "--node-rank=$(JOB_COMPLETION_INDEX)" in container["command"] and "--nproc-per-node=8" in container["command"]
+    assert {"name": "DRILL_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "drill-database", "key": "url"}}} in container["env"]
+    assert docs[0]["data"]["policy.yaml"] == policy.read_text()
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():  # type: ignore[no-untyped-def]
+    from tests.slurm import SlurmCluster, available
+
+    if not available():
+        pytest.skip("Slurm is not installed (Debian: apt-get install slurm-wlm munge)")
+    with SlurmCluster() as cluster:
+        yield cluster
+
+
+def _submit(policy: Path, db: str, monkeypatch: pytest.MonkeyPatch, slurm, *extra: str):  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from tests.conftest import invoke
+
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    return invoke(CliRunner(), "submit", "--policy", str(policy), "--db", db, *extra)
+
+
+def test_a_real_slurm_job_drills_the_sharded_checkpoint_on_two_ranks(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  ranks_per_node: 2\n  partition: debug\n  log_dir: {tmp_path}\n")
+    res = _submit(policy, db, monkeypatch, slurm_cluster, "--json")
+    assert res.exit_code == 0, res.stderr + res.stdout
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "passed" and doc["job_id"].startswith("slurm:") and doc["distributed"]["world_size"] == 2
+    assert re.search(r"drill: submitted slurm job \d+ \(output: .*/drill-\d+\.out\)", res.stderr) and "running" in res.stderr
+    assert get_drill(doc["id"], db=db).job_id == doc["job_id"]
+
+
+def test_slurm_refusing_the_job_is_recorded(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  partition: nope\n  log_dir: {tmp_path}\n")
+    res = _submit(policy, db, monkeypatch, slurm_cluster)
+    assert res.exit_code == 5 and "slurm refused the job: invalid partition specified: nope" in res.stderr
+    (recorded,) = history(db=db)
+    assert recorded.status == "error" and recorded.policy == "sharded"
+
+
+def test_a_job_stuck_in_the_queue_is_cancelled_and_recorded(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 3s\n  log_dir: {tmp_path}\n")
+    res = _submit(policy, db, monkeypatch, slurm_cluster)
+    assert res.exit_code == 5 and "still pending after 3 s (Slurm's reason: PartitionDown)" in res.stderr
+    (recorded,) = history(db=db)
+    assert recorded.status == "error" and recorded.job_id and recorded.job_id.startswith("slurm:")
+
+
+def test_a_job_killed_under_the_drill_closes_its_record(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  ranks_per_node: 2\n  log_dir: {tmp_path}\n")
+    monkeypatch.setenv("DRILL_FAILPOINTS", "restored@1=hang")  # sbatch passes the environment to the job
+
+    def cancel_when_running() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            running = [d for d in history(db=db) if d.status == "running"] if (tmp_path / "drill.db").exists() else []
+            if running:
+                subprocess.run(["scancel", running[0].job_id.split(":")[1]], env={**os.environ, **slurm_cluster.env}, check=False)  # type: ignore[union-attr]
+                return
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=cancel_when_running)
+    killer.start()
+    res = _submit(policy, db, monkeypatch, slurm_cluster)
+    killer.join()
+    # scancel sends SIGTERM first: the drill records itself aborted; had it been killed
+    # outright, drill submit would have closed its record as an error. Never left running.
+    assert "slurm job" in res.stderr and "ended CANCELLED" in res.stderr
+    (recorded,) = history(db=db)
+    assert (res.exit_code, recorded.status) in ((143, "aborted"), (5, "error")), (res.exit_code, recorded.status, recorded.message)
+    assert "SIGTERM" in (recorded.message or "") or "ended CANCELLED" in (recorded.message or "")
+
+
+def test_the_scheduler_submits_a_slurm_policy(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from drill.policy import load_policy
+    from drill.records.db import open_database
+    from drill.records.store import Records
+    from drill.scheduling.isolate import run_policy_drill
+
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = load_policy(_policy(tmp_path, sharded_run, f"  launcher: slurm\n  ranks_per_node: 2\n  log_dir: {tmp_path}\n"))
+    database = open_database(db)
+    try:
+        result = run_policy_drill(policy, db, Records(database), trigger="scheduler")
+    finally:
+        database.close()
+    assert result.status == "passed" and result.document["job_id"].startswith("slurm:") and result.document["trigger"] == "scheduler"  # type: ignore[index]

@@ -47,7 +47,7 @@ def test_typos_are_not_ignored() -> None:
     assert problems == [
         "p.yaml:4: checkpoints.keep_lst: unknown key (did you mean 'keep_last'?); expected one of root, format, keep_last, durable, scratch, s3",
         "p.yaml:5: shedule: unknown key (did you mean 'schedule'?); expected one of name, device, checkpoints, "
-        "selection, schedule, contract, integrity, replay, slo, alerts, limits",
+        "selection, schedule, contract, integrity, replay, slo, alerts, limits, allocation",
     ]
 
 

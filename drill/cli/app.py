@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from drill import __version__
-from drill.cli import audit, demo, integrity, nightly, records, reports, run
+from drill.cli import audit, demo, integrity, nightly, records, reports, run, submit
 from drill.cli.common import error_boundary, stderr, terminate_as_interrupt
 from drill.errors import ExitCode
 
@@ -73,6 +73,7 @@ for group, name, command in (
     (app, "report", reports.report),
     (app, "metrics", reports.metrics),
     (app, "goodput", reports.goodput),
+    (app, "submit", submit.submit),
     (db_app, "upgrade", records.db_upgrade),
     (db_app, "status", records.db_status),
     (policy_app, "check", nightly.policy_check),

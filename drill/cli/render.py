@@ -85,10 +85,31 @@ def render_outcome(console: Console, o: DrillOutcome, where: str | None = None) 
         console.print(f"read {human_bytes(o.bytes_read)} at {human_rate(o.throughput_bps)}", markup=False)
     if o.timings.ttfs is not None:
         console.print(f"time to first step {human_seconds(o.timings.ttfs)} (drill start → first replayed step done)", markup=False)
+    if o.distributed:
+        render_ranks(console, o.distributed)
+    if o.job_id:
+        console.print(f"batch job {o.job_id}", markup=False)
     if o.id is not None:
         console.print(f"recorded in {where or 'the record database'}  (drill show {o.id})", markup=False, style="dim")
     if o.status is DrillStatus.FAILED and ck is not None:
         console.print(f"re-check the bytes without restoring: drill verify {ck.uri}", markup=False, style="dim")
+
+
+def render_ranks(console: Console, dist: dict) -> None:  # type: ignore[type-arg]
+    """A distributed drill's ranks: who read what, how fast; the balance and the slowest."""
+    balance = dist.get("balance")
+    slowest = dist.get("slowest") or {}
+    console.print(
+        f"{dist['world_size']} ranks, byte balance {balance:.2f} (max/min)" if balance else f"{dist['world_size']} ranks (a rank read nothing)",
+        markup=False,
+    )
+    for r in dist.get("ranks", []):
+        console.print(
+            f"  rank {r['rank']} on {r['host']}: {r['files']} file(s), {human_bytes(r['bytes'])} in {human_seconds(r['seconds'])} ({human_rate(r.get('throughput_bps'))})",
+            markup=False,
+        )
+    if slowest:
+        console.print(f"  slowest: rank {slowest['rank']}, {human_seconds(slowest['seconds'])}: {slowest['why']}", markup=False)
 
 
 def render_history(console: Console, drills: list[DrillOutcome]) -> None:
@@ -135,12 +156,17 @@ def render_drill(console: Console, o: DrillOutcome) -> None:
     ]
     if o.message:
         rows.insert(1, ("why", o.message))
+    if o.job_id:
+        rows.append(("batch job", o.job_id))
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
     for k, v in rows:
         table.add_row(k, escape(str(v)))
     console.print(table)
+    if o.distributed:
+        console.print()
+        render_ranks(console, o.distributed)
     for c in o.checks:
         console.print()
         render_check(console, c)

@@ -144,10 +144,13 @@ def figures(reports: list[RankReport], shard: Shard | None) -> dict[str, Any]:
     slowest = max(reports, key=lambda r: r.seconds)
     loads = [r.bytes for r in reports]
     share = slowest.bytes / max(1, sum(loads))
-    why = (
-        f"read {slowest.bytes:,} bytes ({100 * share:.0f}% of the checkpoint)"
-        + (f", waiting {slowest.read_seconds:.2f} s on storage" if slowest.read_seconds >= slowest.load_seconds else f", {slowest.load_seconds:.2f} s deserializing")
-    )
+    parts = {
+        "waiting on storage": slowest.read_seconds,
+        "deserializing": slowest.load_seconds,
+        "reading the index and waiting on the other ranks": max(0.0, slowest.seconds - slowest.read_seconds - slowest.load_seconds),
+    }
+    most = max(parts, key=parts.__getitem__)
+    why = f"read {slowest.bytes:,} bytes ({100 * share:.0f}% of the checkpoint); most of its {slowest.seconds:.2f} s {most} ({parts[most]:.2f} s)"
     return {
         "world_size": len(reports),
         "ranks": ranks,

@@ -30,6 +30,8 @@ class DrillStart:
     policy: str | None
     started_at: datetime
     versions: Mapping[str, str | None]
+    job_id: str | None = None
+    """The batch job running the drill (``slurm:1234``), if any."""
 
 
 class Recorder(Protocol):

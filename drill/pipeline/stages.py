@@ -128,7 +128,8 @@ class Drill:
     def begin(self) -> None:
         o = self.outcome
         start = DrillStart(
-            run_root=o.run_root, selector=o.selector, trigger=o.trigger, device=o.device, policy=o.policy, started_at=o.started_at, versions=o.versions
+            run_root=o.run_root, selector=o.selector, trigger=o.trigger, device=o.device, policy=o.policy, started_at=o.started_at, versions=o.versions,
+            job_id=o.job_id,
         )
         o.id = self.recorder.begin(start)
 

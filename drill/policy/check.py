@@ -30,9 +30,24 @@ def warnings_for(policy: Policy) -> list[str]:
     webhook = policy.alerts.webhook
     if webhook and webhook.startswith("env:") and not os.environ.get(webhook[4:]):
         out.append(f"alerts.webhook: ${webhook[4:]} is not set in this environment: alerts would not be delivered")
+    out += _launcher(policy)
     entry = policy.replay.entrypoint
     if policy.replay.enabled and entry and importlib.machinery.PathFinder.find_spec(entry.split(":")[0].split(".")[0]) is None:
         out.append(f"replay.entrypoint: {entry.split(':')[0]} is not importable here")
+    return out
+
+
+def _launcher(policy: Policy) -> list[str]:
+    import shutil
+
+    a = policy.allocation
+    out = []
+    if a.launcher == "slurm" and shutil.which("sbatch") is None:
+        out.append("allocation.launcher: slurm, but sbatch is not on PATH here: submit from a Slurm login node")
+    for name in ("rendezvous", "log_dir"):
+        path = getattr(a, name)
+        if a.launcher == "slurm" and path and not os.path.isdir(path):
+            out.append(f"allocation.{name}: {path} is not a directory on this host")
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from drill.policy.model import Alerts, Checkpoints, Contract, FieldError, Integrity, Limits, Policy, Replay, Schedule
+from drill.policy.model import Alerts, Allocation, Checkpoints, Contract, FieldError, Integrity, Limits, Policy, Replay, Schedule
 from drill.device import parse_device
 from drill.select import Selection
 from drill.units import parse_duration, parse_size
@@ -91,8 +91,6 @@ def _number(value: Any) -> float:
         raise ValueError(f"expected a number, got {value!r}") from None
 
 
-STR, INT, BOOL, NUM = _typed(str, "a string"), _typed(int, "an integer"), _typed(bool, "true or false"), _number
-
 def _duration(value: Any) -> float:
     return parse_duration(value)
 
@@ -115,7 +113,11 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "slo": {"max_restore_seconds": _duration, "max_ttfs_seconds": _duration},
     "alerts": {"webhook": STR, "command": STR, "timeout": _duration, "retries": INT, "on": _str_list},
     "limits": {"timeout": _duration, "memory": _size},
-}
+    "allocation": {
+        "launcher": STR, "nodes": INT, "ranks_per_node": INT, "gpus_per_node": INT, "partition": STR, "account": STR,
+        "time_limit": _duration, "queue_timeout": _duration, "rendezvous": STR, "log_dir": STR, "sbatch_args": _str_list, "image": STR, "namespace": STR,
+    },
+}  # fmt: skip
 def _device(value: Any) -> str:
     return parse_device(STR(value))
 
@@ -123,7 +125,7 @@ def _device(value: Any) -> str:
 TOP = {"name": STR, "device": _device, **{k: dict for k in SCHEMA}}
 DATACLASSES = {
     "checkpoints": Checkpoints, "selection": Selection, "schedule": Schedule, "contract": Contract, "integrity": Integrity,
-    "replay": Replay, "slo": SLO, "alerts": Alerts, "limits": Limits,
+    "replay": Replay, "slo": SLO, "alerts": Alerts, "limits": Limits, "allocation": Allocation,
 }  # fmt: skip
 REQUIRED = {"checkpoints": ("root", "the run directory to drill"), "schedule": ("cron", "a cron expression, e.g. '0 3 * * *'")}
 

@@ -213,6 +213,60 @@ class Limits:
         _positive("memory", self.memory)
 
 
+LAUNCHERS = ("local", "slurm", "k8s")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Allocation:
+    """Where the drill runs: here, or as a batch job of ``nodes × ranks_per_node`` ranks."""
+
+    launcher: str = "local"
+    """``local`` (this host), ``slurm`` (``drill submit`` and the scheduler submit a batch
+    job) or ``k8s`` (``drill submit`` renders an indexed Job to apply)."""
+    nodes: int = 1
+    ranks_per_node: int = 1
+    gpus_per_node: int = 0
+    partition: str | None = None
+    account: str | None = None
+    time_limit: float | None = None
+    """The job's time limit; default: the policy's ``limits.timeout`` plus 10 minutes."""
+    queue_timeout: float = 3600.0
+    """A job still pending after this long is cancelled and the drill recorded as an error."""
+    rendezvous: str | None = None
+    """A directory every node sees (a shared filesystem) for the ranks' ``file://``
+    rendezvous; required for more than one node."""
+    log_dir: str | None = None
+    """Slurm: where the job's output goes (``drill-<jobid>.out``); default: the directory
+    ``drill submit`` runs in."""
+    sbatch_args: tuple[str, ...] = ()
+    """Extra ``sbatch`` options, e.g. ``["--qos=low", "--constraint=h100"]``."""
+    image: str | None = None
+    """Kubernetes: the container image with drill installed."""
+    namespace: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise FieldError("launcher", f"{self.launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+        for name in ("nodes", "ranks_per_node"):
+            if getattr(self, name) < 1:
+                raise FieldError(name, f"must be at least 1, got {getattr(self, name)}")
+        if self.gpus_per_node < 0:
+            raise FieldError("gpus_per_node", f"must be 0 or more, got {self.gpus_per_node}")
+        _positive("time_limit", self.time_limit)
+        _positive("queue_timeout", self.queue_timeout)
+        if self.nodes > 1 and self.launcher == "slurm" and not self.rendezvous:
+            raise FieldError("rendezvous", "required for more than one node: a directory on a filesystem every node mounts")
+        if self.launcher == "k8s" and not self.image:
+            raise FieldError("image", "required for k8s: the container image with drill installed")
+        bad = [a for a in self.sbatch_args if not a.startswith("--")]
+        if bad:
+            raise FieldError("sbatch_args", f"{bad[0]!r}: give long options, e.g. --qos=low")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
     name: str
@@ -231,6 +285,7 @@ class Policy:
     device: str = "auto"
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
     limits: Limits = field(default_factory=Limits)
+    allocation: Allocation = field(default_factory=Allocation)
 
     def __post_init__(self) -> None:
         if not NAME.match(self.name):

@@ -86,10 +86,23 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
                 policy=start.policy,
                 drill_version=start.versions.get("drill") or "",
                 torch_version=start.versions.get("torch"),
+                job_id=start.job_id,
             )
             s.add(drill)
             s.flush()
             return drill.id
+
+    def record_lost(self, start: DrillStart, *, status: DrillStatus, exit_code: int, reason: str) -> int:
+        """A drill that ended before it could write a row of its own (its process died, its
+        batch job never started): it still goes on the record, and into the audit chain."""
+        drill_id = self.begin_drill(start)
+        self.close_dead_drill(drill_id, status=status, exit_code=exit_code, reason=reason)
+        return drill_id
+
+    def by_job(self, job_id: str) -> int | None:
+        """The latest drill a batch job ran."""
+        with self._session() as s:
+            return s.scalar(select(Drill.id).where(Drill.job_id == job_id).order_by(Drill.id.desc()).limit(1))
 
     def set_phase(self, drill_id: int, phase: str) -> None:
         with self._session() as s:

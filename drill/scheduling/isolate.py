@@ -145,9 +145,7 @@ def _record_lost(records: Records, policy: Policy, trigger: str, status: DrillSt
         run_root=policy.checkpoints.root, selector=str(policy.selection), trigger=trigger, device=policy.device,
         policy=policy.name, started_at=datetime.now(timezone.utc), versions={"drill": None, "torch": None},
     )  # fmt: skip
-    drill_id = records.begin_drill(start)
-    records.close_dead_drill(drill_id, status=status, exit_code=int(code), reason=reason)
-    return drill_id
+    return records.record_lost(start, status=status, exit_code=int(code), reason=reason)
 
 
 def _alert(result: IsolatedResult, policy: Policy, records: Records) -> IsolatedResult:
@@ -172,3 +170,21 @@ def stop_children(grace: float) -> None:
             p.wait(grace)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def run_submitted(policy: Policy, db_url: str, records: Records, *, trigger: str) -> IsolatedResult:
+    """A policy whose allocation says ``launcher: slurm``: its drill runs as a batch job,
+    followed to its end (see :mod:`drill.launch.submit`); alerts as for a local drill."""
+    from drill.launch.submit import submit_slurm
+
+    sub = submit_slurm(policy, db=db_url, trigger=trigger)
+    o = sub.outcome
+    assert o is not None
+    return _alert(IsolatedResult(o.id, o.status, int(o.exit_code), o.message, o.to_document()), policy, records)
+
+
+def run_policy_drill(policy: Policy, db_url: str, records: Records, *, trigger: str) -> IsolatedResult:
+    """The policy's drill where its allocation says: an isolated child here, or a Slurm job."""
+    if policy.allocation.launcher == "slurm":
+        return run_submitted(policy, db_url, records, trigger=trigger)
+    return run_isolated(policy, db_url, records, trigger=trigger)

@@ -50,8 +50,8 @@ _CONTEXT = _Context()
 
 
 def fire(policy_name: str) -> None:
-    """The job APScheduler runs: one isolated drill of the named policy."""
-    from drill.scheduling.isolate import run_isolated
+    """The job APScheduler runs: one drill of the named policy, isolated here or as a batch job."""
+    from drill.scheduling.isolate import run_policy_drill
 
     policy = _CONTEXT.policies.get(policy_name)
     if policy is None:
@@ -66,7 +66,7 @@ def fire(policy_name: str) -> None:
         if not records.holds_lease(_CONTEXT.holder):
             log.error("lost the scheduler lease; not firing %s", policy_name)
             return
-        result = run_isolated(policy, _CONTEXT.db_url, records, trigger="scheduler")
+        result = run_policy_drill(policy, _CONTEXT.db_url, records, trigger="scheduler")
         log.info("policy %s: drill #%s %s", policy_name, result.drill_id, result.status or f"not started: {result.message}")
         if _CONTEXT.on_result is not None:
             _CONTEXT.on_result(policy_name, result)

@@ -1,0 +1,95 @@
+"""``drill submit``: run a policy's drill as a Slurm job, or render it as a Kubernetes Job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from drill.cli.common import DbOption, DebugOption, JsonOption, exit_with, print_json, stderr
+from drill.errors import UsageError
+
+
+def submit(
+    policy: Annotated[Path, typer.Option("--policy", help="The policy whose drill to launch (its allocation: section sizes the job).")],
+    launcher: Annotated[str | None, typer.Option("--launcher", help="slurm or k8s (default: the policy's allocation.launcher).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script (or manifests) without submitting.")] = False,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="k8s: write the manifests here instead of stdout.")] = None,
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Launch a policy's drill as a batch job: Slurm (submitted, followed, recorded) or Kubernetes.
+
+    Slurm: sbatch runs `srun drill run --policy FILE` on nodes × ranks_per_node tasks; drill
+    follows the job (squeue, then scontrol or sacct) and exits with the drill's exit code. A
+    job Slurm refuses, one cancelled after allocation.queue_timeout in the queue, or one that
+    dies under the drill is recorded as an error. Kubernetes: prints an indexed Job, a
+    headless Service and a ConfigMap to kubectl apply.
+
+    Example: drill submit --policy policies/sharded.yaml --launcher slurm
+    """
+    from drill.cli.nightly import load_policy_or_fail
+    from drill.launch.submit import render_k8s, submit_slurm
+
+    loaded = load_policy_or_fail(policy)
+    kind = launcher or loaded.allocation.launcher
+    if kind not in ("slurm", "k8s"):
+        raise UsageError(f"--launcher: {kind!r}: expected slurm or k8s (policy {loaded.name} has allocation.launcher: {loaded.allocation.launcher})")
+    if kind == "k8s":
+        if not loaded.allocation.image:
+            raise UsageError(f"policy {policy}: allocation.image is required for k8s (the image with drill installed)")
+        return _emit(render_k8s(loaded).text, output)
+    if output is not None:
+        raise UsageError("--output is for k8s manifests; a Slurm job's script prints with --dry-run")
+    sub = submit_slurm(loaded, db=db, dry_run=dry_run, on_state=_Progress(loaded))
+    if dry_run:
+        return _emit(sub.text, None)
+    _report(sub, json=json)
+
+
+class _Progress:
+    """One line on stderr per change of the job's state."""
+
+    def __init__(self, policy) -> None:  # type: ignore[no-untyped-def]
+        from drill.launch.slurm import log_dir
+
+        self.job, self.logs = "?", log_dir(policy)
+
+    def __call__(self, state: str, detail: str) -> None:
+        if state == "SUBMITTED":
+            self.job = detail
+            line = f"submitted slurm job {detail} (output: {self.logs}/drill-{detail}.out)"
+        else:
+            line = f"slurm job {self.job}: {state.lower()}" + (f" ({detail})" if detail and detail != "None" else "")
+        stderr().print(f"drill: {line}", markup=False)
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    from drill.cli.reports import _write
+
+    _write(output, text)
+    stderr().print(f"wrote {output}", markup=False)
+
+
+def _report(sub, *, json: bool) -> None:  # type: ignore[no-untyped-def]
+    from drill.cli.render import render_outcome
+    from drill.cli.common import stdout
+
+    outcome = sub.outcome
+    assert outcome is not None
+    if sub.end is not None:
+        end = sub.end
+        why = f" ({end.reason})" if end.reason and end.reason != "None" else ""
+        stderr().print(f"drill: slurm job {end.job_id} ended {end.state}{why} after {end.seconds:.0f} s", markup=False)
+    if json:
+        print_json(outcome.to_document())
+    else:
+        render_outcome(stdout(), outcome, None)
+    if outcome.status.value != "passed" and outcome.message:
+        stderr().print(f"drill: {outcome.status.value}: drill #{outcome.id}: {outcome.message}", markup=False)
+    raise exit_with(outcome.exit_code)
