@@ -5,6 +5,7 @@ A distributed restore scans each rank's share where it lies and sends only these
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -28,9 +29,14 @@ def finite_stats(t: torch.Tensor, mode: str) -> list[int]:
     view = t.detach().reshape(-1)
     if mode == "sampled" and view.numel() > 65536:
         view = view[:: view.numel() // 65536]
+    # One reduction pass, no temporary: the norm is NaN or Inf if any element is, and zero
+    # only if all are. Only a non-finite norm (or one that overflowed) pays for the exact count.
+    norm = float(torch.linalg.vector_norm(view, dtype=torch.float32 if view.element_size() < 4 else None))
+    if math.isfinite(norm):
+        return [view.numel(), 0, 0, int(view.numel() > 1 and norm == 0.0)]
     finite = torch.isfinite(view)
-    if bool(finite.all()):
-        return [view.numel(), 0, 0, int(view.numel() > 1 and not bool(view.any()))]
+    if bool(finite.all()):  # the norm overflowed on finite values
+        return [view.numel(), 0, 0, 0]
     nan = int(torch.isnan(view).sum())
     return [view.numel(), nan, int((~finite).sum()) - nan, 0]
 
