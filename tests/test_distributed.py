@@ -273,3 +273,18 @@ def test_the_scheduler_submits_a_slurm_policy(sharded_run: Path, tmp_path: Path,
     finally:
         database.close()
     assert result.status == "passed" and result.document["job_id"].startswith("slurm:") and result.document["trigger"] == "scheduler"  # type: ignore[index]
+
+
+def test_on_a_gpu_node_each_rank_restores_onto_its_own_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from drill.cli.run import _local_device
+    from drill.pipeline import DrillRequest
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert _local_device(DrillRequest(root="/r")).device == "cuda:3"
+    assert _local_device(DrillRequest(root="/r", device="cpu")).device == "cpu"  # an explicit device wins
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    assert _local_device(DrillRequest(root="/r", device="cuda")).device == "cuda:1"

@@ -144,6 +144,7 @@ def run_ranks(request: DrillRequest, *, db: str | None, json: bool, quiet: bool,
     if rank_timeout <= 0:
         raise UsageError(f"--rank-timeout must be positive, not {rank_timeout:g}")
     dist = connect(rank_timeout)
+    request = _local_device(request)
     try:
         if dist is None or dist.is_root:
             with RichProgress(quiet=quiet) as progress:
@@ -156,6 +157,18 @@ def run_ranks(request: DrillRequest, *, db: str | None, json: bool, quiet: bool,
     if outcome.status is not DrillStatus.PASSED and outcome.message:
         stderr().print(f"drill: rank {dist.rank}: {outcome.status.value}: {outcome.message}", markup=False)
     raise exit_with(outcome.exit_code)
+
+
+def _local_device(request: DrillRequest) -> DrillRequest:
+    """On a GPU node each rank restores onto its own device: ``cuda:$LOCAL_RANK``."""
+    import dataclasses
+
+    local = os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID")
+    if request.device not in ("auto", "cuda") or local is None or not local.isdigit():
+        return request
+    import torch
+
+    return dataclasses.replace(request, device=f"cuda:{local}") if torch.cuda.is_available() else request
 
 
 def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
