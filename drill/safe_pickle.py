@@ -27,6 +27,12 @@ DCP_METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
         )
     }
     | {
+        # Every rank's save plan, which Megatron-core keeps in .metadata (all_local_plans):
+        # torch's own plain data classes.
+        ("torch.distributed.checkpoint.planner", n)
+        for n in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData", "LoadPlan", "ReadItem", "LoadItemType")
+    }
+    | {
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
         ("torch.serialization", "_get_layout"),
         ("torch", "Size"),
@@ -71,3 +77,18 @@ def _is_torch_dtype(name: str) -> bool:
 
 def restricted_loads(data: bytes, allowed: frozenset[tuple[str, str]] = DCP_METADATA_GLOBALS) -> Any:
     return RestrictedUnpickler(io.BytesIO(data), allowed).load()
+
+
+def with_classes(allow_classes: tuple[str, ...] | list[str]) -> frozenset[tuple[str, str]]:
+    """The metadata allow-list plus classes a user allowed (``--allow-class module.Class``)."""
+    return DCP_METADATA_GLOBALS | {tuple(c.rsplit(".", 1)) for c in allow_classes if "." in c}  # type: ignore[misc]
+
+
+def forbidden_hint(exc: BaseException) -> str | None:
+    """How to allow the class a refused pickle named, if the writer is trusted."""
+    if isinstance(exc, ForbiddenGlobal):
+        return (
+            f"the file pickles {exc.module}.{exc.name}, which drill does not load by default; if the writer is trusted, "
+            f"allow it: --allow-class {exc.module}.{exc.name} (a policy's contract.allow_classes)"
+        )
+    return None

@@ -46,14 +46,10 @@ def _structure_of_dcp(storage: Storage, plan: IntegrityPlan) -> tuple[list[Findi
         data = read_whole(storage, storage.child(plan.checkpoint, DCP_METADATA), plan.on_storage[DCP_METADATA], hash=False).view.tobytes()
         metadata = restricted_loads(data)
     except Exception as exc:  # noqa: BLE001 - an unreadable index is the finding
-        finding = Finding(
-            check=NAME,
-            code="metadata-unreadable",
-            severity=Severity.ERROR,
-            subject=DCP_METADATA,
-            message=f"{DCP_METADATA} cannot be loaded safely ({type(exc).__name__}: {exc})",
-        )
-        return [finding], {}
+        from drill.formats.base import one_line
+        from drill.integrity.structure import unreadable_index
+
+        return unreadable_index(f"{DCP_METADATA} does not unpickle safely: {one_line(exc)}")
     return dcp_structure(metadata.storage_data or {}, plan.on_storage)
 
 

@@ -19,6 +19,7 @@ from drill import parts
 from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity
 from drill.formats.canonical import Layout
+from drill.formats.layouts import optimizer_params
 from drill.restore.finite import scan
 
 NAME = "contract"
@@ -59,8 +60,13 @@ def _param_groups(opt: Mapping[str, Any]) -> list[list[Any]]:
     return [groups[i] for i in sorted(groups)]
 
 
-def _is_adam(opt: Mapping[str, Any]) -> bool:
-    return any(re.match(r"^param_groups\.\d+\.betas", k) for k in opt)
+def _adam_slots(opt: Mapping[str, Any]) -> tuple[str, ...]:
+    """The slots every parameter's state must hold: Adam's two moments, and a per-parameter
+    step where the optimizer keeps one (Megatron keeps its step in the param groups)."""
+    state_keys = [k for k in opt if k.startswith("state.")]
+    if not (any(k.endswith(".exp_avg") for k in state_keys) or any(re.match(r"^param_groups\..+\.betas", k) for k in opt)):
+        return ()
+    return ("exp_avg", "exp_avg_sq", "step") if any(k.endswith(".step") for k in state_keys) else ("exp_avg", "exp_avg_sq")
 
 
 def _missing_slots(opt: Mapping[str, Any], param: str, label: str, slots: tuple[str, ...]) -> list[Finding]:
@@ -83,12 +89,16 @@ def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Find
     model = {k: v for k, v in _part(state, parts.MODEL).items() if isinstance(v, torch.Tensor)}
     if not opt:
         return [], {}
-    members = [p for g in _param_groups(opt) for p in g]
+    grouped = [p for g in _param_groups(opt) for p in g]
     findings = [
         _f("param-in-two-groups", f"optimizer.param_groups[*].params: {p}", f"parameter {p} is in more than one param group: a resume would step it twice")
-        for p in sorted(str(p) for p, n in Counter(members).items() if n > 1)
+        for p in sorted(str(p) for p, n in Counter(grouped).items() if n > 1)
     ]
-    slots = ADAM_SLOTS if _is_adam(opt) else ()
+    members = grouped
+    if layout.optimizer_keys == "fqn":  # the parameters the state names, and those the groups list by name
+        named = sorted(optimizer_params({f"{parts.OPTIMIZER}.{k}" for k in opt}))
+        members = list(dict.fromkeys([p for p in grouped if isinstance(p, str)] + named))
+    slots = _adam_slots(opt)
     check = _slots_by_name if layout.optimizer_keys == "fqn" else _slots_by_index
     findings += check(opt, model, members, slots)
     return findings, {"params_checked": len(members), "slots": list(slots)}
@@ -124,7 +134,7 @@ def _slots_by_name(opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], me
             severity=Severity.WARNING,
         )
         for fqn, t in model.items()
-        if t.is_floating_point() and fqn not in grouped and members
+        if t.is_floating_point() and fqn not in grouped and members and fqn.endswith(("weight", "bias"))  # buffers are not optimized
     ]
     return findings
 
@@ -164,6 +174,9 @@ def step_counters(state: Mapping[str, Any], layout: Layout) -> dict[str, int]:
     opt_steps = [s for s in opt_steps if s is not None]
     if opt_steps:
         counters["optimizer step"] = max(opt_steps)
+    group_steps = [_as_int(v) for k, v in _part(state, parts.OPTIMIZER).items() if re.match(r"^param_groups\.\d+\.step$", k)]
+    if group_steps and None not in group_steps:  # Megatron: the step is kept per param group
+        counters["optimizer param_groups step"] = max(group_steps)  # type: ignore[type-var]
     if layout.scheduler_per_step and (v := _as_int(state.get(f"{parts.LR_SCHEDULER}.last_epoch"))) is not None:
         counters["lr_scheduler.last_epoch"] = v
     if layout.scheduler_per_step and (v := _as_int(state.get(f"{parts.LR_SCHEDULER}._step_count"))) is not None:
@@ -281,7 +294,9 @@ def check_dataloader(state: Mapping[str, Any], layout: Layout, required: bool) -
                     rank=rank,
                 )
             )
-    if not any(_ORDER_KEYS.search(k) for k in loader):
+    if layout.loader_shuffles is not False and not any(_ORDER_KEYS.search(k) for k in loader):
+        # Only a shuffling loader needs more than a position; when the layout cannot say, a warning.
+        severity = severity if layout.loader_shuffles else Severity.WARNING
         findings.append(
             _f(
                 "dataloader-position-only",
@@ -332,20 +347,31 @@ def _batches_consumed(loader: Mapping[str, Any]) -> int | None:
 
 
 # -- finite scan ----------------------------------------------------------------------------
-def check_finite(stats: dict[str, list[int]], mode: str, trained: bool) -> tuple[list[Finding], dict[str, Any]]:
+def _inf_severity(key: str, params: frozenset[str]) -> Severity:
+    """±Inf in a parameter or an optimizer moment is damage; in a buffer the optimizer does not
+    update (an attention mask is -inf above the diagonal on purpose) it is information."""
+    if key.startswith(parts.OPTIMIZER + ".") or key in params:
+        return Severity.ERROR
+    if key.startswith(parts.MODEL + "."):
+        return Severity.INFO if params else Severity.ERROR
+    return Severity.WARNING
+
+
+def check_finite(stats: dict[str, list[int]], mode: str, trained: bool, params: frozenset[str] = frozenset()) -> tuple[list[Finding], dict[str, Any]]:
     if mode == "off":
         return [], {"finite_scan": "off"}
     findings: list[Finding] = []
     for key, (_, nan, inf, zero) in sorted(stats.items()):
         if nan or inf:
-            findings.append(
-                _f(
-                    "non-finite",
-                    key,
-                    f"{key} holds {nan} NaN and {inf} Inf values: a resume would propagate them into every weight within a step",
-                    actual={"nan": nan, "inf": inf},
-                )
+            severity = Severity.ERROR if nan else _inf_severity(key, params)
+            harm = (
+                "a resume would propagate them into every weight within a step"
+                if severity is Severity.ERROR
+                else "a buffer the optimizer does not update (a mask holds -inf on purpose)"
+                if severity is Severity.INFO
+                else "not a parameter, but not expected either"
             )
+            findings.append(_f("non-finite", key, f"{key} holds {nan} NaN and {inf} Inf values: {harm}", actual={"nan": nan, "inf": inf}, severity=severity))
         elif trained and zero and (key.startswith(parts.MODEL + ".") and key.endswith("weight") or key.endswith("exp_avg_sq")):
             findings.append(
                 _f(
@@ -388,18 +414,42 @@ def check_contract(inputs: CheckInputs) -> CheckResult:
         lambda: check_steps(state, layout),
         lambda: check_rng(state, layout),
         lambda: check_dataloader(state, layout, parts.DATALOADER in required),
-        lambda: check_finite(_finite(restore, state, expectations.finite_scan), expectations.finite_scan, _trained(state, layout)),
+        lambda: check_finite(_finite(restore, state, expectations.finite_scan), expectations.finite_scan, _trained(state, layout), layout.params),
     ):
         f, ev = fn()
         findings += f
         evidence.update(ev)
     if layout.notes:
         evidence["notes"] = layout.notes
+    if layout.recognized:
+        evidence["layout"] = layout.recognized
+    return CheckResult(name=NAME, summary=_summary(findings, evidence, state, layout, restore), findings=findings, evidence=evidence)
+
+
+def _summary(findings: list[Finding], evidence: dict[str, Any], state: Mapping[str, Any], layout: Layout, restore: Any) -> str:
+    """What was checked — only that — and why the rest was not."""
     errors = [f for f in findings if f.severity is Severity.ERROR]
-    counters = evidence.get("step_counters", {})
     if errors:
-        summary = f"{len(errors)} contract violation(s): " + ", ".join(sorted({f.code for f in errors}))
-    else:
-        step = f" at step {next(iter(counters.values()))}" if counters else ""
-        summary = f"resume state consistent{step}: optimizer slots, step counters, RNG, data loader, finite values"
-    return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
+        return f"{len(errors)} contract violation(s): " + ", ".join(sorted({f.code for f in errors}))
+    counters = evidence.get("step_counters") or step_counters(state, layout)
+    have = {p for p in parts.CANONICAL_PARTS if any(k.startswith(p + ".") for k in state)}
+    checked = [
+        label
+        for label, ok in (
+            ("optimizer slots", evidence.get("params_checked")),
+            ("step counters", len(counters) > 1),
+            ("RNG", parts.RNG in have),
+            ("data loader", parts.DATALOADER in have),
+            ("finite values", evidence.get("elements_scanned")),
+        )
+        if ok
+    ]
+    not_loaded = {f.key.split(".", 1)[0] for f in restore.failures}
+    gaps = []
+    for part, label in ((parts.OPTIMIZER, "optimizer"), (parts.RNG, "RNG"), (parts.DATALOADER, "data loader")):
+        if part not in have:
+            why = layout.never_saved.get(part) or ("it did not load" if part in not_loaded else "not in the checkpoint")
+            gaps.append(f"{label} ({why})")
+    step = f" at step {next(iter(counters.values()))}" if counters else ""
+    text = f"resume state consistent{step}: " + (", ".join(checked) or "nothing to check")
+    return text + (f"; not checked: {'; '.join(gaps)}" if gaps else "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from drill.checks import CheckInputs
 from drill.findings import CheckResult
-from drill.integrity.structure import dcp_structure
+from drill.integrity.structure import dcp_structure, unreadable_index
 from drill.integrity.verify import Observed, hash_remaining, integrity_check
 
 
@@ -21,6 +21,9 @@ def check_integrity(inputs: CheckInputs) -> CheckResult:
     }
     hash_remaining(inputs.storage, plan, observed)  # files no loader needed, hashed all the same
     structure = restore.structure
-    if structure is None and plan.manifest is None and restore.index is not None:
-        structure = dcp_structure(restore.index, plan.on_storage)
+    if structure is None and plan.manifest is None and restore.format == "dcp":
+        if restore.index is not None:
+            structure = dcp_structure(restore.index, plan.on_storage)
+        elif restore.metadata_error is not None and ".metadata" in plan.on_storage:
+            structure = unreadable_index(restore.metadata_error.removeprefix(".metadata: "))
     return integrity_check(plan, observed, require_sealed=inputs.require_sealed, structure=structure)

@@ -28,7 +28,7 @@ def check_keys(inputs: CheckInputs) -> CheckResult:
     required = expectations.parts_required(restore.layout)
     recommended = expectations.parts_recommended(restore.layout)
     hint = restore.layout.save_hint if restore.layout else "save every part with the checkpoint"
-    findings = _missing(counts, required, recommended, hint) + _incomplete(counts, restore.state) + _unknown(counts)
+    findings = _missing(counts, required, recommended, hint) + _never_saved(counts, restore.layout, expectations) + _incomplete(counts, restore.state) + _unknown(counts)
     if counts[parts.MODEL] and not any(k.startswith(parts.MODEL + ".") and hasattr(v, "shape") for k, v in restore.state.items()):
         findings.append(
             Finding(
@@ -47,6 +47,7 @@ def check_keys(inputs: CheckInputs) -> CheckResult:
         summary = f"{fmt}: holds " + ", ".join(f"{p} ({counts[p]})" for p in (*parts.CANONICAL_PARTS, parts.EXTRA) if counts[p])
     evidence = {
         "format": fmt,
+        **({"layout": restore.layout.recognized} if restore.layout and restore.layout.recognized else {}),
         "parts": {p: counts[p] for p in sorted(counts)},
         "required": list(required),
         "recommended": list(recommended),
@@ -76,6 +77,25 @@ def _missing(counts: Counter[str], required: tuple[str, ...], recommended: tuple
             )
         )
     return out
+
+
+def _never_saved(counts: Counter[str], layout, expectations) -> list[Finding]:  # type: ignore[no-untyped-def]
+    """Parts this layout never saves, by design: a warning saying so (an error only when a policy requires the part)."""
+    if layout is None:
+        return []
+    explicit = set(expectations.required_parts or ())
+    return [
+        Finding(
+            check=NAME,
+            code="part-missing" if part in explicit else "part-not-saved-by-layout",
+            severity=Severity.ERROR if part in explicit else Severity.WARNING,
+            subject=part,
+            message=f"no {part} state: {why}; {parts.WHAT_A_RESUME_LOSES.get(part, 'a resume would lose it')}",
+            hint=f"expected for this layout; pass --allow-missing {part} to accept it silently",
+        )
+        for part, why in layout.never_saved.items()
+        if not counts[part] and part not in expectations.allow_missing
+    ]
 
 
 def _incomplete(counts: Counter[str], state: dict) -> list[Finding]:  # type: ignore[type-arg]

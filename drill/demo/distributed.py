@@ -171,6 +171,7 @@ def main(run_dir: str) -> None:
                     _save(o, path, cfg, rank)
             if log is not None:
                 log.close()
+        dist.barrier()  # no rank tears gloo down while a peer is still talking to it
     finally:
         dist.destroy_process_group()
 

@@ -36,6 +36,19 @@ class Layout:
     """Part → the ranks that saved it as separate files (HF's rng_state_{rank}.pth)."""
     multi_rank: bool = False
     """The files say more than one rank saved (HF names rng files per rank only then)."""
+    recognized: str | None = None
+    """Which trainer's layout this is (``torchtitan``, ``Megatron torch_dist``, …) and how drill
+    knows, for the evidence."""
+    never_saved: dict[str, str] = field(default_factory=dict)
+    """Parts this layout never saves, and why: a warning, not a failure, unless required."""
+    loader_shuffles: bool | None = True
+    """Whether the data loader shuffles (then a position alone does not fix the data order)."""
+    params: frozenset[str] = frozenset()
+    """``model.<fqn>`` keys the optimizer updates; other model keys are buffers."""
+    side_files: tuple[str, ...] = ()
+    """Files beside the shards that this layout's resume needs (``common.pt``, ``meta.pt``)."""
+    side_missing: tuple[str, ...] = ()
+    """Those of them the checkpoint lacks."""
     saved_ranks: list[int] = field(default_factory=list)
     """The ranks that wrote the checkpoint, where its file names say (DCP's ``__<rank>_<n>.distcp``)."""
     notes: list[str] = field(default_factory=list)

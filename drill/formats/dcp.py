@@ -36,12 +36,13 @@ from drill import parts
 from drill.discover import DCP_METADATA, CheckpointRef
 from drill.formats.base import RestoreContext, one_line
 from drill.formats.canonical import Layout
+from drill.formats.dcp_layout import apply_layout
 from drill.formats.dcp_entries import DIRECT_MIN_BYTES, TAIL_BYTES, TensorSpec, byte_view, data_start, local_header_end, records, tensor_spec
-from drill.formats.safeload import load_failure
+from drill.formats.safeload import load_failure, numpy_arrays
 from drill.integrity.hashing import ChunkHasher
 from drill.integrity.reading import ATTEMPTS, TRANSIENT, SequentialReader, describe_read_error, read_whole
 from drill.restore import FileRead, ItemFailure, RestoreResult, TensorInfo
-from drill.safe_pickle import restricted_loads
+from drill.safe_pickle import restricted_loads, with_classes
 from drill.storage import Storage
 from drill.views import ViewReader
 
@@ -64,7 +65,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         fqn = read_item.dest_index.fqn
         try:
-            obj = torch.load(value, weights_only=True)
+            with torch.serialization.safe_globals(numpy_arrays()):  # RNG states hold numpy arrays: data, not code
+                obj = torch.load(value, weights_only=True)
         except Exception as exc:  # noqa: BLE001 - any failure is evidence, not a crash
             code, reason = load_failure(exc)
             self._failures.append(ItemFailure(fqn, None, reason, code=code))
@@ -157,7 +159,7 @@ class DrillReader(StorageReader):
         finally:
             self.result.read_seconds += time.perf_counter() - started
         try:
-            metadata = restricted_loads(bytes(got.view))
+            metadata = restricted_loads(bytes(got.view), with_classes(self.ctx.allow_classes))
         except Exception as exc:  # noqa: BLE001
             raise MetadataUnreadable(f"{DCP_METADATA} does not unpickle safely: {one_line(exc)}") from exc
         if not isinstance(metadata, Metadata):
@@ -399,6 +401,7 @@ class DCPAdapter:
             torch.cuda.synchronize(ctx.device)
         result.values_loaded = planner.values_loaded
         result.state = state
+        apply_layout(result, storage, ref, ctx)
         return result
 
 

@@ -56,6 +56,11 @@ def load_failure(exc: BaseException) -> tuple[str, str]:
     return "entry-not-loaded", f"the bytes do not unpickle ({why}): damaged or truncated"
 
 
+def numpy_arrays() -> list[Any]:
+    """The numpy globals an RNG state's arrays need, for ``torch.serialization.safe_globals``."""
+    return resolve_globals(NUMPY_ARRAYS)
+
+
 def resolve_globals(names: Iterable[str]) -> list[Any]:
     """Import the allow-listed objects by dotted name; names that do not import are skipped."""
     objs = []

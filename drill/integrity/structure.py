@@ -27,6 +27,12 @@ def _finding(code: str, subject: str, message: str, **kw: Any) -> Finding:
     return Finding(check=NAME, code=code, severity=kw.pop("severity", Severity.ERROR), subject=subject, message=message, **kw)
 
 
+def unreadable_index(why: str) -> tuple[list[Finding], dict[str, Any]]:
+    """The structural verdict on a DCP checkpoint whose ``.metadata`` cannot be loaded safely:
+    ``run`` and ``verify`` give this same one."""
+    return [_finding("metadata-unreadable", ".metadata", f".metadata cannot be loaded safely: {why}")], {}
+
+
 def dcp_structure(storage_data: Mapping[Any, Any], sizes: Mapping[str, int]) -> tuple[list[Finding], dict[str, Any]]:
     """``storage_data`` is DCP ``Metadata.storage_data``; ``sizes`` the files on storage."""
     findings: list[Finding] = []

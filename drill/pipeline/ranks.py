@@ -54,7 +54,13 @@ def restore_across_ranks(d: Drill, adapter: Any, ctx: RestoreContext) -> Restore
         d.stop(f"rank {d.dist.rank} restored its share; rank 0 checks and records the drill")
         return None
     d.outcome.distributed = figures(reports, ctx.shard)
-    return merge(reports)
+    merged = merge(reports)
+    if merged.metadata_error is None and merged.format == "dcp":
+        from drill.formats.dcp_layout import apply_layout
+
+        ctx.shard = None
+        apply_layout(merged, d.storage, d.inputs.ref, ctx)
+    return merged
 
 
 def settle(d: Drill, outcome: DrillOutcome) -> DrillOutcome:

@@ -10,13 +10,12 @@ from typing import Any
 
 import torch
 
-from drill import parts
 
 
 def _scannable(key: str, t: Any) -> bool:
+    """Every floating-point tensor, whatever part it belongs to (step counters aside)."""
     return (
-        key.startswith((parts.MODEL + ".", parts.OPTIMIZER + "."))
-        and isinstance(t, torch.Tensor)
+        isinstance(t, torch.Tensor)
         and t.device.type != "meta"
         and t.is_floating_point()
         and t.numel() > 0

@@ -1,0 +1,88 @@
+"""Putting a restored DCP checkpoint into the canonical view of its trainer's layout: keys
+renamed (see :mod:`drill.formats.layouts`), the side files the layout keeps beside the shards
+(``common.pt``, ``meta.pt``, ``metadata.json``) read — hashed like every file — and checked."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from drill import parts
+from drill.discover import CheckpointRef
+from drill.formats.base import RestoreContext, read_file
+from drill.formats.layouts import Recognized, canonical_items, optimizer_params, recognize, side_items
+from drill.restore import ItemFailure, RestoreResult, TensorInfo
+from drill.storage import Storage
+
+
+def _names(storage: Storage, uri: str) -> set[str]:
+    try:
+        return {e.name for e in storage.list(uri)}
+    except OSError:
+        return set()
+
+
+def apply_layout(result: RestoreResult, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> Recognized:
+    """Recognise the layout, canonicalise the state, read the side files; returns what was recognised."""
+    names = _names(storage, ref.uri)
+    keys = set(result.state) | {i.key for i in result.inventory}
+    rec = recognize(keys, names, ref.name)
+    rename = _renamer(rec)
+    state: dict[str, Any] = {}
+    for key, value in result.state.items():
+        state.update(canonical_items(key, value, rec))
+    result.inventory = [TensorInfo(rename(i.key), i.shape, i.dtype, i.nbytes, i.rank) for i in result.inventory]
+    result.failures = [ItemFailure(rename(f.key), f.relative_path, f.reason, f.code) for f in result.failures]
+    if result.finite is not None:
+        result.finite = {rename(k): v for k, v in result.finite.items()}
+    for name in rec.side_files:
+        if name in names:
+            state.update(_side(name, storage, ref, ctx, result, rec))
+    result.state = state
+    _describe(result, rec, names)
+    return rec
+
+
+def _renamer(rec: Recognized) -> Any:
+    def rename(key: str) -> str:
+        return next((k for k, _ in canonical_items(key, None, rec)), key)
+
+    return rename
+
+
+def _side(name: str, storage: Storage, ref: CheckpointRef, ctx: RestoreContext, result: RestoreResult, rec: Recognized) -> dict[str, Any]:
+    """One side file, read once (hashed as the plan says) and loaded without running its pickles."""
+    view = read_file(storage, ref.uri, name, None, ctx, result)
+    if view is None:
+        return {}
+    try:
+        if name.endswith(".json"):
+            json.loads(bytes(view))
+            return {}
+        from drill.formats.inert import load_inert
+
+        obj, stand_ins = load_inert(view)
+    except Exception as exc:  # noqa: BLE001 - a damaged side file is a finding, not a crash
+        from drill.formats.base import one_line
+
+        result.failures.append(ItemFailure(name, name, f"{name} does not load: {one_line(exc)}"))
+        return {}
+    if stand_ins:
+        result.layout.notes.append(f"{name}: {', '.join(sorted(stand_ins))} read as inert stand-ins (never constructed)")
+    result.files[-1].items = 1
+    return dict(side_items(name, obj, rec))
+
+
+def _describe(result: RestoreResult, rec: Recognized, names: set[str]) -> None:
+    layout = result.layout
+    layout.recognized = f"{rec.name}: {rec.how}"
+    layout.never_saved = dict(rec.never_saved)
+    layout.loader_shuffles = rec.loader_shuffles
+    layout.scheduler_per_step = rec.scheduler_per_step
+    layout.required = tuple(p for p in layout.required if p not in rec.never_saved)
+    layout.params = frozenset(f"{parts.MODEL}.{p}" if not p.startswith(parts.MODEL + ".") else p for p in optimizer_params(result.state))
+    layout.side_files = tuple(rec.side_files)
+    layout.side_missing = tuple(n for n in rec.side_files if n not in names)
+
+
+__all__ = ["apply_layout"]

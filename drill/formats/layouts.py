@@ -1,0 +1,221 @@
+"""The DCP layouts of the trainers big runs use, turned into drill's canonical view.
+
+Every trainer below saves through ``torch.distributed.checkpoint``, but each arranges the state
+its own way. drill recognises the layout from the keys and the files beside the shards, and
+maps it onto the canonical parts (``model.``, ``optimizer.``, ``lr_scheduler.``, ``dataloader.``,
+``rng.``, ``train_state.``) that the checks judge:
+
+- **model-prefixed DCP** (drill's demo, ``dcp.save({"model": …, "optimizer": …})``): already canonical.
+- **torchtitan**: the model's state flattened to the top level beside ``optimizer``
+  (``state.<fqn>.<slot>``), ``lr_scheduler``, ``dataloader`` (``dp_rank_N``: the loader's state,
+  pickled) and ``train_state``. No RNG, by design; its loader reads the dataset in order.
+- **Megatron torch_dist** (``iter_NNNNNNN/`` with ``common.pt`` and ``metadata.json``): model keys
+  at the top level (layers stacked), optimizer state as ``optimizer.state.<slot>.<fqn>``, RNG as
+  ``rng_state/shard_…`` objects, and the rest — iteration, optimizer param groups and step, the
+  LR scheduler, the arguments — in ``common.pt``. No data-loader state: Megatron-LM rebuilds the
+  data position from the iteration and ``args.consumed_train_samples``.
+- **Lightning FSDP sharded** (``<name>.ckpt/`` with ``meta.pt``): ``model`` and numbered
+  optimizers (``optimizer_0``…) in the shards; step, epoch, loops (the data position) and LR
+  schedulers in ``meta.pt``. No RNG, by design.
+
+Wherever the weights sit, the model is found by what the optimizer points at: the parameter
+names in its state keys are the model's parameters; keys beside them are its buffers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from drill import parts
+from drill.formats.canonical import flatten
+
+SLOTS = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step", "fp32_param", "momentum_buffer", "square_avg", "acc_delta", "sum"})
+_NUMBERED_OPT = re.compile(r"^optimizer_(\d+)\.")
+_MEGATRON_RNG = re.compile(r"^rng_state/shard_([\d.]+)_([\d.]+)$")
+MEGATRON_RNG_NAMES = {"random_rng_state": "python", "np_rng_state": "numpy", "torch_rng_state": "torch", "cuda_rng_state": "cuda"}
+KNOWN_HEADS = frozenset(parts.CANONICAL_PARTS) | {"extra"}
+
+
+@dataclass(slots=True)
+class Recognized:
+    name: str
+    """``model-prefixed DCP``, ``torchtitan``, ``Megatron torch_dist``, ``Lightning FSDP sharded``."""
+    how: str
+    """Why drill thinks so: the evidence names it."""
+    never_saved: dict[str, str] = field(default_factory=dict)
+    """Part → why this layout never saves it (a warning, not a failure, unless a policy requires it)."""
+    loader_shuffles: bool | None = True
+    """Whether the layout's data loader shuffles (so a position alone is not enough); None: cannot tell."""
+    side_files: tuple[str, ...] = ()
+    """Files beside the shards that hold resume state: read and checked like the shards."""
+    scheduler_per_step: bool = True
+
+
+def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
+    if "common.pt" in names or any(k.startswith(("optimizer.state.exp_avg.", "rng_state/shard_")) for k in keys):
+        return Recognized(
+            "Megatron torch_dist",
+            "common.pt and metadata.json beside the shards; optimizer state keyed optimizer.state.<slot>.<param>",
+            never_saved={parts.DATALOADER: "Megatron-LM rebuilds the data position from the iteration and args.consumed_train_samples"},
+            side_files=("common.pt", "metadata.json"),
+            scheduler_per_step=False,
+        )
+    if "meta.pt" in names or dirname.endswith(".ckpt") or any(_NUMBERED_OPT.match(k) for k in keys):
+        return Recognized(
+            "Lightning FSDP sharded",
+            "a .ckpt directory of DCP shards with meta.pt; optimizers numbered optimizer_0…",
+            never_saved={parts.RNG: "Lightning does not checkpoint RNG state (seed_everything seeds a resumed run afresh)"},
+            loader_shuffles=None,
+            side_files=("meta.pt",),
+        )
+    top = {k for k in keys if k.split(".", 1)[0] not in KNOWN_HEADS}
+    if top and any(f in top for f in optimizer_params(keys)):
+        return Recognized(
+            "torchtitan",
+            "model weights at the top level, named by the optimizer's state (optimizer.state.<param>.<slot>)",
+            never_saved={parts.RNG: "torchtitan does not checkpoint RNG state"},
+            loader_shuffles=False,
+        )
+    return Recognized("model-prefixed DCP", "parts saved under their names (model., optimizer., …)")
+
+
+def optimizer_params(keys: set[str] | dict[str, Any]) -> set[str]:
+    """Parameter names the optimizer state refers to (``optimizer.state.<fqn>.<slot>`` or
+    ``optimizer.state.<slot>.<fqn>``), whatever prefix the model keys carry."""
+    out = set()
+    for k in keys:
+        if not k.startswith("optimizer.state."):
+            continue
+        rest = k[len("optimizer.state.") :]
+        head, _, tail = rest.partition(".")
+        if head in SLOTS and tail:
+            out.add(tail)
+        elif "." in rest and rest.rsplit(".", 1)[1] in SLOTS:
+            out.add(rest.rsplit(".", 1)[0])
+    return out
+
+
+# -- raw keys → canonical keys ---------------------------------------------------------------
+def canonical_items(key: str, value: Any, rec: Recognized) -> Iterator[tuple[str, Any]]:
+    """The canonical (key, value) pairs one raw entry becomes."""
+    if rec.name == "Megatron torch_dist":
+        yield from _megatron(key, value)
+    elif rec.name == "Lightning FSDP sharded":
+        yield from _lightning(key, value)
+    elif rec.name == "torchtitan":
+        yield from _torchtitan(key, value)
+    else:
+        yield key, value
+
+
+def _megatron(key: str, value: Any) -> Iterator[tuple[str, Any]]:
+    if key.startswith("optimizer.state."):
+        slot, _, fqn = key[len("optimizer.state.") :].partition(".")
+        yield (f"optimizer.state.{fqn}.{slot}" if slot in SLOTS and fqn else key), value
+        return
+    m = _MEGATRON_RNG.match(key)
+    if m:
+        rank = m.group(1).split(".")[-1]
+        states = _dicts(value)
+        for i, st in enumerate(states):
+            for name, gen in st.items():
+                if gen is None or name not in MEGATRON_RNG_NAMES:
+                    continue
+                out: dict[str, Any] = {}
+                flatten(gen, f"rng.rank_{rank}{'' if len(states) == 1 else f'_pp{i}'}.{MEGATRON_RNG_NAMES[name]}", out)
+                yield from out.items()
+        return
+    yield (key if key.split(".", 1)[0] in KNOWN_HEADS else f"{parts.MODEL}.{key}"), value
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    """The per-pipeline-stage RNG dicts of one ShardedObject, however deep the lists wrap them."""
+    if isinstance(value, dict):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [d for v in value for d in _dicts(v)]
+    return []
+
+
+def _lightning(key: str, value: Any) -> Iterator[tuple[str, Any]]:
+    m = _NUMBERED_OPT.match(key)
+    if m:
+        rest = key[m.end() :]
+        if rest == "param_groups" and isinstance(value, list):
+            out: dict[str, Any] = {}
+            flatten({"param_groups": value}, parts.OPTIMIZER, out)
+            yield from out.items()
+            return
+        yield f"{parts.OPTIMIZER}.{rest}", value
+        return
+    yield (key if key.split(".", 1)[0] in KNOWN_HEADS else f"{parts.MODEL}.{key}"), value
+
+
+def _torchtitan(key: str, value: Any) -> Iterator[tuple[str, Any]]:
+    head = key.split(".", 1)[0]
+    if head == parts.DATALOADER and isinstance(value, (bytes, bytearray)):
+        loader = _plain_pickle(bytes(value))
+        if isinstance(loader, dict):
+            out: dict[str, Any] = {}
+            flatten(loader, key, out)
+            yield from out.items()
+            return
+    yield (key if head in KNOWN_HEADS else f"{parts.MODEL}.{key}"), value
+
+
+def _plain_pickle(data: bytes) -> Any:
+    """A pickle of plain containers and numbers only (torchtitan pickles its loader's state
+    dict into the checkpoint); None if it names any class at all."""
+    from drill.safe_pickle import restricted_loads
+
+    try:
+        return restricted_loads(data, frozenset())
+    except Exception:  # noqa: BLE001 - an opaque loader state stays opaque
+        return None
+
+
+# -- side files → canonical keys -----------------------------------------------------------
+def side_items(name: str, obj: Any, rec: Recognized) -> Iterator[tuple[str, Any]]:
+    """The canonical entries of ``common.pt`` (Megatron) or ``meta.pt`` (Lightning)."""
+    from drill.formats.inert import plain
+
+    out: dict[str, Any] = {}
+    if name == "common.pt" and isinstance(obj, dict):
+        if "iteration" in obj:
+            out[f"{parts.TRAIN_STATE}.step"] = obj["iteration"]
+        if isinstance(obj.get("opt_param_scheduler"), dict):
+            flatten(obj["opt_param_scheduler"], parts.LR_SCHEDULER, out)
+        if isinstance(obj.get("optimizer"), dict):
+            flatten(plain(obj["optimizer"]), parts.OPTIMIZER, out)
+        for k in ("args", "checkpoint_version", "num_floating_point_operations_so_far", "rerun_state_machine"):
+            if k in obj:
+                out[f"extra.{k}"] = plain(obj[k])
+    elif name == "meta.pt" and isinstance(obj, dict):
+        if "global_step" in obj:
+            out[f"{parts.TRAIN_STATE}.step"] = obj["global_step"]
+        if "epoch" in obj:
+            out[f"{parts.TRAIN_STATE}.epoch"] = obj["epoch"]
+        schedulers = obj.get("lr_schedulers") or []
+        for i, sched in enumerate(schedulers):
+            flatten(plain(sched), parts.LR_SCHEDULER if i == 0 else f"{parts.LR_SCHEDULER}.{i}", out)
+        if isinstance(obj.get("loops"), dict):
+            flatten(plain(obj["loops"]), f"{parts.DATALOADER}.loops", out)
+        for k in ("callbacks", "hyper_parameters", "pytorch-lightning_version"):
+            if k in obj:
+                out[f"extra.{k}"] = plain(obj[k])
+    yield from out.items()
+
+
+def lightning_steps(state: dict[str, Any]) -> dict[str, int]:
+    """Lightning's loop progress as a step counter (batches that stepped the optimizer)."""
+    for key in ("dataloader.loops.fit_loop.epoch_loop.state_dict._batches_that_stepped",):
+        v = state.get(key)
+        if isinstance(v, int):
+            return {"loops batches stepped": v}
+    return {}
+
+
+__all__ = ["Recognized", "canonical_items", "lightning_steps", "optimizer_params", "recognize", "side_items"]
