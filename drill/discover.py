@@ -20,6 +20,9 @@ HF_TRAINER_STATE = "trainer_state.json"
 """Hugging Face's Trainer writes it after the model, optimizer, scheduler and RNG files."""
 SINGLE_FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".tar")
 DCP_SHARD_SUFFIX = ".distcp"
+MEGATRON_COMMON, MEGATRON_CONFIG = "common.pt", "metadata.json"
+"""Megatron-core's dist_checkpointing writes ``common.pt``, then the shards and ``.metadata``,
+then ``metadata.json`` last: a directory with the first but not the last is an incomplete save."""
 EXPORT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "config.json", HF_TRAINER_STATE, "training_args.bin")
 """What Hugging Face's ``save_model``/``save_state`` leave at the top of an output directory."""
 
@@ -76,6 +79,9 @@ def inspect_dir(storage: Storage, uri: str, name: str, entries: list[Entry] | No
     """Classify one directory: a complete save, an incomplete save, or neither."""
     step = step_of(name)
     names = {e.name: e for e in (entries if entries is not None else storage.list(uri))}
+    if DCP_METADATA in names and MEGATRON_COMMON in names and MEGATRON_CONFIG not in names:
+        reason = f"Megatron save with {MEGATRON_COMMON} and {DCP_METADATA} but no {MEGATRON_CONFIG}, which dist_checkpointing writes last: the save never finished"
+        return IncompleteSave(uri=uri, name=name, step=step, reason=reason)
     for marker, fmt in ((DCP_METADATA, "dcp"), (HF_TRAINER_STATE, "hf-trainer")):
         if marker in names and names[marker].is_file:
             return CheckpointRef(uri=uri, name=name, step=step, format=fmt, mtime=names[marker].mtime)
@@ -127,6 +133,8 @@ def discover(storage: Storage, root: str) -> Discovery:
             return found
         if isinstance(itself, IncompleteSave):
             found.incomplete.append(itself)
+            if any(e.name.endswith(DCP_SHARD_SUFFIX) or e.name == DCP_METADATA for e in entries):
+                return found  # an unfinished DCP save: its common.pt is part of it, not a checkpoint
     found.checkpoints += [_single_file(e) for e in entries if e.is_file and e.name.endswith(SINGLE_FILE_SUFFIXES) and e.size > 0]
     found.exports = sorted(e.name for e in entries if e.is_file and e.name in EXPORT_FILES)
     # Oldest first: by step, and by time for files that carry no step in their name.

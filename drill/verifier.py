@@ -16,7 +16,7 @@ from drill.errors import ExitCode, NothingToDrill, UsageError
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.reading import describe_read_error, read_whole
 from drill.integrity.sampling import SampleSpec
-from drill.integrity.structure import dcp_structure, safetensors_structure, sniff, zip_structure
+from drill.integrity.structure import safetensors_structure, sniff, zip_structure
 from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, seal
 from drill.integrity.verify import NAME, IntegrityPlan, Observed, hash_remaining, integrity_check, plan_integrity
 from drill.storage import Storage, storage_for
@@ -37,20 +37,20 @@ class VerifyOutcome:
         return ExitCode.FAILED if self.result.status is CheckStatus.FAILED else ExitCode.PASSED
 
 
-def _structure_of_dcp(storage: Storage, plan: IntegrityPlan) -> tuple[list[Finding], dict] | None:
+def _structure_of_dcp(storage: Storage, plan: IntegrityPlan, allow_classes: tuple[str, ...]) -> tuple[list[Finding], dict] | None:
     if DCP_METADATA not in plan.on_storage:
         return None
-    from drill.safe_pickle import restricted_loads
+    from drill.formats.dcp_layout import unsealed_structure
+    from drill.safe_pickle import restricted_loads, with_classes
 
     try:
         data = read_whole(storage, storage.child(plan.checkpoint, DCP_METADATA), plan.on_storage[DCP_METADATA], hash=False).view.tobytes()
-        metadata = restricted_loads(data)
+        storage_data = restricted_loads(data, with_classes(allow_classes)).storage_data or {}
     except Exception as exc:  # noqa: BLE001 - an unreadable index is the finding
         from drill.formats.base import one_line
-        from drill.integrity.structure import unreadable_index
 
-        return unreadable_index(f"{DCP_METADATA} does not unpickle safely: {one_line(exc)}")
-    return dcp_structure(metadata.storage_data or {}, plan.on_storage)
+        return unsealed_structure(storage, plan.checkpoint, plan.on_storage, None, f"{DCP_METADATA} does not unpickle safely: {one_line(exc)}")
+    return unsealed_structure(storage, plan.checkpoint, plan.on_storage, storage_data)
 
 
 def _verify_file(storage: Storage, uri: str, size: int) -> CheckResult:
@@ -105,9 +105,11 @@ def verify_checkpoint(
     coverage_days: float = 7.0,
     storage: Storage | None = None,
     key: bytes | None = None,
+    allow_classes: tuple[str, ...] = (),
 ) -> VerifyOutcome:
     """Verify the checkpoint directory (or single checkpoint file) at ``uri`` (with ``key``,
-    its seal must be that key's: see :mod:`drill.integrity.keys`).
+    its seal must be that key's: see :mod:`drill.integrity.keys`; ``allow_classes`` as
+    ``--allow-class``: classes a DCP ``.metadata`` may name beyond torch's own).
 
     Raises :class:`~drill.errors.NothingToDrill` when nothing (or an empty directory) is
     there and :class:`~drill.errors.UsageError` for a run directory (naming its checkpoints);
@@ -129,7 +131,7 @@ def verify_checkpoint(
         raise _run_root(uri, what.discovery)  # type: ignore[arg-type]
     if what.kind == "empty":
         raise NothingToDrill(f"{uri} is an empty directory: no checkpoint to verify")
-    outcome = _verify_directory(storage, uri, sample, require_sealed, records, coverage_days, started, key)
+    outcome = _verify_directory(storage, uri, sample, require_sealed, records, coverage_days, started, key, allow_classes)
     if what.kind == "incomplete":
         outcome.result.findings.insert(0, _incomplete_finding(what.incomplete))  # type: ignore[arg-type]
         outcome.result.summary = f"incomplete save; {outcome.result.summary}"
@@ -139,7 +141,15 @@ def verify_checkpoint(
 
 
 def _verify_directory(
-    storage: Storage, uri: str, sample: SampleSpec, require_sealed: bool, records: Records | None, coverage_days: float, started: float, key: bytes | None
+    storage: Storage,
+    uri: str,
+    sample: SampleSpec,
+    require_sealed: bool,
+    records: Records | None,
+    coverage_days: float,
+    started: float,
+    key: bytes | None,
+    allow_classes: tuple[str, ...] = (),
 ) -> VerifyOutcome:
     checkpoint_id = None
     last: dict = {}
@@ -151,7 +161,7 @@ def _verify_directory(
         return VerifyOutcome(uri=uri, result=integrity_check(plan, {}), seconds=time.perf_counter() - started, bytes_hashed=0)
     observed: dict[str, Observed] = {}
     hash_remaining(storage, plan, observed)
-    structure = _structure_of_dcp(storage, plan) if plan.manifest is None else None
+    structure = _structure_of_dcp(storage, plan, allow_classes) if plan.manifest is None else None
     result = integrity_check(plan, observed, require_sealed=require_sealed, structure=structure)
     if records is not None and plan.manifest is not None:
         from drill.integrity.coverage import annotate_coverage, coverage_update

@@ -33,14 +33,23 @@ import torch.distributed as dist
 STEP = 30
 
 
-def spawn(kind: str, out: Path, ranks: int, timeout: float = 300) -> Path:
-    """Write a ``kind`` checkpoint under ``out`` with ``ranks`` processes."""
+NAN_IN = {
+    "torchtitan": "blocks.0.attn.qkv.weight",
+    "lightning": "model.blocks.0.attn.qkv.weight",
+    "megatron": "decoder.layers.mlp.linear_fc1.weight",
+}
+"""The weight ``spawn(..., nan=True)`` writes a NaN into (rank 0's shard), per layout."""
+
+
+def spawn(kind: str, out: Path, ranks: int, timeout: float = 300, nan: bool = False) -> Path:
+    """Write a ``kind`` checkpoint under ``out`` with ``ranks`` processes (with ``nan``, one
+    element of the weight :data:`NAN_IN` names is NaN)."""
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as rdzv:
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "tests.layouts", kind, str(out)],
-                env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(ranks), "DRILL_DIST_INIT": f"file://{rdzv}/s"},
+                env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(ranks), "DRILL_DIST_INIT": f"file://{rdzv}/s", "LAYOUT_NAN": "1" if nan else ""},
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
             )
             for r in range(ranks)
@@ -77,6 +86,15 @@ def _model_and_step(world: int) -> tuple[Any, Any, Any]:
     return model, opt, sched
 
 
+def _poison(state: dict[str, Any], key: str, rank: int) -> None:
+    """One NaN in ``state[key]`` (rank 0's local shard), when the test asked for it."""
+    if os.environ.get("LAYOUT_NAN") and rank == 0:
+        t = state[key]
+        local = t.to_local() if hasattr(t, "to_local") else t
+        with torch.no_grad():
+            local.view(-1)[0] = float("nan")
+
+
 def torchtitan(out: Path, rank: int, world: int) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -100,6 +118,7 @@ def torchtitan(out: Path, rank: int, world: int) -> None:
         "dataloader": {f"dp_rank_{rank}": pickle.dumps(loader), "world_size": world},
         "train_state": {"step": 2, "ntokens_seen": 2 * 4 * 32 * world},
     }
+    _poison(state, NAN_IN["torchtitan"], rank)
     dcp.save(state, checkpoint_id=str(out / "step-2"))
 
 
@@ -113,6 +132,7 @@ def lightning(out: Path, rank: int, world: int) -> None:
     converted = {"model": {**{f"model.{k}": v for k, v in inner.items()}, "causal_mask": mask}}
     osd = get_optimizer_state_dict(model, opt)
     converted["optimizer_0"] = {"state": {f"model.{k}": v for k, v in osd["state"].items()}, "param_groups": [{**g, "params": [f"model.{p}" for p in g["params"]]} for g in osd["param_groups"]]}
+    _poison(converted["model"], NAN_IN["lightning"], rank)
     path = out / "epoch=0-step=2.ckpt"
     dcp.save(converted, checkpoint_id=str(path))
     if rank == 0:
@@ -156,6 +176,7 @@ def megatron(out: Path, rank: int, world: int) -> None:
         "decoder.final_layernorm.weight": (torch.ones(hidden), None, False),
         "output_layer.weight": (torch.randn(vocab // tp, hidden), 0, False),
     }
+    _poison({k: v[0] for k, v in params.items()}, NAN_IN["megatron"], rank)
     sd: dict[str, Any] = {"model": {}, "optimizer": {"state": {}}}
     for key, (local, axis, stacked) in params.items():
         sd["model"][key] = tensor(key, local, axis, stacked)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from drill.checks import CheckInputs
+from drill.integrity.manifest import MANIFEST_NAME
 from drill.findings import CheckResult, Finding, Severity
 from drill.restore import FileRead
 from drill.units import human_bytes
@@ -38,12 +41,21 @@ def check_files(inputs: CheckInputs) -> CheckResult:
         for f in restore.files
         if f.error_kind is None and f.size is not None and listed.get(f.relative_path, f.size) != f.size
     ]
+    findings += [_side_missing(name) for name in (restore.layout.side_missing if restore.layout else ())]
+    if restore.format == "dcp" and restore.index is None:  # no index to name the shards: the listing does
+        from drill.integrity.structure import shard_gaps
+
+        findings += [replace(f, check=NAME) for f in shard_gaps(listed)]
     ok = [f for f in restore.files if f.error_kind is None]
+    read = {f.relative_path for f in restore.files}
     total = restore.bytes_read
+    others = sum(1 for p in listed if p not in read and p != MANIFEST_NAME)
+    why = "not read: the checkpoint's index could not be loaded" if restore.metadata_error else "in the directory not needed to resume"
+    beside = f"; {others} other file(s) {why} (listed in the evidence)" if others else ""
     if findings:
-        summary = f"{len(findings)} of {len(restore.files)} files missing, unreadable or changed"
+        summary = f"{len({f.subject for f in findings})} file(s) missing, unreadable or changed of {len(restore.files)} the checkpoint needs{beside}"
     else:
-        summary = f"all {len(restore.files)} files present and read in full ({human_bytes(total)})"
+        summary = f"all {len(restore.files)} files present and read in full ({human_bytes(total)}){beside}"
     evidence = {
         "files": [
             {
@@ -57,10 +69,26 @@ def check_files(inputs: CheckInputs) -> CheckResult:
             }
             for f in restore.files
         ],
+        "not_read": sorted(p for p in listed if p not in read),
         "files_ok": len(ok),
         "bytes_read": total,
     }
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
+
+
+def _side_missing(name: str) -> Finding:
+    from drill.formats.layouts import SIDE_FILES
+
+    return Finding(
+        check=NAME,
+        code="file-missing",
+        severity=Severity.ERROR,
+        subject=name,
+        message=f"{name} is missing: {SIDE_FILES.get(name, 'the layout reads it to resume')}",
+        expected="present",
+        actual="missing",
+        hint="restore the file from a replica or drill an older checkpoint: drill run --checkpoint step:N",
+    )
 
 
 def _unreadable(f: FileRead) -> Finding:

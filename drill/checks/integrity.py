@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from drill.checks import CheckInputs
 from drill.findings import CheckResult
-from drill.integrity.structure import dcp_structure, unreadable_index
 from drill.integrity.verify import Observed, hash_remaining, integrity_check
 
 
@@ -21,9 +20,10 @@ def check_integrity(inputs: CheckInputs) -> CheckResult:
     }
     hash_remaining(inputs.storage, plan, observed)  # files no loader needed, hashed all the same
     structure = restore.structure
-    if structure is None and plan.manifest is None and restore.format == "dcp":
-        if restore.index is not None:
-            structure = dcp_structure(restore.index, plan.on_storage)
-        elif restore.metadata_error is not None and ".metadata" in plan.on_storage:
-            structure = unreadable_index(restore.metadata_error.removeprefix(".metadata: "))
+    if structure is None and plan.manifest is None and restore.format == "dcp" and ".metadata" in plan.on_storage:
+        if restore.index is not None or restore.metadata_error is not None:
+            from drill.formats.dcp_layout import unsealed_structure
+
+            why = (restore.metadata_error or "").removeprefix(".metadata: ")
+            structure = unsealed_structure(inputs.storage, plan.checkpoint, plan.on_storage, restore.index, why)
     return integrity_check(plan, observed, require_sealed=inputs.require_sealed, structure=structure)

@@ -42,6 +42,13 @@ RequireSealedOption = Annotated[
 CoverageDaysOption = Annotated[
     float, typer.Option("--coverage-days", help="Report the share of bytes verified within this many days.")
 ]
+AllowClassOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-class",
+        help="Allow-list a class a layout legitimately pickles (repeatable; DCP .metadata included), e.g. transformers.training_args.TrainingArguments.",
+    ),
+]
 KeyFileOption = Annotated[
     str | None,
     typer.Option(

@@ -8,6 +8,7 @@ import typer
 
 from drill.errors import UsageError
 from drill.cli.common import (
+    AllowClassOption,
     CoverageDaysOption,
     DbOption,
     DebugOption,
@@ -62,6 +63,7 @@ def verify(
     coverage_days: CoverageDaysOption = 7.0,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds the verification may take before it ends as an error.")] = 3600.0,
     key_file: KeyFileOption = None,
+    allow_class: AllowClassOption = None,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -90,7 +92,9 @@ def verify(
     try:
         with deadline(timeout, f"drill verify {checkpoint}"):
             outcome = verify_checkpoint(
-                checkpoint, sample=spec, require_sealed=require_sealed, records=Records(database), coverage_days=coverage_days, key=seal_key(key_file)
+                checkpoint, sample=spec, require_sealed=require_sealed, records=Records(database), coverage_days=coverage_days,
+                key=seal_key(key_file),
+                allow_classes=tuple(allow_class or ()),
             )
     finally:
         database.close()

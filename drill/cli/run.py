@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from drill.cli.common import (
+    AllowClassOption,
     CoverageDaysOption,
     DbOption,
     DebugOption,
@@ -37,10 +38,6 @@ PolicyFile = Annotated[
 Device = Annotated[str, typer.Option("--device", help="Restore onto auto (CUDA if present), cpu, cuda or cuda:N.")]
 Format = Annotated[str, typer.Option("--format", help="Force a format: auto, dcp, torch-save, lightning, hf-trainer.")]
 AllowMissing = Annotated[list[str] | None, typer.Option("--allow-missing", help="Accept a missing part (repeatable), e.g. rng.")]
-AllowClass = Annotated[
-    list[str] | None,
-    typer.Option("--allow-class", help="Allow-list a class a layout legitimately pickles (repeatable), e.g. transformers.training_args.TrainingArguments."),
-]
 FiniteScan = Annotated[str, typer.Option("--finite-scan", help="NaN/Inf scan of weights and moments: full, sampled or off.")]
 Replay = Annotated[str | None, typer.Option("--replay", help="Replay entrypoint module:function (default: the one the run's run.json names).")]
 ReplaySteps = Annotated[int, typer.Option("--replay-steps", help="K: training steps to replay and compare.")]
@@ -64,7 +61,7 @@ def run(
     device: Device = "auto",
     format: Format = "auto",
     allow_missing: AllowMissing = None,
-    allow_class: AllowClass = None,
+    allow_class: AllowClassOption = None,
     finite_scan: FiniteScan = "full",
     sample: SampleOption = "all",
     require_sealed: RequireSealedOption = False,

@@ -41,6 +41,15 @@ def parse_format(name: str) -> str:
     return text
 
 
+def resolve_format(forced: str, detected: str) -> str:
+    """The adapter a drill uses: the detected format unless ``--format`` forces one. Lightning's
+    sharded FSDP checkpoint is a ``.ckpt`` *directory* of DCP shards, so ``lightning`` on a DCP
+    directory reads it as DCP (its ``meta.pt`` is read by the Lightning layout)."""
+    if forced == "auto" or (forced == "lightning" and detected == "dcp"):
+        return detected
+    return forced
+
+
 def adapter_for(name: str) -> FormatAdapter:
     """The adapter registered for ``name`` (a detected or forced format)."""
     module, _, cls = _REGISTRY[parse_format(name)].partition(":")
@@ -56,8 +65,8 @@ def restore(storage: Storage, ref: CheckpointRef, device: Any, **context: Any) -
     from drill.formats.base import RestoreContext
 
     name = context.pop("format", "auto")
-    adapter = adapter_for(ref.format if name == "auto" else name)
+    adapter = adapter_for(resolve_format(name, ref.format))
     return adapter.restore(storage, ref, RestoreContext(device=device, **context))
 
 
-__all__ = ["FORMATS", "adapter_for", "parse_format", "restore"]
+__all__ = ["FORMATS", "adapter_for", "parse_format", "resolve_format", "restore"]

@@ -5,12 +5,14 @@ renamed (see :mod:`drill.formats.layouts`), the side files the layout keeps besi
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from drill import parts
 from drill.discover import CheckpointRef
 from drill.formats.base import RestoreContext, read_file
-from drill.formats.layouts import Recognized, canonical_items, optimizer_params, recognize, side_items
+from drill.findings import Finding
+from drill.formats.layouts import SIDE_FILES, Recognized, canonical_items, optimizer_params, recognize, side_items
 from drill.restore import ItemFailure, RestoreResult, TensorInfo
 from drill.storage import Storage
 
@@ -65,7 +67,7 @@ def _side(name: str, storage: Storage, ref: CheckpointRef, ctx: RestoreContext, 
     except Exception as exc:  # noqa: BLE001 - a damaged side file is a finding, not a crash
         from drill.formats.base import one_line
 
-        result.failures.append(ItemFailure(name, name, f"{name} does not load: {one_line(exc)}"))
+        result.failures.append(ItemFailure(name, name, f"not a loadable torch.save file ({one_line(exc)})"))
         return {}
     if stand_ins:
         result.layout.notes.append(f"{name}: {', '.join(sorted(stand_ins))} read as inert stand-ins (never constructed)")
@@ -85,4 +87,25 @@ def _describe(result: RestoreResult, rec: Recognized, names: set[str]) -> None:
     layout.side_missing = tuple(n for n in rec.side_files if n not in names)
 
 
-__all__ = ["apply_layout"]
+def unsealed_structure(
+    storage: Storage, uri: str, sizes: Mapping[str, int], storage_data: Mapping[Any, Any] | None, why_unreadable: str = ""
+) -> tuple[list[Finding], dict[str, Any]]:
+    """The structural verdict on an unsealed DCP checkpoint — the one ``run`` and ``verify``
+    both give: ``.metadata`` against the files (or, when it cannot be read, the shards named
+    from the listing), and the files the recognised layout keeps beside the shards."""
+    from drill.integrity.reading import read_whole
+    from drill.integrity.structure import dcp_structure, side_structure, unreadable_index
+
+    if storage_data is not None:
+        findings, evidence = dcp_structure(storage_data, sizes)
+    else:
+        findings, evidence = unreadable_index(why_unreadable, sizes)
+    keys = {getattr(index, "fqn", str(index)) for index in (storage_data or {})}
+    rec = recognize(keys, set(sizes), uri.rstrip("/").rsplit("/", 1)[-1])
+    side = {name: SIDE_FILES[name] for name in rec.side_files}
+    findings += side_structure(side, sizes, lambda name: read_whole(storage, storage.child(uri, name), sizes[name], hash=False).view)
+    evidence["layout"] = rec.name
+    return findings, evidence
+
+
+__all__ = ["apply_layout", "unsealed_structure"]

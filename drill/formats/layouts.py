@@ -37,6 +37,13 @@ _NUMBERED_OPT = re.compile(r"^optimizer_(\d+)\.")
 _MEGATRON_RNG = re.compile(r"^rng_state/shard_([\d.]+)_([\d.]+)$")
 MEGATRON_RNG_NAMES = {"random_rng_state": "python", "np_rng_state": "numpy", "torch_rng_state": "torch", "cuda_rng_state": "cuda"}
 KNOWN_HEADS = frozenset(parts.CANONICAL_PARTS) | {"extra"}
+_MEGATRON_DIR = re.compile(r"^iter_\d{7}$")
+SIDE_FILES = {
+    "common.pt": "Megatron keeps the iteration, the optimizer's param groups and step, and the LR scheduler there",
+    "metadata.json": "Megatron's dist_checkpointing writes it last and will not load a checkpoint without it",
+    "meta.pt": "Lightning keeps step, epoch, loops (the data position) and LR schedulers there: it cannot resume without it",
+}
+"""Files beside the shards that a layout's resume reads, and why each matters."""
 
 
 @dataclass(slots=True)
@@ -50,12 +57,14 @@ class Recognized:
     loader_shuffles: bool | None = True
     """Whether the layout's data loader shuffles (so a position alone is not enough); None: cannot tell."""
     side_files: tuple[str, ...] = ()
-    """Files beside the shards that hold resume state: read and checked like the shards."""
+    """Files beside the shards that hold resume state (see :data:`SIDE_FILES`): read and checked like the shards."""
     scheduler_per_step: bool = True
 
 
 def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
-    if "common.pt" in names or any(k.startswith(("optimizer.state.exp_avg.", "rng_state/shard_")) for k in keys):
+    """The layout of a DCP checkpoint from its keys (empty when ``.metadata`` is unreadable), the
+    names of its files and its directory's name."""
+    if _megatron_like(keys, names, dirname):
         return Recognized(
             "Megatron torch_dist",
             "common.pt and metadata.json beside the shards; optimizer state keyed optimizer.state.<slot>.<param>",
@@ -70,6 +79,7 @@ def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
             never_saved={parts.RNG: "Lightning does not checkpoint RNG state (seed_everything seeds a resumed run afresh)"},
             loader_shuffles=None,
             side_files=("meta.pt",),
+            scheduler_per_step=False,  # Lightning steps schedulers once per epoch unless configured per step
         )
     top = {k for k in keys if k.split(".", 1)[0] not in KNOWN_HEADS}
     if top and any(f in top for f in optimizer_params(keys)):
@@ -80,6 +90,12 @@ def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
             loader_shuffles=False,
         )
     return Recognized("model-prefixed DCP", "parts saved under their names (model., optimizer., …)")
+
+
+def _megatron_like(keys: set[str], names: set[str], dirname: str) -> bool:
+    if "common.pt" in names or any(k.startswith(("optimizer.state.exp_avg.", "rng_state/shard_")) for k in keys):
+        return True
+    return _MEGATRON_DIR.match(dirname) is not None and "metadata.json" in names
 
 
 def optimizer_params(keys: set[str] | dict[str, Any]) -> set[str]:
@@ -218,4 +234,4 @@ def lightning_steps(state: dict[str, Any]) -> dict[str, int]:
     return {}
 
 
-__all__ = ["Recognized", "canonical_items", "lightning_steps", "optimizer_params", "recognize", "side_items"]
+__all__ = ["SIDE_FILES", "Recognized", "canonical_items", "lightning_steps", "optimizer_params", "recognize", "side_items"]

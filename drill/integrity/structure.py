@@ -11,11 +11,12 @@ Each function returns findings (empty when consistent) and the evidence it exami
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zipfile
 import zlib
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from drill.findings import Finding, Severity
@@ -27,10 +28,60 @@ def _finding(code: str, subject: str, message: str, **kw: Any) -> Finding:
     return Finding(check=NAME, code=code, severity=kw.pop("severity", Severity.ERROR), subject=subject, message=message, **kw)
 
 
-def unreadable_index(why: str) -> tuple[list[Finding], dict[str, Any]]:
+_SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+
+
+def unreadable_index(why: str, sizes: Mapping[str, int]) -> tuple[list[Finding], dict[str, Any]]:
     """The structural verdict on a DCP checkpoint whose ``.metadata`` cannot be loaded safely:
-    ``run`` and ``verify`` give this same one."""
-    return [_finding("metadata-unreadable", ".metadata", f".metadata cannot be loaded safely: {why}")], {}
+    ``run`` and ``verify`` give this same one. The shards are then named from the directory
+    listing, so a gap in them is still reported."""
+    findings = [_finding("metadata-unreadable", ".metadata", f".metadata cannot be loaded safely: {why}")]
+    findings += shard_gaps(sizes)
+    return findings, {"data_files": sorted(n for n in sizes if _SHARD.match(n))}
+
+
+def shard_gaps(sizes: Mapping[str, int]) -> list[Finding]:
+    """``__RANK_N.distcp`` files missing from the listing: every rank below the highest one
+    present writes as many files as the others (DCP's FileSystemWriter names them so), so a
+    missing rank or file number is a missing shard. A lost highest rank cannot be seen here."""
+    files: dict[int, set[int]] = defaultdict(set)
+    for name in sizes:
+        m = _SHARD.match(name)
+        if m:
+            files[int(m.group(1))].add(int(m.group(2)))
+    if not files:
+        return []
+    numbers = set().union(*files.values())
+    return [
+        _finding("file-missing", f"__{rank}_{n}.distcp", f"__{rank}_{n}.distcp is missing: the other ranks' shards show rank {rank} wrote it")
+        for rank in range(max(files) + 1)
+        for n in sorted(numbers - files.get(rank, set()))
+    ]
+
+
+def side_structure(side: Mapping[str, str], sizes: Mapping[str, int], read: Callable[[str], memoryview]) -> list[Finding]:
+    """The files a trainer's layout keeps beside the shards (``side``: name → why it matters):
+    present, and — for a ``torch.save`` zip — every record's CRC-32 matching; for JSON, parsing."""
+    findings = []
+    for name, why in side.items():
+        if name not in sizes:
+            findings.append(_finding("file-missing", name, f"{name} is missing: {why}", expected="present", actual="missing"))
+            continue
+        try:
+            data = read(name)
+        except OSError as exc:
+            findings.append(_finding("file-unreadable", name, f"{name} cannot be read ({exc.strerror or exc}): {why}"))
+            continue
+        if name.endswith(".json"):
+            try:
+                json.loads(bytes(data))
+            except (ValueError, RecursionError):
+                findings.append(_finding("json-corrupt", name, f"{name} is not valid JSON: {why}"))
+        elif sniff(data) == "zip":
+            findings += zip_structure(data, name)[0]
+        else:
+            findings.append(_finding("zip-corrupt", name, f"{name} is not a torch.save archive: {why}"))
+    return findings
 
 
 def dcp_structure(storage_data: Mapping[Any, Any], sizes: Mapping[str, int]) -> tuple[list[Finding], dict[str, Any]]:
@@ -173,4 +224,4 @@ def sniff(data: memoryview) -> str | None:
     return None
 
 
-__all__ = ["dcp_structure", "safetensors_structure", "sniff", "zip_structure"]
+__all__ = ["dcp_structure", "safetensors_structure", "shard_gaps", "side_structure", "sniff", "unreadable_index", "zip_structure"]

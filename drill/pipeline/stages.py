@@ -29,7 +29,7 @@ from drill.device import resolve_device
 from drill.discover import discover
 from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError
 from drill.findings import CheckResult, CheckStatus, not_run
-from drill.formats import adapter_for
+from drill.formats import adapter_for, resolve_format
 from drill.formats.base import RestoreContext
 from drill.integrity.coverage import annotate_coverage
 from drill.integrity.keys import load_key
@@ -299,7 +299,7 @@ def restore_stage(d: Drill) -> list[CheckResult]:
     onto the device, as a resume would."""
     ref, plan = d.inputs.ref, d.inputs.plan
     assert ref is not None
-    adapter = adapter_for(ref.format if d.request.format == "auto" else d.request.format)  # imported off the clock
+    adapter = adapter_for(resolve_format(d.request.format, ref.format))  # imported off the clock
     ctx = RestoreContext(
         device=d.device,  # type: ignore[arg-type]
         progress=d.progress,
