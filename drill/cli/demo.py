@@ -64,7 +64,7 @@ def demo(
 def _demo_ranks(directory: Path, cfg: object, ranks: int, *, json: bool) -> None:
     from drill.demo.distributed import train_distributed
     from drill.discover import step_of
-    from drill.sdk import read_step_log
+    from drill.runlog import read_step_log
 
     if not 2 <= ranks <= 64:
         raise UsageError(f"--ranks must be between 2 and 64, not {ranks}")

@@ -67,7 +67,7 @@ class DemoConfig:
     @classmethod
     def read(cls, run_dir: str | Path) -> DemoConfig:
         """The configuration recorded in ``run_dir``: a local path or an ``s3://`` prefix."""
-        from drill.sdk.runfiles import read_run_file
+        from drill.runlog.runfiles import read_run_file
 
         doc = json.loads(read_run_file(str(run_dir), RUN_FILE))
         return cls(**doc["config"])

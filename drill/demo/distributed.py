@@ -135,7 +135,8 @@ def _save(o: dict[str, Any], run_dir: Path, cfg: DemoConfig, rank: int) -> None:
     import torch.distributed.checkpoint as dcp
 
     from drill.demo.train import apply_retention, checkpoint_dir
-    from drill.sdk import load_key, seal
+    from drill.integrity.keys import load_key
+    from drill.integrity.manifest import seal
 
     path = checkpoint_dir(run_dir, o["step"])
     dcp.save(_state(o, rank), storage_writer=dcp.FileSystemWriter(str(path), thread_count=1))
@@ -151,7 +152,7 @@ def main(run_dir: str) -> None:
     import torch.distributed as dist
 
     from drill.demo.train import deterministic
-    from drill.sdk import StepLog
+    from drill.runlog import StepLog
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method=os.environ["DRILL_DIST_INIT"], rank=rank, world_size=world)

@@ -8,7 +8,7 @@ import torch
 
 from drill.demo.config import DemoConfig
 from drill.demo.train import TrainingObjects, build, train_step
-from drill.sdk.steplog import StepRecord
+from drill.runlog.steplog import StepRecord
 
 
 class DemoReplay:

@@ -25,7 +25,9 @@ from drill.demo.data import ShuffledWindowLoader, batch_fingerprint, synthetic_c
 from drill.demo.model import TinyGPT
 from drill.demo.state import ModelState, OptimizerState, RNGState, TrainState, WarmupCosine
 from drill.discover import step_of
-from drill.sdk import StepLog, StepRecord, load_key, seal
+from drill.integrity.keys import load_key
+from drill.integrity.manifest import seal
+from drill.runlog import StepLog, StepRecord
 
 
 @dataclass(slots=True)

@@ -118,7 +118,7 @@ def hash_remaining(storage: Storage, plan: IntegrityPlan, observed: dict[str, Ob
         observed[path] = Observed(error=f"{result.strerror or result}") if isinstance(result, OSError) else Observed(hashes=result)
 
 
-def _ranges(expected: tuple[str, ...], actual: list[str], chunk: int, size: int) -> list[tuple[int, int]]:
+def mismatched_ranges(expected: tuple[str, ...], actual: list[str], chunk: int, size: int) -> list[tuple[int, int]]:
     bad = [i for i in range(max(len(expected), len(actual))) if i >= len(expected) or i >= len(actual) or expected[i] != actual[i]]
     merged: list[list[int]] = []
     for i in bad:
@@ -130,7 +130,7 @@ def _ranges(expected: tuple[str, ...], actual: list[str], chunk: int, size: int)
     return [(a, b) for a, b in merged]
 
 
-def _file_against_seal(path: str, entry: FileEntry, plan: IntegrityPlan, seen: Observed | None) -> Finding | None:
+def file_against_seal(path: str, entry: FileEntry, plan: IntegrityPlan, seen: Observed | None) -> Finding | None:
     """The one finding for a sealed file, or None when it matched (or was sampled out)."""
     size = plan.on_storage.get(path)
     if size is None:
@@ -153,7 +153,7 @@ def _file_against_seal(path: str, entry: FileEntry, plan: IntegrityPlan, seen: O
     if seen is None or seen.hashes is None or seen.hashes.chunk_hex == list(entry.chunks):
         return None
     assert plan.manifest is not None
-    ranges = _ranges(entry.chunks, seen.hashes.chunk_hex, plan.manifest.chunk_size, entry.size)
+    ranges = mismatched_ranges(entry.chunks, seen.hashes.chunk_hex, plan.manifest.chunk_size, entry.size)
     where = ", ".join(f"{a}..{b}" for a, b in ranges[:4]) + (f" and {len(ranges) - 4} more" if len(ranges) > 4 else "")
     return _finding(
         "digest-mismatch",
@@ -176,7 +176,7 @@ def _compare_manifest(plan: IntegrityPlan, observed: Mapping[str, Observed]) -> 
     verified: list[str] = []
     listed = manifest.by_path()
     for path, entry in sorted(listed.items()):
-        finding = _file_against_seal(path, entry, plan, observed.get(path))
+        finding = file_against_seal(path, entry, plan, observed.get(path))
         if finding is not None:
             findings.append(finding)
         elif (seen := observed.get(path)) is not None and seen.hashes is not None:
@@ -233,7 +233,7 @@ def _refusal(plan: IntegrityPlan, evidence: dict[str, Any]) -> CheckResult | Non
     return CheckResult(name=NAME, summary="refused: a path leads out of the checkpoint; nothing was opened", findings=findings, evidence=evidence)
 
 
-def _authentication(plan: IntegrityPlan, evidence: dict[str, Any]) -> tuple[list[Finding], str]:
+def seal_authentication(plan: IntegrityPlan, evidence: dict[str, Any]) -> tuple[list[Finding], str]:
     """Whether the seal is the key holder's: ``sealed and authenticated`` or ``sealed, unauthenticated``."""
     manifest = plan.manifest
     assert manifest is not None
@@ -252,7 +252,7 @@ def _authentication(plan: IntegrityPlan, evidence: dict[str, Any]) -> tuple[list
 
 
 def _sealed_part(plan: IntegrityPlan, observed: Mapping[str, Observed], evidence: dict[str, Any]) -> tuple[list[Finding], str]:
-    auth, sealed = _authentication(plan, evidence)
+    auth, sealed = seal_authentication(plan, evidence)
     findings, ev = _compare_manifest(plan, observed)
     evidence.update(ev)
     evidence["manifests"][MANIFEST_NAME] = f"proved the content of {ev['files_verified']} of {ev['files_listed']} files"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from drill.sdk.steplog import StepRecord
+from drill.runlog.steplog import StepRecord
 
 
 @dataclass(frozen=True, slots=True)

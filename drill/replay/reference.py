@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drill.discover import step_of
-from drill.sdk.steplog import STEP_LOG, StepRecord, parse_step_log
+from drill.runlog.steplog import STEP_LOG, StepRecord, parse_step_log
 from drill.storage import Storage, scheme_of, storage_for
 
 

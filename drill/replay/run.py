@@ -15,7 +15,7 @@ from drill.proc import child_preexec, python_command
 from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE, Divergence, Tolerance, compare_steps
 from drill.replay.reference import Reference, load_reference
 from drill.replay.spec import ENTRYPOINT, ReplaySpec
-from drill.sdk.steplog import STEP_LOG, StepRecord
+from drill.runlog.steplog import STEP_LOG, StepRecord
 from drill.storage import Storage, storage_for
 
 FRAMEWORK_LOG = Tolerance(rtol=1e-3, atol=1e-4)

@@ -1,0 +1,148 @@
+"""A verified load for the trainer's own resume: every real restore is a drill.
+
+    import drill.sdk
+
+    try:
+        drill.sdk.load(state, checkpoint_id=ckpt)            # was: dcp.load(state, checkpoint_id=ckpt)
+    except drill.sdk.CheckpointCorrupt as exc:
+        ckpt = drill.sdk.last_good(run_dir, before=ckpt)     # fall back, and say why
+        drill.sdk.load(state, checkpoint_id=ckpt)
+
+``load`` is ``dcp.load`` (same ``Stateful`` semantics, resharding, process groups) through
+drill's reader: ``.metadata`` through the allow-list unpickler, entries with
+``weights_only=True``, each file read once and hashed as it streams past, a large tensor's
+bytes copied once, straight from storage into its target. After the read the digests are
+compared with the checkpoint's seal (``drill-manifest.json``); a mismatch raises
+:class:`CheckpointCorrupt` naming the file and byte range, on every rank alike. The resume is
+recorded as a drill with trigger ``resume`` (ranks, latency per phase) on a background thread
+that never raises into the trainer: when the database is away the record goes to the local
+spool and the next drill delivers it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+TRIGGER = "resume"
+
+
+class CheckpointCorrupt(RuntimeError):
+    """The checkpoint's bytes or entries are not what was saved: the trainer should fall back.
+
+    ``file`` and ``byte_ranges`` name where (when the damage is in the bytes), ``findings``
+    every problem found, ``drill_id`` the record (None until it is written)."""
+
+    def __init__(self, checkpoint: str, findings: list[Any], byte_ranges: dict[str, list[tuple[int, int]]] | None = None) -> None:
+        first = findings[0]
+        self.checkpoint = checkpoint
+        self.findings = findings
+        self.file: str | None = first.subject
+        self.byte_ranges: list[tuple[int, int]] = list((byte_ranges or {}).get(first.subject or "", ()))
+        more = f" (and {len(findings) - 1} more problem(s))" if len(findings) > 1 else ""
+        super().__init__(f"{checkpoint}: {first.message}{more}")
+
+
+@dataclass(slots=True)
+class LoadReport:
+    """What one verified load did: returned by :func:`load`."""
+
+    checkpoint: str
+    sealed: bool
+    verified_files: int = 0
+    bytes_read: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    """``plan`` (listing and seal), ``read`` (waiting on storage), ``load`` (into the targets),
+    ``verify`` (comparing digests), ``total``."""
+    ranks: int = 1
+    byte_ranges: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    """File → byte ranges that differ from the seal (empty when none do)."""
+    recorder: threading.Thread | None = None
+    """The background thread writing the record (join it to wait for the record)."""
+
+
+def load(
+    state: dict[str, Any],
+    checkpoint_id: str,
+    *,
+    verify: bool = True,
+    record: bool = True,
+    process_group: Any = None,
+    planner: Any = None,
+    db: str | None = None,
+    key: bytes | None = None,
+    allow_classes: tuple[str, ...] = (),
+) -> LoadReport:
+    """Load ``checkpoint_id`` into ``state`` like ``dcp.load``, verifying it in the same read.
+
+    ``verify``: compare every byte read with the seal (an unsealed checkpoint gets DCP's
+    structural proof only: the evidence says so). ``record``: record the resume as a drill
+    (``db``: a database URL, default as the CLI). ``key``: the seal key, to authenticate the
+    seal. Raises :class:`CheckpointCorrupt` when the checkpoint is damaged; ``state`` may
+    then hold part of it, so load the fallback into the same objects.
+    """
+    from drill.sdk.verified_load import run_load
+
+    started = time.perf_counter()
+    began = datetime.now(timezone.utc)
+    report, findings, result = run_load(state, checkpoint_id, verify, process_group, planner, key, allow_classes)
+    report.seconds["total"] = time.perf_counter() - started
+    if record and _is_coordinator(process_group):
+        report.recorder = _record_in_background(report, findings, result, began, db)
+    if findings:
+        raise CheckpointCorrupt(report.checkpoint, findings, report.byte_ranges)
+    return report
+
+
+def _is_coordinator(process_group: Any) -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank(process_group) == 0
+
+
+def _record_in_background(report: LoadReport, findings: list[Any], result: Any, began: datetime, db: str | None) -> threading.Thread:
+    """Write the resume's drill record without holding the trainer up (the thread is not a
+    daemon: an exiting trainer still finishes the record, or spools it)."""
+    from drill.sdk.verified_load import outcome_of
+
+    outcome = outcome_of(report, findings, result, began)
+
+    def write() -> None:
+        try:
+            from drill.records.db import open_database
+            from drill.records.recorder import DatabaseRecorder
+
+            database = open_database(db)
+        except Exception as exc:  # noqa: BLE001 - the database is away: spool the verdict
+            from drill.records.db import resolve_url, safe_url
+            from drill.records.spool import Spool
+
+            try:
+                Spool(safe_url(resolve_url(db))).put(outcome.to_document())
+            except Exception:  # noqa: BLE001 - nothing may reach the trainer from here
+                pass
+            del exc
+            return
+        try:
+            DatabaseRecorder(database).finish(outcome)
+        finally:
+            database.close()
+
+    thread = threading.Thread(target=write, name="drill-record-resume")
+    thread.start()
+    return thread
+
+
+def last_good(root: str, *, before: str | None = None, db: str | None = None) -> str | None:
+    """The checkpoint to fall back to: the newest complete checkpoint under ``root`` (older
+    than ``before``, when given) whose latest drill passed, or — for one never drilled —
+    whose bytes verify against its seal now. None when there is none."""
+    from drill.sdk.verified_load import fallback
+
+    return fallback(root, before, db)
+
+
+__all__ = ["TRIGGER", "CheckpointCorrupt", "LoadReport", "last_good", "load"]

@@ -1,0 +1,141 @@
+"""drill.sdk.load: the trainer's own resume, verified in the same read and recorded as a drill."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import drill.sdk
+from drill.demo.config import DemoConfig
+from drill.demo.train import build
+from tests.conftest import recorded
+
+
+@pytest.fixture
+def run(demo_run: Path) -> Path:
+    return demo_run  # a private copy already
+
+
+def _objects(run: Path):  # type: ignore[no-untyped-def]
+    return build(DemoConfig(**json.loads((run / "run.json").read_text())["config"]))
+
+
+def _newest(run: Path) -> Path:
+    return max((p for p in run.iterdir() if p.name.startswith("step-")), key=lambda p: int(p.name.split("-")[1]))
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_resume_through_drill_is_dcp_load_and_is_recorded(run: Path, sqlite_url: str) -> None:
+    ckpt = _newest(run)
+    ours, theirs = _objects(run), _objects(run)
+    report = drill.sdk.load(ours.stateful(), str(ckpt), db=sqlite_url)  # the one line a trainer changes
+    dcp.load(theirs.stateful(), checkpoint_id=str(ckpt), no_dist=True)
+    for (name, a), (_, b) in zip(ours.model.state_dict().items(), theirs.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert ours.train_state.step == theirs.train_state.step == int(ckpt.name.split("-")[1])
+    assert ours.optimizer.state_dict()["state"].keys() == theirs.optimizer.state_dict()["state"].keys()
+    assert ours.dataloader.state_dict() == theirs.dataloader.state_dict()
+    assert report.sealed and report.verified_files >= 2 and report.bytes_read > 0
+    assert set(report.seconds) >= {"plan", "read", "load", "verify", "total"}
+    assert report.recorder is not None
+    report.recorder.join(30)
+    (drill_record,) = recorded(sqlite_url)
+    assert drill_record.trigger == "resume" and drill_record.status.value == "passed"
+    assert drill_record.checkpoint is not None and drill_record.checkpoint.name == ckpt.name
+    assert drill_record.timings.restore is not None and drill_record.timings.read is not None
+
+
+def test_flipped_byte_raises_naming_the_file_and_byte_range_and_falls_back(run: Path, sqlite_url: str) -> None:
+    ckpt = _newest(run)
+    shard = ckpt / "__0_0.distcp"
+    _flip(shard, shard.stat().st_size // 2)
+    with pytest.raises(drill.sdk.CheckpointCorrupt) as caught:
+        drill.sdk.load(_objects(run).stateful(), str(ckpt), db=sqlite_url)
+    exc = caught.value
+    assert exc.file == "__0_0.distcp"
+    assert exc.byte_ranges and exc.byte_ranges[0][0] <= shard.stat().st_size // 2 < exc.byte_ranges[0][1]
+    assert "differs from what was sealed" in str(exc)
+    fallback = drill.sdk.last_good(str(run), before=str(ckpt), db=sqlite_url)
+    assert fallback is not None and Path(fallback).name != ckpt.name
+    drill.sdk.load(_objects(run).stateful(), fallback, db=sqlite_url).recorder.join(30)  # type: ignore[union-attr]
+    statuses = [d.status.value for d in recorded(sqlite_url)]
+    assert statuses == ["failed", "passed"]
+
+
+def test_entry_that_does_not_load_raises(run: Path, sqlite_url: str) -> None:
+    """An unsealed, truncated checkpoint: no seal to name the bytes, the load names the entries."""
+    ckpt = _newest(run)
+    (ckpt / "drill-manifest.json").unlink()
+    shard = ckpt / "__0_0.distcp"
+    os.truncate(shard, shard.stat().st_size // 2)
+    with pytest.raises(drill.sdk.CheckpointCorrupt) as caught:
+        drill.sdk.load(_objects(run).stateful(), str(ckpt), record=False)
+    assert caught.value.findings[0].check in {"load", "files"}
+
+
+def test_database_away_never_fails_the_resume_and_the_record_is_spooled(run: Path, private_spool: Path) -> None:
+    report = drill.sdk.load(_objects(run).stateful(), str(_newest(run)), db="postgresql://drill@127.0.0.1:9/nowhere?connect_timeout=2")
+    assert report.recorder is not None
+    report.recorder.join(60)
+    spooled = list(private_spool.rglob("*.json"))
+    assert len(spooled) == 1 and json.loads(spooled[0].read_text())["trigger"] == "resume"
+
+
+def test_no_database_work_on_the_trainers_thread(run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record is written on its own thread: a slow database does not hold the resume up."""
+    import threading
+
+    import drill.records.db as db
+
+    gate = threading.Event()
+    real = db.open_database
+
+    def slow(url=None):  # type: ignore[no-untyped-def]
+        gate.wait(30)
+        return real(url)
+
+    monkeypatch.setattr(db, "open_database", slow)
+    report = drill.sdk.load(_objects(run).stateful(), str(_newest(run)), db=sqlite_url)
+    assert report.recorder is not None and report.recorder.is_alive()
+    gate.set()
+    report.recorder.join(30)
+    assert len(recorded(sqlite_url)) == 1
+
+
+def _two_ranks(ckpt: Path, db: str) -> list[dict]:
+    with tempfile.TemporaryDirectory() as rdzv:
+        procs, outs = [], []
+        for rank in range(2):
+            out = Path(rdzv) / f"rank{rank}.json"
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "DRILL_DIST_INIT": f"file://{rdzv}/s", "DRILL_DB": db}
+            procs.append(subprocess.Popen([sys.executable, "-m", "tests.sdk_ranks", str(ckpt), str(out)], env=env, cwd=Path(__file__).resolve().parent.parent,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+            outs.append(out)
+        logs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in procs]
+        assert all(p.returncode == 0 for p in procs), logs[0][-3000:] + logs[1][-3000:]
+        return [json.loads(o.read_text()) for o in outs]
+
+
+def test_two_ranks_reshard_a_one_rank_checkpoint_and_agree_on_damage(run: Path, sqlite_url: str) -> None:
+    ckpt = _newest(run)
+    clean = _two_ranks(ckpt, sqlite_url)
+    assert all(r["ok"] and r["same_as_dcp_load"] and r["ranks"] == 2 for r in clean), clean
+    _flip(ckpt / "__0_0.distcp", (ckpt / "__0_0.distcp").stat().st_size // 3)
+    damaged = _two_ranks(ckpt, sqlite_url)
+    assert [r["ok"] for r in damaged] == [False, False], damaged  # every rank raises, none trains on
+    assert all(r["file"] == "__0_0.distcp" for r in damaged)
+    records = recorded(sqlite_url)
+    assert [d.trigger for d in records] == ["resume", "resume"] and records[-1].status.value == "failed"
