@@ -6,6 +6,11 @@ untrusted checkpoint through it runs whatever code the checkpoint names. :class:
 reads through a :class:`~drill.storage.Storage`, unpickles metadata through an allow-list,
 loads every entry with ``weights_only=True``, reads each file exactly once, and records every
 file and entry it could not restore instead of stopping at the first.
+
+A drill's own restore does not go through ``dcp.load`` (nor import DCP at all: see
+:mod:`drill.formats.dcp_types`): every chunk is read into its place in targets allocated
+from the index. ``dcp.load`` with drill's reader — for live ``Stateful`` objects, resharding,
+process groups — is :mod:`drill.formats.dcp_reader`.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import math
 import os
 import struct
 import time
-import warnings
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future as CFuture
@@ -24,13 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint import StorageReader
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
-from torch.futures import Future
 
 from drill import parts
 from drill.discover import DCP_METADATA, CheckpointRef
@@ -38,11 +35,12 @@ from drill.formats.base import RestoreContext, one_line
 from drill.formats.canonical import Layout
 from drill.formats.dcp_layout import apply_layout
 from drill.formats.dcp_entries import DIRECT_MIN_BYTES, TAIL_BYTES, TensorSpec, byte_view, data_start, local_header_end, records, tensor_spec
+from drill.formats.dcp_types import is_byte_io, is_bytes, is_tensor, load_metadata, narrow, read_items
 from drill.formats.safeload import load_failure, numpy_arrays
 from drill.integrity.hashing import ChunkHasher
 from drill.integrity.reading import ATTEMPTS, TRANSIENT, SequentialReader, describe_read_error, read_whole
 from drill.restore import FileRead, ItemFailure, RestoreResult, TensorInfo
-from drill.safe_pickle import restricted_loads, with_classes
+from drill.safe_pickle import with_classes
 from drill.storage import Storage
 from drill.views import ViewReader
 
@@ -51,31 +49,38 @@ class MetadataUnreadable(Exception):
     pass
 
 
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """The default planner, but non-tensor entries load with ``weights_only=True`` and a value
-    that will not deserialize becomes a recorded failure instead of an exception."""
+def load_value(value: io.BytesIO, fqn: str, failures: list[ItemFailure]) -> tuple[bool, Any]:
+    """A pickled DCP value, loaded with ``weights_only=True``; (False, None) and a recorded
+    failure when it will not deserialize."""
+    try:
+        with torch.serialization.safe_globals(numpy_arrays()):  # RNG states hold numpy arrays: data, not code
+            return True, torch.load(value, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure is evidence, not a crash
+        code, reason = load_failure(exc)
+        failures.append(ItemFailure(fqn, None, reason, code=code))
+        return False, None
 
-    def __init__(self, failures: list[ItemFailure], *, flatten: bool = False) -> None:
-        # flatten=True for loading into nested Stateful objects (a replay's training objects),
-        # False for drill's own flat targets.
-        super().__init__(flatten_state_dict=flatten, flatten_sharded_tensors=flatten)
+
+class TargetPlanner:
+    """Where each read item goes: tensor chunks into their place in the targets (read in
+    place, so nothing to commit), values into the state dict."""
+
+    def __init__(self, state: dict[str, Any], failures: list[ItemFailure]) -> None:
+        self.state_dict = state
         self._failures = failures
         self.values_loaded = 0
 
-    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        fqn = read_item.dest_index.fqn
-        try:
-            with torch.serialization.safe_globals(numpy_arrays()):  # RNG states hold numpy arrays: data, not code
-                obj = torch.load(value, weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any failure is evidence, not a crash
-            code, reason = load_failure(exc)
-            self._failures.append(ItemFailure(fqn, None, reason, code=code))
-            return
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[fqn], obj)
-        else:
-            self.state_dict[fqn] = obj
-        self.values_loaded += 1
+    def resolve_tensor(self, read_item: Any) -> torch.Tensor:
+        return narrow(self.state_dict[read_item.dest_index.fqn], read_item.dest_offsets, read_item.lengths)
+
+    def commit_tensor(self, read_item: Any, tensor: torch.Tensor) -> None:
+        pass
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        ok, obj = load_value(value, read_item.dest_index.fqn, self._failures)
+        if ok:
+            self.state_dict[read_item.dest_index.fqn] = obj
+            self.values_loaded += 1
 
 
 @dataclass(slots=True)
@@ -83,15 +88,15 @@ class _FileOutcome:
     """What one reader thread did with one file; the main thread applies it."""
 
     record: FileRead
-    values: list[tuple[ReadItem, memoryview]] = field(default_factory=list)
+    values: list[tuple[Any, memoryview]] = field(default_factory=list)
     """Non-tensor entries, deserialized by the main thread (they go into the state dict)."""
     failures: list[ItemFailure] = field(default_factory=list)
     tensors: int = 0
     tensor_bytes: int = 0
 
 
-class DrillReader(StorageReader):
-    """A DCP ``StorageReader`` over a :class:`Storage` that records instead of raising.
+class DrillReader:
+    """DCP's index and data files over a :class:`Storage`, recording instead of raising.
 
     Each file is read once, in order, on a reader thread: a large tensor's bytes go straight
     from the file into the target tensor (see :mod:`drill.formats.dcp_entries`), everything
@@ -99,52 +104,35 @@ class DrillReader(StorageReader):
     """
 
     def __init__(self, storage: Storage, uri: str, result: RestoreResult, ctx: RestoreContext, workers: int = 4) -> None:
-        super().__init__()
         self.storage = storage
         self.uri = uri
         self.result = result
         self.ctx = ctx
         self.workers = workers
         self.storage_data: dict[Any, Any] = {}
-        self._metadata: Metadata | None = None
+        self._metadata: Any = None
 
-    # -- StorageReader protocol -------------------------------------------------------------
-    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        if checkpoint_id is not None:
-            self.uri = str(checkpoint_id)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return True
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+    # -- the index and the data -------------------------------------------------------------
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if self._metadata is None:
             self._metadata = self._read_metadata()
         return self._metadata
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.storage_data = metadata.storage_data or {}
 
-    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return plan
-
-    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        per_file: dict[str, list[ReadItem]] = {}
-        for item in plan.items:
+    def read_items(self, items: list[Any], planner: Any) -> None:
+        """Read ``items`` (DCP ``ReadItem``s or drill's own) into ``planner``'s targets."""
+        per_file: dict[str, list[Any]] = {}
+        for item in items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         for outcome in self._read_files(per_file, planner):
             started = time.perf_counter()
             self._apply(outcome, planner)
             self.result.load_seconds += time.perf_counter() - started
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
 
     # -- reading ----------------------------------------------------------------------------
-    def _read_metadata(self) -> Metadata:
+    def _read_metadata(self) -> Any:
         started = time.perf_counter()
         record = FileRead(DCP_METADATA, None)
         self.result.files.append(record)
@@ -159,20 +147,23 @@ class DrillReader(StorageReader):
         finally:
             self.result.read_seconds += time.perf_counter() - started
         try:
-            metadata = restricted_loads(bytes(got.view), with_classes(self.ctx.allow_classes))
+            metadata = self.loads(bytes(got.view), with_classes(self.ctx.allow_classes))
         except Exception as exc:  # noqa: BLE001
             raise MetadataUnreadable(f"{DCP_METADATA} does not unpickle safely: {one_line(exc)}") from exc
-        if not isinstance(metadata, Metadata):
+        if type(metadata).__name__ != "Metadata" or not isinstance(getattr(metadata, "state_dict_metadata", None), dict):
             raise MetadataUnreadable(f"{DCP_METADATA} holds a {type(metadata).__name__}, not DCP Metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
         return metadata
+
+    @staticmethod
+    def loads(data: bytes, allowed: frozenset[tuple[str, str]]) -> Any:
+        """``.metadata`` into drill's mirrors of DCP's classes (DCP's own for ``dcp.load``)."""
+        return load_metadata(data, allowed)
 
     def _hashing(self, relative_path: str) -> dict[str, Any]:
         plan = self.ctx.hash_plan
         return {"hash": plan.wants(relative_path), "chunk_size": plan.chunk_size, "sha256": relative_path in plan.sha256}
 
-    def _read_files(self, per_file: dict[str, list[ReadItem]], planner: LoadPlanner) -> Iterator[_FileOutcome]:
+    def _read_files(self, per_file: dict[str, list[Any]], planner: Any) -> Iterator[_FileOutcome]:
         """Each file's outcome as it is done, read on ``workers`` threads."""
         paths = sorted(per_file)
         records = {p: FileRead(p, None, items=len(per_file[p])) for p in paths}
@@ -192,7 +183,7 @@ class DrillReader(StorageReader):
             # hold them forever): queued reads are cancelled, running ones left to finish alone.
             pool.shutdown(wait=done, cancel_futures=True)
 
-    def _read_file(self, relative_path: str, items: list[ReadItem], record: FileRead, planner: LoadPlanner) -> _FileOutcome:
+    def _read_file(self, relative_path: str, items: list[Any], record: FileRead, planner: Any) -> _FileOutcome:
         """One file, start to end; transient I/O errors are retried from the start."""
         for attempt in range(ATTEMPTS):
             outcome = _FileOutcome(record)
@@ -210,10 +201,10 @@ class DrillReader(StorageReader):
                 return outcome
         raise AssertionError("unreachable")
 
-    def _offset(self, item: ReadItem) -> int:
+    def _offset(self, item: Any) -> int:
         return int(self.storage_data[item.storage_index].offset)
 
-    def _file_failed(self, exc: BaseException, items: list[ReadItem], outcome: _FileOutcome) -> None:
+    def _file_failed(self, exc: BaseException, items: list[Any], outcome: _FileOutcome) -> None:
         record = outcome.record
         record.error, record.error_kind = describe_read_error(exc)
         done = {f.key for f in outcome.failures}
@@ -223,7 +214,7 @@ class DrillReader(StorageReader):
             if i.dest_index.fqn not in done
         ]
 
-    def _stream_file(self, relative_path: str, items: list[ReadItem], outcome: _FileOutcome, planner: LoadPlanner) -> None:
+    def _stream_file(self, relative_path: str, items: list[Any], outcome: _FileOutcome, planner: Any) -> None:
         record = outcome.record
         uri = self.storage.child(self.uri, relative_path)
         record.size = self.storage.stat(uri).size
@@ -238,7 +229,7 @@ class DrillReader(StorageReader):
         record.bytes_read = reader.pos
 
     # -- one entry --------------------------------------------------------------------------
-    def _entry(self, reader: SequentialReader, item: ReadItem, planner: LoadPlanner, outcome: _FileOutcome) -> None:
+    def _entry(self, reader: SequentialReader, item: Any, planner: Any, outcome: _FileOutcome) -> None:
         info = self.storage_data[item.storage_index]
         start, end = int(info.offset), int(info.offset) + int(info.length)
         fqn, path = item.dest_index.fqn, outcome.record.relative_path
@@ -252,7 +243,7 @@ class DrillReader(StorageReader):
             outcome.failures.append(ItemFailure(fqn, path, f"unsupported DCP stream transform {info.transform_descriptors}"))
             return
         reader.skip_to(start)
-        if item.type == LoadItemType.BYTE_IO:
+        if is_byte_io(item):
             outcome.values.append((item, reader.read(end - start)))
             return
         head = b""
@@ -270,7 +261,7 @@ class DrillReader(StorageReader):
         outcome.tensors += 1
         outcome.tensor_bytes += _nbytes(planner.resolve_tensor(item))
 
-    def _apply(self, outcome: _FileOutcome, planner: LoadPlanner) -> None:
+    def _apply(self, outcome: _FileOutcome, planner: Any) -> None:
         """Non-tensor values into the state dict, and the file's tally into the result."""
         for item, blob in outcome.values:
             planner.load_bytes(item, io.BytesIO(blob))
@@ -279,7 +270,7 @@ class DrillReader(StorageReader):
         self.result.tensor_bytes += outcome.tensor_bytes
 
 
-def _read_in_place(reader: SequentialReader, item: ReadItem, length: int, planner: LoadPlanner) -> memoryview | None:
+def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: Any) -> memoryview | None:
     """Read one tensor entry's raw bytes straight into its target; None when done, else the
     head bytes consumed before finding that this entry cannot be read in place."""
     start = reader.pos
@@ -307,21 +298,21 @@ def _read_in_place(reader: SequentialReader, item: ReadItem, length: int, planne
     return None
 
 
-def _fits(spec: TensorSpec, data: Any, item: ReadItem, target: torch.Tensor) -> bool:
+def _fits(spec: TensorSpec, data: Any, item: Any, target: torch.Tensor) -> bool:
     """The stored tensor is exactly the target's bytes: contiguous, same dtype and shape, read whole."""
     nbytes = spec.storage_numel * torch.empty((), dtype=spec.dtype).element_size()
     whole = not any(item.storage_offsets) and list(item.lengths) == list(spec.size)
     return spec.contiguous and nbytes == data.size and target.dtype == spec.dtype and tuple(target.shape) == spec.size and whole
 
 
-def _load_tensor(blob: bytes, item: ReadItem, planner: LoadPlanner) -> tuple[str, str] | None:
+def _load_tensor(blob: bytes, item: Any, planner: Any) -> tuple[str, str] | None:
     """The ordinary way: ``torch.load(weights_only=True)``, narrowed and copied into the target."""
     try:
         tensor = torch.load(ViewReader(memoryview(blob)), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a bad entry is evidence, not a crash
         return load_failure(exc)
     try:
-        tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+        tensor = narrow(tensor, item.storage_offsets, item.lengths)
         target = planner.resolve_tensor(item).detach()
         if target.size() != tensor.size():
             raise ValueError(f"shape {tuple(tensor.size())} where metadata says {tuple(target.size())}")
@@ -336,18 +327,18 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def skeleton(metadata: Metadata, device: torch.device) -> dict[str, Any]:
+def skeleton(metadata: Any, device: torch.device) -> dict[str, Any]:
     """Targets for every entry in the checkpoint, allocated on ``device`` as a resume would."""
     state: dict[str, Any] = {}
     for fqn, md in metadata.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
+        if is_tensor(md):
             state[fqn] = torch.empty(md.size, dtype=md.properties.dtype, device=device)
-        elif isinstance(md, BytesStorageMetadata):
+        elif is_bytes(md):
             state[fqn] = None
     return state
 
 
-def inventory(metadata: Metadata) -> list[TensorInfo]:
+def inventory(metadata: Any) -> list[TensorInfo]:
     """Every tensor from the index alone: nothing materialized."""
     return [
         TensorInfo(
@@ -357,7 +348,7 @@ def inventory(metadata: Metadata) -> list[TensorInfo]:
             md.size.numel() * torch.empty((), dtype=md.properties.dtype).element_size(),
         )
         for fqn, md in metadata.state_dict_metadata.items()
-        if isinstance(md, TensorStorageMetadata)
+        if is_tensor(md)
     ]
 
 
@@ -395,8 +386,9 @@ class DCPAdapter:
         check_budget(need, ctx)
         ctx.progress.phase("read", total_bytes=sum(sizes.values()))
         state = skeleton(metadata, ctx.device)
-        planner = SafeLoadPlanner(result.failures)
-        _dcp_load(state, reader, planner)
+        planner = TargetPlanner(state, result.failures)
+        reader.set_up_storage_reader(metadata, True)
+        reader.read_items(read_items(metadata), planner)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         result.values_loaded = planner.values_loaded
@@ -405,16 +397,7 @@ class DCPAdapter:
         return result
 
 
-def _dcp_load(state: dict[str, Any], reader: DrillReader, planner: SafeLoadPlanner) -> None:
-    import torch.distributed.checkpoint as dcp
-
-    with warnings.catch_warnings():
-        # A single-process restore is intended; DCP warns about it on every call.
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=reader, planner=planner, no_dist=True)
-
-
-def _file_sizes(storage: Storage, uri: str, metadata: Metadata) -> dict[str, int]:
+def _file_sizes(storage: Storage, uri: str, metadata: Any) -> dict[str, int]:
     """The size of each data file the index names that exists (missing ones are the reader's finding)."""
     sizes = {}
     for rel in {info.relative_path for info in (metadata.storage_data or {}).values()}:
@@ -425,7 +408,7 @@ def _file_sizes(storage: Storage, uri: str, metadata: Metadata) -> dict[str, int
     return sizes
 
 
-def claimed_bytes(metadata: Metadata, sizes: dict[str, int]) -> int:
+def claimed_bytes(metadata: Any, sizes: dict[str, int]) -> int:
     """Bytes the restored tensors will occupy, once the index is shown to be plausible: every
     chunk is no larger than the entry that stores it, and the entries fit their files.
     ``ValueError`` otherwise — before a byte is allocated (a forged index claiming a
@@ -436,15 +419,16 @@ def claimed_bytes(metadata: Metadata, sizes: dict[str, int]) -> int:
         size = sizes.get(info.relative_path)
         if size is not None and int(info.offset) + int(info.length) > size and int(info.length) > size:
             raise ValueError(f"an entry of {int(info.length)} bytes is larger than its whole file {info.relative_path} ({size} bytes)")
+    key = type(next(iter(data))) if data else None  # the index's own MetadataIndex class (a mirror or DCP's)
     for fqn, md in metadata.state_dict_metadata.items():
-        if not isinstance(md, TensorStorageMetadata):
+        if not is_tensor(md):
             continue
         item = torch.empty((), dtype=md.properties.dtype).element_size()
         if any(int(d) < 0 for d in md.size):
             raise ValueError(f"{fqn} has a negative dimension {tuple(md.size)}")
         for chunk in md.chunks:
             need = math.prod(int(d) for d in chunk.sizes) * item
-            info = data.get(MetadataIndex(fqn, chunk.offsets))
+            info = data.get(key(fqn, chunk.offsets)) if key is not None else None
             if info is None:
                 raise ValueError(f"{fqn}: a chunk at {tuple(chunk.offsets)} has no storage entry")
             if need > int(info.length):
@@ -475,18 +459,3 @@ def available_memory(device: torch.device) -> int | None:
     except OSError:
         pass
     return None
-
-
-def load_into(storage: Storage, uri: str, stateful: dict[str, Any]) -> None:
-    """Load a DCP checkpoint into live training objects (``Stateful``s), the way a resume
-    does, through drill's safe reader; raises on anything that does not load."""
-    from drill.restore import NullProgress
-    from drill.integrity.hashing import HashPlan
-
-    result = RestoreResult(uri=uri, format="dcp", device="")
-    ctx = RestoreContext(device=torch.device("cpu"), progress=NullProgress(), hash_plan=HashPlan(files=frozenset()))
-    reader = DrillReader(storage, uri, result, ctx)
-    _dcp_load(stateful, reader, SafeLoadPlanner(result.failures, flatten=True))
-    problems = [f.reason for f in result.failures] + [f"{f.relative_path}: {f.error}" for f in result.files if f.error]
-    if result.metadata_error or problems:
-        raise RuntimeError(f"checkpoint did not load into the training objects: {result.metadata_error or problems[0]}")

@@ -10,22 +10,20 @@ drill ranks (resharded by file), and no rank allocates more than its share.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 from drill import parts
 from drill.discover import CheckpointRef
 from drill.restore.partition import assign
 from drill.formats.base import RestoreContext
 from drill.formats.canonical import Layout
-from drill.formats.dcp import DrillReader, MetadataUnreadable, SafeLoadPlanner, _file_sizes, check_budget, claimed_bytes, inventory
+from drill.formats.dcp import DrillReader, MetadataUnreadable, TargetPlanner, _file_sizes, check_budget, claimed_bytes, inventory
+from drill.formats.dcp_types import ReadItem, chunk_bytes, is_tensor, read_items
 from drill.restore import ItemFailure, RestoreResult
 from drill.storage import Storage
 
@@ -44,12 +42,11 @@ class Shard:
     """Every rank's files (filled in by the restore)."""
 
 
-class ChunkPlanner(SafeLoadPlanner):
+class ChunkPlanner(TargetPlanner):
     """Targets shaped like the stored chunks, allocated as the reader reaches them."""
 
-    def __init__(self, failures: list[ItemFailure], metadata: Metadata, device: torch.device) -> None:
-        super().__init__(failures)
-        self.state_dict: dict[str, Any] = {}
+    def __init__(self, failures: list[ItemFailure], metadata: Any, device: torch.device) -> None:
+        super().__init__({}, failures)
         self.metadata = metadata
         self.device = device
         self.chunks: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
@@ -66,25 +63,12 @@ class ChunkPlanner(SafeLoadPlanner):
         pass  # read in place
 
 
-def shard_items(metadata: Metadata, files: set[str]) -> list[ReadItem]:
+def shard_items(metadata: Any, files: set[str]) -> list[ReadItem]:
     """A read item per chunk or value stored in ``files``: each read whole into its own target."""
-    data = metadata.storage_data or {}
-    items = []
-    for fqn, md in metadata.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
-            for chunk in md.chunks:
-                index = MetadataIndex(fqn, chunk.offsets)
-                if data[index].relative_path in files:
-                    zeros = torch.Size([0] * len(chunk.sizes))
-                    items.append(ReadItem(LoadItemType.TENSOR, index, zeros, index, zeros, chunk.sizes))
-        elif isinstance(md, BytesStorageMetadata):
-            index = MetadataIndex(fqn)
-            if index in data and data[index].relative_path in files:
-                items.append(ReadItem(LoadItemType.BYTE_IO, index, torch.Size([0]), index, torch.Size([0]), torch.Size([0])))
-    return items
+    return read_items(metadata, files)
 
 
-def saved_ranks(metadata: Metadata) -> list[int]:
+def saved_ranks(metadata: Any) -> list[int]:
     """The ranks that wrote the checkpoint, from DCP's ``__<rank>_<n>.distcp`` file names."""
     names = {info.relative_path for info in (metadata.storage_data or {}).values()}
     return sorted({int(m.group(1)) for n in names if (m := _SHARD_FILE.match(n))})
@@ -128,7 +112,7 @@ def restore_shard(storage: Storage, ref: CheckpointRef, ctx: RestoreContext, sha
     ctx.progress.phase("read", total_bytes=sum(_file_sizes(storage, ref.uri, metadata).get(p, 0) for p in mine))
     planner = ChunkPlanner(result.failures, metadata, ctx.device)
     reader.set_up_storage_reader(metadata, shard.rank == 0)
-    reader.read_data(LoadPlan(items), planner)
+    reader.read_items(items, planner)
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     result.values_loaded = planner.values_loaded
@@ -142,11 +126,9 @@ def restore_shard(storage: Storage, ref: CheckpointRef, ctx: RestoreContext, sha
     return result
 
 
-def _item_bytes(metadata: Metadata, item: ReadItem) -> int:
+def _item_bytes(metadata: Any, item: ReadItem) -> int:
     md = metadata.state_dict_metadata[item.dest_index.fqn]
-    if not isinstance(md, TensorStorageMetadata):
-        return 0
-    return math.prod(int(d) for d in item.lengths) * torch.empty((), dtype=md.properties.dtype).element_size()
+    return chunk_bytes(md, item.lengths) if is_tensor(md) else 0
 
 
 __all__ = ["ChunkPlanner", "Shard", "restore_shard", "saved_ranks", "shard_items"]

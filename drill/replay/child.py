@@ -98,7 +98,7 @@ def _send(conn: Any, kind: str, *payload: Any) -> None:
 def _replay(conn: Any, entrypoint: str, run_dir: str, checkpoint: str, device: str, steps: int, options: dict[str, Any]) -> None:
     import torch
 
-    from drill.formats.dcp import load_into
+    from drill.formats.dcp_reader import load_into
     from drill.storage import storage_for, use_options
 
     use_options(options)

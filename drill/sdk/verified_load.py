@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from drill.findings import CheckResult, Finding, Severity
 from drill.formats.base import RestoreContext, one_line
-from drill.formats.dcp import DrillReader, SafeLoadPlanner
+from drill.formats.dcp_reader import DCPStorageReader, SafeLoadPlanner, dcp_load
 from drill.integrity.hashing import HashPlan
 from drill.integrity.manifest import MANIFEST_NAME
 from drill.integrity.sampling import SampleSpec
@@ -38,7 +38,7 @@ def run_load(
     report.seconds["plan"] = time.perf_counter() - started
     result = RestoreResult(uri=uri, format="dcp", device="cpu")
     hash_plan = HashPlan(chunk_size=plan.hash_plan.chunk_size) if sealed else HashPlan(files=frozenset())  # type: ignore[union-attr]
-    reader = DrillReader(storage, uri, result, RestoreContext(device=torch.device("cpu"), hash_plan=hash_plan, allow_classes=allow_classes))
+    reader = DCPStorageReader(storage, uri, result, RestoreContext(device=torch.device("cpu"), hash_plan=hash_plan, allow_classes=allow_classes))
     findings = _refused(plan) if plan is not None and plan.refuse else _read(state, reader, result, planner, process_group)
     report.seconds["read"], report.seconds["load"] = result.read_seconds, result.load_seconds
     checked = time.perf_counter()
@@ -55,16 +55,10 @@ def run_load(
 _CAUSE_FIRST = {"integrity": 0, "files": 1, "load": 2}
 
 
-def _read(state: dict[str, Any], reader: DrillReader, result: RestoreResult, planner: Any, process_group: Any) -> list[Finding]:
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-
+def _read(state: dict[str, Any], reader: DCPStorageReader, result: RestoreResult, planner: Any, process_group: Any) -> list[Finding]:
     distributed = dist.is_available() and dist.is_initialized()
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=reader, planner=planner or SafeLoadPlanner(result.failures, flatten=True), process_group=process_group, no_dist=not distributed)
+        dcp_load(state, reader, planner or SafeLoadPlanner(result.failures), process_group, distributed)
     except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's failure; it is the finding
         return [_finding("load", "checkpoint-not-loaded", reader.uri, f"the checkpoint did not load: {one_line(exc)}")]
     findings = [_finding("files", f.error_kind and f"file-{f.error_kind}" or "file-unreadable", f.relative_path, f"{f.relative_path}: {f.error}") for f in result.files if f.error]
