@@ -48,6 +48,21 @@ def hf_trainer_run(out: Path, *, finish: bool = False) -> Path:
     return out
 
 
+def hf_trainer_resume(out: Path, checkpoint: str) -> int:
+    """Resume the run ``hf_trainer_run`` wrote from ``checkpoint`` with HF's own
+    ``trainer.train(resume_from_checkpoint=...)``, two more steps; returns the global step."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    args = TrainingArguments(
+        output_dir=str(out), max_steps=6, save_steps=100, per_device_train_batch_size=4, report_to=[], use_cpu=True, seed=7, disable_tqdm=True
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset())
+    trainer.train(resume_from_checkpoint=checkpoint)
+    return trainer.state.global_step
+
+
 def lightning_run(out: Path) -> Path:
     """A tiny LightningModule trained 4 steps by lightning's Trainer; returns the .ckpt's directory."""
     import lightning as L

@@ -139,3 +139,22 @@ def test_two_ranks_reshard_a_one_rank_checkpoint_and_agree_on_damage(run: Path, 
     assert all(r["file"] == "__0_0.distcp" for r in damaged)
     records = recorded(sqlite_url)
     assert [d.trigger for d in records] == ["resume", "resume"] and records[-1].status.value == "failed"
+
+
+def test_hf_trainer_resumes_from_a_verified_checkpoint(tmp_path: Path, sqlite_url: str) -> None:
+    """Hugging Face's Trainer loads its checkpoints by itself: drill.sdk.verified proves the
+    bytes first, and the resume is on the record."""
+    pytest.importorskip("transformers", reason="transformers is not installed: no real HF Trainer checkpoint")
+    from tests import frameworks
+
+    out = frameworks.hf_trainer_run(tmp_path / "hf")
+    ckpt = out / "checkpoint-4"
+    drill.sdk.seal(str(ckpt))
+    assert drill.sdk.verified(str(ckpt), db=sqlite_url) == str(ckpt)
+    (record,) = recorded(sqlite_url)
+    assert (record.trigger, record.status.value, record.checkpoint.format) == ("resume", "passed", "hf-trainer")  # type: ignore[union-attr]
+    _flip(ckpt / "model.safetensors", (ckpt / "model.safetensors").stat().st_size - 10)
+    with pytest.raises(drill.sdk.CheckpointCorrupt) as caught:
+        drill.sdk.verified(str(ckpt), db=sqlite_url)
+    assert caught.value.file == "model.safetensors"
+    assert frameworks.hf_trainer_resume(out, drill.sdk.verified(str(out / "checkpoint-2"), db=sqlite_url)) == 6

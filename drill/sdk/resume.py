@@ -52,6 +52,7 @@ class LoadReport:
 
     checkpoint: str
     sealed: bool
+    format: str = "dcp"
     verified_files: int = 0
     bytes_read: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
@@ -91,10 +92,30 @@ def load(
     report, findings, result = run_load(state, checkpoint_id, verify, process_group, planner, key, allow_classes)
     report.seconds["total"] = time.perf_counter() - started
     if record and _is_coordinator(process_group):
-        report.recorder = _record_in_background(report, findings, result, began, db)
+        report.recorder = _record_in_background(report, findings, len(result.files), began, db)
     if findings:
         raise CheckpointCorrupt(report.checkpoint, findings, report.byte_ranges)
     return report
+
+
+def verified(checkpoint: str, *, record: bool = True, db: str | None = None, key: bytes | None = None, allow_classes: tuple[str, ...] = ()) -> str:
+    """``checkpoint``, once its bytes are proven (against its seal; an unsealed one gets its
+    format's structural proof) — for trainers that load checkpoints by themselves:
+
+        trainer.train(resume_from_checkpoint=drill.sdk.verified(ckpt))
+
+    This reads the checkpoint once more than the resume does (the trainer's own load then
+    mostly hits the page cache). Recorded like :func:`load`; raises :class:`CheckpointCorrupt`.
+    """
+    from drill.sdk.verified_load import verify_for_resume
+
+    began = datetime.now(timezone.utc)
+    report, findings, files, checks = verify_for_resume(checkpoint, key, allow_classes)
+    if record:
+        _record_in_background(report, findings, files, began, db, checks).join()
+    if findings:
+        raise CheckpointCorrupt(report.checkpoint, findings)
+    return report.checkpoint
 
 
 def _is_coordinator(process_group: Any) -> bool:
@@ -103,12 +124,14 @@ def _is_coordinator(process_group: Any) -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank(process_group) == 0
 
 
-def _record_in_background(report: LoadReport, findings: list[Any], result: Any, began: datetime, db: str | None) -> threading.Thread:
+def _record_in_background(
+    report: LoadReport, findings: list[Any], files: int, began: datetime, db: str | None, checks: list[Any] | None = None
+) -> threading.Thread:
     """Write the resume's drill record without holding the trainer up (the thread is not a
     daemon: an exiting trainer still finishes the record, or spools it)."""
     from drill.sdk.verified_load import outcome_of
 
-    outcome = outcome_of(report, findings, result, began)
+    outcome = outcome_of(report, findings, files, began, checks)
 
     def write() -> None:
         try:
@@ -145,4 +168,4 @@ def last_good(root: str, *, before: str | None = None, db: str | None = None) ->
     return fallback(root, before, db)
 
 
-__all__ = ["TRIGGER", "CheckpointCorrupt", "LoadReport", "last_good", "load"]
+__all__ = ["TRIGGER", "CheckpointCorrupt", "LoadReport", "last_good", "load", "verified"]

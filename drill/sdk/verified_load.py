@@ -112,8 +112,8 @@ def _finding(check: str, code: str, subject: str | None, message: str) -> Findin
 
 
 # -- the record --------------------------------------------------------------------------------
-def outcome_of(report: LoadReport, findings: list[Finding], result: RestoreResult, began: datetime) -> Any:
-    """The resume as a drill outcome: integrity, files and load checks, latency per phase."""
+def outcome_of(report: LoadReport, findings: list[Finding], files: int, began: datetime, checks: list[CheckResult] | None = None) -> Any:
+    """The resume as a drill outcome: integrity, files and load checks (or ``checks``), latency per phase."""
     from drill import __version__
     from drill.discover import step_of
     from drill.errors import ExitCode
@@ -137,12 +137,12 @@ def outcome_of(report: LoadReport, findings: list[Finding], result: RestoreResul
         started_at=began,
         finished_at=datetime.now(timezone.utc),
         phase="record",
-        checkpoint=CheckpointInfo(uri=report.checkpoint, name=name, step=step_of(name), format="dcp", bytes=report.bytes_read, files=len(result.files)),
+        checkpoint=CheckpointInfo(uri=report.checkpoint, name=name, step=step_of(name), format=report.format, bytes=report.bytes_read, files=files),
         selection="resume",
         timings=Timings(restore=report.seconds.get("total"), plan=report.seconds.get("plan"), read=report.seconds.get("read"), load=report.seconds.get("load")),
         bytes_read=report.bytes_read,
         evidence_level="sealed" if report.sealed else "unsealed",
-        checks=_checks(report, plain),
+        checks=checks if checks is not None else _checks(report, plain),
         versions={"drill": __version__, "torch": torch.__version__},
         distributed={"world_size": report.ranks, "trigger": TRIGGER} if report.ranks > 1 else None,
     )
@@ -158,6 +158,31 @@ def _checks(report: LoadReport, findings: list[Finding]) -> list[CheckResult]:
         mine = [f for f in findings if f.check == name]
         out.append(CheckResult(name=name, summary=f"{len(mine)} problem(s): {mine[0].message}" if mine else ok, findings=mine, evidence={"trigger": TRIGGER}))
     return out
+
+
+# -- verifying a checkpoint another loader reads (Hugging Face's Trainer) ----------------------
+def verify_for_resume(checkpoint: str, key: bytes | None, allow_classes: tuple[str, ...]) -> tuple[LoadReport, list[Finding], int, list[CheckResult]]:
+    """``drill verify`` of the checkpoint a trainer is about to load by itself."""
+    from drill.verifier import verify_checkpoint
+
+    outcome = verify_checkpoint(str(checkpoint), key=key, allow_classes=allow_classes)
+    result = outcome.result
+    report = LoadReport(checkpoint=outcome.uri, sealed=result.evidence.get("evidence_level") == "sealed", bytes_read=outcome.bytes_hashed)
+    report.format = _format_of(outcome.uri)
+    report.verified_files = int(result.evidence.get("files_verified", 0))
+    report.seconds = {"verify": outcome.seconds, "total": outcome.seconds}
+    findings = [f for f in result.findings if f.severity is Severity.ERROR]
+    return report, findings, len(result.evidence.get("verified", [])), [result]
+
+
+def _format_of(uri: str) -> str:
+    from drill.discover import classify
+
+    try:
+        kind = classify(storage_for(uri), uri)
+    except OSError:
+        return "unknown"
+    return kind.ref.format if kind.ref is not None else "unknown"
 
 
 # -- the fallback ------------------------------------------------------------------------------
