@@ -133,3 +133,9 @@ def test_default_location_is_per_user(monkeypatch: pytest.MonkeyPatch, tmp_path:
     monkeypatch.setenv("DRILL_DATABASE_URL", "postgresql://db/drill")
     assert resolve_url(None) == "postgresql+psycopg://db/drill"
     assert resolve_url("relative.db").startswith("sqlite:////")
+
+
+def test_the_schema_head_drill_checks_without_alembic_is_alembics_head() -> None:
+    from drill.records.db import alembic_head
+
+    assert head_revision() == alembic_head()
