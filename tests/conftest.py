@@ -69,7 +69,7 @@ def postgres_url(postgres_reachable: None) -> Iterator[str]:
     from sqlalchemy import create_engine, text
 
     schema = f"drill_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_URL)
+    admin = create_engine(POSTGRES_URL, pool_pre_ping=True)  # survives a test that restarts the server
     with admin.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
     try:

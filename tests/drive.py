@@ -2,7 +2,8 @@
 
     python -m tests.drive PHASE MARKER -- drill-arguments…
 
-At PHASE the process writes MARKER and waits (the test then signals it). ``read`` pauses
+At PHASE the process writes MARKER and waits (the test then signals it) — or, with
+``$DRILL_TEST_RELEASE`` naming a file, until that file exists, and then goes on. ``read`` pauses
 inside DCP's load, on a reader thread, as a slow mount would; ``open-db`` pauses before the
 drill has a record; ``replay`` marks the start of the replay and does not pause (the replay
 child runs).
@@ -10,6 +11,7 @@ child runs).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,9 +21,15 @@ def main() -> None:
     phase, marker = sys.argv[1], Path(sys.argv[2])
     args = sys.argv[sys.argv.index("--") + 1 :]
 
+    release = os.environ.get("DRILL_TEST_RELEASE")
+
     def arrive(hold: bool = True) -> None:
         marker.write_text(phase)
-        if hold:
+        if hold and release:  # hold until the test says go on
+            deadline = time.monotonic() + 120
+            while not Path(release).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        elif hold:
             time.sleep(60)
 
     import drill.cli.progress as progress

@@ -76,6 +76,7 @@ for group, name, command in (
     (app, "submit", submit.submit),
     (db_app, "upgrade", records.db_upgrade),
     (db_app, "status", records.db_status),
+    (db_app, "flush", records.db_flush),
     (policy_app, "check", nightly.policy_check),
     (scheduler_app, "start", nightly.scheduler_start),
     (scheduler_app, "status", nightly.scheduler_status),

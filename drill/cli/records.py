@@ -87,6 +87,31 @@ def db_upgrade(db: DbOption = None, debug: DebugOption = False) -> None:
         stdout().print(f"{safe_url(url)} upgraded from {before or 'empty'} to {after}", markup=False)
 
 
+def db_flush(db: DbOption = None, json: JsonOption = False, debug: DebugOption = False) -> None:
+    """Deliver the verdicts spooled while the database was away, each exactly once.
+
+    Every drill does this when it starts; this does it now (e.g. after the database is back).
+    Exits 4, keeping the spool, when the database is still unreachable.
+
+    Example: drill db flush --db postgresql://drill@db.internal/drill
+    """
+    from drill.records.db import open_database, safe_url
+    from drill.records.recorder import DatabaseRecorder
+
+    database = open_database(db)
+    try:
+        delivered, left = DatabaseRecorder(database).flush()
+    finally:
+        database.close()
+    where = safe_url(database.url)
+    if json:
+        print_json({"url": where, "delivered": delivered, "left": left})
+    else:
+        stdout().print(f"delivered {delivered} spooled verdict(s) to {where}; {left} left in the spool", markup=False)
+    if left:
+        raise exit_with(ExitCode.DATABASE)
+
+
 def db_status(db: DbOption = None, json: JsonOption = False, debug: DebugOption = False) -> None:
     """Show the database's schema revision next to the one this drill needs.
 

@@ -115,20 +115,24 @@ class DatabaseRecorder:
     def reconcile(self) -> None:
         """Deliver spooled verdicts, then close drills whose process is gone (in that order:
         a spooled verdict is the truth about its drill; "process gone" is only a guess)."""
-        for path, doc in self.spool.pending():
+        self.flush()
+        self._best_effort("orphan recovery", self.records.recover_orphans)
+
+    def flush(self) -> tuple[int, int]:
+        """Spooled verdicts onto the database, each exactly once: (delivered, left spooled)."""
+        delivered = 0
+        pending = self.spool.pending()
+        for i, (path, doc) in enumerate(pending):
             try:
                 outcome = DrillOutcome.from_document(doc)
-                if outcome.id is not None and self._exists(outcome.id):
-                    self.records.finish_drill(outcome)
-                else:
-                    outcome.id = None
-                    self.records.insert_outcome(outcome)
+                if self.records.deliver(outcome):
+                    delivered += 1
                 self.spool.done(path)
             except DatabaseError:
-                return  # still away: try again next time
+                return delivered, len(pending) - i  # still away: try again next time
             except (KeyError, ValueError, TypeError):
                 log.warning("spooled drill %s is not an outcome document; left in place", path)
-        self._best_effort("orphan recovery", self.records.recover_orphans)
+        return delivered, len(self.spool.pending())
 
     def _exists(self, drill_id: int) -> bool:
         try:

@@ -144,6 +144,29 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
             self._seal(s, d.id)
             return d.id
 
+    def deliver(self, outcome: DrillOutcome) -> bool:
+        """A spooled verdict onto the database, exactly once: onto its own row while that is
+        still open (``running``, or closed only by orphan recovery's guess), as a new row when
+        it never had one — unless a row of the same drill (host, pid, start) is already there.
+        Returns False when it had been delivered before (a flush that died before unlinking)."""
+        with self._session() as s:
+            d = s.get(Drill, outcome.id) if outcome.id is not None else None
+            if d is None:
+                twin = s.scalar(
+                    select(Drill.id).where(Drill.host == outcome.host, Drill.pid == outcome.pid, Drill.started_at == outcome.started_at)
+                )
+                if twin is not None and outcome.id is None:
+                    return False
+        if d is None:
+            outcome.id = None
+            self.insert_outcome(outcome)
+            return True
+        guessed = d.status == DrillStatus.ABORTED.value and (d.error or "").startswith(ORPHAN_REASON)
+        if d.status != DrillStatus.RUNNING.value and not guessed:
+            return False
+        self.finish_drill(outcome)
+        return True
+
     def close_as_error(self, drill_id: int, reason: str) -> None:
         """The last resort when the full verdict cannot be written: the row is closed anyway."""
         with self._session() as s:
