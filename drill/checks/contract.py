@@ -8,6 +8,8 @@ finding names the part, the key path and the rank, and what a resume would suffe
 
 from __future__ import annotations
 
+import math
+
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -43,11 +45,15 @@ def _part(state: Mapping[str, Any], part: str) -> dict[str, Any]:
 
 
 def _as_int(value: Any) -> int | None:
+    """A step counter as an int; None for anything that is not a finite whole number (a NaN or
+    a list where a count belongs is the checkpoint's problem, reported as a missing counter)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return int(value.item())
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(value)
-    return None
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value)
 
 
 # -- optimizer ------------------------------------------------------------------------------

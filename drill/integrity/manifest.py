@@ -155,11 +155,13 @@ def parse_manifest(data: bytes) -> Manifest:
     if doc.get("version") != VERSION:
         raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} has version {doc.get('version')!r}; this drill reads {VERSION}")
     try:
+        if not isinstance(doc["files"], list):
+            raise TypeError("files is not a list")
         files = [
-            FileEntry(str(f["path"]), int(f["size"]), str(f["xxh3_128"]), tuple(str(c) for c in f["chunks"]))
+            FileEntry(_typed(f["path"], str, "path"), _typed(f["size"], int, "size"), _typed(f["xxh3_128"], str, "xxh3_128"), _chunks(f["chunks"]))
             for f in doc["files"]
         ]
-        chunk_size = int(doc["chunk_size"])
+        chunk_size = _typed(doc["chunk_size"], int, "chunk_size")
         claimed = doc.pop("manifest_xxh3_128")
         mac = doc.pop("manifest_hmac_sha256", None)
     except (KeyError, TypeError, ValueError) as exc:
@@ -187,6 +189,19 @@ def parse_manifest(data: bytes) -> Manifest:
         hmac_sha256=str(mac) if mac is not None else None,
         signed=canonical(doc),
     )
+
+
+def _typed(value: Any, kind: type, what: str) -> Any:
+    """A manifest field of exactly the JSON type drill writes (no float sizes, no bools as ints)."""
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise TypeError(f"{what} ({type(value).__name__}, expected {kind.__name__})")
+    return value
+
+
+def _chunks(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise TypeError(f"chunks ({type(value).__name__}, expected a list)")
+    return tuple(_typed(c, str, "chunk digest") for c in value)
 
 
 def read_manifest(storage: Storage, checkpoint: str) -> tuple[Manifest | None, bytes | None]:

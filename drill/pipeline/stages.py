@@ -9,6 +9,8 @@ that reason.
 
 from __future__ import annotations
 
+import math
+
 import os
 import shutil
 import socket
@@ -375,7 +377,8 @@ def _restored_step(state: dict, fallback: int | None) -> int | None:  # type: ig
     step = state.get("train_state.step")
     if hasattr(step, "item"):
         step = step.item()
-    return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else fallback
+    whole = isinstance(step, int) or (isinstance(step, float) and math.isfinite(step) and step.is_integer())
+    return int(step) if whole and not isinstance(step, bool) else fallback
 
 
 def job_id_from_env() -> str | None:
