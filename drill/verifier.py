@@ -41,12 +41,14 @@ def _structure_of_dcp(storage: Storage, plan: IntegrityPlan, allow_classes: tupl
     if DCP_METADATA not in plan.on_storage:
         return None
     from drill.formats.dcp_layout import unsealed_structure
-    from drill.formats.dcp_types import load_metadata
+    from drill.formats.dcp_types import check_metadata, load_metadata
     from drill.safe_pickle import with_classes
 
     try:
         data = read_whole(storage, storage.child(plan.checkpoint, DCP_METADATA), plan.on_storage[DCP_METADATA], hash=False).view.tobytes()
-        storage_data = load_metadata(data, with_classes(allow_classes)).storage_data or {}
+        metadata = load_metadata(data, with_classes(allow_classes))
+        check_metadata(metadata)
+        storage_data = metadata.storage_data or {}
     except Exception as exc:  # noqa: BLE001 - an unreadable index is the finding
         from drill.formats.base import one_line
 

@@ -80,7 +80,7 @@ def _write(path: str, text: str) -> None:
     if not os.path.isdir(directory):
         raise UsageError(f"--output: directory {directory} does not exist")
     try:
-        LocalStorage().write(path, text.encode(), replace=True)
+        LocalStorage().write(path, text.encode(), replace=True, mode=0o600)  # the owner shares it, not the umask
     except OSError as exc:
         raise UsageError(f"--output: cannot write {path} ({exc.strerror or exc})") from None
 

@@ -35,7 +35,7 @@ from drill.formats.base import RestoreContext, one_line
 from drill.formats.canonical import Layout
 from drill.formats.dcp_layout import apply_layout
 from drill.formats.dcp_entries import DIRECT_MIN_BYTES, TAIL_BYTES, TensorSpec, byte_view, data_start, local_header_end, records, tensor_spec
-from drill.formats.dcp_types import is_byte_io, is_bytes, is_tensor, load_metadata, narrow, read_items
+from drill.formats.dcp_types import check_metadata, is_byte_io, is_bytes, is_tensor, load_metadata, narrow, read_items
 from drill.formats.safeload import load_failure, numpy_arrays
 from drill.integrity.hashing import ChunkHasher
 from drill.integrity.reading import ATTEMPTS, TRANSIENT, SequentialReader, describe_read_error, read_whole
@@ -150,8 +150,10 @@ class DrillReader:
             metadata = self.loads(bytes(got.view), with_classes(self.ctx.allow_classes))
         except Exception as exc:  # noqa: BLE001
             raise MetadataUnreadable(f"{DCP_METADATA} does not unpickle safely: {one_line(exc)}") from exc
-        if type(metadata).__name__ != "Metadata" or not isinstance(getattr(metadata, "state_dict_metadata", None), dict):
-            raise MetadataUnreadable(f"{DCP_METADATA} holds a {type(metadata).__name__}, not DCP Metadata")
+        try:
+            check_metadata(metadata)
+        except ValueError as exc:
+            raise MetadataUnreadable(f"{DCP_METADATA} is malformed: {exc}") from None
         return metadata
 
     @staticmethod

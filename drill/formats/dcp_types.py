@@ -159,6 +159,47 @@ def load_metadata(data: bytes, allowed: frozenset[tuple[str, str]] = DCP_METADAT
             gc.enable()
 
 
+def check_metadata(md: Any) -> None:
+    """``ValueError`` unless ``md`` has the shape DCP writes: every name a string, every size
+    and offset a tuple of non-negative ints, every storage entry a path, offset and length. An
+    index from a damaged or hostile file must fail here, not deep inside a check."""
+    if type(md).__name__ != "Metadata" or not isinstance(getattr(md, "state_dict_metadata", None), dict):
+        raise ValueError(f"holds a {type(md).__name__}, not DCP Metadata")
+    for fqn, entry in md.state_dict_metadata.items():
+        if not isinstance(fqn, str):
+            raise ValueError(f"an entry is named by a {type(fqn).__name__}, not a string")
+        if is_tensor(entry):
+            _check_tensor(fqn, entry)
+        elif not is_bytes(entry):
+            raise ValueError(f"{fqn} is described by a {type(entry).__name__}")
+    data = md.storage_data if md.storage_data is not None else {}
+    if not isinstance(data, dict):
+        raise ValueError(f"its storage index is a {type(data).__name__}, not a mapping")
+    for index, info in data.items():
+        if not isinstance(getattr(index, "fqn", None), str) or not (index.offset is None or _ints(index.offset)):
+            raise ValueError(f"a storage key is malformed ({index!r:.80})")
+        path, offset, length = getattr(info, "relative_path", None), getattr(info, "offset", None), getattr(info, "length", None)
+        if not isinstance(path, str) or not _ints((offset, length)):
+            raise ValueError(f"the storage entry of {index.fqn} is malformed ({info!r:.80})")
+
+
+def _check_tensor(fqn: str, md: Any) -> None:
+    dtype = getattr(getattr(md, "properties", None), "dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{fqn} has no dtype")
+    if not _ints(md.size) or not isinstance(md.chunks, list):
+        raise ValueError(f"{fqn} has a malformed size or chunk list")
+    for chunk in md.chunks:
+        offsets, sizes = getattr(chunk, "offsets", None), getattr(chunk, "sizes", None)
+        if not (_ints(offsets) and _ints(sizes)) or not len(offsets) == len(sizes) == len(md.size):
+            raise ValueError(f"{fqn} has a malformed chunk")
+
+
+def _ints(values: Any) -> bool:
+    """A tuple (or torch.Size) of non-negative ints."""
+    return isinstance(values, tuple) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
+
+
 def is_tensor(md: Any) -> bool:
     """A tensor's entry in ``state_dict_metadata`` (mirror or DCP's own class)."""
     return type(md).__name__ == "TensorStorageMetadata"
@@ -222,4 +263,4 @@ def chunk_bytes(md: Any, lengths: Any) -> int:
     return math.prod(int(d) for d in lengths) * element_size(md.properties.dtype)
 
 
-__all__ = ["Metadata", "MetadataIndex", "ReadItem", "is_byte_io", "is_bytes", "is_tensor", "load_metadata", "narrow", "read_items"]
+__all__ = ["check_metadata", "Metadata", "MetadataIndex", "ReadItem", "is_byte_io", "is_bytes", "is_tensor", "load_metadata", "narrow", "read_items"]

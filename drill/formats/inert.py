@@ -85,13 +85,17 @@ class _Module:
                 return _stand_in(module, name, seen_)
 
         self.Unpickler = Unpickler
-        self.load = pickle.load
+        # torch's legacy (pre-zip) reader calls pickle_module.load directly: it must be just as
+        # restricted, or a bare pickle would run before any class is looked up.
+        self.load = lambda f, **kwargs: Unpickler(f, **kwargs).load()
         self.__name__ = "drill.formats.inert"
 
 
 def load_inert(data: bytes | memoryview, map_location: Any = "cpu") -> tuple[Any, set[str]]:
     """The file's object, and the classes that became :class:`StandIn` instead of running."""
     seen: set[str] = set()
+    if bytes(data[:4]) != b"PK\x03\x04":
+        raise ValueError("not a torch.save zip archive (side files are written with torch.save's default format)")
     # weights_only=False hands unpickling to the pickle_module: drill's own allow-list above.
     obj = torch.load(io.BytesIO(bytes(data)), map_location=map_location, weights_only=False, pickle_module=_Module(seen))  # type: ignore[arg-type]
     return obj, seen

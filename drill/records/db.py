@@ -169,16 +169,22 @@ def _read_only(target: str) -> sqlite3.Connection:
 
 
 def _sqlite_directory(database: str | None) -> None:
-    """The embedded default's directory is created on first use; any other must exist."""
+    """The embedded default's directory is created on first use (owner only); any other must
+    exist. A new database file is created readable and writable by its owner only (SQLite
+    gives its WAL and shared-memory files the same permissions)."""
     if not database or database == ":memory:":
         return
     parent = Path(database).parent
-    if parent.is_dir():
-        return
-    if Path(database) == default_database_path():
-        parent.mkdir(parents=True, exist_ok=True)
-        return
-    raise UsageError(f"--db {database}: directory {parent} does not exist (create it first)")
+    if not parent.is_dir():
+        if Path(database) != default_database_path():
+            raise UsageError(f"--db {database}: directory {parent} does not exist (create it first)")
+        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError:
+        pass  # read-only media: opening it will say so
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]

@@ -84,12 +84,13 @@ class LocalStorage:
             raise PathEscapesCheckpoint(f"path {relative!r} in {base} resolves outside it, to {resolved}")
         return target
 
-    def write(self, uri: str, data: bytes, *, replace: bool = False) -> None:
-        """temp file → fsync → rename (or link, which refuses to replace) → fsync the directory."""
+    def write(self, uri: str, data: bytes, *, replace: bool = False, mode: int = 0o644) -> None:
+        """temp file → fsync → rename (or link, which refuses to replace) → fsync the directory.
+        ``mode``: the new file's permissions (reports: ``0o600``)."""
         target = _path(uri)
         directory = os.path.dirname(target) or "."
         tmp = os.path.join(directory, f".{os.path.basename(target)}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
         try:
             with open(fd, "wb", closefd=True) as f:
                 f.write(data)

@@ -1,0 +1,162 @@
+"""The claims of SECURITY.md that no other test file already backs: secrets stay out of every
+output, record and report; files drill creates are its owner's; side files load inert."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import POSTGRES_URL
+
+DRILL = str(Path(sys.executable).parent / "drill")
+DB_PASSWORD = "pgpw-never-printed-7d1e"
+WEBHOOK_TOKEN = "hooktoken-never-printed-93ab"
+SEAL_KEY = "sealkey-never-printed-c0ffee-0123456789abcdef"
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.postgres
+def test_no_secret_reaches_output_records_reports_metrics_or_spool(demo_run: Path, postgres_url: str, tmp_path: Path, private_spool: Path) -> None:
+    """A failing policy drill with every kind of secret in play — a database password in the
+    URL, a seal key, a webhook URL with a token — then every place drill writes is searched."""
+    from drill.records.db import upgrade
+
+    url = postgres_url.replace("://127.0.0.1", f"://postgres:{DB_PASSWORD}@127.0.0.1", 1)  # trust auth: any password works
+    assert DB_PASSWORD in url
+    upgrade(url)
+    key = tmp_path / "seal.key"
+    key.write_text(SEAL_KEY)
+    env = {**os.environ, "DRILL_SEAL_KEY_FILE": str(key), "DRILL_TEST_HOOK": f"http://127.0.0.1:9/hooks/{WEBHOOK_TOKEN}"}
+    for ckpt in sorted(demo_run.glob("step-*")):
+        subprocess.run([DRILL, "seal", str(ckpt), "--force"], env=env, check=True, capture_output=True)
+    _flip(sorted(demo_run.glob("step-*"))[-1] / "__0_0.distcp")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        f"name: secrets\ncheckpoints:\n  root: {demo_run}\nschedule:\n  cron: '0 3 * * *'\nselection:\n  strategy: latest\n"
+        "replay:\n  steps: 1\nalerts:\n  webhook: env:DRILL_TEST_HOOK\n  timeout: 1s\n  retries: 1\n"
+    )
+    outputs = []
+    for args in (
+        ["run", "--policy", str(policy), "--db", url],
+        ["run", "--root", str(demo_run), "--db", url, "--no-replay"],
+        ["run", "--root", str(demo_run), "--db", "postgresql://postgres:" + DB_PASSWORD + "@127.0.0.1:9/nowhere?connect_timeout=2"],
+        ["verify", str(sorted(demo_run.glob("step-*"))[-1]), "--db", url],
+        ["history", "--db", url, "--json"],
+        ["report", "--db", url, "--format", "html", "-o", str(tmp_path / "r.html")],
+        ["report", "--db", url, "--format", "md", "-o", str(tmp_path / "r.md")],
+        ["report", "--db", url, "--format", "json", "-o", str(tmp_path / "r.json")],
+        ["metrics", "--db", url, "--textfile", str(tmp_path / "drill.prom")],
+        ["db", "status", "--db", url],
+    ):
+        done = subprocess.run([DRILL, *args, "--debug"] if args[0] == "run" else [DRILL, *args], env=env, capture_output=True, text=True)
+        outputs += [done.stdout, done.stderr]
+    written = [p.read_text(errors="replace") for p in (tmp_path / "r.html", tmp_path / "r.md", tmp_path / "r.json", tmp_path / "drill.prom")]
+    spooled = [p.read_text(errors="replace") for p in private_spool.rglob("*") if p.is_file()]
+    assert any("digest-mismatch" in o for o in outputs)  # the drills really ran and failed
+    haystack = "\n".join([*outputs, *written, *spooled, _database_text(url)])
+    for secret in (DB_PASSWORD, WEBHOOK_TOKEN, SEAL_KEY):
+        assert secret not in haystack, f"a secret leaked: {secret}"
+
+
+def _database_text(url: str) -> str:
+    """Every value of every row of every table, as text."""
+    from sqlalchemy import MetaData, create_engine, select
+
+    engine = create_engine(url)
+    meta = MetaData()
+    meta.reflect(engine)
+    out = []
+    with engine.connect() as conn:
+        for table in meta.sorted_tables:
+            for row in conn.execute(select(table)):
+                out.append(" ".join(str(v) for v in row))
+    engine.dispose()
+    return "\n".join(out)
+
+
+def test_files_drill_creates_are_its_owners(demo_run: Path, tmp_path: Path) -> None:
+    db = tmp_path / "records" / "drill.db"
+    db.parent.mkdir()
+    subprocess.run([DRILL, "run", "--root", str(demo_run), "--db", f"sqlite:///{db}", "--no-replay", "-q"], check=True, capture_output=True)
+    report = tmp_path / "report.html"
+    subprocess.run([DRILL, "report", "--db", f"sqlite:///{db}", "-o", str(report)], check=True, capture_output=True)
+    for path in (db, report):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for wal in db.parent.glob("drill.db-*"):
+        assert stat.S_IMODE(wal.stat().st_mode) & 0o077 == 0, wal
+
+
+def test_the_default_database_directory_is_private(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)}
+    env.pop("DRILL_DB", None)
+    subprocess.run([DRILL, "db", "status"], env=env, capture_output=True)
+    dbs = list((tmp_path).rglob("drill.db"))
+    assert dbs, "no default database was created"
+    assert stat.S_IMODE(dbs[0].parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(dbs[0].stat().st_mode) == 0o600
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+class TrainerArgs:
+    """A class a trainer pickles into a side file (as Megatron pickles its argparse args)."""
+
+    def __init__(self) -> None:
+        self.lr = 3e-4
+
+
+def test_side_files_load_inert_a_payload_never_runs_and_unknown_classes_are_stand_ins(tmp_path: Path) -> None:
+    from drill.formats.inert import load_inert, plain
+
+    marker = tmp_path / "pwned"
+    buf = io.BytesIO()
+    torch.save({"iteration": 30, "args": TrainerArgs(), "evil": _Payload(marker), "w": torch.ones(2)}, buf)
+    obj, stand_ins = load_inert(memoryview(buf.getvalue()))
+    assert not marker.exists()
+    assert obj["iteration"] == 30 and torch.equal(obj["w"], torch.ones(2))
+    assert any("TrainerArgs" in s for s in stand_ins) and any("system" in s for s in stand_ins)
+    assert plain(obj["args"]) == {"lr": 3e-4} or "lr" in str(plain(obj["args"]))
+    legacy = io.BytesIO()
+    torch.save({"evil": _Payload(marker)}, legacy, _use_new_zipfile_serialization=False)
+    for raw in (pickle.dumps(_Payload(marker)), legacy.getvalue()):  # once a hole: torch's legacy reader
+        with pytest.raises(ValueError, match="not a torch.save zip archive"):  # calls pickle_module.load
+            load_inert(memoryview(raw))
+    assert not marker.exists()
+
+
+def test_a_policy_runs_no_code_its_author_did_not_name(tmp_path: Path) -> None:
+    """YAML tags that construct objects are refused; the replay entrypoint is the one way a
+    policy names code, and the run directory cannot name one for it."""
+    from drill.policy.load import PolicyError, parse_policy
+
+    marker = tmp_path / "pwned"
+    for text in (
+        f"!!python/object/apply:os.system ['touch {marker}']",
+        f"name: x\ncheckpoints: {{root: /r}}\nschedule: {{cron: '0 3 * * *'}}\nreplay: !!python/object/apply:os.system ['touch {marker}']\n",
+    ):
+        with pytest.raises(PolicyError):
+            parse_policy(text, "evil.yaml")
+    assert not marker.exists()
+
+
+def test_postgres_url_fixture_is_local() -> None:
+    assert "127.0.0.1" in POSTGRES_URL  # no test sends traffic anywhere else
