@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import socket
 import subprocess
@@ -406,6 +407,9 @@ def test_the_readme_catalogue_is_this_suite() -> None:
     for kind, n in kinds.items():
         assert f"| {kind} | {n} |" in readme, f"README's fault catalogue lacks '| {kind} | {n} |'"
     assert f"{len(CASES)} cases" in readme
+    fuzzers = (Path(__file__).parent / "test_fuzz.py").read_text()
+    for name in re.findall(r"^def (test_\w+)", fuzzers, re.M):
+        assert f"`{name}`" in readme, f"README's fuzzing table lacks {name}"
 
 
 def test_hugging_face_run_directories(tmp_path: Path, sqlite_url: str) -> None:

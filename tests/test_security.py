@@ -160,3 +160,24 @@ def test_a_policy_runs_no_code_its_author_did_not_name(tmp_path: Path) -> None:
 
 def test_postgres_url_fixture_is_local() -> None:
     assert "127.0.0.1" in POSTGRES_URL  # no test sends traffic anywhere else
+
+
+@pytest.mark.parametrize("where", ["../outside.distcp", "/etc/hostname", "sub/../../outside.distcp"])
+def test_an_index_naming_a_file_outside_the_checkpoint_is_refused_not_read(demo_run: Path, sqlite_url: str, where: str) -> None:
+    from drill.safe_pickle import restricted_loads
+    from drill.verifier import verify_checkpoint
+    from tests.conftest import drill as _drill
+
+    ckpt = sorted(demo_run.glob("step-*"))[-1]
+    (ckpt / "drill-manifest.json").unlink()
+    outside = demo_run / "outside.distcp"
+    outside.write_bytes((ckpt / "__0_0.distcp").read_bytes())
+    metadata = restricted_loads((ckpt / ".metadata").read_bytes())
+    for info in metadata.storage_data.values():
+        info.relative_path = where
+    (ckpt / ".metadata").write_bytes(pickle.dumps(metadata))
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status.value == "failed"
+    assert any(f.code == "path-escapes" or "escapes" in f.message or "outside" in f.message for f in outcome.findings), [f.message for f in outcome.findings]
+    assert outcome.bytes_read is None or outcome.bytes_read < outside.stat().st_size
+    assert verify_checkpoint(str(ckpt)).result.status.value == "failed"
