@@ -217,6 +217,29 @@ def upgrade(url: str) -> tuple[str | None, str]:
         engine.dispose()
 
 
+def _upgrade_once(url: str, database: str | None) -> None:
+    """Upgrade an SQLite file in place, one process at a time: drills started together on a
+    fresh file would otherwise all run the migrations, and all but one fail. Under the lock the
+    revision is read again — another process may have upgraded it meanwhile."""
+    import fcntl
+
+    if not database or database == ":memory:":
+        upgrade(url)
+        return
+    fd = os.open(f"{database}.migrate-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        engine = _make_engine(url)
+        try:
+            current = _connectable_revision(engine, url)
+        finally:
+            engine.dispose()
+        if current != head_revision():
+            upgrade(url)
+    finally:
+        os.close(fd)
+
+
 def _connectable_revision(engine: Engine, url: str) -> str | None:
     try:
         return _current_revision(engine)
@@ -235,7 +258,7 @@ def open_database(url: str | None = None) -> Database:
             engine.dispose()
             raise DatabaseError(_newer(url, current, head))
         if engine.dialect.name == "sqlite":
-            upgrade(url)
+            _upgrade_once(url, engine.url.database)
         else:
             engine.dispose()
             have = f"at revision {current}" if current else "empty (no drill schema)"

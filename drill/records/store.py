@@ -294,8 +294,16 @@ def checkpoint_row(s: Session, run_root: str, info: Any) -> Checkpoint:
     now = utcnow()
     ckpt = s.scalar(select(Checkpoint).where(Checkpoint.uri == info.uri))
     if ckpt is None:
-        ckpt = Checkpoint(run_root=run_root, uri=info.uri, step=info.step, format=info.format, first_seen=now, last_seen=now)
-        s.add(ckpt)
+        # Two drills of a new checkpoint at once both find no row: insert-or-nothing, then read
+        # back whichever insert won (a plain INSERT would fail the second on the unique uri).
+        dialect = s.get_bind().dialect.name
+        if dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        values = {"run_root": run_root, "uri": info.uri, "step": info.step, "format": info.format, "first_seen": now, "last_seen": now}
+        s.execute(insert(Checkpoint).values(**values).on_conflict_do_nothing(index_elements=["uri"]))
+        ckpt = s.scalars(select(Checkpoint).where(Checkpoint.uri == info.uri)).one()
     ckpt.last_seen = now
     if info.bytes is not None:
         ckpt.bytes = info.bytes
