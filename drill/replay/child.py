@@ -139,3 +139,6 @@ if __name__ == "__main__":
 
     fd, entry, trust, run, ckpt, dev, k, opts = sys.argv[1:9]
     main(Connection(int(fd), readable=False), entry, trust, run, ckpt, dev, int(k), json.loads(opts))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the verdict is sent: tearing torch's modules down would only hold the drill up
