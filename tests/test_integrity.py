@@ -264,3 +264,20 @@ def test_safetensors_structural_proof(tmp_path: Path) -> None:
         f.truncate(path.stat().st_size - 8)
     bad = verify_checkpoint(str(path)).result
     assert "entry-out-of-bounds" in [f.code for f in bad.findings]
+
+
+def test_unsealed_bit_flip_is_caught_by_the_entries_own_crcs(demo_run: Path, sqlite_url: str) -> None:
+    """No seal to prove the bytes: every entry is held to the CRC-32s torch.save wrote, so a
+    flipped bit in a tensor is a finding naming it, not a silently different weight."""
+    from tests.conftest import drill as _drill
+
+    ckpt = max(demo_run.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    (ckpt / "drill-manifest.json").unlink()
+    shard = ckpt / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    outcome = _drill(demo_run, sqlite_url)
+    crc = [f for f in outcome.findings if f.code == "crc-mismatch"]
+    assert outcome.status.value == "failed" and len(crc) == 1 and crc[0].check == "load"
+    assert crc[0].subject and crc[0].subject.count(".") >= 2  # the tensor's name

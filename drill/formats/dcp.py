@@ -20,6 +20,7 @@ import math
 import os
 import struct
 import time
+import zlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future as CFuture
@@ -245,18 +246,29 @@ class DrillReader:
             outcome.failures.append(ItemFailure(fqn, path, f"unsupported DCP stream transform {info.transform_descriptors}"))
             return
         reader.skip_to(start)
+        # Bytes no seal will prove (an unsealed checkpoint, a sampled-out file) are held to the
+        # CRC-32s torch.save wrote into every entry: a flipped bit is a finding, not a weight.
+        crc = not self.ctx.hash_plan.wants(path)
         if is_byte_io(item):
-            outcome.values.append((item, reader.read(end - start)))
+            value = reader.read(end - start)
+            if crc and (bad := _crc_problem(value)) is not None:
+                outcome.failures.append(ItemFailure(fqn, path, bad, code="crc-mismatch"))
+                return
+            outcome.values.append((item, value))
             return
         head = b""
         if end - start >= DIRECT_MIN_BYTES:
-            head = _read_in_place(reader, item, end - start, planner)
+            try:
+                head = _read_in_place(reader, item, end - start, planner, crc)
+            except CrcMismatch as exc:
+                outcome.failures.append(ItemFailure(fqn, path, str(exc), code="crc-mismatch"))
+                return
             if head is None:
                 outcome.tensors += 1
                 outcome.tensor_bytes += _nbytes(planner.resolve_tensor(item))
                 return
         blob = bytes(head) + bytes(reader.read(end - reader.pos))
-        problem = _load_tensor(blob, item, planner)
+        problem = ("crc-mismatch", bad) if crc and (bad := _crc_problem(memoryview(blob))) is not None else _load_tensor(blob, item, planner)
         if problem is not None:
             outcome.failures.append(ItemFailure(fqn, path, problem[1], code=problem[0]))
             return
@@ -272,9 +284,22 @@ class DrillReader:
         self.result.tensor_bytes += outcome.tensor_bytes
 
 
-def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: Any) -> memoryview | None:
+class CrcMismatch(Exception):
+    """An entry's bytes are not what torch.save wrote (its zip record's CRC-32 says so)."""
+
+
+def _crc_problem(entry: memoryview) -> str | None:
+    """Why a whole entry (a torch.save zip) fails its records' CRC-32s; None when it passes."""
+    from drill.integrity.structure import zip_structure
+
+    findings, _ = zip_structure(entry, "the entry")
+    return findings[0].message.replace("the entry: ", "", 1) if findings else None
+
+
+def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: Any, crc: bool = False) -> memoryview | None:
     """Read one tensor entry's raw bytes straight into its target; None when done, else the
-    head bytes consumed before finding that this entry cannot be read in place."""
+    head bytes consumed before finding that this entry cannot be read in place. With ``crc``,
+    the bytes are checked against the record's CRC-32 as they land (:class:`CrcMismatch`)."""
     start = reader.pos
     recs = records(reader.peek(start + length - min(length, TAIL_BYTES), min(length, TAIL_BYTES)), length)
     data = [r for name, r in (recs or {}).items() if name.startswith("data/")]
@@ -293,6 +318,10 @@ def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: An
         return view
     staging = target if target.device.type == "cpu" and target.is_contiguous() else torch.empty(spec.size, dtype=spec.dtype)
     reader.read_into(byte_view(staging))
+    if crc:
+        got = zlib.crc32(byte_view(staging))
+        if got != data[0].crc or zlib.crc32(view[pkl_at : pkl_at + pkl.size]) != pkl.crc:  # type: ignore[index,operator]
+            raise CrcMismatch(f"the bytes of this tensor fail their CRC-32 (stored {data[0].crc:08x}, computed {got:08x}): damaged on storage")
     if staging is not target:
         target.copy_(staging)
     planner.commit_tensor(item, target)
