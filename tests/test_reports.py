@@ -253,3 +253,18 @@ def test_goodput_takes_r_from_a_policys_drills(demo_run: Path, sqlite_url: str) 
     assert scaled["restart"]["restart_s"] == pytest.approx(t.ttfs - t.restore + 20)  # the restore replaced by 2 TB at 100 GB/s
     res = invoke(CliRunner(), "goodput", "--policy", "other", "--db", sqlite_url)
     assert res.exit_code == 2 and "no drill of it has a time to first step" in res.stderr
+
+
+def test_a_finding_about_the_whole_drill_renders_in_every_format(demo_run: Path, sqlite_url: str, tmp_path: Path) -> None:
+    """A finding may name no subject (a replay that raised is about the drill, not a key):
+    every report format renders it (once a KeyError in the Markdown report)."""
+    from drill.replay import ReplaySpec
+    from tests.conftest import drill as _drill
+
+    outcome = _drill(demo_run, sqlite_url, replay=ReplaySpec(enabled=True, steps=1, entrypoint="tests.replay_targets:raising"))
+    assert any(f.subject is None for f in outcome.findings)
+    runner = CliRunner()
+    for fmt in ("md", "html", "json"):
+        res = invoke(runner, "report", "--db", sqlite_url, "--format", fmt, "-o", str(tmp_path / f"r.{fmt}"))
+        assert res.exit_code == 0, res.stderr
+        assert "replay-error" in (tmp_path / f"r.{fmt}").read_text()

@@ -63,6 +63,8 @@ def test_no_secret_reaches_output_records_reports_metrics_or_spool(demo_run: Pat
     ):
         done = subprocess.run([DRILL, *args, "--debug"] if args[0] == "run" else [DRILL, *args], env=env, capture_output=True, text=True)
         outputs += [done.stdout, done.stderr]
+        if args[0] == "report":
+            assert done.returncode == 0, (args, done.stderr[-2000:])
     written = [p.read_text(errors="replace") for p in (tmp_path / "r.html", tmp_path / "r.md", tmp_path / "r.json", tmp_path / "drill.prom")]
     spooled = [p.read_text(errors="replace") for p in private_spool.rglob("*") if p.is_file()]
     assert any("digest-mismatch" in o for o in outputs)  # the drills really ran and failed

@@ -99,7 +99,7 @@ def _chain(chain: dict) -> str:  # type: ignore[type-arg]
         lines.append(f", {chain['authenticated']} authenticated by the audit key")
     if head:
         lines.append(f'.<br>Chain head (pin it): <code>{escape(head["hash"])}</code> — entry {head["seq"]}, drill #{head["drill_id"]}. Verify later with <code>drill audit verify --head {escape(head["hash"])}</code>')
-    problems = "".join(f"<li>{escape(p['subject'])}: {escape(p['message'])}</li>" for p in chain.get("problems", []))
+    problems = "".join(f"<li>{escape(str(p.get('subject') or ''))}: {escape(str(p.get('message') or ''))}</li>" for p in chain.get("problems", []))
     return f'<div class="chain{"" if intact else " broken"}">{"".join(lines)}{f"<ul>{problems}</ul>" if problems else ""}</div>'
 
 

@@ -65,7 +65,7 @@ def _preamble(r: Report) -> list[str]:
             else f"- Audit chain: {state}, no entries yet"
         ),
     ]
-    lines += [f"  - {cell(p['subject'])}: {cell(p['message'])}" for p in chain.get("problems", [])]
+    lines += [f"  - {cell(p.get('subject') or '')}: {cell(p.get('message') or '')}" for p in chain.get("problems", [])]
     return lines
 
 
@@ -111,7 +111,7 @@ def _run(run: RunSection) -> list[str]:
 
 def _failure(d: DrillEntry) -> list[str]:
     lines = [f"### Drill #{d.id}: {cell(d.status)} — {cell(d.message or '')}", ""]
-    lines += [f"- **{cell(f['check'])}** `{cell(f['code'])}` {cell(f['subject'])}: {cell(f['message'])}" + (f" — hint: {cell(f['hint'])}" if f.get("hint") else "") for f in d.findings]
+    lines += [_finding_line(f) for f in d.findings]
     return [*lines, "", "Re-run:", "", fenced(d.rerun)]
 
 
@@ -131,4 +131,13 @@ def _goodput(g: GoodputSection) -> list[str]:
     )  # fmt: skip
 
 
+def _finding_line(f: dict) -> str:  # type: ignore[type-arg]
+    """One finding; every field but check, code and message may be absent (a finding about the
+    drill as a whole names no subject)."""
+    subject = f" {cell(f['subject'])}" if f.get("subject") else ""
+    hint = f" — hint: {cell(f['hint'])}" if f.get("hint") else ""
+    return f"- **{cell(f.get('check', ''))}** `{cell(f.get('code', ''))}`{subject}: {cell(f.get('message', ''))}{hint}"
+
+
 __all__ = ["cell", "fenced", "render_markdown"]
+
