@@ -272,3 +272,23 @@ def test_a_second_real_implementation_ceph_radosgw(demo_run: Path, sqlite_url: s
         assert {("integrity", "digest-mismatch", "__0_1.distcp"), ("files", "file-missing", "__0_0.distcp")} <= found, found
         missing = drill("s3://no-such-bucket/run", sqlite_url)
         assert "no such bucket" in missing.message
+
+
+def test_scratch_copies_go_on_every_exit_path(demo_run: Path, s3, sqlite_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A failing drill removes its copy like a passing one; a copy left by a drill that was
+    killed (its process gone) is removed by the next drill; a live drill's copy is left alone."""
+    import os
+    import socket
+
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "run")
+    scratch = tmp_path / "scratch"
+    dead = scratch / f"drill-{socket.gethostname()}-999999999-step-30"
+    live = scratch / f"drill-{socket.gethostname()}-{os.getpid()}-step-20"
+    for d in (dead, live):
+        d.mkdir(parents=True)
+        (d / "__0_0.distcp").write_bytes(b"left behind")
+    client.put_object(Bucket=bucket, Key="run/step-30/__0_0.distcp", Body=b"damaged")
+    outcome = drill(root, sqlite_url, scratch=str(scratch))
+    assert outcome.status == "failed"
+    assert sorted(p.name for p in scratch.iterdir()) == [live.name]

@@ -272,7 +272,8 @@ def plan_stage(d: Drill) -> list[CheckResult]:
 def _to_scratch(d: Drill, ref: CheckpointRef) -> CheckpointRef:
     """Copy a remote checkpoint to the scratch directory; from here on the drill reads the copy."""
     assert d.request.scratch is not None
-    local = os.path.join(d.request.scratch, f"drill-{os.getpid()}-{ref.name}")
+    clear_stale_scratch(d.request.scratch)
+    local = os.path.join(d.request.scratch, f"drill-{socket.gethostname()}-{os.getpid()}-{ref.name}")
     d.scratch_copy = local
     listing = list_files(d.storage, ref.uri)
     for rel in sorted(listing.files):
@@ -294,6 +295,33 @@ def _to_scratch(d: Drill, ref: CheckpointRef) -> CheckpointRef:
         discover.summary += f"; read from a scratch copy in {local} (removed afterwards)"
         discover.evidence["scratch_copy"] = local
     return copied
+
+
+def clear_stale_scratch(scratch: str) -> list[str]:
+    """Remove the copies this host's drills left when they were killed (SIGKILL, OOM): their
+    process is gone, so nothing else would. Copies of live drills, and other hosts', stay."""
+    try:
+        names = os.listdir(scratch)
+    except OSError:
+        return []
+    prefix = f"drill-{socket.gethostname()}-"
+    removed = []
+    for name in names:
+        pid = name[len(prefix) :].split("-", 1)[0] if name.startswith(prefix) else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def restore_stage(d: Drill) -> list[CheckResult]:
