@@ -211,6 +211,14 @@ if __name__ == "__main__":
     dist.init_process_group("gloo", init_method=os.environ["DRILL_DIST_INIT"], rank=r, world_size=w)
     try:
         {"torchtitan": torchtitan, "lightning": lightning, "megatron": megatron}[kind](where, r, w)
-        dist.barrier()  # no rank tears gloo down while a peer is still talking to it
-    finally:
+        dist.barrier()  # every rank's part of the checkpoint is written
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    import atexit
+
+    atexit._run_exitfuncs()  # multiprocessing stops the workers a library started (Megatron does)
+    sys.stdout.flush()
+    # No interpreter teardown: gloo's threads torn down at exit can abort the process
+    # ("terminate called without an active exception") after the checkpoint is complete.
+    os._exit(0)

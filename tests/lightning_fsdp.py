@@ -35,7 +35,8 @@ def spawn(out: Path, ranks: int = 2, timeout: float = 300) -> Path:
     ]  # fmt: skip
     outs = [p.communicate(timeout=timeout)[0].decode(errors="replace") for p in procs]
     if any(p.returncode for p in procs):
-        raise RuntimeError(f"Lightning FSDP run failed: {outs[0][-3000:]}")
+        tails = " | ".join(f"rank {r} exit {p.returncode}: {o[-1500:]}" for r, (p, o) in enumerate(zip(procs, outs)))
+        raise RuntimeError(f"Lightning FSDP run failed: {tails}")
     return out / "checkpoints"
 
 
@@ -80,3 +81,14 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()  # every rank's shards and meta.pt are written
+    import atexit
+
+    atexit._run_exitfuncs()  # multiprocessing stops the workers a library started (Megatron does)
+    sys.stdout.flush()
+    # No interpreter teardown: gloo's threads torn down at exit can abort the process
+    # ("terminate called without an active exception") after the checkpoint is complete.
+    os._exit(0)
