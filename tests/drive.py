@@ -12,9 +12,29 @@ child runs).
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start(phase: str, marker: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``drill run args…`` in a subprocess that pauses at ``phase`` (see above)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.drive", phase, str(marker), "--", "run", *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the driven drill has reached its phase (it wrote ``marker``)."""
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the drill never reached the phase"
+        time.sleep(0.05)
 
 
 def main() -> None:

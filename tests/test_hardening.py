@@ -18,27 +18,12 @@ import pytest
 from typer.testing import CliRunner
 
 from drill import history
+from tests.drive import start, wait_for
 from tests.conftest import drill as _drill
 from tests.conftest import invoke
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 DRILL = str(Path(sys.executable).parent / "drill")
-
-
-def _drive(phase: str, marker: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.drive", phase, str(marker), "--", "run", *args],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
-    )  # fmt: skip
-
-
-def _wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not marker.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the drill never reached the phase"
-        time.sleep(0.05)
 
 
 # -- 1. SIGKILL at every phase ----------------------------------------------------------------
@@ -50,8 +35,8 @@ def _wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 60) -> None
 def test_sigkill_at_any_phase_is_reconciled_to_aborted_with_the_phase(demo_run: Path, sqlite_url: str, tmp_path: Path, phase: str, recorded: str) -> None:
     marker = tmp_path / "arrived"
     extra = ("--replay", "tests.replay_targets:hanging") if phase == "replay" else ("--no-replay",)
-    proc = _drive(phase, marker, "--root", str(demo_run), "--db", sqlite_url, *extra)
-    _wait_for(marker, proc)
+    proc = start(phase, marker, "--root", str(demo_run), "--db", sqlite_url, *extra)
+    wait_for(marker, proc)
     proc.send_signal(signal.SIGKILL)  # no handler runs: the row is left `running`
     proc.communicate(timeout=30)
     (killed,) = history(db=sqlite_url)
@@ -84,8 +69,8 @@ def test_postgres_stopped_mid_drill_spools_the_verdict_and_flush_delivers_it_onc
     db_url = postgres_url
     upgrade(db_url)
     marker, release = tmp_path / "arrived", tmp_path / "go"
-    proc = _drive("checks", marker, "--root", str(demo_run), "--db", db_url, "--no-replay", env={"DRILL_TEST_RELEASE": str(release)})
-    _wait_for(marker, proc)
+    proc = start("checks", marker, "--root", str(demo_run), "--db", db_url, "--no-replay", env={"DRILL_TEST_RELEASE": str(release)})
+    wait_for(marker, proc)
     _pg("stop")
     try:
         release.touch()

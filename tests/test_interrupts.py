@@ -5,34 +5,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from drill import history
+from tests.drive import start, wait_for
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _drive(phase: str, marker: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.drive", phase, str(marker), "--", "run", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not marker.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the drill never reached the phase"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -44,8 +25,8 @@ def _wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 60) -> None
 def test_an_interrupt_at_any_phase_is_one_aborted_record(demo_run: Path, sqlite_url: str, tmp_path: Path, phase: str, recorded_phase: str, sig: int) -> None:
     marker = tmp_path / "arrived"
     extra = ("--replay", "tests.replay_targets:hanging") if phase == "replay" else ("--no-replay",)
-    proc = _drive(phase, marker, "--root", str(demo_run), "--db", sqlite_url, *extra)
-    _wait_for(marker, proc)
+    proc = start(phase, marker, "--root", str(demo_run), "--db", sqlite_url, *extra)
+    wait_for(marker, proc)
     if phase == "replay":
         time.sleep(1.0)  # the replay child is running
     sent = time.monotonic()
@@ -65,8 +46,8 @@ def test_an_interrupt_at_any_phase_is_one_aborted_record(demo_run: Path, sqlite_
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupt_before_the_record_exists_claims_none(demo_run: Path, sqlite_url: str, tmp_path: Path, sig: int) -> None:
     marker = tmp_path / "arrived"
-    proc = _drive("open-db", marker, "--root", str(demo_run), "--db", sqlite_url, "--no-replay")
-    _wait_for(marker, proc)
+    proc = start("open-db", marker, "--root", str(demo_run), "--db", sqlite_url, "--no-replay")
+    wait_for(marker, proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == (130 if sig == signal.SIGINT else 143)
@@ -77,8 +58,8 @@ def test_an_interrupt_before_the_record_exists_claims_none(demo_run: Path, sqlit
 
 def test_the_replay_child_goes_with_the_drill(demo_run: Path, sqlite_url: str, tmp_path: Path) -> None:
     marker = tmp_path / "arrived"
-    proc = _drive("replay", marker, "--root", str(demo_run), "--db", sqlite_url, "--replay", "tests.replay_targets:hanging")
-    _wait_for(marker, proc)
+    proc = start("replay", marker, "--root", str(demo_run), "--db", sqlite_url, "--replay", "tests.replay_targets:hanging")
+    wait_for(marker, proc)
     time.sleep(1.0)
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert children, "the replay child should be running"
