@@ -21,8 +21,8 @@ from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, se
 from drill.integrity.verify import NAME, IntegrityPlan, Observed, hash_remaining, integrity_check, plan_integrity
 from drill.storage import Storage, storage_for
 
-if TYPE_CHECKING:  # SQLAlchemy is imported only when a ledger is asked for
-    from drill.records.store import Records
+if TYPE_CHECKING:
+    from drill.records.lite import Ledger
 
 
 @dataclass(slots=True, kw_only=True)
@@ -104,7 +104,7 @@ def verify_checkpoint(
     *,
     sample: SampleSpec | None = None,
     require_sealed: bool = False,
-    records: Records | None = None,
+    records: Ledger | None = None,
     coverage_days: float = 7.0,
     storage: Storage | None = None,
     key: bytes | None = None,
@@ -148,7 +148,7 @@ def _verify_directory(
     uri: str,
     sample: SampleSpec,
     require_sealed: bool,
-    records: Records | None,
+    records: Ledger | None,
     coverage_days: float,
     started: float,
     key: bytes | None,
@@ -197,6 +197,6 @@ def seal_checkpoint(uri: str, *, force: bool = False, storage: Storage | None = 
     return seal(uri, force=force, storage=storage, key=key)
 
 
-def _checkpoint_id(records: Records, uri: str) -> int:
+def _checkpoint_id(records: Ledger, uri: str) -> int:
     name = uri.rstrip("/").rsplit("/", 1)[-1]
     return records.ensure_checkpoint(run_root=uri.rstrip("/").rsplit("/", 1)[0], uri=uri, step=step_of(name), format="dcp")

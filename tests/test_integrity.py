@@ -281,3 +281,23 @@ def test_unsealed_bit_flip_is_caught_by_the_entries_own_crcs(demo_run: Path, sql
     crc = [f for f in outcome.findings if f.code == "crc-mismatch"]
     assert outcome.status.value == "failed" and len(crc) == 1 and crc[0].check == "load"
     assert crc[0].subject and crc[0].subject.count(".") >= 2  # the tensor's name
+
+
+def test_spans_of_a_large_file_hash_as_one_stream_does(tmp_path: Path) -> None:
+    """A file of many chunks is hashed in spans on several threads: the same digests as one
+    sequential read, and a size that changed since the listing is still caught."""
+    from drill.integrity.manifest import hash_files
+    from drill.integrity.reading import hash_stream
+
+    data = os.urandom(1_000_003)
+    (tmp_path / "big").write_bytes(data)
+    storage, chunk = LocalStorage(), 64 << 10
+    whole = hash_stream(storage, str(tmp_path / "big"), len(data), chunk_size=chunk)
+    for workers in (1, 3, 4, 16):
+        spanned = hash_files(storage, str(tmp_path), {"big": len(data)}, chunk, workers=workers)["big"]
+        assert not isinstance(spanned, OSError)
+        assert (spanned.size, spanned.chunks, spanned.digest) == (whole.size, whole.chunks, whole.digest)
+    shrank = hash_files(storage, str(tmp_path), {"big": len(data) + 5 * chunk}, chunk)["big"]
+    grew = hash_files(storage, str(tmp_path), {"big": len(data) - 5 * chunk}, chunk)["big"]
+    assert isinstance(shrank, OSError) and "shrank" in str(shrank)
+    assert isinstance(grew, OSError) and f"{len(data)} bytes by the end of the read" in str(grew)

@@ -78,8 +78,7 @@ def verify(
     """
     from drill.cli.render import render_check
     from drill.integrity.sampling import parse_sample
-    from drill.records.db import open_database
-    from drill.records.store import Records
+    from drill.records.lite import open_ledger
     from drill.units import human_bytes, human_seconds
     from drill.verifier import verify_checkpoint
 
@@ -88,16 +87,16 @@ def verify(
         raise UsageError(f"--coverage-days: must be positive, not {coverage_days}")
     from drill.interrupts import deadline
 
-    database = open_database(db)
+    ledger = open_ledger(db)
     try:
         with deadline(timeout, f"drill verify {checkpoint}"):
             outcome = verify_checkpoint(
-                checkpoint, sample=spec, require_sealed=require_sealed, records=Records(database), coverage_days=coverage_days,
+                checkpoint, sample=spec, require_sealed=require_sealed, records=ledger, coverage_days=coverage_days,
                 key=seal_key(key_file),
                 allow_classes=tuple(allow_class or ()),
             )
     finally:
-        database.close()
+        ledger.close()
     r = outcome.result
     if json:
         print_json({"checkpoint": outcome.uri, "status": r.status.value, "exit_code": int(outcome.exit_code), "seconds": outcome.seconds, "bytes_hashed": outcome.bytes_hashed, **r.to_dict()})

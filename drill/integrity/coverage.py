@@ -5,7 +5,9 @@ Pure functions; the record store applies them (see :meth:`drill.records.store.Re
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from drill.findings import CheckResult, Severity
 from drill.integrity.verify import IntegrityPlan
@@ -29,6 +31,16 @@ def coverage_update(plan: IntegrityPlan, integrity: CheckResult) -> CoverageUpda
         verified = {}  # bytes that match a manifest the key does not vouch for prove nothing
     broken = frozenset(str(f.subject) for f in integrity.findings if f.severity is Severity.ERROR and f.subject in sealed)
     return CoverageUpdate(sealed, verified, broken)
+
+
+def fresh_share(update: CoverageUpdate, proofs: Mapping[str, tuple[str, datetime]], since: datetime) -> float:
+    """The share of the sealed bytes whose last proof (path → (digest, when)) is of the digest
+    sealed now and no older than ``since``."""
+    total = sum(size for size, _ in update.sealed.values())
+    if not total:
+        return 1.0
+    fresh = sum(size for path, (size, digest) in update.sealed.items() if path in proofs and proofs[path][0] == digest and proofs[path][1] >= since)
+    return fresh / total
 
 
 def annotate_coverage(integrity: CheckResult, share: float | None, days: float) -> None:

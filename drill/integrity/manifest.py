@@ -24,14 +24,13 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata as importlib_metadata
 from pathlib import PurePosixPath
 from typing import Any
 
 import xxhash
 
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
-from drill.integrity.reading import FileChanged, describe_read_error, hash_stream
+from drill.integrity.reading import FileChanged, describe_read_error, hash_span, hash_stream
 from drill.storage import EntryKind, PathEscapesCheckpoint, Storage
 
 MANIFEST_NAME = "drill-manifest.json"
@@ -268,6 +267,8 @@ def _frameworks() -> dict[str, str]:
     if torch is not None:
         versions["torch"] = torch.__version__
     else:
+        from importlib import metadata as importlib_metadata  # 14 ms: only when sealing
+
         try:
             versions["torch"] = importlib_metadata.version("torch")
         except importlib_metadata.PackageNotFoundError:
@@ -283,23 +284,67 @@ def hash_files(
     workers: int = 4,
     sha256: frozenset[str] = frozenset(),
 ) -> dict[str, FileHashes | OSError]:
-    """Hash each file (path → listed size) in parallel — xxhash releases the GIL; a file that
-    cannot be read, or changes size while read, maps to its error."""
-
-    def one(rel: str) -> FileHashes | OSError:
-        try:
-            uri = storage.child(checkpoint, rel)
-            return hash_stream(storage, uri, sizes[rel], chunk_size=chunk_size, sha256=rel in sha256)
-        except FileChanged as exc:
-            return OSError(0, str(exc))
-        except OSError as exc:
-            return exc
-
+    """Hash each file (path → listed size) on ``workers`` threads — xxhash and reads release
+    the GIL. A large file is cut into spans of whole chunks, hashed at once (one big shard
+    would otherwise use one core); a file that cannot be read, or changes size while it is
+    read, maps to its error."""
     paths = sorted(sizes)
     if not paths:
         return {}
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(paths)))) as pool:
-        return dict(zip(paths, pool.map(one, paths)))
+    spans = {rel: _spans(sizes[rel], chunk_size, workers) if rel not in sha256 else [] for rel in paths}
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        streamed = {rel: pool.submit(_hash_whole, storage, checkpoint, rel, sizes[rel], chunk_size, rel in sha256) for rel in paths if len(spans[rel]) < 2}
+        parts = {rel: [pool.submit(_hash_part, storage, checkpoint, rel, a, n, chunk_size) for a, n in spans[rel]] for rel in paths if len(spans[rel]) >= 2}
+        out = {rel: fut.result() for rel, fut in streamed.items()}
+        for rel, futures in parts.items():
+            out[rel] = _joined(storage, checkpoint, rel, sizes[rel], chunk_size, sha256, [f.result() for f in futures])
+    return {rel: out[rel] for rel in paths}
+
+
+def _spans(size: int, chunk: int, parts: int) -> list[tuple[int, int]]:
+    """(start, length) of up to ``parts`` runs of whole chunks covering ``size`` bytes."""
+    chunks = -(-size // chunk)
+    if chunks < 2 or parts < 2:
+        return []
+    per = -(-chunks // parts)
+    return [(i * chunk, min(size, (i + per) * chunk) - i * chunk) for i in range(0, chunks, per)]
+
+
+def _hash_whole(storage: Storage, checkpoint: str, rel: str, size: int, chunk_size: int, sha256: bool) -> FileHashes | OSError:
+    try:
+        return hash_stream(storage, storage.child(checkpoint, rel), size, chunk_size=chunk_size, sha256=sha256)
+    except FileChanged as exc:
+        return OSError(0, str(exc))
+    except OSError as exc:
+        return exc
+
+
+def _hash_part(storage: Storage, checkpoint: str, rel: str, start: int, length: int, chunk_size: int) -> list[bytes] | OSError | None:
+    try:
+        return hash_span(storage, storage.child(checkpoint, rel), start, length, chunk_size)
+    except FileChanged as exc:
+        return OSError(0, str(exc))
+    except OSError as exc:
+        return exc
+
+
+def _joined(
+    storage: Storage, checkpoint: str, rel: str, size: int, chunk_size: int, sha256: frozenset[str], parts: list[list[bytes] | OSError | None]
+) -> FileHashes | OSError:
+    """One file's hashes from its spans' — streamed whole instead when the storage reads no
+    spans; the file's size checked again, as a streamed read would notice it grow."""
+    if any(p is None for p in parts):
+        return _hash_whole(storage, checkpoint, rel, size, chunk_size, rel in sha256)
+    failed = next((p for p in parts if isinstance(p, OSError)), None)
+    if failed is not None:
+        return failed
+    try:
+        now = storage.stat(storage.child(checkpoint, rel)).size
+    except OSError as exc:
+        return exc
+    if now != size:
+        return OSError(0, f"file is {now} bytes by the end of the read, {size} when listed")
+    return FileHashes(size=size, chunk_size=chunk_size, chunks=[c for p in parts for c in p])  # type: ignore[union-attr]
 
 
 @dataclass(slots=True)

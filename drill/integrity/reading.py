@@ -107,6 +107,28 @@ def hash_stream(
     return result
 
 
+def hash_span(storage: Storage, uri: str, start: int, length: int, chunk_size: int) -> list[bytes] | None:
+    """The chunk digests of ``length`` bytes at ``start`` (a chunk boundary), read with
+    positioned reads so that spans of one file hash on several cores at once; None when the
+    storage has no file descriptor to read at an offset (object storage streams instead).
+    :class:`FileChanged` when the file ends before the span does."""
+    hasher = ChunkHasher(chunk_size)
+    with storage.open(uri) as f:
+        try:
+            fd = f.fileno()
+        except (OSError, AttributeError):
+            return None
+        buf = memoryview(mmap.mmap(-1, min(READ_CHUNK, length)))
+        pos, end = start, start + length
+        while pos < end:
+            n = os.preadv(fd, [buf[: min(len(buf), end - pos)]], pos)
+            if not n:
+                raise FileChanged(f"file shrank while it was read: it ends at byte {pos}, {start + length} or more when listed")
+            hasher.update(buf[:n])
+            pos += n
+    return hasher.finish().chunks
+
+
 def describe_read_error(exc: BaseException) -> tuple[str, str]:
     """(message, kind) for a file that could not be read: kind is ``missing``, ``escapes``,
     ``not-regular``, ``changed`` or ``unreadable``, as the ``files`` check reports it."""

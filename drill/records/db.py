@@ -8,58 +8,26 @@ a nightly drill must not migrate it behind an operator's back.
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, inspect
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from drill.errors import DatabaseError, UsageError
-
-DATABASE_ENV = "DRILL_DATABASE_URL"
-
-
-def default_database_path() -> Path:
-    """``$XDG_DATA_HOME/drill/drill.db``, i.e. ``~/.local/share/drill/drill.db`` by default."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "drill" / "drill.db"
-
-
-SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
-
-
-def resolve_url(value: str | None = None) -> str:
-    """``--db`` wins, then ``$DRILL_DATABASE_URL``, then the embedded SQLite file.
-
-    A plain path is an SQLite file; ``postgresql://`` means psycopg 3. Anything that looks
-    like a URL of another kind — or a mistyped one (``postgresql:/host/db``) — is refused,
-    rather than silently becoming a file named after it.
-    """
-    value = value or os.environ.get(DATABASE_ENV) or str(default_database_path())
-    scheme = _SCHEME.match(value)
-    if scheme and len(scheme.group(1)) > 1 and not value.startswith("file:"):  # not a drive letter or file:
-        name = scheme.group(1).lower()
-        if name not in SCHEMES or "://" not in value:
-            raise UsageError(f"--db {safe_url(value)!r}: expected sqlite:///PATH, postgresql://HOST/DB or a file path")
-    if "://" not in value:
-        return f"sqlite:///{os.path.abspath(os.path.expanduser(value))}"
-    for prefix in ("postgresql://", "postgres://"):
-        if value.startswith(prefix):
-            return "postgresql+psycopg://" + value[len(prefix) :]
-    return value
-
-
-def safe_url(url: str | URL) -> str:
-    """The URL with any password masked: the only form drill ever prints or logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        return re.sub(r"://[^@/]*@", "://***@", str(url))
+from drill.records.urls import (  # noqa: F401 - the names callers import from here
+    DATABASE_ENV,
+    SCHEMA_HEAD,
+    SCHEMES,
+    default_database_path,
+    resolve_url,
+    safe_url,
+    sqlite_busy_timeout,
+    sqlite_pragmas,
+)
 
 
 def migrations_dir() -> Path:
@@ -79,12 +47,6 @@ def alembic_config(connection=None):  # type: ignore[no-untyped-def]
     if connection is not None:
         cfg.attributes["connection"] = connection
     return cfg
-
-
-SCHEMA_HEAD = "0007"
-"""The newest migration's revision: a database already there needs no Alembic at all (importing
-it and reading the migration scripts costs a tenth of a second per command). A test checks
-this against Alembic's own head."""
 
 
 def head_revision() -> str:
@@ -144,16 +106,8 @@ def _make_engine(url: str, *, readonly: bool = False) -> Engine:
     except (ArgumentError, ImportError, SQLAlchemyError) as exc:
         raise DatabaseError(f"cannot use database {safe_url(url)}: {_reason(exc)}") from None
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", sqlite_pragmas)
     return engine
-
-
-def sqlite_busy_timeout() -> float:
-    """Seconds an SQLite writer waits for a lock (``$DRILL_SQLITE_BUSY_TIMEOUT``, default 30)."""
-    try:
-        return max(0.0, float(os.environ.get("DRILL_SQLITE_BUSY_TIMEOUT", "30")))
-    except ValueError:
-        return 30.0
 
 
 def _read_only(target: str) -> sqlite3.Connection:
@@ -185,18 +139,6 @@ def _sqlite_directory(database: str | None) -> None:
         pass
     except OSError:
         pass  # read-only media: opening it will say so
-
-
-def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA foreign_keys=ON")
-    mode = cur.execute("PRAGMA journal_mode").fetchone()
-    if mode and str(mode[0]).lower() != "wal":
-        try:
-            cur.execute("PRAGMA journal_mode=WAL")
-        except sqlite3.OperationalError:
-            pass  # a read-only connection keeps the file's journal mode
-    cur.close()
 
 
 def upgrade(url: str) -> tuple[str | None, str]:

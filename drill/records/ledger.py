@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from drill.integrity.coverage import CoverageUpdate
+from drill.integrity.coverage import CoverageUpdate, fresh_share
 from drill.records.models import Checkpoint, FileVerification
 
 
@@ -50,16 +50,8 @@ class LedgerMixin:
                 row.size, row.xxh3_128, row.verified_at, row.drill_id = size, digest, now, drill_id
             for path in update.broken & set(rows):
                 s.delete(rows.pop(path))
-            total = sum(size for size, _ in update.sealed.values())
-            if not total:
-                return 1.0
-            since = now - timedelta(days=days)
-            fresh = sum(
-                size
-                for path, (size, digest) in update.sealed.items()
-                if path in rows and rows[path].xxh3_128 == digest and _aware(rows[path].verified_at) >= since
-            )
-            return fresh / total
+            proofs = {path: (row.xxh3_128, _aware(row.verified_at)) for path, row in rows.items()}
+            return fresh_share(update, proofs, now - timedelta(days=days))
 
 
 def _aware(t: datetime) -> datetime:

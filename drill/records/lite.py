@@ -1,0 +1,156 @@
+"""The coverage ledger over the standard library's ``sqlite3``, for ``drill verify``.
+
+Importing SQLAlchemy takes 0.15–0.25 s, longer than hashing a gigabyte; a verification needs
+five statements on two tables. This ledger writes exactly the rows
+:class:`~drill.records.ledger.LedgerMixin` writes (a test holds the two to the same database
+contents) and is used only on an SQLite file already at the schema head. Anything else — a
+PostgreSQL URL, a file not created yet, a schema to migrate — goes through
+:func:`drill.records.db.open_database`, which creates and upgrades.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Protocol
+
+from drill.errors import DatabaseError
+from drill.integrity.coverage import CoverageUpdate, fresh_share
+from drill.records.urls import SCHEMA_HEAD, resolve_url, sqlite_busy_timeout, sqlite_pragmas
+
+STAMP = "%Y-%m-%d %H:%M:%S.%f"
+"""How SQLAlchemy stores a DateTime in SQLite: naive, UTC by drill's convention."""
+
+
+class Ledger(Protocol):
+    """What a verification reads and writes: implemented by :class:`~drill.records.store.Records`
+    (any database) and :class:`SqliteLedger` (the embedded one, without SQLAlchemy)."""
+
+    def ensure_checkpoint(self, *, run_root: str, uri: str, step: int | None, format: str) -> int: ...
+
+    def last_verified(self, checkpoint_id: int | None) -> dict[str, tuple[datetime, str]]: ...
+
+    def apply_coverage(self, checkpoint_id: int, drill_id: int | None, update: CoverageUpdate, days: float) -> float: ...
+
+    def close(self) -> None: ...
+
+
+class SqliteLedger:
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+        self.conn, self.path = conn, path
+
+    @classmethod
+    def at_head(cls, path: str) -> SqliteLedger | None:
+        """The ledger of the SQLite file at ``path``; None when it is not there yet or its
+        schema is not at head (the full path creates and upgrades it)."""
+        if not Path(path).is_file():
+            return None
+        try:
+            conn = sqlite3.connect(path, timeout=sqlite_busy_timeout(), isolation_level=None)
+        except sqlite3.Error:
+            return None
+        try:
+            sqlite_pragmas(conn)
+            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        except sqlite3.Error:
+            row = None
+        if row is None or row[0] != SCHEMA_HEAD:
+            conn.close()
+            return None
+        return cls(conn, path)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            err = DatabaseError(f"database {self.path}: {exc}")
+            err.transient = isinstance(exc, sqlite3.OperationalError)
+            raise err from None
+
+    def ensure_checkpoint(self, *, run_root: str, uri: str, step: int | None, format: str) -> int:
+        """The checkpoint's id, recording it first if it is new (insert-or-nothing, as
+        :func:`~drill.records.store.checkpoint_row`)."""
+        now = _stamp(datetime.now(timezone.utc))
+        with self._transaction() as c:
+            c.execute(
+                "INSERT INTO checkpoints (run_root, uri, step, format, first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (uri) DO NOTHING",
+                (run_root, uri, step, format, now, now),
+            )
+            c.execute("UPDATE checkpoints SET last_seen = ? WHERE uri = ?", (now, uri))
+            return int(c.execute("SELECT id FROM checkpoints WHERE uri = ?", (uri,)).fetchone()[0])
+
+    def last_verified(self, checkpoint_id: int | None) -> dict[str, tuple[datetime, str]]:
+        if checkpoint_id is None:
+            return {}
+        with self._transaction() as c:
+            return {path: (_parse(at), digest) for path, digest, at in self._proofs(c, checkpoint_id)}
+
+    def apply_coverage(self, checkpoint_id: int, drill_id: int | None, update: CoverageUpdate, days: float) -> float:
+        now = datetime.now(timezone.utc)
+        with self._transaction() as c:
+            proofs = {path: (digest, _parse(at)) for path, digest, at in self._proofs(c, checkpoint_id)}
+            for path, (size, digest) in update.verified.items():
+                c.execute(
+                    "INSERT INTO file_verifications (checkpoint_id, path, size, xxh3_128, verified_at, drill_id) VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (checkpoint_id, path) DO UPDATE SET size = excluded.size, xxh3_128 = excluded.xxh3_128, "
+                    "verified_at = excluded.verified_at, drill_id = excluded.drill_id",
+                    (checkpoint_id, path, size, digest, _stamp(now), drill_id),
+                )
+                proofs[path] = (digest, now)
+            for path in update.broken & set(proofs):
+                c.execute("DELETE FROM file_verifications WHERE checkpoint_id = ? AND path = ?", (checkpoint_id, path))
+                del proofs[path]
+        return fresh_share(update, proofs, now - timedelta(days=days))
+
+    @staticmethod
+    def _proofs(c: sqlite3.Connection, checkpoint_id: int) -> list[tuple[str, str, str]]:
+        return c.execute("SELECT path, xxh3_128, verified_at FROM file_verifications WHERE checkpoint_id = ?", (checkpoint_id,)).fetchall()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def open_ledger(url: str | None = None) -> Ledger:
+    """The coverage ledger of the record database at ``url`` (``--db``, the environment, or
+    the embedded default): over ``sqlite3`` when that is an SQLite file at head, else
+    through SQLAlchemy (which creates, upgrades, or reaches PostgreSQL)."""
+    resolved = resolve_url(url)
+    if resolved.startswith("sqlite:///") and "?" not in resolved:
+        ledger = SqliteLedger.at_head(resolved[len("sqlite:///") :])
+        if ledger is not None:
+            return ledger
+    from drill.records.db import open_database
+    from drill.records.store import Records
+
+    return _RecordsLedger(Records(open_database(url)))
+
+
+class _RecordsLedger:
+    """:class:`~drill.records.store.Records` as a :class:`Ledger` that closes its database."""
+
+    def __init__(self, records) -> None:  # type: ignore[no-untyped-def]
+        self.records = records
+        self.ensure_checkpoint = records.ensure_checkpoint
+        self.last_verified = records.last_verified
+        self.apply_coverage = records.apply_coverage
+
+    def close(self) -> None:
+        self.records.db.close()
+
+
+def _stamp(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime(STAMP)
+
+
+def _parse(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)

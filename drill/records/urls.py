@@ -1,0 +1,90 @@
+"""Where the record database is, and what every connection to it needs — without SQLAlchemy.
+
+``drill verify`` opens the embedded SQLite file through the standard library (see
+:mod:`drill.records.lite`); everything else through :mod:`drill.records.db`. Both take the URL,
+the lock timeout, the connection settings and the schema head from here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from drill.errors import UsageError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
+SCHEMA_HEAD = "0007"
+"""The newest migration's revision: a database already there needs no Alembic at all (importing
+it and reading the migration scripts costs a tenth of a second per command). A test checks
+this against Alembic's own head."""
+
+
+DATABASE_ENV = "DRILL_DATABASE_URL"
+
+
+def default_database_path() -> Path:
+    """``$XDG_DATA_HOME/drill/drill.db``, i.e. ``~/.local/share/drill/drill.db`` by default."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "drill" / "drill.db"
+
+
+SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+def resolve_url(value: str | None = None) -> str:
+    """``--db`` wins, then ``$DRILL_DATABASE_URL``, then the embedded SQLite file.
+
+    A plain path is an SQLite file; ``postgresql://`` means psycopg 3. Anything that looks
+    like a URL of another kind — or a mistyped one (``postgresql:/host/db``) — is refused,
+    rather than silently becoming a file named after it.
+    """
+    value = value or os.environ.get(DATABASE_ENV) or str(default_database_path())
+    scheme = _SCHEME.match(value)
+    if scheme and len(scheme.group(1)) > 1 and not value.startswith("file:"):  # not a drive letter or file:
+        name = scheme.group(1).lower()
+        if name not in SCHEMES or "://" not in value:
+            raise UsageError(f"--db {safe_url(value)!r}: expected sqlite:///PATH, postgresql://HOST/DB or a file path")
+    if "://" not in value:
+        return f"sqlite:///{os.path.abspath(os.path.expanduser(value))}"
+    for prefix in ("postgresql://", "postgres://"):
+        if value.startswith(prefix):
+            return "postgresql+psycopg://" + value[len(prefix) :]
+    return value
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL with any password masked: the only form drill ever prints or logs."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return re.sub(r"://[^@/]*@", "://***@", str(url))
+
+
+def sqlite_busy_timeout() -> float:
+    """Seconds an SQLite writer waits for a lock (``$DRILL_SQLITE_BUSY_TIMEOUT``, default 30)."""
+    try:
+        return max(0.0, float(os.environ.get("DRILL_SQLITE_BUSY_TIMEOUT", "30")))
+    except ValueError:
+        return 30.0
+
+
+def sqlite_pragmas(dbapi_conn, _record=None) -> None:  # type: ignore[no-untyped-def]
+    """Foreign keys on, and write-ahead logging: readers never wait for the writer."""
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA foreign_keys=ON")
+    mode = cur.execute("PRAGMA journal_mode").fetchone()
+    if mode and str(mode[0]).lower() != "wal":
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:
+            pass  # a read-only connection keeps the file's journal mode
+    cur.close()

@@ -1,0 +1,159 @@
+"""The coverage ledger has two writers — the record store (any database, through SQLAlchemy) and
+the sqlite3 one ``drill verify`` uses on the embedded file — and they must be one ledger: the
+same rows, the same shares, each reading what the other wrote."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from drill.integrity.coverage import CoverageUpdate
+from drill.records.db import open_database
+from drill.records.lite import SqliteLedger, open_ledger
+from drill.records.urls import SCHEMA_HEAD
+from drill.records.store import Records
+from tests.conftest import invoke
+
+SEALED = {"a.distcp": (600, "aa" * 16), "b.distcp": (300, "bb" * 16), ".metadata": (100, "mm" * 16)}
+STEPS = [  # (files verified, files broken): a drill's outcomes in turn
+    ({"a.distcp", ".metadata"}, set()),
+    ({"b.distcp"}, set()),
+    (set(), {"a.distcp"}),
+    ({"a.distcp", "b.distcp", ".metadata"}, set()),
+]
+
+
+def _update(verified: set[str], broken: set[str]) -> CoverageUpdate:
+    return CoverageUpdate(sealed=SEALED, verified={p: SEALED[p] for p in verified}, broken=frozenset(broken))
+
+
+def _fresh(tmp_path: Path, name: str) -> str:
+    path = tmp_path / name
+    open_database(str(path)).close()  # created and at head
+    return str(path)
+
+
+def _rows(path: str) -> tuple[list[tuple], list[tuple]]:
+    with sqlite3.connect(path) as conn:
+        ckpts = conn.execute("SELECT id, run_root, uri, step, format, bytes, file_count FROM checkpoints ORDER BY id").fetchall()
+        files = conn.execute("SELECT checkpoint_id, path, size, xxh3_128, drill_id FROM file_verifications ORDER BY path").fetchall()
+    return ckpts, files
+
+
+def _play(ledger, uri: str) -> list[float]:  # type: ignore[no-untyped-def]
+    cid = ledger.ensure_checkpoint(run_root="/runs/r", uri=uri, step=30, format="dcp")
+    assert ledger.ensure_checkpoint(run_root="/runs/r", uri=uri, step=30, format="dcp") == cid
+    return [ledger.apply_coverage(cid, None, _update(v, b), 7.0) for v, b in STEPS]
+
+
+def test_both_writers_leave_the_same_rows_and_shares(tmp_path: Path) -> None:
+    orm_db, lite_db = _fresh(tmp_path, "orm.db"), _fresh(tmp_path, "lite.db")
+    database = open_database(orm_db)
+    try:
+        orm_shares = _play(Records(database), "/runs/r/step-30")
+    finally:
+        database.close()
+    lite = SqliteLedger.at_head(lite_db)
+    assert lite is not None
+    try:
+        lite_shares = _play(lite, "/runs/r/step-30")
+    finally:
+        lite.close()
+    assert orm_shares == lite_shares == [0.7, 1.0, 0.4, 1.0]
+    assert _rows(orm_db) == _rows(lite_db)
+
+
+def test_each_reads_what_the_other_wrote(tmp_path: Path) -> None:
+    path = _fresh(tmp_path, "shared.db")
+    lite = SqliteLedger.at_head(path)
+    assert lite is not None
+    cid = lite.ensure_checkpoint(run_root="/runs/r", uri="/runs/r/step-30", step=30, format="dcp")
+    lite.apply_coverage(cid, None, _update({"a.distcp"}, set()), 7.0)
+    database = open_database(path)
+    try:
+        records = Records(database)
+        by_orm = records.last_verified(records.checkpoint_id("/runs/r/step-30"))
+        assert set(by_orm) == {"a.distcp"} and by_orm["a.distcp"][1] == "aa" * 16
+        assert abs(by_orm["a.distcp"][0] - datetime.now(timezone.utc)) < timedelta(minutes=1)
+        assert by_orm == lite.last_verified(cid)  # the same instant, to the microsecond
+        records.apply_coverage(cid, None, _update({"b.distcp"}, set()), 7.0)
+    finally:
+        database.close()
+    assert set(lite.last_verified(cid)) == {"a.distcp", "b.distcp"}
+    assert lite.apply_coverage(cid, None, _update(set(), set()), 7.0) == 0.9
+    lite.close()
+
+
+def test_stale_proofs_do_not_count(tmp_path: Path) -> None:
+    path = _fresh(tmp_path, "stale.db")
+    lite = SqliteLedger.at_head(path)
+    assert lite is not None
+    cid = lite.ensure_checkpoint(run_root="/runs/r", uri="/runs/r/step-30", step=30, format="dcp")
+    lite.apply_coverage(cid, None, _update(set(SEALED), set()), 7.0)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE file_verifications SET verified_at = '2020-01-01 00:00:00.000000' WHERE path = 'a.distcp'")
+    assert lite.apply_coverage(cid, None, _update(set(), set()), 7.0) == 0.4
+    lite.close()
+
+
+def test_the_light_ledger_is_used_only_on_an_sqlite_file_at_head(tmp_path: Path) -> None:
+    new = tmp_path / "new.db"
+    ledger = open_ledger(str(new))  # not there yet: the full path creates it at head
+    assert not isinstance(ledger, SqliteLedger)
+    ledger.close()
+    ledger = open_ledger(str(new))
+    assert isinstance(ledger, SqliteLedger)
+    ledger.close()
+    behind = tmp_path / "behind.db"
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from drill.records.db import alembic_config
+
+    engine = create_engine(f"sqlite:///{behind}")
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0006")  # a file written by the drill before
+    engine.dispose()
+    ledger = open_ledger(f"sqlite:///{behind}")  # upgraded through Alembic, not written as it is
+    assert not isinstance(ledger, SqliteLedger)
+    ledger.close()
+    with sqlite3.connect(behind) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == SCHEMA_HEAD
+
+
+@pytest.mark.postgres
+def test_postgresql_goes_through_the_record_store(postgres_url: str) -> None:
+    from drill.records.db import upgrade
+
+    upgrade(postgres_url)
+    ledger = open_ledger(postgres_url)
+    try:
+        assert not isinstance(ledger, SqliteLedger)
+        assert _play(ledger, "/runs/r/step-30") == [0.7, 1.0, 0.4, 1.0]
+    finally:
+        ledger.close()
+
+
+def test_verify_keeps_the_ledger_without_importing_sqlalchemy(demo_run: Path, tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    ckpt = sorted(demo_run.glob("step-*"))[-1]
+    db = tmp_path / "v.db"
+    assert invoke(cli, "verify", str(ckpt), "--db", str(db)).exit_code == 0  # first use: created through Alembic
+    code = (
+        "import sys\n"
+        "from drill.cli.app import app\n"
+        "from typer.testing import CliRunner\n"
+        f"r = CliRunner().invoke(app, ['verify', {str(ckpt)!r}, '--db', {str(db)!r}])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "assert '100% of this checkpoint' in r.output, r.output\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic', 'torch')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+    with sqlite3.connect(db) as conn:
+        (stamp,) = conn.execute("SELECT max(verified_at) FROM file_verifications").fetchone()
+    assert datetime.fromisoformat(stamp) > datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(minutes=5)  # the second run wrote its proofs
