@@ -1,6 +1,6 @@
 """The trainer's resume: drill.sdk.load against the ways a checkpoint gets into memory today.
 
-    python benchmarks/resume.py CHECKPOINT_DIR [--repeat 5] [--json]
+    python benchmarks/resume.py CHECKPOINT_DIR [--repeat 5] [--device cpu|cuda] [--json]
 
 CHECKPOINT_DIR is a sealed single-rank DCP checkpoint (e.g. the step-1 of
 ``drill demo RUN --steps 1 --save-every 1 --n-layer 8 --n-embd 1024``, 1.21 GB). Each way runs
@@ -12,7 +12,10 @@ in a fresh process, page cache warm (every file is read once first), median of -
   (d) the single-copy limit: mmap every shard, xxh3 it, copy each tensor's raw bytes once
       from the mapping into its target — no parsing, no checks, no record
 
-It prints each way's median seconds and peak RSS, and the ratios the README quotes:
+With --device cuda every way fills targets allocated on the GPU (drill through its pinned
+ring and side stream, the others as they would) and the clock stops after a synchronize; the
+target there is drill.sdk.load ≤ 0.5× dcp.load. It prints each way's median seconds and peak
+RSS, and the ratios the README quotes:
 sdk/limit, sdk/dcp.load, and (from `drill run --json` on a run holding the checkpoint) the
 checks' share of the restore; plus start-up: `drill run --no-replay` on the tiny default demo
 vs `python -c "import torch"`, and `drill verify` vs `xxhsum -H2` (when installed) on it.
@@ -39,10 +42,13 @@ torch.set_num_threads(2)
 from drill.safe_pickle import restricted_loads
 from drill.formats.dcp import skeleton
 path = sys.argv[1]
+DEVICE = torch.device(sys.argv[3])
 def targets():
     md = restricted_loads(open(path + "/.metadata", "rb").read())
-    return md, {k: v for k, v in skeleton(md, torch.device("cpu")).items() if v is not None}
+    return md, {k: v for k, v in skeleton(md, DEVICE).items() if v is not None}
 def done(t):
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
     print(json.dumps({"seconds": time.perf_counter() - t, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
@@ -95,8 +101,8 @@ done(t)
 }
 
 
-def run_way(name: str, ckpt: Path, single: Path) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", PRELUDE + WAYS[name], str(ckpt), str(single)], check=True, capture_output=True, text=True).stdout
+def run_way(name: str, ckpt: Path, single: Path, device: str) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", PRELUDE + WAYS[name], str(ckpt), str(single), device], check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -122,18 +128,18 @@ md, sd = targets()
 dcp.load(sd, checkpoint_id=path, no_dist=True, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
 torch.save(sd, sys.argv[2])
 """
-    subprocess.run([sys.executable, "-c", code, str(ckpt), str(into)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", code, str(ckpt), str(into), "cpu"], check=True, capture_output=True)
     return into
 
 
-def restore_and_checks(ckpt: Path, work: Path) -> dict[str, float]:
+def restore_and_checks(ckpt: Path, work: Path, device: str) -> dict[str, float]:
     """`drill run --no-replay` on a run holding ``ckpt``: the checks' share of the restore."""
     run = work / "run"
     run.mkdir()
     os.symlink(ckpt, run / ckpt.name)
     doc = json.loads(
         subprocess.run(
-            ["drill", "run", "--root", str(run), "--no-replay", "--json", "--db", f"sqlite:///{work}/d.db"], capture_output=True, text=True
+            ["drill", "run", "--root", str(run), "--no-replay", "--json", "--device", device, "--db", f"sqlite:///{work}/d.db"], capture_output=True, text=True
         ).stdout
     )
     timings = doc["timings"]
@@ -153,6 +159,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--device", default="cpu", help="where the targets live: cpu (default) or cuda[:N]")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     ckpt = args.checkpoint.resolve()
@@ -164,7 +171,7 @@ def main() -> None:
         ways: dict[str, dict[str, float]] = {}
         for _ in range(args.repeat):  # interleaved, so drift hits every way alike
             for name in WAYS:
-                for k, v in run_way(name, ckpt, single).items():
+                for k, v in run_way(name, ckpt, single, args.device).items():
                     ways.setdefault(name, {}).setdefault(k, []).append(v)  # type: ignore[attr-defined]
         med = {name: {k: statistics.median(v) for k, v in got.items()} for name, got in ways.items()}  # type: ignore[arg-type]
         size = sum(p.stat().st_size for p in ckpt.iterdir() if p.is_file())
@@ -173,7 +180,8 @@ def main() -> None:
             "ways": med,
             "sdk/limit": med["drill.sdk.load"]["seconds"] / med["single-copy limit"]["seconds"],
             "sdk/dcp.load": med["drill.sdk.load"]["seconds"] / med["dcp.load"]["seconds"],
-            "checks": restore_and_checks(ckpt, work),
+            "device": args.device,
+            "checks": restore_and_checks(ckpt, work, args.device),
             "startup": startup(work, args.repeat),
         }
         if shutil.which("xxhsum"):
@@ -184,7 +192,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(figures, indent=2))
         return
-    print(f"checkpoint {size / 1e9:.2f} GB, median of {args.repeat}, fresh processes, page cache warm")
+    print(f"checkpoint {size / 1e9:.2f} GB onto {args.device}, median of {args.repeat}, fresh processes, page cache warm")
     for name, m in med.items():
         print(f"  {name:<20} {m['seconds']:7.3f} s   peak RSS {m['rss'] / 1e9:5.2f} GB")
     print(f"  drill.sdk.load / single-copy limit = {figures['sdk/limit']:.2f}   drill.sdk.load / dcp.load = {figures['sdk/dcp.load']:.2f}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import struct
 import time
 import zlib
@@ -35,12 +34,13 @@ from drill.discover import DCP_METADATA, CheckpointRef
 from drill.formats.base import RestoreContext, one_line
 from drill.formats.canonical import Layout
 from drill.formats.dcp_layout import apply_layout
-from drill.formats.dcp_entries import DIRECT_MIN_BYTES, TAIL_BYTES, TensorSpec, byte_view, data_start, local_header_end, records, tensor_spec
+from drill.formats.dcp_entries import DIRECT_MIN_BYTES, TAIL_BYTES, TensorSpec, data_start, local_header_end, records, tensor_spec
 from drill.formats.dcp_types import check_metadata, is_byte_io, is_bytes, is_tensor, load_metadata, narrow, read_items
 from drill.formats.safeload import load_failure, numpy_arrays
 from drill.integrity.hashing import ChunkHasher
 from drill.integrity.reading import ATTEMPTS, TRANSIENT, SequentialReader, describe_read_error, read_whole
 from drill.restore import FileRead, ItemFailure, RestoreResult, TensorInfo
+from drill.restore.staging import Stagers, byte_view
 from drill.safe_pickle import with_classes
 from drill.storage import Storage
 from drill.views import ViewReader
@@ -94,6 +94,8 @@ class _FileOutcome:
     failures: list[ItemFailure] = field(default_factory=list)
     tensors: int = 0
     tensor_bytes: int = 0
+    stagers: Stagers = field(default_factory=Stagers)
+    """Host buffers towards targets the reader cannot write itself (a GPU's)."""
 
 
 class DrillReader:
@@ -225,8 +227,11 @@ class DrillReader:
         hasher = ChunkHasher(wanted["chunk_size"], wanted["sha256"]) if wanted["hash"] else None
         with self.storage.open(uri) as f:
             reader = SequentialReader(f, record.size, hasher, self.ctx.progress.advance)
-            for item in items:
-                self._entry(reader, item, planner, outcome)
+            try:
+                for item in items:
+                    self._entry(reader, item, planner, outcome)
+            finally:
+                outcome.stagers.finish()  # the copies in flight land before the file counts as read
             record.hashes = reader.finish()
             record.retries += getattr(f, "retries", 0)  # an object store's retried requests
         record.bytes_read = reader.pos
@@ -259,7 +264,7 @@ class DrillReader:
         head = b""
         if end - start >= DIRECT_MIN_BYTES:
             try:
-                head = _read_in_place(reader, item, end - start, planner, crc)
+                head = _read_in_place(reader, item, end - start, planner, outcome.stagers, crc)
             except CrcMismatch as exc:
                 outcome.failures.append(ItemFailure(fqn, path, str(exc), code="crc-mismatch"))
                 return
@@ -296,10 +301,11 @@ def _crc_problem(entry: memoryview) -> str | None:
     return findings[0].message.replace("the entry: ", "", 1) if findings else None
 
 
-def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: Any, crc: bool = False) -> memoryview | None:
-    """Read one tensor entry's raw bytes straight into its target; None when done, else the
-    head bytes consumed before finding that this entry cannot be read in place. With ``crc``,
-    the bytes are checked against the record's CRC-32 as they land (:class:`CrcMismatch`)."""
+def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: Any, stagers: Stagers, crc: bool = False) -> memoryview | None:
+    """Read one tensor entry's raw bytes straight into its target (through ``stagers``' host
+    buffers when the target is on a GPU); None when done, else the head bytes consumed before
+    finding that this entry cannot be read in place. With ``crc``, the bytes are checked
+    against the record's CRC-32 as they land (:class:`CrcMismatch`)."""
     start = reader.pos
     recs = records(reader.peek(start + length - min(length, TAIL_BYTES), min(length, TAIL_BYTES)), length)
     data = [r for name, r in (recs or {}).items() if name.startswith("data/")]
@@ -316,14 +322,13 @@ def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: An
     target = planner.resolve_tensor(item).detach()
     if spec is None or not _fits(spec, data[0], item, target):
         return view
-    staging = target if target.device.type == "cpu" and target.is_contiguous() else torch.empty(spec.size, dtype=spec.dtype)
-    reader.read_into(byte_view(staging))
-    if crc:
-        got = zlib.crc32(byte_view(staging))
-        if got != data[0].crc or zlib.crc32(view[pkl_at : pkl_at + pkl.size]) != pkl.crc:  # type: ignore[index,operator]
-            raise CrcMismatch(f"the bytes of this tensor fail their CRC-32 (stored {data[0].crc:08x}, computed {got:08x}): damaged on storage")
-    if staging is not target:
-        target.copy_(staging)
+    if target.device.type == "cpu" and target.is_contiguous():
+        reader.read_into(byte_view(target))
+        got = zlib.crc32(byte_view(target)) if crc else None
+    else:
+        got = stagers(target.device).copy(reader, target, crc)
+    if crc and (got != data[0].crc or zlib.crc32(view[pkl_at : pkl_at + pkl.size]) != pkl.crc):  # type: ignore[index,operator]
+        raise CrcMismatch(f"the bytes of this tensor fail their CRC-32 (stored {data[0].crc:08x}, computed {got:08x}): damaged on storage")
     planner.commit_tensor(item, target)
     reader.skip_to(start + length)
     return None

@@ -192,13 +192,3 @@ def tensor_spec(data_pkl: memoryview) -> TensorSpec | None:
     except Exception:  # noqa: BLE001 - anything unusual is loaded the ordinary way
         return None
     return spec if isinstance(spec, TensorSpec) else None
-
-
-def byte_view(tensor: torch.Tensor) -> memoryview:
-    """A writable view of a contiguous CPU tensor's bytes (any dtype)."""
-    import ctypes
-
-    nbytes = tensor.numel() * tensor.element_size()
-    if nbytes == 0:
-        return memoryview(bytearray())
-    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
