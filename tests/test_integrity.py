@@ -301,3 +301,19 @@ def test_spans_of_a_large_file_hash_as_one_stream_does(tmp_path: Path) -> None:
     grew = hash_files(storage, str(tmp_path), {"big": len(data) - 5 * chunk}, chunk)["big"]
     assert isinstance(shrank, OSError) and "shrank" in str(shrank)
     assert isinstance(grew, OSError) and f"{len(data)} bytes by the end of the read" in str(grew)
+
+
+def test_storage_without_positioned_reads_streams_each_file_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Object storage reads ahead by itself: its files are hashed whole, one stream each."""
+    import drill.integrity.manifest as manifest
+
+    class Streaming(LocalStorage):
+        positioned_reads = False
+
+    data = os.urandom(300_001)
+    (tmp_path / "big").write_bytes(data)
+    monkeypatch.setattr(manifest, "hash_span", lambda *a, **k: pytest.fail("a span was read"))
+    got = manifest.hash_files(Streaming(), str(tmp_path), {"big": len(data)}, 16 << 10)["big"]
+    from drill.integrity.reading import hash_stream
+
+    assert not isinstance(got, OSError) and got.chunks == hash_stream(LocalStorage(), str(tmp_path / "big"), chunk_size=16 << 10).chunks

@@ -291,13 +291,14 @@ def hash_files(
     paths = sorted(sizes)
     if not paths:
         return {}
-    spans = {rel: _spans(sizes[rel], chunk_size, workers) if rel not in sha256 else [] for rel in paths}
+    spannable = getattr(storage, "positioned_reads", False)  # object storage reads ahead by itself
+    spans = {rel: _spans(sizes[rel], chunk_size, workers) if spannable and rel not in sha256 else [] for rel in paths}
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         streamed = {rel: pool.submit(_hash_whole, storage, checkpoint, rel, sizes[rel], chunk_size, rel in sha256) for rel in paths if len(spans[rel]) < 2}
         parts = {rel: [pool.submit(_hash_part, storage, checkpoint, rel, a, n, chunk_size) for a, n in spans[rel]] for rel in paths if len(spans[rel]) >= 2}
         out = {rel: fut.result() for rel, fut in streamed.items()}
         for rel, futures in parts.items():
-            out[rel] = _joined(storage, checkpoint, rel, sizes[rel], chunk_size, sha256, [f.result() for f in futures])
+            out[rel] = _joined(storage, checkpoint, rel, sizes[rel], chunk_size, [f.result() for f in futures])
     return {rel: out[rel] for rel in paths}
 
 
@@ -319,7 +320,7 @@ def _hash_whole(storage: Storage, checkpoint: str, rel: str, size: int, chunk_si
         return exc
 
 
-def _hash_part(storage: Storage, checkpoint: str, rel: str, start: int, length: int, chunk_size: int) -> list[bytes] | OSError | None:
+def _hash_part(storage: Storage, checkpoint: str, rel: str, start: int, length: int, chunk_size: int) -> list[bytes] | OSError:
     try:
         return hash_span(storage, storage.child(checkpoint, rel), start, length, chunk_size)
     except FileChanged as exc:
@@ -328,13 +329,9 @@ def _hash_part(storage: Storage, checkpoint: str, rel: str, start: int, length: 
         return exc
 
 
-def _joined(
-    storage: Storage, checkpoint: str, rel: str, size: int, chunk_size: int, sha256: frozenset[str], parts: list[list[bytes] | OSError | None]
-) -> FileHashes | OSError:
-    """One file's hashes from its spans' — streamed whole instead when the storage reads no
-    spans; the file's size checked again, as a streamed read would notice it grow."""
-    if any(p is None for p in parts):
-        return _hash_whole(storage, checkpoint, rel, size, chunk_size, rel in sha256)
+def _joined(storage: Storage, checkpoint: str, rel: str, size: int, chunk_size: int, parts: list[list[bytes] | OSError]) -> FileHashes | OSError:
+    """One file's hashes from its spans'; the file's size checked again, as a streamed read
+    would notice it grow."""
     failed = next((p for p in parts if isinstance(p, OSError)), None)
     if failed is not None:
         return failed

@@ -107,17 +107,13 @@ def hash_stream(
     return result
 
 
-def hash_span(storage: Storage, uri: str, start: int, length: int, chunk_size: int) -> list[bytes] | None:
+def hash_span(storage: Storage, uri: str, start: int, length: int, chunk_size: int) -> list[bytes]:
     """The chunk digests of ``length`` bytes at ``start`` (a chunk boundary), read with
-    positioned reads so that spans of one file hash on several cores at once; None when the
-    storage has no file descriptor to read at an offset (object storage streams instead).
-    :class:`FileChanged` when the file ends before the span does."""
+    positioned reads so that spans of one file hash on several cores at once (storages with
+    ``positioned_reads``). :class:`FileChanged` when the file ends before the span does."""
     hasher = ChunkHasher(chunk_size)
     with storage.open(uri) as f:
-        try:
-            fd = f.fileno()
-        except (OSError, AttributeError):
-            return None
+        fd = f.fileno()
         buf = memoryview(mmap.mmap(-1, min(READ_CHUNK, length)))
         pos, end = start, start + length
         while pos < end:

@@ -31,6 +31,9 @@ def _kind(mode: int) -> EntryKind:
 class LocalStorage:
     """:class:`~drill.storage.base.Storage` over the local filesystem."""
 
+    positioned_reads = True
+    """Spans of one file can be read at once, each at its offset (``os.preadv``)."""
+
     def list(self, uri: str) -> list[Entry]:
         path = _path(uri)
         entries = []

@@ -97,6 +97,9 @@ def split(uri: str) -> tuple[str, str]:
 class S3Storage:
     """:class:`~drill.storage.base.Storage` over S3 and S3-compatible stores."""
 
+    positioned_reads = False
+    """An object streams through its own concurrent ranged GETs (:class:`S3Object`)."""
+
     def __init__(self, config: S3Config | None = None) -> None:
         self.config = config or S3Config.from_env()
         self._client: Any = None
