@@ -49,8 +49,7 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor | None:
 
 class Stager:
     """One reader thread's ring of host buffers towards ``device``. ``finish()`` when the
-    thread is done: it waits for the copies in flight and lets the device's current stream
-    see what they wrote."""
+    thread is done with a file: it waits for the copies in flight."""
 
     def __init__(self, device: torch.device, piece: int = PIECE_BYTES, depth: int = DEPTH) -> None:
         self.device, self.piece, self.depth = device, piece, depth
@@ -60,8 +59,10 @@ class Stager:
         self._next = 0
         self._stream: Any = None
         if self.cuda:
+            # Whatever is still queued on the device (a trainer's initialization of the very
+            # targets, on any of its streams) finishes before the first byte lands.
+            torch.cuda.synchronize(device)
             self._stream = torch.cuda.Stream(device)
-            self._stream.wait_stream(torch.cuda.current_stream(device))  # the targets were allocated there
 
     def copy(self, source: PieceSource, target: torch.Tensor, crc: bool = False) -> int | None:
         """Read ``target``'s bytes from ``source`` into it; with ``crc``, their CRC-32."""
@@ -73,23 +74,26 @@ class Stager:
         crc_value = 0
         for start in range(0, flat.numel(), self.piece):
             n = min(self.piece, flat.numel() - start)
-            buf = self._take()
-            source.read_into(byte_view(buf[:n]))
+            slot = self._take()
+            buf = self._buffers[slot][:n]
+            source.read_into(byte_view(buf))
             if crc:
-                crc_value = zlib.crc32(byte_view(buf[:n]), crc_value)
-            self._send(flat[start : start + n], buf[:n])
+                crc_value = zlib.crc32(byte_view(buf), crc_value)
+            self._send(slot, flat[start : start + n], buf)
         if dense is not target:
             self._run(lambda: target.copy_(dense, non_blocking=self.cuda))
+            if self._stream is not None:
+                self._stream.synchronize()  # before the temporary's memory can be handed out again
         return crc_value if crc else None
 
     def finish(self) -> None:
+        """Wait until every copy has landed: the targets are then complete for any stream."""
         if self._stream is not None:
             self._stream.synchronize()
-            torch.cuda.current_stream(self.device).wait_stream(self._stream)
         self._events = [None] * self.depth
 
-    def _take(self) -> torch.Tensor:
-        """The next buffer of the ring, once the copy out of it is done."""
+    def _take(self) -> int:
+        """The next slot of the ring, once the copy out of its buffer is done."""
         i = self._next
         self._next = (i + 1) % self.depth
         if i == len(self._buffers):
@@ -97,15 +101,14 @@ class Stager:
         if self._events[i] is not None:
             self._events[i].synchronize()
             self._events[i] = None
-        self._last = i
-        return self._buffers[i]
+        return i
 
-    def _send(self, dst: torch.Tensor, buf: torch.Tensor) -> None:
+    def _send(self, slot: int, dst: torch.Tensor, buf: torch.Tensor) -> None:
         self._run(lambda: dst.copy_(buf, non_blocking=self.cuda))
         if self._stream is not None:
             event = torch.cuda.Event()
             event.record(self._stream)
-            self._events[self._last] = event
+            self._events[slot] = event
 
     def _run(self, op: Any) -> None:
         if self._stream is None:
