@@ -26,6 +26,20 @@ _BOOT = (
 )
 
 
+_claimed = False
+
+
+def claim_process() -> None:
+    """Say that drill's command line runs this process from its first line: nothing but drill
+    has run in it (no torch operation, no thread it did not start), so drill may fork it."""
+    global _claimed
+    _claimed = True
+
+
+def process_claimed() -> bool:
+    return _claimed
+
+
 def inside(path: str, directories: Iterable[str]) -> bool:
     """Whether ``path`` is one of ``directories`` or lies under one (symlinks resolved)."""
     real = os.path.realpath(path)

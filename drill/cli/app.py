@@ -99,6 +99,9 @@ def _root(
 
 
 def main() -> None:
+    from drill.proc import claim_process
+
+    claim_process()
     terminate_as_interrupt()
     try:
         app()

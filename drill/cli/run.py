@@ -104,12 +104,20 @@ def run(
     request = policy_request(_only_policy(policy, root, checkpoint), "policy" if trigger == "manual" else trigger) if policy else build_request(locals())
     if ranks:
         return run_ranks(request, db=db, json=json, quiet=quiet, rank_timeout=rank_timeout)
+    run_one(request, db=db, json=json, quiet=quiet)
+
+
+def run_one(request: DrillRequest, *, db: str | None, json: bool, quiet: bool) -> None:
+    """One drill in this process, recorded and reported."""
     from drill.api import run_drill
     from drill.cli.progress import RichProgress
-
+    from drill.proc import process_claimed
     from drill.records.db import resolve_url, safe_url
+    from drill.replay.zygote import prepare
 
     where = safe_url(resolve_url(db))
+    if request.replay.enabled and process_claimed():
+        prepare()  # the `drill` command: torch is imported and nothing has run yet, so the replay's child is forked now
     with RichProgress(quiet=quiet) as progress:
         outcome = run_drill(request, db=db, progress=progress)
     report(outcome, json=json, where=where)

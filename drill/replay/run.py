@@ -11,10 +11,11 @@ from multiprocessing.connection import Connection
 from dataclasses import dataclass, field
 from typing import Any
 
-from drill.proc import child_preexec, python_command
+from drill.proc import child_preexec, python_command, trusted_path
 from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE, Divergence, Tolerance, compare_steps
 from drill.replay.reference import Reference, load_reference
 from drill.replay.spec import ENTRYPOINT, ReplaySpec
+from drill.replay.zygote import take as take_zygote
 from drill.runlog.steplog import STEP_LOG, StepRecord
 from drill.storage import Storage, storage_for
 
@@ -119,20 +120,12 @@ def run_replay(
 def _run_child(
     entrypoint: str, explicit: bool, run_dir: str, checkpoint: str, device: str, steps: int, timeout: float, started: float, options: dict[str, Any]
 ) -> ReplayOutcome:
-    # A fresh interpreter, not a fork: a forked child of a process that already used torch's
-    # thread pools can deadlock, and a fresh one frees all its (device) memory when it exits.
+    # Not a fork of this process: one that has used torch's thread pools would deadlock. The
+    # child forked before any of that ran (drill.replay.zygote), or else a fresh interpreter.
     # Isolated: nothing in the run directory or the checkpoint is on its import path.
-    read_fd, write_fd = os.pipe()
     trust = "explicit" if explicit else "implicit"
-    args = (str(write_fd), entrypoint, trust, run_dir, checkpoint, device, str(steps), json.dumps(options))
-    proc = subprocess.Popen(
-        python_command("drill.replay.child", *args, untrusted=(run_dir, checkpoint)),
-        pass_fds=(write_fd,),
-        stdin=subprocess.DEVNULL,
-        stdout=_stderr_fd(),
-        preexec_fn=child_preexec(),  # noqa: PLW1509 - dies with the drill that started it
-    )
-    os.close(write_fd)
+    args = [entrypoint, trust, run_dir, checkpoint, device, str(steps), json.dumps(options)]
+    proc, read_fd = _start_child(args, untrusted=(run_dir, checkpoint))
     receive = Connection(read_fd, writable=False)
     outcome = ReplayOutcome(verdict=ERROR, reason="")
     try:
@@ -151,7 +144,24 @@ def _run_child(
     return outcome
 
 
-def _listen(receive: Connection, proc: subprocess.Popen, outcome: ReplayOutcome, steps: int, started: float, deadline: float, timeout: float) -> None:
+def _start_child(args: list[str], untrusted: tuple[str, ...]) -> tuple[Any, int]:
+    """The replay child and the descriptor its messages arrive on."""
+    zygote = take_zygote()
+    if zygote is not None:
+        return zygote.launch(args, trusted_path(untrusted))
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen(
+        python_command("drill.replay.child", str(write_fd), *args, untrusted=untrusted),
+        pass_fds=(write_fd,),
+        stdin=subprocess.DEVNULL,
+        stdout=_stderr_fd(),
+        preexec_fn=child_preexec(),  # noqa: PLW1509 - dies with the drill that started it
+    )
+    os.close(write_fd)
+    return proc, read_fd
+
+
+def _listen(receive: Connection, proc: Any, outcome: ReplayOutcome, steps: int, started: float, deadline: float, timeout: float) -> None:
     """Fill ``outcome`` from the child's messages (JSON: the parent never unpickles what a
     child sends) until it is done, fails, dies or runs out of time."""
     phase = "starting"
