@@ -183,13 +183,13 @@ def _detach(parent: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, 0)
-    null = os.open(os.devnull, os.O_RDONLY)
+    null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
-    os.close(null)
     try:
         os.dup2(sys.stderr.fileno(), 1)
     except (AttributeError, OSError, ValueError):
-        pass
+        os.dup2(null, 1)  # stderr has no descriptor: the prints go nowhere, never onto stdout
+    os.close(null)
 
 
 def _read_request(fd: int) -> dict | None:  # type: ignore[type-arg]
