@@ -101,6 +101,29 @@ def test_stale_proofs_do_not_count(tmp_path: Path) -> None:
     lite.close()
 
 
+@pytest.mark.parametrize("writer", ["records", "sqlite3"])
+def test_a_damaged_proof_proves_nothing_and_is_rewritten(tmp_path: Path, writer: str) -> None:
+    """A proof whose time cannot be read (a damaged row) makes its file due first; it never
+    fails the drill or the verification that reads it."""
+    path = _fresh(tmp_path, "damaged.db")
+    database = open_database(path) if writer == "records" else None
+    ledger = Records(database) if database is not None else SqliteLedger.at_head(path)
+    assert ledger is not None
+    try:
+        cid = ledger.ensure_checkpoint(run_root="/runs/r", uri="/runs/r/step-30", step=30, format="dcp")
+        ledger.apply_coverage(cid, None, _update(set(SEALED), set()), 7.0)
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE file_verifications SET verified_at = 'garbage' WHERE path = 'a.distcp'")
+        assert ledger.last_verified(cid)["a.distcp"][0] == datetime.min.replace(tzinfo=timezone.utc)  # due first
+        assert ledger.apply_coverage(cid, None, _update(set(), set()), 7.0) == 0.4
+        assert ledger.apply_coverage(cid, None, _update({"a.distcp"}, set()), 7.0) == 1.0
+    finally:
+        if database is not None:
+            database.close()
+        else:
+            ledger.close()  # type: ignore[union-attr]
+
+
 def test_the_light_ledger_is_used_only_on_an_sqlite_file_at_head(tmp_path: Path) -> None:
     new = tmp_path / "new.db"
     ledger = open_ledger(str(new))  # not there yet: the full path creates it at head

@@ -23,6 +23,8 @@ from drill.records.urls import SCHEMA_HEAD, resolve_url, sqlite_busy_timeout, sq
 
 STAMP = "%Y-%m-%d %H:%M:%S.%f"
 """How SQLAlchemy stores a DateTime in SQLite: naive, UTC by drill's convention."""
+NEVER = datetime.min.replace(tzinfo=timezone.utc)
+"""When a proof whose time cannot be read was made: it proves nothing, and goes first."""
 
 
 class Ledger(Protocol):
@@ -93,12 +95,12 @@ class SqliteLedger:
         if checkpoint_id is None:
             return {}
         with self._transaction() as c:
-            return {path: (_parse(at), digest) for path, digest, at in self._proofs(c, checkpoint_id)}
+            return {path: (stored_time(at), digest) for path, digest, at in self._proofs(c, checkpoint_id)}
 
     def apply_coverage(self, checkpoint_id: int, drill_id: int | None, update: CoverageUpdate, days: float) -> float:
         now = datetime.now(timezone.utc)
         with self._transaction() as c:
-            proofs = {path: (digest, _parse(at)) for path, digest, at in self._proofs(c, checkpoint_id)}
+            proofs = {path: (digest, stored_time(at)) for path, digest, at in self._proofs(c, checkpoint_id)}
             for path, (size, digest) in update.verified.items():
                 c.execute(
                     "INSERT INTO file_verifications (checkpoint_id, path, size, xxh3_128, verified_at, drill_id) VALUES (?, ?, ?, ?, ?, ?) "
@@ -152,5 +154,12 @@ def _stamp(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime(STAMP)
 
 
-def _parse(text: str) -> datetime:
-    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+def stored_time(value: str | datetime | None) -> datetime:
+    """A proof's time as stored — SQLite's text, PostgreSQL's timestamp — made aware (UTC);
+    :data:`NEVER` when it cannot be read: a damaged row makes its file due, not the drill fail."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    try:
+        return datetime.fromisoformat(str(value)).replace(tzinfo=timezone.utc)
+    except (TypeError, ValueError):
+        return NEVER
