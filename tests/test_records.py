@@ -139,3 +139,41 @@ def test_the_schema_head_drill_checks_without_alembic_is_alembics_head() -> None
     from drill.records.db import alembic_head
 
     assert head_revision() == alembic_head()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "UPDATE drills SET started_at = 'garbage'",
+        "UPDATE drills SET status = 'bogus'",
+        "UPDATE drills SET slo_breaches = '{not json'",
+    ],
+    ids=["time", "status", "json"],
+)
+def test_a_record_edited_outside_drill_is_a_database_error(demo_run: Path, tmp_path: Path, damage: str) -> None:
+    """Reading a row drill cannot turn back into a record names the database (exit 4), for
+    the library and every reading command; it is never an internal error."""
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from drill.cli.app import app
+    from tests.conftest import drill as run_one
+
+    db = tmp_path / "d.db"
+    outcome = run_one(demo_run, f"sqlite:///{db}")
+    with sqlite3.connect(db) as conn:
+        conn.execute(damage)
+    database = open_database(str(db))
+    try:
+        records = Records(database)
+        with pytest.raises(DatabaseError, match="cannot read"):
+            records.get(outcome.id)
+        with pytest.raises(DatabaseError, match="cannot read"):
+            records.history()
+    finally:
+        database.close()
+    for args in (["history"], ["show", str(outcome.id)], ["report", "--format", "json"]):
+        result = CliRunner().invoke(app, [*args, "--db", str(db)])
+        assert result.exit_code == ExitCode.DATABASE, (args, result.output)
+        assert "cannot read" in result.output and "Traceback" not in result.output
