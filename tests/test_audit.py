@@ -74,6 +74,27 @@ def test_an_edited_record_is_named(three_drills: str, edit: str) -> None:
     assert _codes(doc) == [("record-edited", "drill #2")]
 
 
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        ("UPDATE drills SET started_at = 'garbage' WHERE id = 2", [("record-edited", "drill #2")]),
+        ("UPDATE check_results SET evidence = '{broken' WHERE drill_id = 2 AND name = 'integrity'", [("record-edited", "drill #2")]),
+        ("UPDATE audit_log SET sealed_at = 'garbage' WHERE seq = 2", [("entry-edited", "entry 2")]),
+    ],
+    ids=["time", "json", "entry-time"],
+)
+def test_a_value_that_cannot_be_read_is_an_edit_not_a_crash(demo_run: Path, sqlite_url: str, edit: str, expected: list) -> None:  # type: ignore[type-arg]
+    """SQLite stores what it is given: a time that is not a time is named like any other edit,
+    and every other record and entry is still checked."""
+    for _ in range(3):
+        assert drill(demo_run, sqlite_url).status == "passed"
+    _sql(sqlite_url, edit)
+    code, doc = _verify(sqlite_url)
+    assert code == 1 and not doc["intact"]
+    assert _codes(doc) == expected
+    assert doc["entries"] == 3 and doc["records"] == (3 if expected[0][0] == "entry-edited" else 2)
+
+
 def test_an_edited_replay_step_is_named(demo_run: Path, db_url: str) -> None:
     from drill.replay import ReplaySpec
 

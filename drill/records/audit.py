@@ -82,19 +82,35 @@ def _hash(message: bytes) -> str:
 
 class _Contents:
     """Drill records as sealed, read with plain table selects (so sealing and verifying
-    digest exactly the values the database returns)."""
+    digest exactly the values the database returns). A drill whose rows hold a value that
+    cannot be read back (a time that is not a time, broken JSON) is ``unreadable``: it was
+    edited outside drill, and the other records are still checked."""
 
     def __init__(self, s: Session, drill_ids: list[int] | None = None) -> None:
         d, c, r, k = Drill.__table__, CheckRecord.__table__, ReplayStep.__table__, Checkpoint.__table__
         only = (lambda col: col.in_(drill_ids)) if drill_ids is not None else (lambda col: col.isnot(None))
-        self.drills = {row["id"]: row for row in s.execute(select(d).where(only(d.c.id))).mappings()}
+        self.unreadable: dict[int, str] = {}
+        self.drills = {i: rows[0] for i, rows in self._rows(s, d, d.c.id, only(d.c.id), d.c.id).items()}
         self.uris = dict(s.execute(select(k.c.id, k.c.uri).where(k.c.id.in_({x["checkpoint_id"] for x in self.drills.values()} - {None}))).all())
-        self.checks: dict[int, list[Any]] = defaultdict(list)
-        for row in s.execute(select(c).where(only(c.c.drill_id)).order_by(c.c.id)).mappings():
-            self.checks[row["drill_id"]].append(row)
-        self.steps: dict[int, list[Any]] = defaultdict(list)
-        for row in s.execute(select(r).where(only(r.c.drill_id)).order_by(r.c.step, r.c.id)).mappings():
-            self.steps[row["drill_id"]].append(row)
+        self.checks = self._rows(s, c, c.c.drill_id, only(c.c.drill_id), c.c.id)
+        self.steps = self._rows(s, r, r.c.drill_id, only(r.c.drill_id), r.c.step, r.c.id)
+
+    def _rows(self, s: Session, table: Any, key: Any, where: Any, *order: Any) -> defaultdict[int, list[Any]]:
+        """Rows by drill; where the whole read fails on a value, drill by drill, setting
+        aside the drills whose rows cannot be read."""
+        out: defaultdict[int, list[Any]] = defaultdict(list)
+        try:
+            for row in s.execute(select(table).where(where).order_by(*order)).mappings():
+                out[row[key.name]].append(row)
+            return out
+        except (ValueError, TypeError):
+            out.clear()
+        for drill_id in s.execute(select(key).where(where).distinct()).scalars():
+            try:
+                out[drill_id] = list(s.execute(select(table).where(where, key == drill_id).order_by(*order)).mappings())
+            except (ValueError, TypeError) as exc:
+                self.unreadable[drill_id] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '?'}"
+        return out
 
     def digest(self, drill_id: int) -> str | None:
         row = self.drills.get(drill_id)
@@ -179,24 +195,56 @@ def _problem(code: str, subject: str, message: str, severity: Severity = Severit
 
 def verify_chain(s: Session, *, key: bytes | None = None, head: str | None = None) -> ChainReport:
     """Recompute every link and every closed record's digest; name what does not match."""
-    entries = list(s.scalars(select(AuditEntry).order_by(AuditEntry.seq)))
+    entries = _entries(s)
     contents = _Contents(s)
     report = ChainReport(entries=len(entries))
-    latest: dict[int, AuditEntry] = {}
+    latest: dict[int, Any] = {}
     prev_hash, prev_seq = GENESIS, 0
     for e in entries:
-        report.problems += _link_problems(e, prev_hash, prev_seq, key, report)
+        if isinstance(e, _Unreadable):
+            report.problems.append(_problem("entry-edited", f"entry {e.seq}", f"entry {e.seq} (drill #{e.drill_id}) holds a value drill cannot read ({e.why}): the entry was edited"))
+        else:
+            report.problems += _link_problems(e, prev_hash, prev_seq, key, report)
         prev_hash, prev_seq = e.hash, e.seq
         latest[e.drill_id] = e
-    if entries:
-        last = entries[-1]
+    last = next((e for e in reversed(entries) if not isinstance(e, _Unreadable)), None)
+    if last is not None:
         report.head = ChainHead(last.seq, last.hash, last.drill_id, last.sealed_at)
-    report.problems += _record_problems(contents, latest, entries[0] if entries else None, report)
+    first = next((e for e in entries if not isinstance(e, _Unreadable)), None)
+    report.problems += _record_problems(contents, latest, first, report)
     if head is not None and not any(e.hash == head.strip().lower() for e in entries):
         report.problems.append(
             _problem("head-missing", head, f"the pinned chain head {head} is not in the chain: the log was rewritten or its newest entries deleted")
         )
     return report
+
+
+@dataclass(frozen=True, slots=True)
+class _Unreadable:
+    """A chain entry with a value that cannot be read back: what is left of it to follow the chain."""
+
+    seq: int
+    drill_id: int
+    hash: str
+    content_sha256: str
+    why: str
+
+
+def _entries(s: Session) -> list[AuditEntry | _Unreadable]:
+    """The chain in order; an entry whose values cannot all be read (edited outside drill)
+    stands in with its plain columns, so the entries after it are still checked."""
+    try:
+        return list(s.scalars(select(AuditEntry).order_by(AuditEntry.seq)))
+    except (ValueError, TypeError):
+        pass
+    out: list[AuditEntry | _Unreadable] = []
+    plain = select(AuditEntry.seq, AuditEntry.drill_id, AuditEntry.hash, AuditEntry.content_sha256).order_by(AuditEntry.seq)
+    for seq, drill_id, hash_, content in s.execute(plain):
+        try:
+            out.append(s.scalars(select(AuditEntry).where(AuditEntry.seq == seq)).one())
+        except (ValueError, TypeError) as exc:
+            out.append(_Unreadable(seq, drill_id, hash_, content, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '?'}"))
+    return out
 
 
 def _link_problems(e: AuditEntry, prev_hash: str, prev_seq: int, key: bytes | None, report: ChainReport) -> list[Finding]:
@@ -221,9 +269,13 @@ def _link_problems(e: AuditEntry, prev_hash: str, prev_seq: int, key: bytes | No
     return out
 
 
-def _record_problems(contents: _Contents, latest: dict[int, AuditEntry], first: AuditEntry | None, report: ChainReport) -> list[Finding]:
+def _record_problems(contents: _Contents, latest: dict[int, Any], first: Any, report: ChainReport) -> list[Finding]:
     out = []
     for drill_id, e in latest.items():
+        if drill_id in contents.unreadable:
+            why = contents.unreadable[drill_id]
+            out.append(_problem("record-edited", f"drill #{drill_id}", f"drill #{drill_id} holds a value drill cannot read ({why}): edited after it was recorded"))
+            continue
         digest = contents.digest(drill_id)
         if digest is None:
             out.append(_problem("record-deleted", f"drill #{drill_id}", f"drill #{drill_id} is in the chain (entry {e.seq}) but its record is gone: deleted"))
@@ -232,7 +284,7 @@ def _record_problems(contents: _Contents, latest: dict[int, AuditEntry], first: 
         else:
             report.records += 1
     for drill_id, row in sorted(contents.drills.items()):
-        if drill_id in latest or row["status"] == DrillStatus.RUNNING.value:
+        if drill_id in latest or drill_id in contents.unreadable or row["status"] == DrillStatus.RUNNING.value:
             continue
         if _before_chain(row, first):
             report.before_chain += 1
