@@ -58,6 +58,10 @@ class DatabaseError(DrillError):
     exit_code = ExitCode.DATABASE
 
 
+class UnreadableRecord(DatabaseError):
+    """A row holds a value drill cannot turn back into a record (edited outside drill)."""
+
+
 class IntegrityConflict(DrillError):
     """The checkpoint no longer matches the manifest that seals it."""
 

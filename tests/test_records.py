@@ -177,3 +177,19 @@ def test_a_record_edited_outside_drill_is_a_database_error(demo_run: Path, tmp_p
         result = CliRunner().invoke(app, [*args, "--db", str(db)])
         assert result.exit_code == ExitCode.DATABASE, (args, result.output)
         assert "cannot read" in result.output and "Traceback" not in result.output
+
+
+def test_a_damaged_row_does_not_stop_the_next_drill(demo_run: Path, tmp_path: Path) -> None:
+    """A drill left `running` with a time that is not a time (edited outside drill) cannot be
+    recovered as an orphan; the next drill still runs, is recorded, and says what it skipped."""
+    import sqlite3
+
+    from tests.conftest import drill as run_one
+
+    db = tmp_path / "d.db"
+    first = run_one(demo_run, f"sqlite:///{db}")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE drills SET status = 'running', started_at = 'garbage', process_start = NULL WHERE id = ?", (first.id,))
+    outcome = run_one(demo_run, f"sqlite:///{db}")
+    assert outcome.status == DrillStatus.PASSED and outcome.id is not None and outcome.id != first.id
+    assert "cannot read" in (outcome.record_problem or "")

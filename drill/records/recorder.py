@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TypeVar
 
-from drill.errors import DatabaseError
+from drill.errors import DatabaseError, UnreadableRecord
 from drill.findings import CheckResult
 from drill.integrity.coverage import coverage_update
 from drill.integrity.verify import IntegrityPlan
@@ -128,6 +128,8 @@ class DatabaseRecorder:
                 if self.records.deliver(outcome):
                     delivered += 1
                 self.spool.done(path)
+            except UnreadableRecord:
+                log.warning("spooled drill %s cannot be written as a record; left in place", path)
             except DatabaseError:
                 return delivered, len(pending) - i  # still away: try again next time
             except (KeyError, ValueError, TypeError):

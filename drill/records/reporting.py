@@ -39,11 +39,11 @@ class Verified:
 
 
 class ReportingMixin:
-    def _reading(self) -> AbstractContextManager[Session]: ...  # provided by Records
+    def _session(self) -> AbstractContextManager[Session]: ...  # provided by Records
 
     def drills_in_window(self, *, since: datetime | None, policy: str | None = None, run_root: str | None = None) -> list[DrillOutcome]:
         """Closed and running drills started since ``since``, oldest first, with their checks."""
-        with self._reading() as s:
+        with self._session() as s:
             q = select(Drill).order_by(Drill.started_at, Drill.id)
             q = q.options(selectinload(Drill.checkpoint), selectinload(Drill.checks), selectinload(Drill.replay_steps), selectinload(Drill.alerts))
             if since is not None:
@@ -56,20 +56,20 @@ class ReportingMixin:
 
     def run_roots(self, *, policy: str | None = None) -> list[str]:
         """Every run root drilled at least once (by ``policy``, when given)."""
-        with self._reading() as s:
+        with self._session() as s:
             q = select(Drill.run_root).distinct()
             if policy is not None:
                 q = q.where(Drill.policy == policy)
             return sorted(s.scalars(q))
 
     def known_checkpoints(self, run_root: str) -> list[KnownCheckpoint]:
-        with self._reading() as s:
+        with self._session() as s:
             rows = s.scalars(select(Checkpoint).where(Checkpoint.run_root == run_root).order_by(Checkpoint.step, Checkpoint.uri))
             return [KnownCheckpoint(c.uri, c.run_root, c.step, c.format, c.bytes, c.file_count, _aware(c.first_seen), _aware(c.last_seen)) for c in rows]
 
     def latest_drills(self, run_root: str) -> dict[str, DrillOutcome]:
         """Checkpoint URI → its most recent closed drill (of any age)."""
-        with self._reading() as s:
+        with self._session() as s:
             q = (
                 select(Drill)
                 .join(Checkpoint, Drill.checkpoint_id == Checkpoint.id)
@@ -84,7 +84,7 @@ class ReportingMixin:
 
     def ledger(self, run_root: str) -> dict[str, list[Verified]]:
         """Checkpoint URI → the files whose bytes matched their seal, and when they last did."""
-        with self._reading() as s:
+        with self._session() as s:
             rows = s.execute(
                 select(Checkpoint.uri, FileVerification.size, FileVerification.verified_at)
                 .join(FileVerification, FileVerification.checkpoint_id == Checkpoint.id)
@@ -97,7 +97,7 @@ class ReportingMixin:
 
     def latest_per_source(self) -> dict[tuple[str, str], tuple[DrillOutcome, DrillOutcome | None]]:
         """(policy or "", run root) → (its latest closed drill, with checks; its latest passed one)."""
-        with self._reading() as s:
+        with self._session() as s:
             source = (func.coalesce(Drill.policy, ""), Drill.run_root)
             closed = Drill.status != DrillStatus.RUNNING.value
             last = {(p, r): i for p, r, i in s.execute(select(*source, func.max(Drill.id)).where(closed).group_by(*source))}
@@ -110,7 +110,7 @@ class ReportingMixin:
             }
 
     def audit_head(self) -> ChainHead | None:
-        with self._reading() as s:
+        with self._session() as s:
             return chain_head(s)
 
 

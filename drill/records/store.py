@@ -20,7 +20,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
-from drill.errors import DatabaseError, NotFound
+from drill.errors import DatabaseError, NotFound, UnreadableRecord
 from drill.findings import CheckResult
 from drill.pipeline.outcome import DrillOutcome
 from drill.pipeline.recorder import DrillStart
@@ -60,6 +60,9 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
 
     @contextmanager
     def _session(self) -> Iterator[Session]:
+        """A transaction; a stored value drill cannot turn back into a record (a time that is
+        not a time, a status it does not know, broken JSON — a row edited outside drill) is an
+        :class:`UnreadableRecord` naming it, not a crash."""
         try:
             with self.db.sessions.begin() as session:
                 yield session
@@ -67,19 +70,9 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
             err = DatabaseError(f"database {safe_url(self.db.url)}: {_reason(exc)}")
             err.transient = isinstance(exc, OperationalError)  # locked, connection lost: worth retrying
             raise err from None
-
-    @contextmanager
-    def _reading(self) -> Iterator[Session]:
-        """A session that only reads: a stored value drill cannot turn back into a record (a
-        time that is not a time, a status it does not know — a row edited outside drill) is a
-        :class:`DatabaseError` naming it, not a crash."""
-        try:
-            with self._session() as session:
-                yield session
         except (ValueError, TypeError) as exc:
-            raise DatabaseError(
-                f"database {safe_url(self.db.url)} holds a record drill cannot read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '?'}): was it edited outside drill?"
-            ) from None
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '?'}"
+            raise UnreadableRecord(f"database {safe_url(self.db.url)} holds a record drill cannot read ({why}): was it edited outside drill?") from None
 
     # -- a drill's row, from begin to finish -------------------------------------------------
     def begin_drill(self, start: DrillStart, *, pid: int | None = None, host: str | None = None) -> int:
@@ -248,7 +241,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
         policy: str | None = None,
     ) -> list[DrillOutcome]:
         """Recorded drills, newest first (without their checks)."""
-        with self._reading() as s:
+        with self._session() as s:
             q = select(Drill).options(selectinload(Drill.checkpoint), selectinload(Drill.alerts)).order_by(Drill.id.desc()).limit(limit)
             if run_root is not None:
                 q = q.where(Drill.run_root == run_root)
@@ -261,7 +254,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
             return [outcome_from_row(d, with_checks=False) for d in s.scalars(q)]
 
     def get(self, drill_id: int) -> DrillOutcome:
-        with self._reading() as s:
+        with self._session() as s:
             d = s.scalar(
                 select(Drill)
                 .where(Drill.id == drill_id)
@@ -273,7 +266,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
 
     def last_drilled(self, run_root: str) -> dict[str, datetime]:
         """Checkpoint URI → when it was last drilled (any outcome), for coverage-aware selection."""
-        with self._reading() as s:
+        with self._session() as s:
             rows = s.execute(
                 select(Checkpoint.uri, func.max(Drill.started_at))
                 .join(Drill, Drill.checkpoint_id == Checkpoint.id)
@@ -284,7 +277,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
 
     def last_good(self, run_root: str, retained: list[str]) -> DrillOutcome | None:
         """The newest of ``retained`` (URIs, oldest first) whose latest drill passed."""
-        with self._reading() as s:
+        with self._session() as s:
             for uri in reversed(retained):
                 latest = s.scalar(
                     select(Drill)
