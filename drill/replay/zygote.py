@@ -76,10 +76,10 @@ class Zygote:
     @classmethod
     def fork(cls) -> Zygote | None:
         """Fork one now, or None where a fork is not safe (another thread is running, CUDA is
-        initialized) or possible."""
+        initialized, not Linux: macOS's frameworks do not survive a fork)."""
         import torch
 
-        if threading.active_count() > 1 or torch.cuda.is_initialized() or not hasattr(os, "fork"):
+        if not sys.platform.startswith("linux") or threading.active_count() > 1 or torch.cuda.is_initialized():
             return None
         request_r, request_w = os.pipe()
         result_r, result_w = os.pipe()
