@@ -78,3 +78,9 @@ class ResourceLimit(DrillError):
     """The drill cannot be done on this host (the restored state would not fit its memory)."""
 
     exit_code = ExitCode.ERROR
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: how drill names an exception in one line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

@@ -97,6 +97,14 @@ def cli() -> CliRunner:
     return CliRunner()
 
 
+def fresh_python(code: str) -> str:
+    """The last line ``code`` prints in an interpreter of its own (what it imported is its own)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+
+
 def invoke(runner: CliRunner, *args: str):  # type: ignore[no-untyped-def]
     from drill.cli.app import app
 

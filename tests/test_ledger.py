@@ -5,8 +5,6 @@ same rows, the same shares, each reading what the other wrote."""
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from drill.records.db import open_database
 from drill.records.lite import SqliteLedger, open_ledger
 from drill.records.urls import SCHEMA_HEAD
 from drill.records.store import Records
-from tests.conftest import invoke
+from tests.conftest import fresh_python, invoke
 
 SEALED = {"a.distcp": (600, "aa" * 16), "b.distcp": (300, "bb" * 16), ".metadata": (100, "mm" * 16)}
 STEPS = [  # (files verified, files broken): a drill's outcomes in turn
@@ -175,8 +173,7 @@ def test_verify_keeps_the_ledger_without_importing_sqlalchemy(demo_run: Path, tm
         "assert '100% of this checkpoint' in r.output, r.output\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic', 'torch')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip().splitlines()[-1] == "[]"
+    assert fresh_python(code) == "[]"
     with sqlite3.connect(db) as conn:
         (stamp,) = conn.execute("SELECT max(verified_at) FROM file_verifications").fetchone()
     assert datetime.fromisoformat(stamp) > datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(minutes=5)  # the second run wrote its proofs

@@ -3,12 +3,11 @@ DCP, whose import (DTensor, sympy) costs as much as restoring a small checkpoint
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from drill.formats.dcp_types import is_bytes, is_tensor, load_metadata
 from drill.safe_pickle import restricted_loads
+from tests.conftest import fresh_python
 
 
 def test_a_drill_restores_and_verifies_without_importing_dcp(demo_run: Path, tmp_path: Path) -> None:
@@ -25,8 +24,7 @@ def test_a_drill_restores_and_verifies_without_importing_dcp(demo_run: Path, tmp
         "assert verify_checkpoint(str(c)).result.status.value == 'passed'\n"
         "print('torch.distributed.checkpoint' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip().splitlines()[-1] == "False"
+    assert fresh_python(code) == "False"
 
 
 def test_the_mirrors_read_an_index_as_dcp_does(demo_run: Path) -> None:

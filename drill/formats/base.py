@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from drill.discover import CheckpointRef
+from drill.errors import one_line  # noqa: F401 - where the format adapters import it from
 from drill.integrity.hashing import HashPlan
 from drill.integrity.reading import describe_read_error, read_whole
 from drill.restore import FileRead, NullProgress, Progress, RestoreResult
@@ -78,11 +79,6 @@ def read_file(
         result.read_seconds += time.perf_counter() - started
     record.hashes, record.retries, record.bytes_read = got.hashes, got.retries, len(got.view)
     return got.view
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def tally(result: RestoreResult, state: dict[str, Any]) -> None:

@@ -20,18 +20,20 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 import xxhash
 
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
 from drill.integrity.reading import FileChanged, describe_read_error, hash_span, hash_stream
 from drill.storage import EntryKind, PathEscapesCheckpoint, Storage
+
+T = TypeVar("T")
 
 MANIFEST_NAME = "drill-manifest.json"
 FORMAT = "drill-manifest"
@@ -294,8 +296,16 @@ def hash_files(
     spannable = getattr(storage, "positioned_reads", False)  # object storage reads ahead by itself
     spans = {rel: _spans(sizes[rel], chunk_size, workers) if spannable and rel not in sha256 else [] for rel in paths}
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        streamed = {rel: pool.submit(_hash_whole, storage, checkpoint, rel, sizes[rel], chunk_size, rel in sha256) for rel in paths if len(spans[rel]) < 2}
-        parts = {rel: [pool.submit(_hash_part, storage, checkpoint, rel, a, n, chunk_size) for a, n in spans[rel]] for rel in paths if len(spans[rel]) >= 2}
+        streamed = {
+            rel: pool.submit(_caught, hash_stream, storage, storage.child(checkpoint, rel), sizes[rel], chunk_size=chunk_size, sha256=rel in sha256)
+            for rel in paths
+            if len(spans[rel]) < 2
+        }
+        parts = {
+            rel: [pool.submit(_caught, hash_span, storage, storage.child(checkpoint, rel), a, n, chunk_size) for a, n in spans[rel]]
+            for rel in paths
+            if len(spans[rel]) >= 2
+        }
         out = {rel: fut.result() for rel, fut in streamed.items()}
         for rel, futures in parts.items():
             out[rel] = _joined(storage, checkpoint, rel, sizes[rel], chunk_size, [f.result() for f in futures])
@@ -311,18 +321,10 @@ def _spans(size: int, chunk: int, parts: int) -> list[tuple[int, int]]:
     return [(i * chunk, min(size, (i + per) * chunk) - i * chunk) for i in range(0, chunks, per)]
 
 
-def _hash_whole(storage: Storage, checkpoint: str, rel: str, size: int, chunk_size: int, sha256: bool) -> FileHashes | OSError:
+def _caught(read: Callable[..., T], *args: Any, **kwargs: Any) -> T | OSError:
+    """What ``read`` returns, or the error that stopped it (a file that changed size included)."""
     try:
-        return hash_stream(storage, storage.child(checkpoint, rel), size, chunk_size=chunk_size, sha256=sha256)
-    except FileChanged as exc:
-        return OSError(0, str(exc))
-    except OSError as exc:
-        return exc
-
-
-def _hash_part(storage: Storage, checkpoint: str, rel: str, start: int, length: int, chunk_size: int) -> list[bytes] | OSError:
-    try:
-        return hash_span(storage, storage.child(checkpoint, rel), start, length, chunk_size)
+        return read(*args, **kwargs)
     except FileChanged as exc:
         return OSError(0, str(exc))
     except OSError as exc:

@@ -34,6 +34,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from drill.errors import one_line
 from drill.findings import Finding, Severity
 from drill.records.models import AuditEntry, Checkpoint, CheckRecord, Drill, ReplayStep
 from drill.verdict import DrillStatus
@@ -109,7 +110,7 @@ class _Contents:
             try:
                 out[drill_id] = list(s.execute(select(table).where(where, key == drill_id).order_by(*order)).mappings())
             except (ValueError, TypeError) as exc:
-                self.unreadable[drill_id] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '?'}"
+                self.unreadable[drill_id] = one_line(exc)
         return out
 
     def digest(self, drill_id: int) -> str | None:
@@ -243,7 +244,7 @@ def _entries(s: Session) -> list[AuditEntry | _Unreadable]:
         try:
             out.append(s.scalars(select(AuditEntry).where(AuditEntry.seq == seq)).one())
         except (ValueError, TypeError) as exc:
-            out.append(_Unreadable(seq, drill_id, hash_, content, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '?'}"))
+            out.append(_Unreadable(seq, drill_id, hash_, content, one_line(exc)))
     return out
 
 

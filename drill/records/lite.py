@@ -65,9 +65,11 @@ class SqliteLedger:
         return cls(conn, path)
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(self, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """A transaction; one that writes takes the write lock at once (as the record store's
+        do), one that reads takes none."""
         try:
-            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 yield self.conn
             except BaseException:
@@ -94,7 +96,7 @@ class SqliteLedger:
     def last_verified(self, checkpoint_id: int | None) -> dict[str, tuple[datetime, str]]:
         if checkpoint_id is None:
             return {}
-        with self._transaction() as c:
+        with self._transaction(write=False) as c:
             return {path: (stored_time(at), digest) for path, digest, at in self._proofs(c, checkpoint_id)}
 
     def apply_coverage(self, checkpoint_id: int, drill_id: int | None, update: CoverageUpdate, days: float) -> float:

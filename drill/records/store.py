@@ -20,7 +20,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
-from drill.errors import DatabaseError, NotFound, UnreadableRecord
+from drill.errors import DatabaseError, NotFound, UnreadableRecord, one_line
 from drill.findings import CheckResult
 from drill.pipeline.outcome import DrillOutcome
 from drill.pipeline.recorder import DrillStart
@@ -71,8 +71,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
             err.transient = isinstance(exc, OperationalError)  # locked, connection lost: worth retrying
             raise err from None
         except (ValueError, TypeError) as exc:
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '?'}"
-            raise UnreadableRecord(f"database {safe_url(self.db.url)} holds a record drill cannot read ({why}): was it edited outside drill?") from None
+            raise UnreadableRecord(f"database {safe_url(self.db.url)} holds a record drill cannot read ({one_line(exc)}): was it edited outside drill?") from None
 
     # -- a drill's row, from begin to finish -------------------------------------------------
     def begin_drill(self, start: DrillStart, *, pid: int | None = None, host: str | None = None) -> int:

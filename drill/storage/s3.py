@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO
 
+from drill.errors import one_line
 from drill.storage.base import Entry, EntryKind, FileChanged, PathEscapesCheckpoint, StorageError
 from drill.units import parse_size
 
@@ -337,7 +338,7 @@ def classify(exc: Exception, what: str) -> tuple[OSError, bool]:
     if isinstance(exc, NoCredentialsError):
         return PermissionError(errno.EACCES, f"{what}: no AWS credentials found (environment, shared config or instance role)"), False
     if isinstance(exc, (BotoCoreError, _ShortRead, ConnectionError, TimeoutError)) or "IncompleteRead" in type(exc).__name__:
-        return OSError(errno.ECONNRESET, f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")), True
+        return OSError(errno.ECONNRESET, f"{what}: {one_line(exc)}"), True
     if isinstance(exc, OSError):
         return exc, exc.errno in (errno.ECONNRESET, errno.ETIMEDOUT, errno.EPIPE)
     return OSError(errno.EIO, f"{what}: {type(exc).__name__}: {exc}"), False
