@@ -1,3 +1,3 @@
-from drill.cli.app import main
+from drill.cli import main
 
 main()

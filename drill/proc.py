@@ -10,7 +10,6 @@ started from.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import resource
@@ -38,6 +37,28 @@ def claim_process() -> None:
 
 def process_claimed() -> bool:
     return _claimed
+
+
+def may_fork() -> bool:
+    """Whether this process may fork a worker now: it is drill's command line (nothing else
+    has run in it), on Linux (macOS's frameworks do not survive a fork), with no second thread
+    (whose locks the fork would copy held)."""
+    import threading
+
+    return _claimed and sys.platform.startswith("linux") and threading.active_count() == 1
+
+
+def die_with_parent() -> None:
+    """In a forked child: killed when drill ends, with default signal handling (drill's
+    handlers raise into drill's own code) and no pending alarm. A child whose parent is
+    already gone exits at once."""
+    parent = os.getppid()
+    child_preexec()()
+    if os.getppid() != parent:
+        os._exit(1)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def inside(path: str, directories: Iterable[str]) -> bool:
@@ -68,6 +89,8 @@ def child_preexec(memory: int | None = None):  # type: ignore[no-untyped-def]
 
     def setup() -> None:
         try:
+            import ctypes
+
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         except OSError:
             pass  # not Linux: the next drill's orphan recovery still closes the record

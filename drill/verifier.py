@@ -16,7 +16,6 @@ from drill.errors import ExitCode, NothingToDrill, UsageError
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.reading import describe_read_error, read_whole
 from drill.integrity.sampling import SampleSpec
-from drill.integrity.structure import safetensors_structure, sniff, zip_structure
 from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, seal
 from drill.integrity.verify import NAME, IntegrityPlan, Observed, hash_remaining, integrity_check, plan_integrity
 from drill.storage import Storage, storage_for
@@ -57,6 +56,8 @@ def _structure_of_dcp(storage: Storage, plan: IntegrityPlan, allow_classes: tupl
 
 
 def _verify_file(storage: Storage, uri: str, size: int) -> CheckResult:
+    from drill.integrity.structure import safetensors_structure, sniff, zip_structure
+
     name = uri.rstrip("/").rsplit("/", 1)[-1]
     try:
         view = read_whole(storage, uri, size, hash=False).view

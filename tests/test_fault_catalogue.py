@@ -25,9 +25,8 @@ import torch
 from typer.testing import CliRunner
 
 from drill import history
-from drill.integrity.manifest import MANIFEST_NAME, read_manifest, seal
+from drill.integrity.manifest import MANIFEST_NAME, seal
 from drill.safe_pickle import restricted_loads
-from drill.storage import LocalStorage
 from tests.conftest import invoke
 
 ROOT = Path(__file__).resolve().parent.parent

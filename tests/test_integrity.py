@@ -286,7 +286,7 @@ def test_unsealed_bit_flip_is_caught_by_the_entries_own_crcs(demo_run: Path, sql
 def test_spans_of_a_large_file_hash_as_one_stream_does(tmp_path: Path) -> None:
     """A file of many chunks is hashed in spans on several threads: the same digests as one
     sequential read, and a size that changed since the listing is still caught."""
-    from drill.integrity.manifest import hash_files
+    from drill.integrity.parallel import hash_files
     from drill.integrity.reading import hash_stream
 
     data = os.urandom(1_000_003)
@@ -305,15 +305,16 @@ def test_spans_of_a_large_file_hash_as_one_stream_does(tmp_path: Path) -> None:
 
 def test_storage_without_positioned_reads_streams_each_file_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Object storage reads ahead by itself: its files are hashed whole, one stream each."""
-    import drill.integrity.manifest as manifest
+    import drill.integrity.parallel as parallel
 
     class Streaming(LocalStorage):
         positioned_reads = False
 
     data = os.urandom(300_001)
     (tmp_path / "big").write_bytes(data)
-    monkeypatch.setattr(manifest, "hash_span", lambda *a, **k: pytest.fail("a span was read"))
-    got = manifest.hash_files(Streaming(), str(tmp_path), {"big": len(data)}, 16 << 10)["big"]
+    monkeypatch.setattr(parallel, "hash_span", lambda *a, **k: pytest.fail("a span was read"))
+    monkeypatch.setattr("drill.proc.may_fork", lambda: pytest.fail("a fork was considered"))
+    got = parallel.hash_files(Streaming(), str(tmp_path), {"big": len(data)}, 16 << 10)["big"]
     from drill.integrity.reading import hash_stream
 
     assert not isinstance(got, OSError) and got.chunks == hash_stream(LocalStorage(), str(tmp_path / "big"), chunk_size=16 << 10).chunks

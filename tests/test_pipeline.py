@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed.checkpoint as dcp
 
 from drill import DrillOutcome, DrillRequest, get_drill, history, run_drill
 from drill.errors import DatabaseError

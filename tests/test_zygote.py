@@ -116,8 +116,10 @@ def test_the_fork_dies_with_a_killed_drill(demo_run: Path, tmp_path: Path) -> No
         proc.communicate()
 
 
-def test_no_fork_where_it_is_not_safe() -> None:
+def test_no_fork_where_it_is_not_safe(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not process_claimed()  # a test runner, not the drill command: prepare() is never called
+    assert Zygote.fork() is None
+    monkeypatch.setattr("drill.proc._claimed", True)
     release = threading.Event()
     other = threading.Thread(target=release.wait)
     other.start()

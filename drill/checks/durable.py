@@ -14,7 +14,8 @@ from typing import Any
 from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity, not_run
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
-from drill.integrity.manifest import MANIFEST_NAME, hash_files, list_files
+from drill.integrity.manifest import MANIFEST_NAME, list_files
+from drill.integrity.parallel import hash_files
 from drill.storage import PathEscapesCheckpoint, storage_for
 from drill.units import human_bytes
 

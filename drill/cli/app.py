@@ -14,7 +14,6 @@ import typer
 from typer.core import TyperGroup
 
 from drill import __version__
-from drill.cli import audit, demo, integrity, nightly, records, reports, run, submit
 from drill.cli.common import error_boundary, stderr, terminate_as_interrupt
 from drill.errors import ExitCode
 
@@ -28,7 +27,18 @@ Exit codes: 0 passed · 1 failed (a check found a problem) · 2 usage error ·
 
 
 class OneLineErrors(TyperGroup):
-    """Usage errors as one ``drill: error: …`` line on stderr with exit code 2, not a box."""
+    """Usage errors as one ``drill: error: …`` line on stderr with exit code 2, not a box.
+
+    A group's commands are built when they are first looked up (``lazy``: name → (module,
+    function) under ``drill.cli``): a command imports only its own module, so ``drill verify``
+    does not pay for ``drill run``'s imports. Help and listings build them all.
+    """
+
+    lazy: dict[str, tuple[str, str]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = _Commands(self.lazy, self.commands)  # type: ignore[assignment]
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:  # type: ignore[override]
         try:
@@ -43,46 +53,82 @@ class OneLineErrors(TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-def _group(help: str, **kw: Any) -> typer.Typer:
-    return typer.Typer(cls=OneLineErrors, help=help, no_args_is_help=True, add_completion=False, rich_markup_mode=None, **kw)
+class _Commands(dict):  # type: ignore[type-arg]
+    """A group's commands by name, in the order ``--help`` lists them; each lazy one is
+    imported and converted by typer the first time it is looked up."""
+
+    def __init__(self, lazy: dict[str, tuple[str, str]], built: dict[str, Any]) -> None:
+        super().__init__({name: None for name in lazy} | built)
+        self._lazy = lazy
+
+    def __getitem__(self, name: str) -> Any:
+        command = super().__getitem__(name)
+        if command is None:
+            command = self[name] = _build(name, *self._lazy[name])
+        return command
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self[name] if name in self else default
+
+    def values(self) -> Any:  # type: ignore[override]
+        return [self[name] for name in self]
+
+    def items(self) -> Any:  # type: ignore[override]
+        return [(name, self[name]) for name in self]
+
+
+def _build(name: str, module: str, function: str) -> Any:
+    """The click command for ``drill.cli.<module>.<function>``, as typer would have built it
+    in the group, behind the shared error boundary."""
+    import importlib
+
+    single = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
+    single.command(name)(error_boundary(getattr(importlib.import_module(f"drill.cli.{module}"), function)))
+    command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+def _group(help: str, commands: dict[str, tuple[str, str]], **kw: Any) -> typer.Typer:
+    cls = type("OneLineErrors", (OneLineErrors,), {"lazy": commands})
+    return typer.Typer(cls=cls, help=help, no_args_is_help=True, add_completion=False, rich_markup_mode=None, **kw)
 
 
 app = _group(
     "Restore drills for PyTorch training checkpoints: prove that a run can really resume.",
+    {
+        "run": ("run", "run"),
+        "seal": ("integrity", "seal"),
+        "verify": ("integrity", "verify"),
+        "demo": ("demo", "demo"),
+        "history": ("records", "history"),
+        "show": ("records", "show"),
+        "last-good": ("nightly", "last_good"),
+        "report": ("reports", "report"),
+        "metrics": ("reports", "metrics"),
+        "goodput": ("reports", "goodput"),
+        "submit": ("submit", "submit"),
+    },
     name="drill",
     epilog=EXIT_CODES,
     pretty_exceptions_enable=False,
 )
-db_app = _group("Manage the record database's schema.")
-policy_app = _group("Validate policy files.")
-scheduler_app = _group("Run drills on each policy's cron schedule.")
-audit_app = _group("Check the tamper-evident drill log.")
-app.add_typer(audit_app, name="audit")
-app.add_typer(db_app, name="db")
-app.add_typer(policy_app, name="policy")
-app.add_typer(scheduler_app, name="scheduler")
-
-for group, name, command in (
-    (app, "run", run.run),
-    (app, "seal", integrity.seal),
-    (app, "verify", integrity.verify),
-    (app, "demo", demo.demo),
-    (app, "history", records.history),
-    (app, "show", records.show),
-    (app, "last-good", nightly.last_good),
-    (app, "report", reports.report),
-    (app, "metrics", reports.metrics),
-    (app, "goodput", reports.goodput),
-    (app, "submit", submit.submit),
-    (db_app, "upgrade", records.db_upgrade),
-    (db_app, "status", records.db_status),
-    (db_app, "flush", records.db_flush),
-    (policy_app, "check", nightly.policy_check),
-    (scheduler_app, "start", nightly.scheduler_start),
-    (scheduler_app, "status", nightly.scheduler_status),
-    (audit_app, "verify", audit.audit_verify),
-):
-    group.command(name)(error_boundary(command))
+app.add_typer(_group("Check the tamper-evident drill log.", {"verify": ("audit", "audit_verify")}), name="audit")
+app.add_typer(
+    _group(
+        "Manage the record database's schema.",
+        {"upgrade": ("records", "db_upgrade"), "status": ("records", "db_status"), "flush": ("records", "db_flush")},
+    ),
+    name="db",
+)
+app.add_typer(_group("Validate policy files.", {"check": ("nightly", "policy_check")}), name="policy")
+app.add_typer(
+    _group(
+        "Run drills on each policy's cron schedule.",
+        {"start": ("nightly", "scheduler_start"), "status": ("nightly", "scheduler_status")},
+    ),
+    name="scheduler",
+)
 
 
 def _version(value: bool) -> None:

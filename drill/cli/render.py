@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.verdict import DrillStatus
 from drill.units import human_bytes, human_rate, human_seconds
 
 if TYPE_CHECKING:  # drill verify renders checks without importing torch
+    from rich.table import Table
+
     from drill.pipeline.outcome import DrillOutcome
 
 STATUS_STYLE = {
@@ -32,6 +33,14 @@ STATUS_STYLE = {
 }
 EVIDENCE_SHOWN = 12
 """Evidence entries shown per check by ``drill show`` (``--json`` has all of them)."""
+
+
+def _table(**kw: Any) -> Table:
+    """A borderless table. rich.table (5 ms of imports) loads with the first one: ``drill
+    verify`` prints none."""
+    from rich.table import Table
+
+    return Table(box=None, pad_edge=False, **kw)
 
 
 def _styled(status: str) -> str:
@@ -66,7 +75,7 @@ def _latency(o: DrillOutcome) -> str:
 
 def render_outcome(console: Console, o: DrillOutcome, where: str | None = None) -> None:
     """What ``drill run`` prints: every check with its evidence line, findings, the verdict."""
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table = _table(show_header=True, header_style="bold")
     for col in ("check", "status", "evidence"):
         table.add_column(col)
     for c in o.checks:
@@ -113,7 +122,7 @@ def render_ranks(console: Console, dist: dict) -> None:  # type: ignore[type-arg
 
 
 def render_history(console: Console, drills: list[DrillOutcome]) -> None:
-    table = Table(header_style="bold", box=None, pad_edge=False)
+    table = _table(header_style="bold")
     right = ("id", "restore", "first step", "read", "rate")
     for col in ("id", "started (UTC)", "status", "checkpoint", "restore", "first step", "replay", "read", "rate", "trigger"):
         table.add_column(col, justify="right" if col in right else "left")
@@ -158,7 +167,7 @@ def render_drill(console: Console, o: DrillOutcome) -> None:
         rows.insert(1, ("why", o.message))
     if o.job_id:
         rows.append(("batch job", o.job_id))
-    table = Table(show_header=False, box=None, pad_edge=False)
+    table = _table(show_header=False)
     table.add_column(style="bold")
     table.add_column()
     for k, v in rows:
@@ -194,7 +203,7 @@ def _render_replay_steps(console: Console, o: DrillOutcome) -> None:
     if o.replay is None or not o.replay.steps:
         return
     console.print()
-    table = Table(title="replayed steps", header_style="bold", box=None, pad_edge=False, title_justify="left")
+    table = _table(title="replayed steps", header_style="bold", title_justify="left")
     for col in ("step", "loss (original)", "loss (replayed)", "grad norm (original)", "grad norm (replayed)", "batch", "match"):
         table.add_column(col, justify="right" if col not in ("batch", "match") else "left")
     for r in o.replay.steps:
@@ -235,7 +244,7 @@ def render_scheduler(console: Console, state: dict[str, Any]) -> None:
         console.print(f"scheduler [bold red]NOT RUNNING[/]  last heartbeat {sched['heartbeat_at'][:19]} from {escape(sched['host'])} pid {sched['pid']}")
     else:
         console.print("scheduler [bold red]NOT RUNNING[/]  (never started on this database)")
-    table = Table(header_style="bold", box=None, pad_edge=False)
+    table = _table(header_style="bold")
     for col in ("policy", "next fire (UTC)", "last drill", "verdict", "checkpoint", "history"):
         table.add_column(col)
     for name, p in state["policies"].items():
@@ -254,7 +263,7 @@ def render_scheduler(console: Console, state: dict[str, Any]) -> None:
 
 def render_goodput(console: Console, rows: list, *, priced: bool) -> None:  # type: ignore[type-arg]
     """``drill goodput``'s table: one row per combination of GPUs, C and R."""
-    table = Table(header_style="bold", box=None, pad_edge=False)
+    table = _table(header_style="bold")
     cols = ["GPUs", "MTBF", "C", "R", "interval", "waste", "restart share", "idle GPU-h/day"]
     if priced:
         cols += ["restart $/day", "waste $/day", "waste $/year"]

@@ -148,7 +148,6 @@ def _save(o: dict[str, Any], run_dir: Path, cfg: DemoConfig, rank: int) -> None:
 
 
 def main(run_dir: str) -> None:
-    import torch
     import torch.distributed as dist
 
     from drill.demo.train import deterministic

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import io
 import math
-import pickle
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any

@@ -6,8 +6,8 @@ data yields both, and chunk digests let a verifier name the damaged range.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import xxhash
 
@@ -37,6 +37,12 @@ def file_digest(chunks: list[bytes]) -> str:
     return xxhash.xxh3_128_hexdigest(b"".join(chunks))
 
 
+def _sha256() -> Any:
+    import hashlib  # OpenSSL's start-up (2 ms) only where a foreign manifest needs SHA-256
+
+    return hashlib.sha256()
+
+
 class ChunkHasher:
     """Feed bytes in any split; chunk digests come out on ``chunk_size`` boundaries."""
 
@@ -44,7 +50,7 @@ class ChunkHasher:
         self.result = FileHashes(size=0, chunk_size=chunk_size)
         self._chunk = xxhash.xxh3_128()
         self._filled = 0
-        self._sha = hashlib.sha256() if sha256 else None
+        self._sha = _sha256() if sha256 else None
 
     def update(self, data: memoryview | bytes) -> None:
         view = memoryview(data).cast("B")

@@ -14,26 +14,22 @@ digest is xxh3-128 of the canonical JSON (sorted keys, no spaces) of everything 
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import platform
 import sys
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
-from typing import Any, TypeVar
+from typing import Any
 
 import xxhash
 
-from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
-from drill.integrity.reading import FileChanged, describe_read_error, hash_span, hash_stream
+from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
+from drill.integrity.parallel import hash_files
+from drill.integrity.reading import describe_read_error
 from drill.storage import EntryKind, PathEscapesCheckpoint, Storage
 
-T = TypeVar("T")
 
 MANIFEST_NAME = "drill-manifest.json"
 FORMAT = "drill-manifest"
@@ -103,7 +99,7 @@ class Manifest:
             body["key_id"] = key_id(key)
         body["manifest_xxh3_128"] = self_digest(body)
         if key is not None:
-            body["manifest_hmac_sha256"] = hmac.new(key, canonical(body, exclude=DIGESTS), hashlib.sha256).hexdigest()
+            body["manifest_hmac_sha256"] = hmac_sha256(key, canonical(body, exclude=DIGESTS))
         return (json.dumps(body, indent=1) + "\n").encode()
 
     def authenticate(self, key: bytes) -> str | None:
@@ -112,8 +108,9 @@ class Manifest:
             return "the manifest carries no HMAC: it was sealed without a key, or rewritten by someone without it"
         if self.key_id != key_id(key):
             return f"the manifest was sealed with another key (key id {self.key_id}, this key's is {key_id(key)})"
-        expected = hmac.new(key, self.signed, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected, self.hmac_sha256):
+        import hmac
+
+        if not hmac.compare_digest(hmac_sha256(key, self.signed), self.hmac_sha256):
             return "the manifest's HMAC does not match: it was edited by someone without the key"
         return None
 
@@ -135,7 +132,14 @@ def self_digest(body: dict[str, Any]) -> str:
 
 def key_id(key: bytes) -> str:
     """A public name for a key (to tell keys apart in rotation), from which the key cannot be learned."""
-    return hmac.new(key, b"drill seal key id", hashlib.sha256).hexdigest()[:16]
+    return hmac_sha256(key, b"drill seal key id")[:16]
+
+
+def hmac_sha256(key: bytes, data: bytes) -> str:
+    import hashlib  # OpenSSL's start-up (2 ms) only for keyed seals
+    import hmac
+
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
 def check_relative_path(path: str) -> None:
@@ -276,74 +280,6 @@ def _frameworks() -> dict[str, str]:
         except importlib_metadata.PackageNotFoundError:
             pass
     return versions
-
-
-def hash_files(
-    storage: Storage,
-    checkpoint: str,
-    sizes: Mapping[str, int],
-    chunk_size: int,
-    workers: int = 4,
-    sha256: frozenset[str] = frozenset(),
-) -> dict[str, FileHashes | OSError]:
-    """Hash each file (path → listed size) on ``workers`` threads — xxhash and reads release
-    the GIL. A large file is cut into spans of whole chunks, hashed at once (one big shard
-    would otherwise use one core); a file that cannot be read, or changes size while it is
-    read, maps to its error."""
-    paths = sorted(sizes)
-    if not paths:
-        return {}
-    spannable = getattr(storage, "positioned_reads", False)  # object storage reads ahead by itself
-    spans = {rel: _spans(sizes[rel], chunk_size, workers) if spannable and rel not in sha256 else [] for rel in paths}
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        streamed = {
-            rel: pool.submit(_caught, hash_stream, storage, storage.child(checkpoint, rel), sizes[rel], chunk_size=chunk_size, sha256=rel in sha256)
-            for rel in paths
-            if len(spans[rel]) < 2
-        }
-        parts = {
-            rel: [pool.submit(_caught, hash_span, storage, storage.child(checkpoint, rel), a, n, chunk_size) for a, n in spans[rel]]
-            for rel in paths
-            if len(spans[rel]) >= 2
-        }
-        out = {rel: fut.result() for rel, fut in streamed.items()}
-        for rel, futures in parts.items():
-            out[rel] = _joined(storage, checkpoint, rel, sizes[rel], chunk_size, [f.result() for f in futures])
-    return {rel: out[rel] for rel in paths}
-
-
-def _spans(size: int, chunk: int, parts: int) -> list[tuple[int, int]]:
-    """(start, length) of up to ``parts`` runs of whole chunks covering ``size`` bytes."""
-    chunks = -(-size // chunk)
-    if chunks < 2 or parts < 2:
-        return []
-    per = -(-chunks // parts)
-    return [(i * chunk, min(size, (i + per) * chunk) - i * chunk) for i in range(0, chunks, per)]
-
-
-def _caught(read: Callable[..., T], *args: Any, **kwargs: Any) -> T | OSError:
-    """What ``read`` returns, or the error that stopped it (a file that changed size included)."""
-    try:
-        return read(*args, **kwargs)
-    except FileChanged as exc:
-        return OSError(0, str(exc))
-    except OSError as exc:
-        return exc
-
-
-def _joined(storage: Storage, checkpoint: str, rel: str, size: int, chunk_size: int, parts: list[list[bytes] | OSError]) -> FileHashes | OSError:
-    """One file's hashes from its spans'; the file's size checked again, as a streamed read
-    would notice it grow."""
-    failed = next((p for p in parts if isinstance(p, OSError)), None)
-    if failed is not None:
-        return failed
-    try:
-        now = storage.stat(storage.child(checkpoint, rel)).size
-    except OSError as exc:
-        return exc
-    if now != size:
-        return OSError(0, f"file is {now} bytes by the end of the read, {size} when listed")
-    return FileHashes(size=size, chunk_size=chunk_size, chunks=[c for p in parts for c in p])  # type: ignore[union-attr]
 
 
 @dataclass(slots=True)

@@ -22,6 +22,10 @@ from drill.storage import FileChanged, NotARegularFile, PathEscapesCheckpoint, S
 READ_CHUNK = 8 << 20
 """Bytes per read call: large enough to stream at page-cache speed."""
 
+SPAN_READ = 1 << 20
+"""Bytes per positioned read when only the digests are wanted: the buffer stays in the core's
+cache between the copy out of the page cache and the hash (8 MiB buffers hash 25% slower)."""
+
 TRANSIENT = frozenset({errno.EIO, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE, errno.ECONNRESET})
 ATTEMPTS = 3
 """Reads of one file before a transient error counts: the first and two retries."""
@@ -114,7 +118,7 @@ def hash_span(storage: Storage, uri: str, start: int, length: int, chunk_size: i
     hasher = ChunkHasher(chunk_size)
     with storage.open(uri) as f:
         fd = f.fileno()
-        buf = memoryview(mmap.mmap(-1, min(READ_CHUNK, length)))
+        buf = memoryview(mmap.mmap(-1, min(SPAN_READ, length)))
         pos, end = start, start + length
         while pos < end:
             n = os.preadv(fd, [buf[: min(len(buf), end - pos)]], pos)

@@ -14,7 +14,8 @@ from typing import Any
 from drill.findings import CheckResult, Finding, Severity
 from drill.integrity.foreign import ForeignManifest, find_foreign_manifests
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes, HashPlan
-from drill.integrity.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestInvalid, hash_files, list_files, read_manifest
+from drill.integrity.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestInvalid, list_files, read_manifest
+from drill.integrity.parallel import hash_files
 from drill.integrity.sampling import SampleSpec, select_sample
 from drill.storage import PathEscapesCheckpoint, Storage
 from drill.units import human_bytes

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any

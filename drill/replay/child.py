@@ -16,7 +16,6 @@ import importlib.machinery
 import json
 import os
 import sys
-import time
 import traceback
 from typing import Any
 

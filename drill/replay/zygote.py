@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from typing import NoReturn
@@ -79,7 +78,9 @@ class Zygote:
         initialized, not Linux: macOS's frameworks do not survive a fork)."""
         import torch
 
-        if not sys.platform.startswith("linux") or threading.active_count() > 1 or torch.cuda.is_initialized():
+        from drill.proc import may_fork
+
+        if not may_fork() or torch.cuda.is_initialized():
             return None
         request_r, request_w = os.pipe()
         result_r, result_w = os.pipe()
@@ -175,14 +176,11 @@ def _serve(request_fd: int, result_fd: int, parent: int) -> NoReturn:  # pragma:
 def _detach(parent: int) -> None:
     """Die with the drill; the drill's signal handlers are not the child's; nothing to read on
     stdin, and the trainer's prints go to stderr (stdout carries the drill's data)."""
-    from drill.proc import child_preexec
+    from drill.proc import die_with_parent
 
-    child_preexec()()
     if os.getppid() != parent:
-        os._exit(1)  # the drill died before the death signal was armed
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.setitimer(signal.ITIMER_REAL, 0)
+        os._exit(1)  # the drill died before the fork ran this far
+    die_with_parent()
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     try:

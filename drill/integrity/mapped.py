@@ -1,0 +1,147 @@
+"""Hashing spans of local files through read-only mappings, in forked workers.
+
+A positioned read copies every byte out of the page cache before xxh3 sees it; through a
+mapping xxh3 reads the page cache itself, about twice the bytes per core
+(``benchmarks/verify.py``). A mapping has a hazard a read has not: a file truncated under it, or
+an I/O error on a flaky mount, raises SIGBUS, which ends the process. So mappings are read only
+in forked workers that may die: a span a worker does not report is hashed again with positioned
+reads by the caller, and that read names the precise fault (a changed file, an unreadable one).
+
+Only a process that nothing but drill runs in may fork (:func:`drill.proc.may_fork`); others
+use positioned reads. The workers touch nothing but the file, ``mmap`` and ``xxhash``: no
+import, no lock another thread could have held at the fork.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from typing import BinaryIO
+
+import xxhash
+
+from drill.proc import die_with_parent
+
+Span = tuple[str, int, int]
+"""(uri, start, length): ``start`` on a chunk boundary, so a span's digests are the file's."""
+
+_HEAD = struct.Struct("<II")
+"""Each finished span, from a worker: its index and digest count, then the 16-byte digests."""
+_DIGEST = 16
+
+
+def hash_mapped(open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chunk_size: int, workers: int) -> list[list[bytes] | None]:
+    """Each span's chunk digests, or None where no worker reported it (a fault in the mapping,
+    a file shorter than the span, a worker that died): hash those the ordinary way."""
+    done: list[list[bytes] | None] = [None] * len(spans)
+    if not spans:
+        return done
+    sys.stdout.flush()  # a fork copies unflushed buffers: they would be printed twice
+    sys.stderr.flush()
+    pids: list[int] = []
+    pipes: dict[int, bytearray] = {}
+    try:
+        for w in range(min(workers, len(spans))):
+            mine = range(w, len(spans), workers)
+            read_fd, write_fd = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the worker; its report is checked by the caller
+                os.close(read_fd)
+                _work(write_fd, open_file, spans, mine, chunk_size)
+            os.close(write_fd)
+            pids.append(pid)
+            pipes[read_fd] = bytearray()
+        _collect(pipes)
+    finally:
+        for fd in pipes:
+            os.close(fd)
+        _reap(pids)
+    for data in pipes.values():
+        _parse(data, done)
+    return done
+
+
+def _collect(pipes: dict[int, bytearray]) -> None:
+    """Read every worker's reports until each closes its pipe (by finishing or dying)."""
+    open_fds = set(pipes)
+    while open_fds:
+        ready, _, _ = select.select(list(open_fds), [], [])
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if chunk:
+                pipes[fd] += chunk
+            else:
+                open_fds.discard(fd)
+
+
+def _reap(pids: list[int]) -> None:
+    """Wait for each worker; one still running (the caller was interrupted) is killed first."""
+    for pid in pids:
+        try:
+            if os.waitpid(pid, os.WNOHANG) == (0, 0):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _parse(data: bytearray, done: list[list[bytes] | None]) -> None:
+    """Complete reports only: a worker that died mid-write leaves its span unreported."""
+    pos = 0
+    while pos + _HEAD.size <= len(data):
+        index, count = _HEAD.unpack_from(data, pos)
+        end = pos + _HEAD.size + count * _DIGEST
+        if end > len(data) or index >= len(done):
+            return
+        body = bytes(data[pos + _HEAD.size : end])
+        done[index] = [body[i : i + _DIGEST] for i in range(0, len(body), _DIGEST)]
+        pos = end
+
+
+def _work(fd: int, open_file: Callable[[str], BinaryIO], spans: Sequence[Span], mine: range, chunk_size: int) -> None:  # pragma: no cover
+    code = 1
+    try:
+        _detach()
+        for index in mine:
+            digests = _digests(open_file, *spans[index], chunk_size)
+            if digests is not None:
+                _write_all(fd, _HEAD.pack(index, len(digests)) + b"".join(digests))
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _detach() -> None:  # pragma: no cover - in the worker
+    """Die with the parent, with default signals (the parent's handlers raise into its own
+    code), and quiet when a mapping faults: no core file, no fault handler's dump."""
+    die_with_parent()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    handler = sys.modules.get("faulthandler")  # enabled by PYTHONFAULTHANDLER, -X faulthandler, pytest
+    if handler is not None:
+        handler.disable()
+
+
+def _digests(open_file: Callable[[str], BinaryIO], uri: str, start: int, length: int, chunk_size: int) -> list[bytes] | None:  # pragma: no cover
+    with open_file(uri) as f:
+        fd = f.fileno()
+        if os.fstat(fd).st_size < start + length:
+            return None  # shrank since it was listed: the positioned read reports it
+        with mmap.mmap(fd, length, offset=start, access=mmap.ACCESS_READ) as m:
+            m.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(m)
+            try:
+                return [xxhash.xxh3_128(view[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)]
+            finally:
+                view.release()
+
+
+def _write_all(fd: int, data: bytes) -> None:  # pragma: no cover - in the worker
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -1,0 +1,122 @@
+"""Hashing through mappings in forked workers (drill.integrity.mapped): the same digests as a
+read, and a fault in a mapping — SIGBUS — ends a worker, never the drill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import drill.integrity.mapped as mapped
+from drill.integrity.parallel import hash_files
+from drill.integrity.reading import hash_span, hash_stream
+from drill.storage import LocalStorage
+
+CHUNK = 64 << 10
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, bytes]:
+    data = {"a": os.urandom(5 * CHUNK + 123), "b": os.urandom(3 * CHUNK), "c": os.urandom(17)}
+    for name, body in data.items():
+        (tmp_path / name).write_bytes(body)
+    return data
+
+
+@pytest.fixture
+def forking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in the drill command: this process may fork its hashing workers."""
+    monkeypatch.setattr("drill.proc.may_fork", lambda: True)
+
+
+def _spans(tmp_path: Path, files: dict[str, bytes]) -> list[tuple[str, int, int]]:
+    out = []
+    for name, body in files.items():
+        for start in range(0, len(body), 2 * CHUNK):
+            out.append((str(tmp_path / name), start, min(2 * CHUNK, len(body) - start)))
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 2, 5])
+def test_mapped_spans_hash_as_positioned_reads_do(tmp_path: Path, files: dict[str, bytes], workers: int) -> None:
+    storage, spans = LocalStorage(), _spans(tmp_path, files)
+    got = mapped.hash_mapped(storage.open, spans, CHUNK, workers)
+    assert got == [hash_span(storage, uri, a, n, CHUNK) for uri, a, n in spans]
+
+
+def test_hash_files_uses_the_workers_and_matches_a_stream(tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import drill.integrity.parallel as parallel
+
+    monkeypatch.setattr(parallel, "hash_span", lambda *a, **k: pytest.fail("a span was read, not mapped"))
+    storage = LocalStorage()
+    got = hash_files(storage, str(tmp_path), {n: len(b) for n, b in files.items()}, CHUNK, workers=2)
+    for name in files:
+        want = hash_stream(storage, str(tmp_path / name), chunk_size=CHUNK)
+        assert not isinstance(got[name], OSError) and (got[name].chunks, got[name].size) == (want.chunks, want.size)
+
+
+def test_a_file_shorter_than_listed_is_read_again_and_reported(tmp_path: Path, files: dict[str, bytes], forking: None) -> None:
+    listed = {n: len(b) for n, b in files.items()} | {"a": len(files["a"]) + 4 * CHUNK}
+    got = hash_files(LocalStorage(), str(tmp_path), listed, CHUNK, workers=2)
+    assert isinstance(got["a"], OSError) and "shrank" in str(got["a"])
+    assert not isinstance(got["b"], OSError) and not isinstance(got["c"], OSError)
+
+
+def test_a_worker_killed_by_sigbus_loses_only_its_spans(tmp_path: Path, files: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    storage, spans = LocalStorage(), _spans(tmp_path, files)
+    real = mapped._digests
+
+    def dies_on_b(open_file, uri, start, length, chunk):  # type: ignore[no-untyped-def]
+        if uri.endswith("/b"):
+            os.kill(os.getpid(), signal.SIGBUS)
+        return real(open_file, uri, start, length, chunk)
+
+    monkeypatch.setattr(mapped, "_digests", dies_on_b)
+    got = mapped.hash_mapped(storage.open, spans, CHUNK, workers=len(spans))  # one span per worker
+    for (uri, a, n), digests in zip(spans, got):
+        assert digests == (None if uri.endswith("/b") else hash_span(storage, uri, a, n, CHUNK))
+
+
+def test_a_file_truncated_under_the_mapping_is_a_changed_file(tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real fault: the file is cut while a worker reads its mapping. The worker dies of
+    SIGBUS; the drill re-reads the span and reports the file as changed."""
+    victim = str(tmp_path / "a")
+
+    class Cutting:
+        def xxh3_128(self, view):  # type: ignore[no-untyped-def]
+            os.truncate(victim, 0)
+            import xxhash
+
+            return xxhash.xxh3_128(view)
+
+    monkeypatch.setattr(mapped, "xxhash", Cutting())
+    got = hash_files(LocalStorage(), str(tmp_path), {"a": len(files["a"])}, CHUNK, workers=2)
+    assert isinstance(got["a"], OSError) and "shrank" in str(got["a"])
+
+
+def test_the_drill_command_hashes_through_workers_and_names_damage(tmp_path: Path, files: dict[str, bytes]) -> None:
+    """`drill verify` as a process: workers used (no thread reads a span), damage located to its
+    chunk, no worker left behind."""
+    from drill.integrity.manifest import seal
+
+    seal(str(tmp_path), chunk_size=CHUNK)
+    with open(tmp_path / "a", "r+b") as f:
+        f.seek(3 * CHUNK + 7)
+        f.write(bytes([f.read(1)[0] ^ 0xFF]))
+    code = (
+        "import sys, drill.integrity.parallel as p\n"
+        "p.hash_span = lambda *a, **k: sys.exit('a span was read, not mapped')\n"
+        f"sys.argv = ['drill', 'verify', {str(tmp_path)!r}, '--db', {str(tmp_path.parent / (tmp_path.name + '.db'))!r}, '--json']\n"
+        "from drill.cli import main\nmain()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    (finding,) = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert finding["subject"] == "a" and f"{3 * CHUNK}" in finding["message"] and f"{4 * CHUNK}" in finding["message"], finding
