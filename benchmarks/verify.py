@@ -15,8 +15,10 @@ runs from the page cache. Each variant runs in a fresh process, interleaved, med
   (d) `xxhsum -H2` (xxh128, the xxHash reference CLI) over the same files;
   (e) Python hashlib.sha256 streaming over them in 1 MiB reads (what SHA-256 manifests such
       as Megatron's integrity.json cost);
-  (f) the command itself, `drill verify CKPT --db FILE`: argument parsing, the coverage
-      ledger read and written, the verdict rendered.
+  (f) the command itself, `drill verify CKPT --db FILE` (the console script): argument
+      parsing, the coverage ledger read and written, the verdict rendered. Unlike (c), a
+      library call, the command hashes local files through mappings in forked workers
+      (drill.integrity.mapped).
 
 (a), (b), (c) and (e) report the time inside the process (imports excluded); (c), (d) and
 (f) are also timed as whole processes, the only way to time xxhsum. A bigger checkpoint
@@ -107,7 +109,8 @@ def main() -> None:
     subprocess.run([xxhsum, "-H2", *files], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # warm-up
 
     ledger = work / "verify-ledger.db"
-    command = [sys.executable, "-m", "drill", "verify", str(ckpt), "--db", str(ledger)]
+    script = Path(sys.executable).with_name("drill")  # the console script, as a user runs it
+    command = [str(script) if script.exists() else sys.executable, *([] if script.exists() else ["-m", "drill"]), "verify", str(ckpt), "--db", str(ledger)]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)  # creates the ledger: later runs find it at head
 
     times: dict[str, list[float]] = {k: [] for k in ("a", "b", "c", "c_wall", "d_wall", "e", "f_wall")}
