@@ -83,6 +83,20 @@ def test_a_worker_killed_by_sigbus_loses_only_its_spans(tmp_path: Path, files: d
         assert digests == (None if uri.endswith("/b") else hash_span(storage, uri, a, n, CHUNK))
 
 
+def test_a_fork_that_fails_leaves_its_spans_to_the_reads(tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under strict overcommit a large process may not fork: the hashing still completes."""
+    import errno
+
+    def no_memory() -> int:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(mapped.os, "fork", no_memory)
+    storage = LocalStorage()
+    got = hash_files(storage, str(tmp_path), {n: len(b) for n, b in files.items()}, CHUNK, workers=2)
+    for name in files:
+        assert not isinstance(got[name], OSError) and got[name].chunks == hash_stream(storage, str(tmp_path / name), chunk_size=CHUNK).chunks
+
+
 def test_a_file_truncated_under_the_mapping_is_a_changed_file(tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real fault: the file is cut while a worker reads its mapping. The worker dies of
     SIGBUS; the drill re-reads the span and reports the file as changed."""

@@ -50,7 +50,12 @@ def hash_mapped(open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chu
         for w in range(min(workers, len(spans))):
             mine = range(w, len(spans), workers)
             read_fd, write_fd = os.pipe()
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:  # no memory or no process slot for another: its spans are read instead
+                os.close(read_fd)
+                os.close(write_fd)
+                break
             if pid == 0:  # pragma: no cover - the worker; its report is checked by the caller
                 os.close(read_fd)
                 _work(write_fd, open_file, spans, mine, chunk_size)
