@@ -293,3 +293,29 @@ def test_a_drill_left_running_by_a_dead_process_is_closed_as_aborted(demo_run: P
     drill(demo_run, sqlite_url)
     got = get_drill(orphan, db=sqlite_url)
     assert got.status == "aborted" and f"pid {int(dead)}" in got.message and "is gone" in got.message
+
+
+COMMAND_MODULES = {"audit", "demo", "integrity", "nightly", "records", "reports", "run", "submit"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "loaded"),
+    [
+        (["verify", "--help"], {"integrity"}),
+        (["db", "status", "--help"], {"records"}),
+        (["audit", "--help"], {"audit"}),
+        (["--help"], COMMAND_MODULES - {"audit"}),  # audit is a group: its commands load with its own help
+    ],
+)
+def test_a_command_imports_only_its_own_module(argv: list[str], loaded: set[str]) -> None:
+    """Commands are built when looked up: `drill verify` pays for no other command's imports,
+    while a listing loads the commands it lists."""
+    from tests.conftest import fresh_python
+
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print(','.join(sorted(m.rsplit('.', 1)[-1] for m in sys.modules if m.startswith('drill.cli.')))))\n"
+        f"sys.argv = ['drill', *{argv!r}]\n"
+        "from drill.cli import main\nmain()\n"
+    )
+    assert set(fresh_python(code).split(",")) & COMMAND_MODULES == loaded
