@@ -50,6 +50,17 @@ def test_mapped_spans_hash_as_positioned_reads_do(tmp_path: Path, files: dict[st
     assert got == [hash_span(storage, uri, a, n, CHUNK) for uri, a, n in spans]
 
 
+def test_windows_and_chunks_off_the_page_grid_hash_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A span longer than the mapping window, and a chunk size that is not a multiple of the
+    page (a manifest may say so), give the digests a read gives."""
+    monkeypatch.setattr(mapped, "WINDOW", 3 * 5000)
+    body = os.urandom(41_234)
+    (tmp_path / "f").write_bytes(body)
+    storage, uri = LocalStorage(), str(tmp_path / "f")
+    spans = [(uri, 0, 20_000), (uri, 20_000, len(body) - 20_000)]
+    assert mapped.hash_mapped(storage.open, spans, 5000, 2) == [hash_span(storage, u, a, n, 5000) for u, a, n in spans]
+
+
 def test_hash_files_uses_the_workers_and_matches_a_stream(tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch) -> None:
     import drill.integrity.parallel as parallel
 

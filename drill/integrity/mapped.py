@@ -34,6 +34,8 @@ Span = tuple[str, int, int]
 _HEAD = struct.Struct("<II")
 """Each finished span, from a worker: its index and digest count, then the 16-byte digests."""
 _DIGEST = 16
+WINDOW = 256 << 20
+"""Bytes mapped at once: a worker's mappings stay bounded however large the shard."""
 
 
 def hash_mapped(open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chunk_size: int, workers: int) -> list[list[bytes] | None]:
@@ -133,17 +135,27 @@ def _detach() -> None:  # pragma: no cover - in the worker
 
 
 def _digests(open_file: Callable[[str], BinaryIO], uri: str, start: int, length: int, chunk_size: int) -> list[bytes] | None:  # pragma: no cover
+    """The span's chunk digests, through one window of whole chunks at a time."""
+    window = max(1, WINDOW // chunk_size) * chunk_size
     with open_file(uri) as f:
         fd = f.fileno()
         if os.fstat(fd).st_size < start + length:
             return None  # shrank since it was listed: the positioned read reports it
-        with mmap.mmap(fd, length, offset=start, access=mmap.ACCESS_READ) as m:
-            m.madvise(mmap.MADV_SEQUENTIAL)
-            view = memoryview(m)
-            try:
-                return [xxhash.xxh3_128(view[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)]
-            finally:
-                view.release()
+        digests: list[bytes] = []
+        for at in range(start, start + length, window):
+            digests += _window(fd, at, min(window, start + length - at), chunk_size)
+        return digests
+
+
+def _window(fd: int, at: int, length: int, chunk_size: int) -> list[bytes]:  # pragma: no cover - in the worker
+    skew = at % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a page; a chunk need not
+    with mmap.mmap(fd, skew + length, offset=at - skew, access=mmap.ACCESS_READ) as m:
+        m.madvise(mmap.MADV_SEQUENTIAL)
+        view = memoryview(m)[skew:]
+        try:
+            return [xxhash.xxh3_128(view[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)]
+        finally:
+            view.release()
 
 
 def _write_all(fd: int, data: bytes) -> None:  # pragma: no cover - in the worker
