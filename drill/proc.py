@@ -48,13 +48,12 @@ def may_fork() -> bool:
     return _claimed and sys.platform.startswith("linux") and threading.active_count() == 1
 
 
-def die_with_parent() -> None:
-    """In a forked child: killed when drill ends, with default signal handling (drill's
-    handlers raise into drill's own code) and no pending alarm. A child whose parent is
-    already gone exits at once."""
-    parent = os.getppid()
+def die_with_parent(parent: int) -> None:
+    """In a child forked by ``parent`` (its pid, taken before the fork): killed when drill ends,
+    with default signal handling (drill's handlers raise into drill's own code) and no pending
+    alarm. A child whose parent is already gone exits at once."""
     child_preexec()()
-    if os.getppid() != parent:
+    if os.getppid() != parent:  # it died before the death signal was armed
         os._exit(1)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)

@@ -30,7 +30,6 @@ from drill.integrity.parallel import hash_files
 from drill.integrity.reading import describe_read_error
 from drill.storage import EntryKind, PathEscapesCheckpoint, Storage
 
-
 MANIFEST_NAME = "drill-manifest.json"
 FORMAT = "drill-manifest"
 VERSION = 1

@@ -46,6 +46,7 @@ def hash_mapped(open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chu
         return done
     sys.stdout.flush()  # a fork copies unflushed buffers: they would be printed twice
     sys.stderr.flush()
+    parent = os.getpid()
     pids: list[int] = []
     pipes: dict[int, bytearray] = {}
     try:
@@ -60,7 +61,7 @@ def hash_mapped(open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chu
                 break
             if pid == 0:  # pragma: no cover - the worker; its report is checked by the caller
                 os.close(read_fd)
-                _work(write_fd, open_file, spans, mine, chunk_size)
+                _work(parent, write_fd, open_file, spans, mine, chunk_size)
             os.close(write_fd)
             pids.append(pid)
             pipes[read_fd] = bytearray()
@@ -111,10 +112,10 @@ def _parse(data: bytearray, done: list[list[bytes] | None]) -> None:
         pos = end
 
 
-def _work(fd: int, open_file: Callable[[str], BinaryIO], spans: Sequence[Span], mine: range, chunk_size: int) -> None:  # pragma: no cover
+def _work(parent: int, fd: int, open_file: Callable[[str], BinaryIO], spans: Sequence[Span], mine: range, chunk_size: int) -> None:  # pragma: no cover
     code = 1
     try:
-        _detach()
+        _detach(parent)
         for index in mine:
             digests = _digests(open_file, *spans[index], chunk_size)
             if digests is not None:
@@ -124,10 +125,10 @@ def _work(fd: int, open_file: Callable[[str], BinaryIO], spans: Sequence[Span], 
         os._exit(code)
 
 
-def _detach() -> None:  # pragma: no cover - in the worker
+def _detach(parent: int) -> None:  # pragma: no cover - in the worker
     """Die with the parent, with default signals (the parent's handlers raise into its own
     code), and quiet when a mapping faults: no core file, no fault handler's dump."""
-    die_with_parent()
+    die_with_parent(parent)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     handler = sys.modules.get("faulthandler")  # enabled by PYTHONFAULTHANDLER, -X faulthandler, pytest
     if handler is not None:

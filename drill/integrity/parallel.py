@@ -21,7 +21,7 @@ from drill.storage import Storage
 T = TypeVar("T")
 Spans = dict[str, list[tuple[int, int]]]
 """File → (start, length) of its spans, each a run of whole chunks."""
-Digests = dict[tuple[str, int], "list[bytes] | OSError"]
+Digests = dict[tuple[str, int], list[bytes] | OSError]
 """(file, span start) → the span's chunk digests, or the error that stopped its read."""
 
 

@@ -178,9 +178,7 @@ def _detach(parent: int) -> None:
     stdin, and the trainer's prints go to stderr (stdout carries the drill's data)."""
     from drill.proc import die_with_parent
 
-    if os.getppid() != parent:
-        os._exit(1)  # the drill died before the fork ran this far
-    die_with_parent()
+    die_with_parent(parent)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     try:
