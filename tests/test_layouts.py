@@ -257,3 +257,21 @@ def test_real_lightning_fsdp_without_meta_pt_fails(real_lightning: Path, sqlite_
     outcome = _drill(run, sqlite_url, "step:4")
     assert ("files", "file-missing", "meta.pt") in _errors(outcome)
     assert verify_checkpoint(str(run / "epoch=0-step=4.ckpt")).result.status.value == "failed"
+
+
+@pytest.mark.parametrize(("kind", "name"), [("megatron", "common.pt"), ("lightning", "meta.pt")])
+def test_a_torchscript_side_file_is_refused_as_code_never_loaded(copy_of, kind: str, name: str, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A side file is read with an unpickler that runs nothing — but torch.load would hand a
+    TorchScript archive to torch.jit.load, which runs the archive's code."""
+    import torch
+
+    from tests.test_security import _torchscript_bytes
+
+    run = copy_of(kind)
+    (run / DIRS[kind] / name).write_bytes(_torchscript_bytes())
+    calls: list[object] = []
+    monkeypatch.setattr(torch.jit, "load", lambda *a, **k: calls.append(a))
+    outcome = _drill(run, sqlite_url)
+    assert calls == []
+    assert ("load", "unsafe-pickle", name) in _errors(outcome), _errors(outcome)
+    assert outcome.status.value == "failed"

@@ -183,3 +183,75 @@ def test_an_index_naming_a_file_outside_the_checkpoint_is_refused_not_read(demo_
     assert any(f.code == "path-escapes" or "escapes" in f.message or "outside" in f.message for f in outcome.findings), [f.message for f in outcome.findings]
     assert outcome.bytes_read is None or outcome.bytes_read < outside.stat().st_size
     assert verify_checkpoint(str(ckpt)).result.status.value == "failed"
+
+
+class _Scripted(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+def _torchscript_bytes() -> bytes:
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(_Scripted()), buf)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def jit_load_never_called(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """torch.load hands a TorchScript archive to torch.jit.load, which compiles and runs its
+    code: record every call (none may happen while drill reads a checkpoint)."""
+    calls: list[object] = []
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        calls.append(args)
+        raise AssertionError("torch.jit.load was called on checkpoint data")
+
+    monkeypatch.setattr(torch.jit, "load", refuse)
+    return calls
+
+
+def test_a_torchscript_archive_never_reaches_torch_jit_load_through_any_reader(jit_load_never_called: list[object]) -> None:
+    """Every reader of checkpoint-controlled torch.save bytes: the inert side-file reader
+    (Lightning meta.pt, Megatron common.pt) and the weights-only loader (HF's files,
+    torch.save checkpoints) refuse a TorchScript archive as code, before torch sees it."""
+    from drill.formats.inert import load_inert
+    from drill.formats.safeload import UnsafePickle, load_torch
+
+    archive = memoryview(_torchscript_bytes())
+    for read in (load_inert, load_torch, lambda v: load_torch(v, ("numpy.ndarray",))):
+        with pytest.raises(UnsafePickle, match="TorchScript"):
+            read(archive)
+    assert jit_load_never_called == []
+
+
+def test_a_torchscript_checkpoint_file_is_an_unsafe_pickle_finding(tmp_path: Path, sqlite_url: str, jit_load_never_called: list[object]) -> None:
+    from tests.conftest import drill as _drill
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ckpt.pt").write_bytes(_torchscript_bytes())
+    outcome = _drill(run, sqlite_url)
+    assert outcome.status.value == "failed", outcome.message
+    assert any(f.code == "unsafe-pickle" and "TorchScript" in f.message for f in outcome.findings), [(f.code, f.message) for f in outcome.findings]
+    assert jit_load_never_called == []
+
+
+def test_the_inert_reader_imports_no_module_merely_named_like_numpy(tmp_path: Path) -> None:
+    """A class is matched by its exact module, never a prefix: ``numpy_evil.XDType`` (a module
+    a checkpoint's directory could plant) is a stand-in, not an import."""
+    from drill.formats.inert import StandIn, _Module
+
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    marker = tmp_path / "imported"
+    (planted / "numpy_evil.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass XDType:\n    pass\n")
+    raw = b"\x80\x02cnumpy_evil\nXDType\nq\x00)\x81q\x01."  # protocol 2: GLOBAL numpy_evil.XDType, NEWOBJ
+    sys.path.insert(0, str(planted))
+    seen: set[str] = set()
+    try:
+        obj = _Module(seen).Unpickler(io.BytesIO(raw)).load()
+    finally:
+        sys.path.remove(str(planted))
+        sys.modules.pop("numpy_evil", None)
+    assert not marker.exists()
+    assert isinstance(obj, StandIn) and seen == {"numpy_evil.XDType"}

@@ -12,6 +12,7 @@ from drill import parts
 from drill.discover import CheckpointRef
 from drill.formats.base import RestoreContext, read_file
 from drill.findings import Finding
+from drill.formats.safeload import UnsafePickle
 from drill.formats.layouts import SIDE_FILES, Recognized, canonical_items, optimizer_params, recognize, side_items
 from drill.restore import ItemFailure, RestoreResult, TensorInfo
 from drill.storage import Storage
@@ -64,6 +65,9 @@ def _side(name: str, storage: Storage, ref: CheckpointRef, ctx: RestoreContext, 
         from drill.formats.inert import load_inert
 
         obj, stand_ins = load_inert(view)
+    except UnsafePickle as exc:
+        result.failures.append(ItemFailure(name, name, f"refused to load: it is {exc}; nothing in it was executed", code="unsafe-pickle"))
+        return {}
     except Exception as exc:  # noqa: BLE001 - a damaged side file is a finding, not a crash
         from drill.formats.base import one_line
 

@@ -33,7 +33,37 @@ NUMPY_ARRAYS = (
 
 
 class UnsafePickle(Exception):
-    """The file names a global outside the allow-list; nothing in it was executed."""
+    """The file names a global outside the allow-list, or is code; nothing in it was executed."""
+
+
+CODE_ARCHIVE = "a TorchScript archive (it carries code: code/, constants.pkl)"
+"""What :func:`refuse_code_archive` calls a file that torch would hand to ``torch.jit.load``."""
+
+
+def is_code_archive(view: memoryview) -> bool:
+    """Whether a ``torch.save``-style zip is a TorchScript archive. ``torch.load`` dispatches
+    such a file to ``torch.jit.load``, which compiles and runs the code inside it — with
+    ``weights_only=False`` (the inert side-file reader) that is code from the checkpoint."""
+    import zipfile
+
+    if bytes(view[:4]) != b"PK\x03\x04":
+        return False
+    try:
+        with zipfile.ZipFile(ViewReader(view)) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return False  # not readable as a zip: torch.load will fail on it, running nothing
+    for name in names:
+        inner = name.split("/", 1)[1] if "/" in name else name
+        if inner == "constants.pkl" or inner.startswith("code/"):
+            return True
+    return False
+
+
+def refuse_code_archive(view: memoryview) -> None:
+    """Raise :class:`UnsafePickle` for a TorchScript archive, before torch can see it."""
+    if is_code_archive(view):
+        raise UnsafePickle(CODE_ARCHIVE)
 
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
@@ -82,6 +112,7 @@ def load_torch(view: memoryview, allow: Iterable[str] = (), map_location: Any = 
     Raises :class:`UnsafePickle` (naming the global) for a pickle that names code outside the
     allow-list; any other failure propagates (see :func:`load_failure`).
     """
+    refuse_code_archive(view)
     try:
         with torch.serialization.safe_globals(resolve_globals(allow)):
             return torch.load(ViewReader(view), map_location=map_location, weights_only=True)
