@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from drill.text import lossless
+
 
 class Severity(str, Enum):
     ERROR = "error"
@@ -116,14 +118,17 @@ def not_run(name: str, why: str) -> CheckResult:
 def jsonable(value: Any) -> Any:
     """Plain JSON on every backend: tuples to lists, keys to strings, NaN/±Inf to the strings
     ``"NaN"``/``"Infinity"``/``"-Infinity"`` (PostgreSQL's json and strict JSON parsers reject
-    them as numbers), anything exotic to its ``str``."""
+    them as numbers), text that is not UTF-8 (a file name's stray bytes) to ``\\xNN`` escapes,
+    anything exotic to its ``str``."""
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [jsonable(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if value is None or isinstance(value, (str, int, float, bool)):
+    if isinstance(value, str):
+        return lossless(value)
+    if value is None or isinstance(value, (int, float, bool)):
         return value
     if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:  # a 0-d tensor
         return jsonable(value.item())

@@ -255,3 +255,37 @@ def test_the_inert_reader_imports_no_module_merely_named_like_numpy(tmp_path: Pa
         sys.modules.pop("numpy_evil", None)
     assert not marker.exists()
     assert isinstance(obj, StandIn) and seen == {"numpy_evil.XDType"}
+
+
+HOSTILE_NAMES = (b"evil\x1b[2J\x1b[31mPASSED\x1b[0m\x07.bin", b"cr\rPASSED.bin", b"bidi\xe2\x80\xaetxt.exe", b"not-utf8-\xff\xfe.bin", b"c1-\xc2\x9b31m.bin")
+"""File names a checkpoint's writer could choose: terminal escapes, a carriage return that
+rewrites the line, a bidi override, bytes that are not UTF-8, a C1 CSI."""
+
+
+def test_hostile_file_names_are_escaped_on_every_output_and_recorded_losslessly(demo_run: Path, db_url: str, cli, tmp_path: Path, private_spool: Path) -> None:
+    from tests.conftest import invoke, recorded
+
+    ckpt = sorted(demo_run.glob("step-*"))[-1]
+    for name in HOSTILE_NAMES:
+        with open(os.path.join(os.fsencode(ckpt), name), "wb") as f:
+            f.write(b"x")
+    outputs = []
+    for args in (
+        ["run", "--root", str(demo_run), "--no-replay", "--db", db_url],
+        ["verify", str(ckpt), "--db", db_url],
+        ["show", "1", "--db", db_url],
+        ["history", "--db", db_url],
+        ["report", "--db", db_url, "-f", "md"],
+        ["report", "--db", db_url, "-f", "html"],
+    ):
+        result = invoke(cli, *args)
+        outputs.append(result.stdout + result.stderr)
+    (drill_,) = recorded(db_url)
+    assert drill_.status.value == "failed" and not list(private_spool.glob("*"))  # recorded, never spooled
+    unlisted = {f.subject for f in drill_.findings if f.code == "file-unlisted"}
+    assert "not-utf8-\\xff\\xfe.bin" in unlisted  # the stray bytes, readable back from the record
+    text = "\n".join(outputs)
+    assert "digest" in text or "file-unlisted" in text
+    for bad in ("\x1b", "\r", "\x07", "\u202e", "\x9b", "\udcff"):
+        assert bad not in text, repr(bad)
+    assert "\\x1b[2J" in text and "\\u202e" in text

@@ -62,15 +62,26 @@ DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks for 
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (errors and the verdict line still print).")]
 
 
+class _Console(Console):
+    """A console for people: every string it renders — table cells, messages, paths, names
+    from a checkpoint — shows its control characters as escapes (:func:`drill.text.printable`),
+    so a file name cannot drive the terminal. Styles are rich's own and are unaffected."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Any:
+        from drill.text import printable
+
+        return super().render_str(printable(text), **kwargs)
+
+
 def stdout() -> Console:
-    console = Console(soft_wrap=True, highlight=False)
+    console = _Console(soft_wrap=True, highlight=False)
     if not console.is_terminal:  # a pipe or a file: tables one row a line, not wrapped at 80
         console.width = max(console.width, 160)
     return console
 
 
 def stderr() -> Console:
-    return Console(stderr=True, soft_wrap=True, highlight=False)
+    return _Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 def print_json(doc: Any) -> None:

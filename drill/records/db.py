@@ -11,6 +11,7 @@ import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
@@ -102,12 +103,21 @@ def _make_engine(url: str, *, readonly: bool = False) -> Engine:
     elif parsed.get_backend_name() == "postgresql":
         kwargs["connect_args"] = {"connect_timeout": 10}
     try:
-        engine = create_engine(parsed, pool_pre_ping=True, **kwargs)
+        engine = create_engine(parsed, pool_pre_ping=True, json_serializer=_record_json, **kwargs)
     except (ArgumentError, ImportError, SQLAlchemyError) as exc:
         raise DatabaseError(f"cannot use database {safe_url(url)}: {_reason(exc)}") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", sqlite_pragmas)
     return engine
+
+
+def _record_json(value: Any) -> str:
+    """JSON columns as every backend takes them (see :func:`drill.findings.jsonable`)."""
+    import json
+
+    from drill.findings import jsonable
+
+    return json.dumps(jsonable(value))
 
 
 def _read_only(target: str) -> sqlite3.Connection:

@@ -20,6 +20,7 @@ from typing import Protocol
 from drill.errors import DatabaseError
 from drill.integrity.coverage import CoverageUpdate, fresh_share
 from drill.records.urls import SCHEMA_HEAD, resolve_url, sqlite_busy_timeout, sqlite_pragmas
+from drill.text import lossless
 
 STAMP = "%Y-%m-%d %H:%M:%S.%f"
 """How SQLAlchemy stores a DateTime in SQLite: naive, UTC by drill's convention."""
@@ -88,10 +89,10 @@ class SqliteLedger:
         with self._transaction() as c:
             c.execute(
                 "INSERT INTO checkpoints (run_root, uri, step, format, first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (uri) DO NOTHING",
-                (run_root, uri, step, format, now, now),
+                (lossless(run_root), lossless(uri), step, format, now, now),
             )
-            c.execute("UPDATE checkpoints SET last_seen = ? WHERE uri = ?", (now, uri))
-            return int(c.execute("SELECT id FROM checkpoints WHERE uri = ?", (uri,)).fetchone()[0])
+            c.execute("UPDATE checkpoints SET last_seen = ? WHERE uri = ?", (now, lossless(uri)))
+            return int(c.execute("SELECT id FROM checkpoints WHERE uri = ?", (lossless(uri),)).fetchone()[0])
 
     def last_verified(self, checkpoint_id: int | None) -> dict[str, tuple[datetime, str]]:
         if checkpoint_id is None:
@@ -108,11 +109,11 @@ class SqliteLedger:
                     "INSERT INTO file_verifications (checkpoint_id, path, size, xxh3_128, verified_at, drill_id) VALUES (?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT (checkpoint_id, path) DO UPDATE SET size = excluded.size, xxh3_128 = excluded.xxh3_128, "
                     "verified_at = excluded.verified_at, drill_id = excluded.drill_id",
-                    (checkpoint_id, path, size, digest, _stamp(now), drill_id),
+                    (checkpoint_id, lossless(path), size, digest, _stamp(now), drill_id),
                 )
                 proofs[path] = (digest, now)
             for path in update.broken & set(proofs):
-                c.execute("DELETE FROM file_verifications WHERE checkpoint_id = ? AND path = ?", (checkpoint_id, path))
+                c.execute("DELETE FROM file_verifications WHERE checkpoint_id = ? AND path = ?", (checkpoint_id, lossless(path)))
                 del proofs[path]
         return fresh_share(update, proofs, now - timedelta(days=days))
 

@@ -10,6 +10,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from drill.text import lossless
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC in and out, also on SQLite (which stores naive text)."""
@@ -30,6 +32,22 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
+class Str(TypeDecorator[str]):
+    """A string column that takes any text drill was given: a file name's stray bytes (lone
+    surrogates, which no database encodes) are stored as ``\\xNN`` (:func:`drill.text.lossless`)."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        return lossless(value) if isinstance(value, str) else value
+
+
+class LongText(Str):
+    impl = Text
+    cache_ok = True
+
+
 JSONDocument = JSON().with_variant(JSONB(), "postgresql")
 
 
@@ -41,10 +59,10 @@ class Checkpoint(Base):
     __tablename__ = "checkpoints"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_root: Mapped[str] = mapped_column(String(2048), index=True)
-    uri: Mapped[str] = mapped_column(String(2048), unique=True)
+    run_root: Mapped[str] = mapped_column(Str(2048), index=True)
+    uri: Mapped[str] = mapped_column(Str(2048), unique=True)
     step: Mapped[int | None] = mapped_column(BigInteger)
-    format: Mapped[str] = mapped_column(String(32))
+    format: Mapped[str] = mapped_column(Str(32))
     bytes: Mapped[int | None] = mapped_column(BigInteger)
     file_count: Mapped[int | None] = mapped_column(Integer)
     first_seen: Mapped[datetime]
@@ -58,24 +76,24 @@ class Drill(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     checkpoint_id: Mapped[int | None] = mapped_column(ForeignKey("checkpoints.id"), index=True)
-    run_root: Mapped[str] = mapped_column(String(2048), index=True)
-    selector: Mapped[str] = mapped_column(String(2048))
-    trigger: Mapped[str] = mapped_column(String(32))
-    host: Mapped[str] = mapped_column(String(255))
+    run_root: Mapped[str] = mapped_column(Str(2048), index=True)
+    selector: Mapped[str] = mapped_column(Str(2048))
+    trigger: Mapped[str] = mapped_column(Str(32))
+    host: Mapped[str] = mapped_column(Str(255))
     pid: Mapped[int] = mapped_column(Integer)
-    device: Mapped[str] = mapped_column(String(64))
+    device: Mapped[str] = mapped_column(Str(64))
     started_at: Mapped[datetime] = mapped_column(index=True)
     finished_at: Mapped[datetime | None]
-    status: Mapped[str] = mapped_column(String(16), index=True)
+    status: Mapped[str] = mapped_column(Str(16), index=True)
     """A :class:`drill.verdict.DrillStatus` value."""
     exit_code: Mapped[int | None] = mapped_column(Integer)
-    message: Mapped[str | None] = mapped_column(Text)
+    message: Mapped[str | None] = mapped_column(LongText)
     """Why the drill did not pass, in one line."""
     process_start: Mapped[int | None] = mapped_column(BigInteger)
     """The drill process's start time (clock ticks since boot): a reused pid is not the drill."""
-    phase: Mapped[str] = mapped_column(String(32))
+    phase: Mapped[str] = mapped_column(Str(32))
     """The last phase reached: where a crashed or aborted drill stopped."""
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(LongText)
     restore_seconds: Mapped[float | None] = mapped_column(Float)
     """Drill start until the state was on the device: discover + read + load."""
     discover_seconds: Mapped[float | None] = mapped_column(Float)
@@ -87,24 +105,24 @@ class Drill(Base):
     bytes_read: Mapped[int | None] = mapped_column(BigInteger)
     throughput_bps: Mapped[float | None] = mapped_column(Float)
     """Bytes read per second of read + load."""
-    drill_version: Mapped[str] = mapped_column(String(32))
-    torch_version: Mapped[str | None] = mapped_column(String(64))
-    sample: Mapped[str | None] = mapped_column(String(64))
+    drill_version: Mapped[str] = mapped_column(Str(32))
+    torch_version: Mapped[str | None] = mapped_column(Str(64))
+    sample: Mapped[str | None] = mapped_column(Str(64))
     """``all`` or the sampling spec: a sampled drill says it was sampled."""
-    evidence_level: Mapped[str | None] = mapped_column(String(16))
+    evidence_level: Mapped[str | None] = mapped_column(Str(16))
     """``sealed`` (content hashes) or ``unsealed`` (structural proof only)."""
     ttfs_seconds: Mapped[float | None] = mapped_column(Float)
     """Time to first step: drill start until the first replayed training step finished."""
-    replay_verdict: Mapped[str | None] = mapped_column(String(32))
+    replay_verdict: Mapped[str | None] = mapped_column(Str(32))
     """``passed``, ``diverged``, ``not replayable`` or ``error``."""
-    replay_reason: Mapped[str | None] = mapped_column(Text)
-    policy: Mapped[str | None] = mapped_column(String(255), index=True)
-    selection: Mapped[str | None] = mapped_column(Text)
+    replay_reason: Mapped[str | None] = mapped_column(LongText)
+    policy: Mapped[str | None] = mapped_column(Str(255), index=True)
+    selection: Mapped[str | None] = mapped_column(LongText)
     """How the checkpoint was chosen (with the seed of a random choice)."""
     slo_breaches: Mapped[dict[str, Any] | None]
     distributed: Mapped[dict[str, Any] | None]
     """A drill run by many ranks: per-rank figures, balance, the slowest rank."""
-    job_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    job_id: Mapped[str | None] = mapped_column(Str(128), index=True)
     """The batch job that ran it (``slurm:1234``)."""
 
     checkpoint: Mapped[Checkpoint | None] = relationship(back_populates="drills")
@@ -120,9 +138,9 @@ class CheckRecord(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     drill_id: Mapped[int] = mapped_column(ForeignKey("drills.id", ondelete="CASCADE"), index=True)
-    name: Mapped[str] = mapped_column(String(64))
-    status: Mapped[str] = mapped_column(String(16))
-    summary: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(Str(64))
+    status: Mapped[str] = mapped_column(Str(16))
+    summary: Mapped[str] = mapped_column(LongText)
     evidence: Mapped[dict[str, Any]]
     seconds: Mapped[float] = mapped_column(Float)
 
@@ -137,9 +155,9 @@ class FileVerification(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     checkpoint_id: Mapped[int] = mapped_column(ForeignKey("checkpoints.id", ondelete="CASCADE"))
-    path: Mapped[str] = mapped_column(String(1024))
+    path: Mapped[str] = mapped_column(Str(1024))
     size: Mapped[int] = mapped_column(BigInteger)
-    xxh3_128: Mapped[str] = mapped_column(String(32))
+    xxh3_128: Mapped[str] = mapped_column(Str(32))
     verified_at: Mapped[datetime]
     drill_id: Mapped[int | None] = mapped_column(ForeignKey("drills.id", ondelete="SET NULL"))
 
@@ -156,8 +174,8 @@ class ReplayStep(Base):
     loss: Mapped[float | None] = mapped_column(Float)
     reference_grad_norm: Mapped[float | None] = mapped_column(Float)
     grad_norm: Mapped[float | None] = mapped_column(Float)
-    reference_batch: Mapped[str | None] = mapped_column(String(64))
-    batch: Mapped[str | None] = mapped_column(String(64))
+    reference_batch: Mapped[str | None] = mapped_column(Str(64))
+    batch: Mapped[str | None] = mapped_column(Str(64))
     matches: Mapped[bool] = mapped_column(Boolean)
     nonfinite: Mapped[dict[str, Any] | None]
     """Values that are NaN or ±Inf (``{"loss": "NaN"}``), whose float column holds NULL:
@@ -169,12 +187,12 @@ class Alert(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     drill_id: Mapped[int] = mapped_column(ForeignKey("drills.id", ondelete="CASCADE"), index=True)
-    channel: Mapped[str] = mapped_column(String(16))
-    target: Mapped[str] = mapped_column(String(512))
+    channel: Mapped[str] = mapped_column(Str(16))
+    target: Mapped[str] = mapped_column(Str(512))
     """Where it went, secrets masked."""
     delivered: Mapped[bool] = mapped_column(Boolean)
     attempts: Mapped[int] = mapped_column(Integer)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(LongText)
     sent_at: Mapped[datetime]
 
 
@@ -183,9 +201,9 @@ class SchedulerLease(Base):
 
     __tablename__ = "scheduler_lease"
 
-    name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    holder: Mapped[str] = mapped_column(String(255))
-    host: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(Str(255))
+    host: Mapped[str] = mapped_column(Str(255))
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime]
     heartbeat_at: Mapped[datetime]
@@ -204,11 +222,11 @@ class AuditEntry(Base):
 
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     drill_id: Mapped[int] = mapped_column(Integer, index=True)
-    content_sha256: Mapped[str] = mapped_column(String(64))
+    content_sha256: Mapped[str] = mapped_column(Str(64))
     """SHA-256 of the drill's record as closed: its row, checks, replayed steps, checkpoint URI."""
-    prev_hash: Mapped[str] = mapped_column(String(64))
-    hash: Mapped[str] = mapped_column(String(64))
-    mac: Mapped[str | None] = mapped_column(String(64))
+    prev_hash: Mapped[str] = mapped_column(Str(64))
+    hash: Mapped[str] = mapped_column(Str(64))
+    mac: Mapped[str | None] = mapped_column(Str(64))
     """HMAC-SHA256 of the same message, when an audit key was configured."""
-    key_id: Mapped[str | None] = mapped_column(String(16))
+    key_id: Mapped[str | None] = mapped_column(Str(16))
     sealed_at: Mapped[datetime]

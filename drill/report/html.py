@@ -1,17 +1,23 @@
 """An audit report as one self-contained HTML file: inline CSS and SVG, no script, nothing
 fetched (a Content-Security-Policy says so to the browser), readable on screen and on paper.
 
-Every value that came from a record goes through :func:`html.escape`.
+Every value that came from a record goes through :func:`escape`: HTML's special characters
+and control characters (:func:`drill.text.printable`) cannot inject markup.
 """
 
 from __future__ import annotations
 
-from html import escape
+import html
 
 from drill import __version__
+from drill.text import printable
 from drill.report import text as t
 from drill.report.charts import STATUS_COLORS, Point, Series, line_chart, share_bar, status_strip
 from drill.report.model import CheckpointRow, DrillEntry, GoodputSection, Report, RunSection
+
+def escape(value: object) -> str:
+    return html.escape(printable(str(value)))
+
 
 CSS = """
 :root { --fg:#111827; --muted:#6b7280; --line:#e5e7eb; --ok:#15803d; --bad:#dc2626; }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from drill.report import text as t
+from drill.text import printable
 from drill.report.model import DrillEntry, GoodputSection, Report, RunSection
 
 _ORDER = {s: i for i, s in enumerate(("passed", "failed", "slo_breach", "error", "aborted", "running"))}
@@ -19,13 +20,14 @@ _SPECIAL = re.compile(r"([\\`*_\[\]|~])")
 
 def cell(value: object) -> str:
     """Text safe inside a table cell or a line of prose."""
-    s = " ".join(str(value).split())  # newlines would end the row
+    s = " ".join(printable(str(value)).split())  # newlines would end the row
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _SPECIAL.sub(r"\\\1", s)
 
 
 def fenced(code: str, lang: str = "sh") -> str:
     """A code block whose fence is longer than any backtick run inside it."""
+    code = printable(code)
     longest = max((len(m) for m in re.findall(r"`+", code)), default=0)
     fence = "`" * max(3, longest + 1)
     return f"{fence}{lang}\n{code}\n{fence}"
