@@ -32,21 +32,30 @@ class Delivery:
 
 
 def mask_url(url: str) -> str:
-    parts = urlsplit(url)
+    """Scheme, host and port only: the path, query and credentials of a webhook are its secret."""
+    try:
+        parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a port that is not a number: nothing of it is safe to show
+        return "<webhook>"
     if not parts.scheme or not parts.hostname:
         return "<webhook>"
-    port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{parts.hostname}{port}/…"
 
 
 def resolve_webhook(value: str) -> str:
-    """``env:NAME`` reads the URL from the environment, keeping the secret out of the file."""
+    """``env:NAME`` reads the URL from the environment, keeping the secret out of the file.
+    A ``ValueError`` says what is wrong with it without ever quoting it."""
+    url = value
     if value.startswith("env:"):
-        url = os.environ.get(value[4:])
+        url = os.environ.get(value[4:], "")
         if not url:
             raise ValueError(f"alerts.webhook names ${value[4:]}, which is not set")
-        return url
-    return value
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or mask_url(url) == "<webhook>" or any(ord(c) < 0x21 for c in url):
+        where = f"${value[4:]}" if value.startswith("env:") else "alerts.webhook"
+        raise ValueError(f"{where} does not hold an http(s) URL with a host (its value is a secret and is not shown)")
+    return url
 
 
 def payload(drill: dict[str, Any], policy: str | None) -> dict[str, Any]:
@@ -89,9 +98,18 @@ def post_webhook(url: str, body: dict[str, Any], *, timeout: float, retries: int
             error = f"HTTP {exc.code}"
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            error = "timed out" if isinstance(reason, TimeoutError) or "timed out" in str(reason) else str(reason)
+            error = "timed out" if isinstance(reason, TimeoutError) or "timed out" in str(reason) else _without(str(reason), url)
+        except Exception as exc:  # noqa: BLE001 - an alert never fails the drill, and its message may quote the URL
+            error = f"{type(exc).__name__}: the request could not be made"
         time.sleep(min(0.5 * 2**attempt, 5.0))
     return Delivery("webhook", mask_url(url), False, attempts, error)
+
+
+def _without(text: str, url: str) -> str:
+    """``text`` with the URL (a secret) and any piece of it longer than a host name removed."""
+    for secret in {url, *(p for p in urlsplit(url)[2:] if len(p) > 3)}:
+        text = text.replace(secret, "…")
+    return text
 
 
 def run_command(command: str, body: dict[str, Any], *, timeout: float) -> Delivery:

@@ -89,3 +89,38 @@ def test_command_alert_gets_the_payload_on_stdin(tmp_path: Path) -> None:
 def test_mask_url() -> None:
     assert mask_url("https://hooks.slack.com/services/T/B/XYZ") == "https://hooks.slack.com/…"
     assert mask_url("https://user:pw@example.com:8443/x?token=1") == "https://example.com:8443/…"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "s3cr3tT0ken-not-a-url",  # a token alone, where the URL should be
+        "http://hooks.example:s3cr3tT0ken/x",  # a port that is not a number
+        "http://127.0.0.1:9/x\ns3cr3tT0ken",  # a control character: http.client quotes the URL
+        "ftp://127.0.0.1/s3cr3tT0ken",
+        "https:///s3cr3tT0ken",  # no host
+    ],
+)
+def test_a_webhook_secret_from_the_environment_is_never_shown_whatever_it_holds(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """Whatever $NAME holds, the delivery fails (or is made) without quoting it and without raising."""
+    monkeypatch.setenv("DRILL_TEST_HOOK", value)
+    (delivery,) = send_alerts(Alerts(webhook="env:DRILL_TEST_HOOK", timeout=1, retries=1), DRILL, "p")
+    assert not delivery.delivered
+    assert "s3cr3tT0ken" not in f"{delivery.target} {delivery.error}", delivery
+
+
+def test_a_policy_drill_with_a_bad_webhook_secret_is_recorded_and_the_next_one_runs(demo_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    (sorted(demo_run.glob("step-*"))[-1] / "__0_0.distcp").unlink()  # a failing drill alerts
+    policy = tmp_path / "p.yaml"
+    policy.write_text(f"name: hooked\ncheckpoints: {{root: {demo_run}}}\nschedule: {{cron: '0 3 * * *'}}\nreplay: {{enabled: false}}\nalerts: {{webhook: env:DRILL_TEST_HOOK, timeout: 1s, retries: 1}}\n")
+    env = {**__import__("os").environ, "DRILL_TEST_HOOK": "http://hooks.example:s3cr3tT0ken/x"}
+    drill = str(Path(sys.executable).parent / "drill")
+    runs = [subprocess.run([drill, "run", "--policy", str(policy), "--db", db, "--json"], env=env, capture_output=True, text=True) for _ in range(2)]
+    for done in runs:
+        assert done.returncode == 1, done.stderr[-1500:]
+        assert "s3cr3tT0ken" not in done.stdout + done.stderr
+        assert json.loads(done.stdout)["alerts"][0]["delivered"] is False

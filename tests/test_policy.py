@@ -147,3 +147,41 @@ def test_random_window_and_fixed_step() -> None:
         choose(d, Selection(strategy="step", step=99), now=NOW)
     with pytest.raises(NothingToDrill, match="no eligible checkpoint"):
         choose(_disc(10, age=1), Selection(strategy="latest", settle=60), now=NOW)
+
+
+HOSTILE = {
+    "an alias bomb": "name: b\na: &a [x,x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+    "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\n"
+    "checkpoints: {root: /r}\nschedule: {cron: '0 3 * * *'}\ncontract: {allow_missing: *f}\n",
+    "deep nesting": "name: d\ncheckpoints: {root: /r}\nschedule: {cron: '0 3 * * *'}\nreplay: " + "[" * 20000 + "]" * 20000 + "\n",
+    "deep mappings": "name: d\ncheckpoints: {root: /r}\nschedule: {cron: '0 3 * * *'}\nalerts: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n",
+    "a recursive alias": "name: r\ncheckpoints: &r {root: /r, s3: *r}\nschedule: {cron: '0 3 * * *'}\n",
+    "an object tag in a value": "name: t\ncheckpoints: {root: !!python/object/apply:os.system [id]}\nschedule: {cron: '0 3 * * *'}\n",
+    "a local tag": "name: t\ncheckpoints: {root: !mytag /r}\nschedule: {cron: '0 3 * * *'}\n",
+    "a python name tag at the top": "name: !!python/name:os.system\ncheckpoints: {root: /r}\nschedule: {cron: '0 3 * * *'}\n",
+    "a huge file": "name: big\n# " + "x" * (2 << 20) + "\ncheckpoints: {root: /r}\nschedule: {cron: '0 3 * * *'}\n",
+}
+
+
+@pytest.mark.parametrize("what", list(HOSTILE))
+def test_a_hostile_policy_is_a_policy_error_with_its_line_fast_and_small(what: str, tmp_path: Path) -> None:
+    """Every hostile document is refused as a policy error (exit 2, file and line where known)
+    by ``policy check`` and ``run --policy`` alike — never a MemoryError, RecursionError or
+    internal error (70), and within a few seconds."""
+    import resource
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "hostile.yaml"
+    path.write_text(HOSTILE[what])
+    drill = str(Path(sys.executable).parent / "drill")
+    for args in (["policy", "check", str(path)], ["run", "--policy", str(path), "--db", f"sqlite:///{tmp_path / 'd.db'}"]):
+        started = time.monotonic()
+        done = subprocess.run(
+            [drill, *args], capture_output=True, text=True, timeout=60,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31)),  # 2 GiB: a bomb would hit it
+        )  # fmt: skip
+        assert done.returncode == 2, (what, args[0], done.returncode, done.stderr[-800:])
+        assert "hostile.yaml" in done.stderr and "internal error" not in done.stderr and "Traceback" not in done.stderr
+        assert time.monotonic() - started < 15

@@ -154,14 +154,89 @@ class _Section:
     nodes: dict[str, yaml.Node]
 
 
+MAX_BYTES = 1 << 20
+"""A policy is a page of settings; a larger file is refused before it is parsed."""
+MAX_DEPTH = 32
+"""Nesting deeper than any policy needs (a policy nests three levels) is refused as it is read,
+long before Python's recursion limit."""
+MAX_NODES = 10_000
+"""Values in the document once every alias is expanded: a few anchors that multiply (the
+"billion laughs") are refused before anything is built from them."""
+
+
+class _Bounded(yaml.SafeLoader):
+    """PyYAML's safe loader (plain data only: no tag builds an object), refusing documents
+    nested deeper than :data:`MAX_DEPTH`."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise yaml.YAMLError(_Limit(self.peek_event().start_mark, f"nested more than {MAX_DEPTH} levels deep"))
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Limit:
+    mark: Any
+    why: str
+
+
+def _compose(text: str, file: str) -> yaml.Node | None:
+    """The document's node graph, within the limits above; a :class:`PolicyError` naming the
+    line otherwise."""
+    if len(text) > MAX_BYTES:
+        raise PolicyError([Problem(file, None, "", f"{len(text)} characters: larger than any policy ({MAX_BYTES} at most)")])
+    loader = _Bounded(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.YAMLError as exc:
+        limit = exc.args[0] if exc.args and isinstance(exc.args[0], _Limit) else None
+        mark = limit.mark if limit else getattr(exc, "problem_mark", None)
+        why = f"refused: {limit.why}" if limit else f"not valid YAML: {getattr(exc, 'problem', exc)}"
+        raise PolicyError([Problem(file, mark.line + 1 if mark else None, "", why)]) from None
+    finally:
+        loader.dispose()
+    if root is not None:
+        _expanded_size(root, file)
+    return root
+
+
+def _expanded_size(root: yaml.Node, file: str) -> None:
+    """Count the document's values with every alias expanded (memoized, so counting is
+    cheap); refuse a recursive alias or more than :data:`MAX_NODES` values."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise PolicyError([Problem(file, node.start_mark.line + 1, "", "refused: an alias refers to the value that contains it")])
+        open_.add(key)
+        children = node.value if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)) else []
+        flat = [c for pair in children for c in pair] if isinstance(node, yaml.MappingNode) else children
+        total = 1
+        for child in flat:
+            total += size(child)
+            if total > MAX_NODES:
+                raise PolicyError([Problem(file, node.start_mark.line + 1, "", f"refused: more than {MAX_NODES} values once its aliases are expanded")])
+        open_.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root)
+
+
 def parse_policy(text: str, file: str = "<policy>") -> Policy:
     """Validate a policy document; raises :class:`PolicyError` listing every problem."""
     errors = _Collector(file)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise PolicyError([Problem(file, mark.line + 1 if mark else None, "", f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
+    root = _compose(text, file)
     if not isinstance(root, yaml.MappingNode):
         raise PolicyError([Problem(file, None, "", "a policy is a YAML mapping (name:, checkpoints:, schedule:, …)")])
     values, sections = _read(root, errors)
@@ -191,7 +266,7 @@ def _read(root: yaml.MappingNode, errors: _Collector) -> tuple[dict[str, Any], d
             errors.add(knode, key, _unknown(key, list(TOP)))
         elif key not in SCHEMA:
             try:
-                values[key] = TOP[key](construct.construct_object(vnode, deep=True))
+                values[key] = TOP[key](_construct(construct, vnode))
             except ValueError as exc:
                 errors.add(vnode, key, str(exc))
         elif not isinstance(vnode, yaml.MappingNode):
@@ -204,10 +279,19 @@ def _read(root: yaml.MappingNode, errors: _Collector) -> tuple[dict[str, Any], d
                     continue
                 section.nodes[sub] = svnode
                 try:
-                    section.values[sub] = SCHEMA[key][sub](construct.construct_object(svnode, deep=True))
+                    section.values[sub] = SCHEMA[key][sub](_construct(construct, svnode))
                 except ValueError as exc:
                     errors.add(svnode, f"{key}.{sub}", str(exc))
     return values, sections
+
+
+def _construct(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    """The plain value of ``node``; a tag the safe loader will not build (``!!python/object``,
+    any local tag) is a ``ValueError`` naming it — never an object."""
+    try:
+        return loader.construct_object(node, deep=True)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{getattr(exc, 'problem', None) or exc}: a policy holds plain values only (strings, numbers, lists, mappings)") from None
 
 
 def _selection_shorthand(sel: _Section | None, errors: _Collector) -> None:
@@ -261,7 +345,7 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_BYTES + 1)  # a file past the limit is refused unread (a FIFO, /dev/zero)
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError([Problem(path, None, "", f"cannot read: {getattr(exc, 'strerror', None) or exc}")]) from None
     return parse_policy(text, path)

@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection, Pipe
 from typing import Any
 
 from drill.alerts import Delivery, send_alerts
-from drill.errors import ExitCode
+from drill.errors import DrillError, ExitCode
 from drill.pipeline.recorder import DrillStart
 from drill.policy.model import Policy
 from drill.proc import child_preexec, python_command
@@ -151,10 +151,16 @@ def _record_lost(records: Records, policy: Policy, trigger: str, status: DrillSt
 def _alert(result: IsolatedResult, policy: Policy, records: Records) -> IsolatedResult:
     if result.drill_id is None or result.document is None:
         return result
-    result.deliveries = send_alerts(policy.alerts, result.document, policy.name)
+    try:
+        result.deliveries = send_alerts(policy.alerts, result.document, policy.name)
+    except Exception as exc:  # noqa: BLE001 - an alert never changes, or loses, the verdict
+        result.deliveries = [Delivery("alerts", "-", False, 0, f"{type(exc).__name__}: alerts could not be sent")]
     if result.deliveries:
-        records.record_alerts(result.drill_id, result.deliveries)
-        result.document = records.get(result.drill_id).to_document()
+        try:
+            records.record_alerts(result.drill_id, result.deliveries)
+            result.document = records.get(result.drill_id).to_document()
+        except DrillError as exc:
+            result.record_problem = f"the alert deliveries could not be recorded ({exc.message})"
     return result
 
 
