@@ -49,6 +49,7 @@ def run_drill(
     from drill.records.db import open_database
     from drill.records.recorder import DatabaseRecorder
 
+    audit_key()  # a record is never sealed without the key it should carry
     database = open_database(db)
     try:
         return _run_pipeline(request, DatabaseRecorder(database), progress=progress, storage=storage, dist=dist)
@@ -132,20 +133,17 @@ def last_good(root: str, *, db: str | None = None) -> DrillOutcome | None:
         database.close()
 
 
-def verify_audit_chain(*, db: str | None = None, head: str | None = None) -> ChainReport:
-    """Check the tamper-evident drill log: every link, every closed record's digest, and —
-    with ``head`` (a chain head an auditor pinned) — that the log still reaches it. The audit
-    key, when ``$DRILL_AUDIT_KEY_FILE``/``$DRILL_AUDIT_KEY`` holds one, checks every HMAC.
+def verify_audit_chain(*, db: str | None = None, head: str | None = None, keyed_from: int | None = None) -> ChainReport:
+    """Check the tamper-evident drill log: every link, every entry, every closed record's
+    digest, and — with ``head`` (a chain head an auditor pinned) — that the log still reaches
+    it. The audit key, when ``$DRILL_AUDIT_KEY_FILE``/``$DRILL_AUDIT_KEY`` holds one, must have
+    sealed every entry (from entry ``keyed_from`` on, when the key was introduced later).
     Raises :class:`~drill.errors.UsageError` when that key cannot be used."""
-    from drill.errors import UsageError
-    from drill.integrity.keys import SealKeyError
-    from drill.records.audit import ChainReport, load_audit_key, verify_chain
+    from drill.records.audit import ChainReport, verify_chain
     from drill.records.db import read_database
+    from drill.records.store import Records
 
-    try:
-        key = load_audit_key()
-    except SealKeyError as exc:
-        raise UsageError(str(exc)) from None
+    key = audit_key()
     database = read_database(db)
     if database is None:
         report = ChainReport()
@@ -153,10 +151,23 @@ def verify_audit_chain(*, db: str | None = None, head: str | None = None) -> Cha
             report = _no_database_for(head)
         return report
     try:
-        with database.sessions.begin() as session:
-            return verify_chain(session, key=key, head=head)
+        with Records(database)._session() as session:
+            return verify_chain(session, key=key, head=head, keyed_from=keyed_from)
     finally:
         database.close()
+
+
+def audit_key() -> bytes | None:
+    """The configured audit key; a :class:`~drill.errors.UsageError` when one is configured and
+    cannot be used — drill then refuses to record rather than seal without it."""
+    from drill.errors import UsageError
+    from drill.integrity.keys import SealKeyError
+    from drill.records.audit import load_audit_key
+
+    try:
+        return load_audit_key()
+    except SealKeyError as exc:
+        raise UsageError(str(exc), hint="fix $DRILL_AUDIT_KEY_FILE / $DRILL_AUDIT_KEY, or unset them to record without HMACs") from None
 
 
 def _no_database_for(head: str) -> ChainReport:

@@ -142,7 +142,7 @@ def _rewrite_chain(url: str) -> None:
             for e in entries:
                 e.content_sha256 = contents.digest(e.drill_id)  # type: ignore[assignment]
                 e.prev_hash = prev
-                e.hash = hashlib.sha256(audit._message(e.seq, e.drill_id, e.content_sha256, e.sealed_at, prev)).hexdigest()
+                e.hash = hashlib.sha256(audit._entry_message(e)).hexdigest()
                 prev = e.hash
     finally:
         db.close()
@@ -215,3 +215,112 @@ def test_reports_and_metrics_say_when_the_chain_is_broken(demo_run: Path, sqlite
     prom = tmp_path / "drill.prom"
     invoke(CliRunner(), "metrics", "--db", sqlite_url, "--textfile", str(prom))
     assert "drill_audit_chain_intact 0.0" in prom.read_text()
+
+
+# -- forgeries that must fail closed ----------------------------------------------------------
+def _append_entry(url: str, drill_id: int, *, closed_by: str | None, supersedes: int | None = None, mac: str | None = None, key_id: str | None = None) -> None:
+    """What a forger with write access and no key can do: append an entry sealing a record's
+    current content, correctly linked to the chain's head."""
+    from datetime import datetime, timezone
+
+    from drill.records import audit
+
+    db = open_database(url)
+    try:
+        with db.sessions.begin() as s:
+            last = s.scalars(sa.select(audit.AuditEntry).order_by(audit.AuditEntry.seq.desc()).limit(1)).one()
+            e = audit.AuditEntry(
+                seq=last.seq + 1, drill_id=drill_id, content_sha256=audit._Contents(s, [drill_id]).digest(drill_id), prev_hash=last.hash,
+                hash="", sealed_at=datetime.now(timezone.utc), closed_by=closed_by, supersedes=supersedes, mac=mac, key_id=key_id,
+            )  # fmt: skip
+            e.hash = hashlib.sha256(audit._entry_message(e)).hexdigest()
+            s.add(e)
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("closed_by", ["drill", "spool", "parent", None])
+def test_an_edit_followed_by_an_appended_reseal_is_named(three_drills: str, closed_by: str | None) -> None:
+    """Every entry of every record is checked, not only its latest: a record sealed once and
+    then sealed again (closed by a drill, a spool delivery, a parent, or in the old format to
+    dodge the check) was rewritten — unless the first sealing was orphan recovery's guess."""
+    _sql(three_drills, "UPDATE drills SET status = 'passed', exit_code = 0, message = NULL WHERE id = 2")
+    _append_entry(three_drills, 2, closed_by=closed_by, supersedes=2 if closed_by else None)
+    code, doc = _verify(three_drills)
+    assert code == 1
+    expected = "entry-downgraded" if closed_by is None else "record-resealed"
+    assert expected in [c for c, _ in _codes(doc)], _codes(doc)
+
+
+def test_the_truth_superseding_an_orphan_recoverys_guess_is_intact(demo_run: Path, db_url: str) -> None:
+    """The one legitimate second entry: a drill closed as aborted by orphan recovery, then its
+    spooled verdict delivered."""
+    from drill.pipeline import NullRecorder
+    from drill.pipeline.recorder import DrillStart
+    from drill.records.store import Records
+
+    outcome = drill(demo_run, db_url, recorder=NullRecorder())  # its record "could not be written"
+    db = open_database(db_url)
+    try:
+        records = Records(db)
+        start = DrillStart(run_root=outcome.run_root, selector=outcome.selector, trigger="manual", device="cpu", policy=None, started_at=outcome.started_at, versions=outcome.versions)
+        outcome.id = records.begin_drill(start, pid=999999)  # a row left running by a process that is gone
+        assert records.recover_orphans() == [outcome.id]
+        assert records.deliver(outcome)
+    finally:
+        db.close()
+    code, doc = _verify(db_url)
+    assert code == 0, _codes(doc)
+    assert doc["entries"] == 2 and doc["records"] == 1
+
+
+def test_under_an_audit_key_an_unauthenticated_or_foreign_entry_is_an_error(demo_run: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = tmp_path / "audit.key"
+    key.write_bytes(b"k" * 32)
+    monkeypatch.setenv("DRILL_AUDIT_KEY_FILE", str(key))
+    drill(demo_run, db_url)
+    drill(demo_run, db_url)
+    _sql(db_url, "UPDATE audit_log SET mac = NULL, key_id = NULL WHERE seq = 1", "UPDATE audit_log SET key_id = '0123456789abcdef' WHERE seq = 2")
+    code, doc = _verify(db_url)
+    assert code == 1
+    assert {("entry-unauthenticated", "entry 1 (drill #1)"), ("entry-other-key", "entry 2 (drill #2)")} <= set(_codes(doc))
+    assert all(p["severity"] == "error" for p in doc["problems"])
+    # An operator who introduced the key at entry 3 says so; entries before it are counted, not failed.
+    drill(demo_run, db_url)
+    code, doc = _verify(db_url, "--keyed-from", "3")
+    assert code == 0 and doc["unkeyed_before"] == 2 and doc["authenticated"] == 1
+
+
+def test_a_wiped_chain_under_records_claiming_an_old_version_is_not_before_the_chain(three_drills: str) -> None:
+    _sql(three_drills, "DELETE FROM audit_log", "UPDATE drills SET drill_version = '0.1.0'")
+    code, doc = _verify(three_drills)
+    assert code == 1 and [c for c, _ in _codes(doc)].count("record-unsealed") == 3
+
+
+def test_a_dropped_chain_is_named_not_an_internal_error(three_drills: str) -> None:
+    _sql(three_drills, "DROP TABLE audit_log")
+    code, doc = _verify(three_drills)
+    assert code == 1 and ("chain-missing", "audit_log") in _codes(doc)
+
+
+def test_a_deleted_schema_revision_is_a_database_error_never_an_empty_history(three_drills: str, demo_run: Path) -> None:
+    _sql(three_drills, "DELETE FROM alembic_version")
+    for args in (["history"], ["show", "1"], ["audit", "verify"], ["report", "-f", "json"], ["last-good", "--root", str(demo_run)], ["db", "status"], ["run", "--root", str(demo_run), "--no-replay"]):
+        res = invoke(CliRunner(), *args, "--db", three_drills)
+        assert res.exit_code == 4, (args, res.exit_code, res.stdout, res.stderr)
+        assert "no schema revision" in res.stderr, res.stderr
+
+
+def test_a_configured_audit_key_that_cannot_be_read_records_nothing_unsealed(demo_run: Path, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail closed: drill refuses to start (a usage error, nothing recorded) rather than seal a
+    record without the key; a key that vanishes mid-drill sends the verdict to the spool."""
+    from drill import history
+    from drill.errors import UsageError
+
+    monkeypatch.setenv("DRILL_AUDIT_KEY_FILE", str(tmp_path / "missing.key"))
+    with pytest.raises(UsageError, match="audit key"):
+        drill(demo_run, sqlite_url)
+    res = invoke(CliRunner(), "run", "--root", str(demo_run), "--no-replay", "--db", sqlite_url)
+    assert res.exit_code == 2 and "audit key" in res.stderr
+    monkeypatch.delenv("DRILL_AUDIT_KEY_FILE")
+    assert history(db=sqlite_url) == []

@@ -14,6 +14,10 @@ def audit_verify(
         str | None,
         typer.Option("--head", help="A chain head pinned earlier (from a report, or this command): fail if the log no longer reaches it."),
     ] = None,
+    keyed_from: Annotated[
+        int | None,
+        typer.Option("--keyed-from", help="With an audit key introduced on an existing log: the first entry it sealed; earlier entries may lack its HMAC."),
+    ] = None,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -21,13 +25,15 @@ def audit_verify(
     """Verify the tamper-evident drill log: name every edited, reordered or deleted record.
 
     Every closed drill record is sealed into a hash chain when it closes (with an HMAC when
-    $DRILL_AUDIT_KEY_FILE or $DRILL_AUDIT_KEY holds a key). Exit 0: intact; 1: not.
+    $DRILL_AUDIT_KEY_FILE or $DRILL_AUDIT_KEY holds a key). Every entry is checked; with a
+    key, every entry must carry its HMAC. Exit 0: intact; 1: not; 4: the database cannot be
+    read (a missing schema revision included).
 
     Example: drill audit verify --head 674e016f49d9f5ce9b43ce43342448635adf8ef038351de13c1b005e9bfb3062
     """
     from drill.api import verify_audit_chain
 
-    report = verify_audit_chain(db=db, head=head)
+    report = verify_audit_chain(db=db, head=head, keyed_from=keyed_from)
     if json:
         print_json(report.to_dict())
     else:
@@ -48,6 +54,7 @@ def _summary(report) -> str:  # type: ignore[no-untyped-def]
     h = report.head
     state = "intact" if report.intact else "BROKEN"
     auth = f", {report.authenticated} authenticated" if report.authenticated else ""
+    auth += f", {report.unkeyed_before} sealed before the key" if report.unkeyed_before else ""
     before = f"; {report.before_chain} older record(s) predate the chain" if report.before_chain else ""
     return (
         f"audit chain {state}: {report.entries} entries, {report.records} records match{auth}{before}; "

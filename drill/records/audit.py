@@ -6,12 +6,24 @@ checks with their evidence, its replayed steps and the checkpoint's URI, as cano
 is digested with SHA-256 and appended to ``audit_log`` in the same transaction, as entry
 ``seq``::
 
-    hash[seq] = SHA-256("drill-audit/1" | seq | drill id | content digest | sealed at | hash[seq-1])
+    hash[seq] = SHA-256("drill-audit/2" | seq | drill id | content digest | sealed at | hash[seq-1]
+                        | closed by | the seq this entry supersedes)
 
 With an audit key (``$DRILL_AUDIT_KEY_FILE`` or ``$DRILL_AUDIT_KEY``) each entry also carries
 an HMAC-SHA256 of the same message. :func:`verify_chain` recomputes every link and every
 record's digest: an edited record, an edited, reordered or deleted entry, a deleted drill row
-or a row inserted outside drill is named. Deleting the newest records together with their
+or a row inserted outside drill is named.
+
+A record is sealed once. The one exception is a guess: orphan recovery closes a drill whose
+process is gone as ``aborted``, and the truth may arrive later (the spooled verdict, or the
+parent that saw the process die); that entry names the one it supersedes. Any other second
+entry for a record is ``record-resealed``: a record edited, then sealed again to hide it.
+Entries written before drill 0.5 (``drill-audit/1``: no "closed by") are verified as they
+were written; one of those after a newer entry is a forgery (``entry-downgraded``).
+
+Fail closed: with an audit key, an entry without its HMAC or with another key's is an error
+(before ``keyed_from``, the entry an operator named when the key was introduced, it is
+counted, not failed); closed records with no chain at all, or no chain table, are errors. Deleting the newest records together with their
 entries leaves a shorter chain that is still consistent — which is why reports print the chain
 head: an auditor who pinned it (``drill audit verify --head HASH``) sees it vanish. Without a
 key, someone with write access to the database could recompute the whole chain; the pinned
@@ -40,7 +52,11 @@ from drill.records.models import AuditEntry, Checkpoint, CheckRecord, Drill, Rep
 from drill.verdict import DrillStatus
 
 GENESIS = "0" * 64
-VERSION = "drill-audit/1"
+VERSION = "drill-audit/2"
+LEGACY = "drill-audit/1"
+PROVISIONAL = "orphan-recovery"
+"""Who closes a record on a guess (its process is gone): the one closure a later entry may supersede."""
+CLOSERS = ("drill", "spool", "parent", "error-close", PROVISIONAL)
 KEY_FILE_ENV = "DRILL_AUDIT_KEY_FILE"
 KEY_ENV = "DRILL_AUDIT_KEY"
 _PG_LOCK = 0x64726C6C  # "drll": one advisory lock serializes appends on PostgreSQL
@@ -73,8 +89,15 @@ def _digest(drill: Mapping[str, Any], checkpoint_uri: str | None, checks: Iterab
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _message(seq: int, drill_id: int, content: str, sealed_at: datetime, prev: str) -> bytes:
-    return f"{VERSION}|{seq}|{drill_id}|{content}|{sealed_at.astimezone(timezone.utc).isoformat()}|{prev}".encode()
+def _message(seq: int, drill_id: int, content: str, sealed_at: datetime, prev: str, closed_by: str | None = None, supersedes: int | None = None) -> bytes:
+    head = f"{seq}|{drill_id}|{content}|{sealed_at.astimezone(timezone.utc).isoformat()}|{prev}"
+    if closed_by is None:  # an entry drill wrote before 0.5
+        return f"{LEGACY}|{head}".encode()
+    return f"{VERSION}|{head}|{closed_by}|{supersedes if supersedes is not None else '-'}".encode()
+
+
+def _entry_message(e: AuditEntry) -> bytes:
+    return _message(e.seq, e.drill_id, e.content_sha256, e.sealed_at, e.prev_hash, e.closed_by, e.supersedes)
 
 
 def _hash(message: bytes) -> str:
@@ -121,18 +144,21 @@ class _Contents:
 
 
 # -- sealing --------------------------------------------------------------------------------
-def seal_drill(s: Session, drill_id: int, key: bytes | None) -> AuditEntry:
-    """Append the closed drill ``drill_id`` to the chain, in the caller's transaction."""
+def seal_drill(s: Session, drill_id: int, key: bytes | None, closed_by: str = "drill") -> AuditEntry:
+    """Append the closed drill ``drill_id`` to the chain, in the caller's transaction;
+    ``closed_by`` says who closed it (one of :data:`CLOSERS`)."""
+    assert closed_by in CLOSERS, closed_by
     s.flush()
     if s.get_bind().dialect.name == "postgresql":
         s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
     # On SQLite the flush above already holds the database's write lock: appends are serial.
     last = s.execute(select(AuditEntry.seq, AuditEntry.hash).order_by(AuditEntry.seq.desc()).limit(1)).first()
     seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
+    supersedes = s.scalar(select(AuditEntry.seq).where(AuditEntry.drill_id == drill_id).order_by(AuditEntry.seq.desc()).limit(1))
     content = _Contents(s, [drill_id]).digest(drill_id)
     assert content is not None
     sealed_at = datetime.now(timezone.utc)
-    message = _message(seq, drill_id, content, sealed_at, prev)
+    message = _message(seq, drill_id, content, sealed_at, prev, closed_by, supersedes)
     entry = AuditEntry(
         seq=seq,
         drill_id=drill_id,
@@ -142,6 +168,8 @@ def seal_drill(s: Session, drill_id: int, key: bytes | None) -> AuditEntry:
         mac=hmac.new(key, message, hashlib.sha256).hexdigest() if key else None,
         key_id=key_id(key) if key else None,
         sealed_at=sealed_at,
+        closed_by=closed_by,
+        supersedes=supersedes,
     )
     s.add(entry)
     s.flush()
@@ -170,6 +198,8 @@ class ChainReport:
     head: ChainHead | None = None
     authenticated: int = 0
     """Entries whose HMAC verified under the key given."""
+    unkeyed_before: int = 0
+    """Entries before ``keyed_from`` that carry no HMAC of the key (sealed before it was introduced)."""
     before_chain: int = 0
     """Closed records older than the chain's first entry (recorded before drill kept one)."""
     problems: list[Finding] = field(default_factory=list)
@@ -184,6 +214,7 @@ class ChainReport:
             "entries": self.entries,
             "records": self.records,
             "authenticated": self.authenticated,
+            "unkeyed_before": self.unkeyed_before,
             "before_chain": self.before_chain,
             "head": self.head.to_dict() if self.head else None,
             "problems": [p.to_dict() for p in self.problems],
@@ -194,18 +225,26 @@ def _problem(code: str, subject: str, message: str, severity: Severity = Severit
     return Finding(check="audit", code=code, severity=severity, subject=subject, message=message)
 
 
-def verify_chain(s: Session, *, key: bytes | None = None, head: str | None = None) -> ChainReport:
-    """Recompute every link and every closed record's digest; name what does not match."""
+def verify_chain(s: Session, *, key: bytes | None = None, head: str | None = None, keyed_from: int | None = None) -> ChainReport:
+    """Recompute every link, every entry (its HMAC under ``key``, who closed it, what it
+    supersedes) and every closed record's digest; name what does not match. With ``key``,
+    entries from ``keyed_from`` on (all, by default) must carry that key's HMAC."""
+    from sqlalchemy import inspect
+
+    if not inspect(s.connection()).has_table(AuditEntry.__tablename__):
+        return ChainReport(problems=[_problem("chain-missing", AuditEntry.__tablename__, "the audit_log table is gone: the tamper-evident log was dropped")])
     entries = _entries(s)
     contents = _Contents(s)
     report = ChainReport(entries=len(entries))
     latest: dict[int, Any] = {}
-    prev_hash, prev_seq = GENESIS, 0
+    prev_hash, prev_seq, current = GENESIS, 0, False
     for e in entries:
         if isinstance(e, _Unreadable):
             report.problems.append(_problem("entry-edited", f"entry {e.seq}", f"entry {e.seq} (drill #{e.drill_id}) holds a value drill cannot read ({e.why}): the entry was edited"))
         else:
-            report.problems += _link_problems(e, prev_hash, prev_seq, key, report)
+            report.problems += _link_problems(e, prev_hash, prev_seq, key, report, keyed_from)
+            report.problems += _reseal_problems(e, latest.get(e.drill_id), current)
+            current = current or e.closed_by is not None
         prev_hash, prev_seq = e.hash, e.seq
         latest[e.drill_id] = e
     last = next((e for e in reversed(entries) if not isinstance(e, _Unreadable)), None)
@@ -248,26 +287,58 @@ def _entries(s: Session) -> list[AuditEntry | _Unreadable]:
     return out
 
 
-def _link_problems(e: AuditEntry, prev_hash: str, prev_seq: int, key: bytes | None, report: ChainReport) -> list[Finding]:
+def _link_problems(e: AuditEntry, prev_hash: str, prev_seq: int, key: bytes | None, report: ChainReport, keyed_from: int | None) -> list[Finding]:
     out = []
     where = f"entry {e.seq} (drill #{e.drill_id})"
     if e.seq != prev_seq + 1:
         out.append(_problem("entries-missing", f"entry {e.seq}", f"entries {prev_seq + 1}..{e.seq - 1} are missing from the chain: deleted"))
-    message = _message(e.seq, e.drill_id, e.content_sha256, e.sealed_at, e.prev_hash)
+    message = _entry_message(e)
     if e.prev_hash != prev_hash and e.seq == prev_seq + 1:
         out.append(_problem("link-broken", where, f"{where} does not follow the entry before it: entries were reordered, edited or replaced"))
     if _hash(message) != e.hash:
         out.append(_problem("entry-edited", where, f"{where} does not match its own hash: the entry was edited"))
     if key is not None:
-        if e.mac is None:
-            out.append(_problem("entry-unauthenticated", where, f"{where} carries no HMAC (sealed without an audit key)", Severity.WARNING))
-        elif e.key_id != key_id(key):
-            out.append(_problem("entry-other-key", where, f"{where} was sealed with another key (key id {e.key_id})", Severity.WARNING))
-        elif hmac.compare_digest(e.mac, hmac.new(key, message, hashlib.sha256).hexdigest()):
-            report.authenticated += 1
-        else:
-            out.append(_problem("entry-forged", where, f"{where} fails its HMAC: written or rewritten by someone without the audit key"))
+        out += _mac_problems(e, message, key, report, keyed_from)
     return out
+
+
+def _mac_problems(e: AuditEntry, message: bytes, key: bytes, report: ChainReport, keyed_from: int | None) -> list[Finding]:
+    """Under a key every entry must be that key's: a missing or foreign HMAC is how a forger
+    without the key would downgrade the chain, so it fails — unless the entry predates the
+    key (``keyed_from``, named by the operator who introduced it)."""
+    where = f"entry {e.seq} (drill #{e.drill_id})"
+    mine = e.mac is not None and e.key_id == key_id(key)
+    if mine and hmac.compare_digest(e.mac, hmac.new(key, message, hashlib.sha256).hexdigest()):
+        report.authenticated += 1
+        return []
+    if mine:
+        return [_problem("entry-forged", where, f"{where} fails its HMAC: written or rewritten by someone without the audit key")]
+    if keyed_from is not None and e.seq < keyed_from:
+        report.unkeyed_before += 1
+        return []
+    if e.mac is None:
+        return [_problem("entry-unauthenticated", where, f"{where} carries no HMAC although an audit key is configured: sealed without the key, or stripped of it")]
+    return [_problem("entry-other-key", where, f"{where} claims another audit key (key id {e.key_id}): not authenticated by this one")]
+
+
+def _reseal_problems(e: AuditEntry, before: AuditEntry | _Unreadable | None, current: bool) -> list[Finding]:
+    """A second entry for a record is legitimate only where the first was a guess (orphan
+    recovery) and the entry says it supersedes it."""
+    where = f"entry {e.seq} (drill #{e.drill_id})"
+    if e.closed_by is None:
+        return [_problem("entry-downgraded", where, f"{where} is written in the old format after newer entries: forged to dodge the reseal check")] if current else []
+    if e.closed_by not in CLOSERS:
+        return [_problem("entry-edited", where, f"{where} was closed by {e.closed_by!r}, which drill never writes")]
+    if before is None:
+        if e.supersedes is not None:
+            return [_problem("link-broken", where, f"{where} claims to supersede entry {e.supersedes}, which is not this record's")]
+        return []
+    if isinstance(before, _Unreadable):
+        return []  # the entry before it is already named as edited
+    if e.supersedes != before.seq or before.closed_by != PROVISIONAL:
+        how = f"closed by {before.closed_by or 'a drill before 0.5'} in entry {before.seq}"
+        return [_problem("record-resealed", f"drill #{e.drill_id}", f"drill #{e.drill_id} was {how} and sealed again in entry {e.seq}: a record rewritten, then resealed to hide it")]
+    return []
 
 
 def _record_problems(contents: _Contents, latest: dict[int, Any], first: Any, report: ChainReport) -> list[Finding]:
@@ -304,10 +375,10 @@ def _before_chain(row: Mapping[str, Any], first: AuditEntry | None) -> bool:
     for piece in str(row["drill_version"] or "0").split(".")[:2]:
         digits = "".join(ch for ch in piece if ch.isdigit()) or "0"
         parts.append(int(digits))
-    if tuple(parts) >= CHAINED_SINCE:
+    if tuple(parts) >= CHAINED_SINCE or first is None:  # no chain at all: wiped, not "before" it
         return False
     finished = row["finished_at"]
-    return first is None or (finished is not None and finished < first.sealed_at and row["id"] < first.drill_id)
+    return finished is not None and finished < first.sealed_at and row["id"] < first.drill_id
 
 
 def chain_head(s: Session) -> ChainHead | None:

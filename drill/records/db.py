@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,14 +65,47 @@ def alembic_head() -> str:
 
 
 def _current_revision(engine: Engine) -> str | None:
-    """The revision stamped in ``alembic_version`` (None: no drill schema yet), read with plain SQL."""
+    """The revision stamped in ``alembic_version`` (None: no drill schema yet), read with plain
+    SQL. drill's tables without a revision are a damaged database — never "nothing recorded
+    yet" (an empty history), never migrated over — unless a first migration is under way in
+    another process on this SQLite file (its lock is waited for, then the revision re-read)."""
+    revision, tables = _stamp_and_tables(engine)
+    if revision is None and tables and engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+        with _migrate_lock(str(engine.url.database), shared=True):
+            revision, tables = _stamp_and_tables(engine)
+    if revision is None and tables:
+        raise _unstamped(engine)
+    return revision
+
+
+def _unstamped(engine: Engine) -> DatabaseError:
+    return DatabaseError(
+        f"database {safe_url(engine.url.render_as_string(hide_password=True))} holds drill's tables but no schema revision "
+        "(alembic_version is missing or empty): it was damaged or edited outside drill; restore it from a backup, "
+        "or stamp the revision it has: alembic stamp REVISION"
+    )
+
+
+def _stamp_and_tables(engine: Engine) -> tuple[str | None, bool]:
     from sqlalchemy import text
 
     with engine.connect() as conn:
-        if not inspect(conn).has_table("alembic_version"):
-            return None
-        row = conn.execute(text("SELECT version_num FROM alembic_version")).first()
-        return None if row is None else str(row[0])
+        inspector = inspect(conn)
+        row = conn.execute(text("SELECT version_num FROM alembic_version")).first() if inspector.has_table("alembic_version") else None
+        return (None if row is None else str(row[0])), inspector.has_table("drills")
+
+
+@contextmanager
+def _migrate_lock(database: str, *, shared: bool = False) -> Iterator[None]:
+    """The lock that serializes first use (migration) of one SQLite file across processes."""
+    import fcntl
+
+    fd = os.open(f"{database}.migrate-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 @dataclass(slots=True)
@@ -157,7 +192,9 @@ def upgrade(url: str) -> tuple[str | None, str]:
 
     engine = _make_engine(url)
     try:
-        before = _connectable_revision(engine, url)
+        before, tables = _stamp_and_tables(engine)  # first use of an SQLite file holds its migrate lock here
+        if before is None and tables:
+            raise _unstamped(engine)
         if before is not None and before not in _known_revisions():
             raise DatabaseError(_newer(url, before, head_revision()))
         with engine.begin() as conn:
@@ -173,23 +210,19 @@ def _upgrade_once(url: str, database: str | None) -> None:
     """Upgrade an SQLite file in place, one process at a time: drills started together on a
     fresh file would otherwise all run the migrations, and all but one fail. Under the lock the
     revision is read again — another process may have upgraded it meanwhile."""
-    import fcntl
-
     if not database or database == ":memory:":
         upgrade(url)
         return
-    fd = os.open(f"{database}.migrate-lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with _migrate_lock(database):
         engine = _make_engine(url)
         try:
-            current = _connectable_revision(engine, url)
+            current = _stamp_and_tables(engine)[0]
+        except SQLAlchemyError as exc:
+            raise DatabaseError(f"cannot reach database {safe_url(url)}: {_reason(exc)}") from None
         finally:
             engine.dispose()
         if current != head_revision():
             upgrade(url)
-    finally:
-        os.close(fd)
 
 
 def _connectable_revision(engine: Engine, url: str) -> str | None:

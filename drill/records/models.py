@@ -230,3 +230,8 @@ class AuditEntry(Base):
     """HMAC-SHA256 of the same message, when an audit key was configured."""
     key_id: Mapped[str | None] = mapped_column(Str(16))
     sealed_at: Mapped[datetime]
+    closed_by: Mapped[str | None] = mapped_column(Str(32))
+    """Who closed the record (``drill``, ``spool``, ``parent``, ``error-close``, ``orphan-recovery``);
+    NULL on entries written before drill 0.5."""
+    supersedes: Mapped[int | None] = mapped_column(BigInteger)
+    """The seq of this record's previous entry, when it had one (a guess being corrected)."""

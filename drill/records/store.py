@@ -24,7 +24,7 @@ from drill.errors import DatabaseError, NotFound, UnreadableRecord, one_line
 from drill.findings import CheckResult
 from drill.pipeline.outcome import DrillOutcome
 from drill.pipeline.recorder import DrillStart
-from drill.records.audit import load_audit_key, seal_drill
+from drill.records.audit import PROVISIONAL, load_audit_key, seal_drill
 from drill.records.db import Database, _reason, safe_url
 from drill.records.lease import LeaseMixin
 from drill.records.ledger import LedgerMixin
@@ -47,16 +47,18 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
         self.db = db
         self._key: bytes | None | bool = False  # not loaded yet
 
-    def _seal(self, s: Session, drill_id: int) -> None:
-        """Append the drill, just closed in this transaction, to the audit chain."""
+    def _seal(self, s: Session, drill_id: int, closed_by: str = "drill") -> None:
+        """Append the drill, just closed in this transaction, to the audit chain. A configured
+        audit key that cannot be read fails the transaction: a record is never sealed without
+        the key it should carry (the verdict then goes to the spool, never lost)."""
         if self._key is False:
             from drill.integrity.keys import SealKeyError
 
             try:
                 self._key = load_audit_key()
-            except SealKeyError:
-                self._key = None  # the verdict is never lost over a key: sealed unauthenticated
-        seal_drill(s, drill_id, self._key or None)  # type: ignore[arg-type]
+            except SealKeyError as exc:
+                raise DatabaseError(f"the record cannot be sealed: {exc}") from None
+        seal_drill(s, drill_id, self._key or None, closed_by)  # type: ignore[arg-type]
 
     @contextmanager
     def _session(self) -> Iterator[Session]:
@@ -126,15 +128,15 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
             for r in results:
                 s.add(check_row(drill_id, r))
 
-    def finish_drill(self, outcome: DrillOutcome) -> None:
+    def finish_drill(self, outcome: DrillOutcome, *, closed_by: str = "drill") -> None:
         """Write the whole outcome onto its row: verdict, timings, every check, the replay."""
         assert outcome.id is not None
         with self._session() as s:
             d = s.get_one(Drill, outcome.id)
             write_outcome(s, d, outcome)
-            self._seal(s, d.id)
+            self._seal(s, d.id, closed_by)
 
-    def insert_outcome(self, outcome: DrillOutcome) -> int:
+    def insert_outcome(self, outcome: DrillOutcome, *, closed_by: str = "drill") -> int:
         """A drill that ran without a row (the database was away when it began)."""
         with self._session() as s:
             d = Drill(
@@ -146,7 +148,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
             s.flush()
             outcome.id = d.id
             write_outcome(s, d, outcome)
-            self._seal(s, d.id)
+            self._seal(s, d.id, closed_by)
             return d.id
 
     def deliver(self, outcome: DrillOutcome) -> bool:
@@ -164,12 +166,12 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
                     return False
         if d is None:
             outcome.id = None
-            self.insert_outcome(outcome)
+            self.insert_outcome(outcome, closed_by="spool")
             return True
         guessed = d.status == DrillStatus.ABORTED.value and (d.error or "").startswith(ORPHAN_REASON)
         if d.status != DrillStatus.RUNNING.value and not guessed:
             return False
-        self.finish_drill(outcome)
+        self.finish_drill(outcome, closed_by="spool")
         return True
 
     def close_as_error(self, drill_id: int, reason: str) -> None:
@@ -178,7 +180,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
             d = s.get_one(Drill, drill_id)
             d.status, d.exit_code, d.finished_at = DrillStatus.ERROR.value, 5, utcnow()
             d.message = d.error = reason[:10000]
-            self._seal(s, drill_id)
+            self._seal(s, drill_id, "error-close")
 
     def record_alerts(self, drill_id: int, deliveries: list[Any]) -> None:
         with self._session() as s:
@@ -207,7 +209,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
                 return False
             d.status, d.exit_code, d.finished_at = status.value, exit_code, utcnow()
             d.message = d.error = f"{reason} (last phase reached: {d.phase})"
-            self._seal(s, drill_id)
+            self._seal(s, drill_id, "parent")
             return True
 
     def recover_orphans(self) -> list[int]:
@@ -226,7 +228,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
                 )
                 recovered.append(d.id)
             for drill_id in recovered:
-                self._seal(s, drill_id)
+                self._seal(s, drill_id, PROVISIONAL)
             return recovered
 
     # -- reading ----------------------------------------------------------------------------

@@ -1,0 +1,28 @@
+"""an audit that never overstates: who closed each sealed record and what it supersedes
+
+Revision ID: 0008
+Revises: 0007
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0008"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("audit_log") as batch:
+        batch.add_column(sa.Column("closed_by", sa.String(32)))
+        batch.add_column(sa.Column("supersedes", sa.BigInteger()))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("audit_log") as batch:
+        batch.drop_column("supersedes")
+        batch.drop_column("closed_by")
