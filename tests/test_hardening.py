@@ -3,6 +3,7 @@ drills at once, resource limits, and no leak across a hundred drills in one proc
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -103,10 +104,66 @@ def test_a_flush_that_died_before_unlinking_delivers_nothing_twice(demo_run: Pat
     spool.put(doc)
     database = open_database(sqlite_url)
     try:
-        assert DatabaseRecorder(database).flush() == (1, 0)
+        result = DatabaseRecorder(database).flush()
+        assert (result.delivered, result.left) == (1, 0)
     finally:
         database.close()
     assert len(history(db=sqlite_url)) == 2  # the original drill and the one delivered copy
+
+
+def _spooled_doc(demo_run: Path, sqlite_url: str) -> dict:
+    doc = _drill(demo_run, sqlite_url).to_document()
+    doc["id"], doc["pid"] = None, 999_999_998
+    return doc
+
+
+SPOOL_FAULTS = {
+    "another user's file": lambda p: os.chown(p, 65534, 65534),
+    "readable by others": lambda p: os.chmod(p, 0o644),
+    "a symlink to a verdict": lambda p: (os.rename(p, p.with_name("real")), os.symlink(p.with_name("real"), p)),
+    "not JSON": lambda p: p.write_text("{not json"),
+    "a JSON list": lambda p: p.write_text("[1, 2, 3]"),
+    "an object of the wrong shape": lambda p: p.write_text(json.dumps({"id": None, "status": "passed"})),
+    "an unknown status": lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "status": "bogus"})),
+}
+
+
+@pytest.mark.parametrize("fault", list(SPOOL_FAULTS))
+def test_a_spool_file_drill_cannot_vouch_for_is_named_never_delivered_and_blocks_nothing(demo_run: Path, sqlite_url: str, private_spool: Path, fault: str) -> None:
+    """A planted "passed" verdict (another user's file, a file others could write, a link) is
+    never delivered; a corrupt or misshapen one is named, not skipped silently; either way
+    ``db flush`` exits 1 and later drills still run and record."""
+    from drill.records.db import safe_url
+    from drill.records.spool import Spool
+
+    if fault == "another user's file" and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    path = Spool(safe_url(sqlite_url)).put(_spooled_doc(demo_run, sqlite_url))
+    SPOOL_FAULTS[fault](path)
+    runner = CliRunner()
+    res = invoke(runner, "db", "flush", "--db", sqlite_url, "--json")
+    assert res.exit_code == 1, (res.exit_code, res.stdout, res.stderr)
+    doc = json.loads(res.stdout)
+    assert doc["delivered"] == 0 and doc["left"] == 1 and list(doc["rejected"]) == [str(path)]
+    assert len(history(db=sqlite_url)) == 1  # only the drill that made the document
+    res = invoke(runner, "run", "--root", str(demo_run), "--db", sqlite_url, "--no-replay", "-q")
+    assert res.exit_code == 0, res.stderr
+    assert "cannot be delivered" in res.stderr and len(history(db=sqlite_url)) == 2
+
+
+def test_concurrent_flushes_deliver_each_spooled_verdict_once(demo_run: Path, db_url: str, private_spool: Path) -> None:
+    from drill.records.db import safe_url
+    from drill.records.spool import Spool
+
+    base = _drill(demo_run, db_url).to_document()
+    spool = Spool(safe_url(db_url))
+    for i in range(6):
+        spool.put({**base, "id": None, "pid": 900_000 + i})
+    with ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(lambda _: subprocess.run([DRILL, "db", "flush", "--db", db_url], capture_output=True, text=True, timeout=120).returncode, range(4)))
+    assert codes == [0, 0, 0, 0]
+    assert len(history(db=db_url)) == 7
+    assert not list(private_spool.iterdir())
 
 
 def test_flush_with_the_database_away_keeps_the_spool_and_exits_4(private_spool: Path, tmp_path: Path) -> None:

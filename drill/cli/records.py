@@ -91,7 +91,9 @@ def db_flush(db: DbOption = None, json: JsonOption = False, debug: DebugOption =
     """Deliver the verdicts spooled while the database was away, each exactly once.
 
     Every drill does this when it starts; this does it now (e.g. after the database is back).
-    Exits 4, keeping the spool, when the database is still unreachable.
+    Only files that are provably drill's own are delivered (regular files of this user, mode
+    0600); any other file is named and left in place. Exits 4, keeping the spool, when the
+    database is still unreachable; 1 when a spooled file cannot be delivered.
 
     Example: drill db flush --db postgresql://drill@db.internal/drill
     """
@@ -100,16 +102,20 @@ def db_flush(db: DbOption = None, json: JsonOption = False, debug: DebugOption =
 
     database = open_database(db)
     try:
-        delivered, left = DatabaseRecorder(database).flush()
+        result = DatabaseRecorder(database).flush()
     finally:
         database.close()
     where = safe_url(database.url)
     if json:
-        print_json({"url": where, "delivered": delivered, "left": left})
+        print_json({"url": where, "delivered": result.delivered, "left": result.left, "waiting": result.waiting, "rejected": result.rejected})
     else:
-        stdout().print(f"delivered {delivered} spooled verdict(s) to {where}; {left} left in the spool", markup=False)
-    if left:
+        stdout().print(f"delivered {result.delivered} spooled verdict(s) to {where}; {result.left} left in the spool", markup=False)
+        for path, why in result.rejected.items():
+            stderr().print(f"drill: not delivered: {path}: {why}", markup=False)
+    if result.waiting:
         raise exit_with(ExitCode.DATABASE)
+    if result.rejected:
+        raise exit_with(ExitCode.FAILED)
 
 
 def db_status(db: DbOption = None, json: JsonOption = False, debug: DebugOption = False) -> None:

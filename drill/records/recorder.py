@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TypeVar
@@ -32,6 +33,19 @@ T = TypeVar("T")
 
 ATTEMPTS = 3
 BACKOFF = (0.2, 1.0)
+
+
+@dataclass(slots=True)
+class FlushResult:
+    delivered: int = 0
+    waiting: int = 0
+    """Left spooled because the database is still away."""
+    rejected: dict[str, str] = field(default_factory=dict)
+    """Spool files that will never be delivered as they are, and why."""
+
+    @property
+    def left(self) -> int:
+        return self.waiting + len(self.rejected)
 
 
 class DatabaseRecorder:
@@ -118,23 +132,34 @@ class DatabaseRecorder:
         self.flush()
         self._best_effort("orphan recovery", self.records.recover_orphans)
 
-    def flush(self) -> tuple[int, int]:
-        """Spooled verdicts onto the database, each exactly once: (delivered, left spooled)."""
-        delivered = 0
+    def flush(self) -> FlushResult:
+        """Spooled verdicts onto the database, each exactly once (claimed first, so concurrent
+        flushes never deliver one twice); what cannot be delivered is named, never skipped."""
+        result = FlushResult()
         pending = self.spool.pending()
-        for i, (path, doc) in enumerate(pending):
+        result.rejected = {str(p): why for p, why in pending.rejected.items()}
+        for i, (path, doc) in enumerate(pending.documents):
             try:
                 outcome = DrillOutcome.from_document(doc)
+            except Exception as exc:  # noqa: BLE001 - any shape that is not an outcome document
+                result.rejected[str(path)] = f"not an outcome document ({type(exc).__name__}: {exc})"
+                continue
+            claimed = self.spool.claim(path)
+            if claimed is None:
+                continue  # another flush took it
+            try:
                 if self.records.deliver(outcome):
-                    delivered += 1
-                self.spool.done(path)
-            except UnreadableRecord:
-                log.warning("spooled drill %s cannot be written as a record; left in place", path)
+                    result.delivered += 1
+                self.spool.done(claimed)
+            except UnreadableRecord as exc:
+                result.rejected[str(claimed)] = f"cannot be written as a record ({exc.message})"
             except DatabaseError:
-                return delivered, len(pending) - i  # still away: try again next time
-            except (KeyError, ValueError, TypeError):
-                log.warning("spooled drill %s is not an outcome document; left in place", path)
-        return delivered, len(self.spool.pending())
+                result.waiting = len(pending.documents) - i  # still away: try again next time
+                return result
+        if result.rejected:
+            log.warning("spooled verdicts that cannot be delivered: %s", result.rejected)
+            self.problem = self.problem or f"{len(result.rejected)} spooled file(s) in {self.spool.directory} cannot be delivered: drill db flush names them"
+        return result
 
     def _exists(self, drill_id: int) -> bool:
         try:
