@@ -318,3 +318,31 @@ def test_storage_without_positioned_reads_streams_each_file_whole(tmp_path: Path
     from drill.integrity.reading import hash_stream
 
     assert not isinstance(got, OSError) and got.chunks == hash_stream(LocalStorage(), str(tmp_path / "big"), chunk_size=16 << 10).chunks
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_a_flip_under_a_recomputed_unkeyed_seal_is_still_a_crc_finding(demo_run: Path, sqlite_url: str, replay: bool) -> None:
+    """Whoever flips a bit can recompute an unkeyed manifest; the CRC-32s torch.save wrote
+    into every entry are a second witness that keeps running under a seal: the drill fails
+    (exit 1, crc-mismatch naming the tensor) with and without the replay — never an error,
+    never a pass — and drill.sdk.load refuses it too."""
+    from drill import sdk
+    from drill.replay import ReplaySpec
+
+    ckpt = demo_run / "step-30"
+    shard = ckpt / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    seal(str(ckpt), force=True)
+    outcome = drill(demo_run, sqlite_url, replay=ReplaySpec(enabled=replay, steps=1))
+    assert (outcome.status.value, int(outcome.exit_code)) == ("failed", 1), outcome.message
+    assert any(f.code == "crc-mismatch" for f in outcome.findings), [(f.code, f.message) for f in outcome.findings]
+    assert _integrity(outcome).status is CheckStatus.PASSED  # the seal itself matches: it was recomputed
+    if not replay:
+        from drill.demo.config import DemoConfig
+        from drill.demo.train import build
+
+        objs = build(DemoConfig(**json.loads((demo_run / "run.json").read_text())["config"]))
+        with pytest.raises(sdk.CheckpointCorrupt, match="CRC"):
+            sdk.load(objs.stateful(), str(ckpt), record=False)

@@ -251,9 +251,10 @@ class DrillReader:
             outcome.failures.append(ItemFailure(fqn, path, f"unsupported DCP stream transform {info.transform_descriptors}"))
             return
         reader.skip_to(start)
-        # Bytes no seal will prove (an unsealed checkpoint, a sampled-out file) are held to the
-        # CRC-32s torch.save wrote into every entry: a flipped bit is a finding, not a weight.
-        crc = not self.ctx.hash_plan.wants(path)
+        # Every entry is held to the CRC-32s torch.save wrote into it — under a seal too: an
+        # unkeyed manifest can be recomputed by whoever flipped the bit, the CRCs are a second,
+        # independent witness, and a disagreement is a finding (≈0.15 s per GB).
+        crc = True
         if is_byte_io(item):
             value = reader.read(end - start)
             if crc and (bad := _crc_problem(value)) is not None:
@@ -294,9 +295,12 @@ class CrcMismatch(Exception):
 
 
 def _crc_problem(entry: memoryview) -> str | None:
-    """Why a whole entry (a torch.save zip) fails its records' CRC-32s; None when it passes."""
+    """Why a whole entry (a torch.save zip) fails its records' CRC-32s; None when it passes or
+    is no zip at all (a legacy pickle: the weights-only loader judges it, naming what it refuses)."""
     from drill.integrity.structure import zip_structure
 
+    if bytes(entry[:4]) != b"PK\x03\x04":
+        return None
     findings, _ = zip_structure(entry, "the entry")
     return findings[0].message.replace("the entry: ", "", 1) if findings else None
 

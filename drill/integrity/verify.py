@@ -289,6 +289,18 @@ def _unsealed_part(
     return findings + sf, "unsealed: structurally consistent, no content hashes" if consistent else "unsealed: structurally inconsistent"
 
 
+def _structure_under_seal(structure: tuple[list[Finding], dict[str, Any]] | None, evidence: dict[str, Any], flagged: set[str | None]) -> list[Finding]:
+    """A sealed checkpoint's structure is still checked where the restore read it: the seal
+    and the structure are independent witnesses, and where the seal vouches for a file the
+    structure finds broken, they disagree — a finding (files the seal already failed are not
+    named twice)."""
+    if structure is None:
+        return []
+    findings, sev = structure
+    evidence["structure"] = sev
+    return [f for f in findings if f.severity is Severity.ERROR and f.subject not in flagged]
+
+
 def integrity_check(
     plan: IntegrityPlan,
     observed: Mapping[str, Observed],
@@ -306,6 +318,7 @@ def integrity_check(
     findings += [_finding(fm.error.code, fm.name, str(fm.error)) for fm in plan.foreign if fm.error is not None]
     if plan.manifest is not None:
         part, summary = _sealed_part(plan, observed, evidence)
+        part += _structure_under_seal(structure, evidence, {f.subject for f in part})
     else:
         part, summary = _unsealed_part(plan, require_sealed, structure, evidence)
     findings += part

@@ -191,8 +191,9 @@ def _compose(text: str, file: str) -> yaml.Node | None:
     line otherwise."""
     if len(text) > MAX_BYTES:
         raise PolicyError([Problem(file, None, "", f"{len(text)} characters: larger than any policy ({MAX_BYTES} at most)")])
-    loader = _Bounded(text)
+    loader = None
     try:
+        loader = _Bounded(text)  # the reader refuses some characters as it is built
         root = loader.get_single_node()
     except yaml.YAMLError as exc:
         limit = exc.args[0] if exc.args and isinstance(exc.args[0], _Limit) else None
@@ -200,7 +201,8 @@ def _compose(text: str, file: str) -> yaml.Node | None:
         why = f"refused: {limit.why}" if limit else f"not valid YAML: {getattr(exc, 'problem', exc)}"
         raise PolicyError([Problem(file, mark.line + 1 if mark else None, "", why)]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if root is not None:
         _expanded_size(root, file)
     return root
