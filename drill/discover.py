@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from drill.storage import Entry, Storage
+from drill.storage import Entry, EntryKind, Storage
 
 DCP_METADATA = ".metadata"
 HF_TRAINER_STATE = "trainer_state.json"
@@ -124,6 +124,9 @@ def discover(storage: Storage, root: str) -> Discovery:
     for entry in entries:
         if entry.is_dir:
             _add_dir(storage, entry, found)
+        elif entry.kind in (EntryKind.DANGLING, EntryKind.LOOP) and step_of(entry.name) is not None:
+            why = "a symlink that leads back into itself" if entry.kind is EntryKind.LOOP else "a symlink to nothing"
+            found.incomplete.append(IncompleteSave(entry.uri, entry.name, step_of(entry.name), f"{why}: no save behind it"))
     if not found.checkpoints and not found.incomplete:
         # ``drill run --root step-40``: the root is itself one checkpoint (its *.pt files are
         # parts of it, not checkpoints of their own).
@@ -146,8 +149,8 @@ def discover(storage: Storage, root: str) -> Discovery:
 def _add_dir(storage: Storage, entry: Entry, found: Discovery) -> None:
     try:
         kind = inspect_dir(storage, entry.uri, entry.name)
-    except PermissionError as exc:
-        found.incomplete.append(IncompleteSave(entry.uri, entry.name, step_of(entry.name), f"unreadable: {exc.strerror}"))
+    except OSError as exc:  # unreadable, a loop below it, an I/O error: this save, not the run
+        found.incomplete.append(IncompleteSave(entry.uri, entry.name, step_of(entry.name), f"unreadable: {exc.strerror or exc}"))
         return
     if isinstance(kind, CheckpointRef):
         found.checkpoints.append(kind)

@@ -346,3 +346,79 @@ def test_a_flip_under_a_recomputed_unkeyed_seal_is_still_a_crc_finding(demo_run:
         objs = build(DemoConfig(**json.loads((demo_run / "run.json").read_text())["config"]))
         with pytest.raises(sdk.CheckpointCorrupt, match="CRC"):
             sdk.load(objs.stateful(), str(ckpt), record=False)
+
+
+def _deep(top: Path, depth: int) -> None:
+    """``top/d/d/…/d``, ``depth`` levels: built through directory descriptors (the full path is
+    far past PATH_MAX)."""
+    top.mkdir()
+    fds = [os.open(top, os.O_RDONLY)]
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fds[-1])
+            fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _remove_deep(top: Path) -> None:
+    """Remove what :func:`_deep` built, bottom up (shutil.rmtree recurses once per level)."""
+    fds = [os.open(top, os.O_RDONLY)]
+    while "d" in os.listdir(fds[-1]):
+        fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
+    while len(fds) > 1:
+        os.close(fds.pop())
+        os.rmdir("d", dir_fd=fds[-1])
+    os.close(fds[0])
+    top.rmdir()
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+@pytest.mark.parametrize("hazard", ["a symlink loop", "a link cycle", "a 10,000-deep directory"])
+def test_a_link_loop_or_deep_tree_in_a_checkpoint_is_a_finding_on_that_path(demo_run: Path, sqlite_url: str, hazard: str, sealed: bool) -> None:
+    """Neither a RecursionError nor an undrillable run: the path is named, the checkpoint
+    fails (run and verify alike), and the run's other checkpoints still drill."""
+    ckpt = demo_run / "step-30"
+    if not sealed:
+        (ckpt / MANIFEST_NAME).unlink()
+    name = {"a symlink loop": "self", "a link cycle": "a", "a 10,000-deep directory": "deep"}[hazard]
+    if hazard == "a symlink loop":
+        os.symlink("self", ckpt / "self")
+    elif hazard == "a link cycle":
+        os.symlink("b", ckpt / "a")
+        os.symlink("a", ckpt / "b")
+    else:
+        _deep(ckpt / "deep", 10_000)
+    try:
+        outcome = _drill(demo_run, sqlite_url)
+        assert (outcome.status.value, int(outcome.exit_code)) == ("failed", 1), outcome.message
+        assert any(f.subject is not None and f.subject.startswith(name) for f in outcome.findings if f.severity.value == "error"), [(f.code, f.subject) for f in outcome.findings]
+        verified = verify_checkpoint(str(ckpt)).result
+        assert verified.status is CheckStatus.FAILED and any((f.subject or "").startswith(name) for f in verified.findings)
+        other = drill(demo_run, sqlite_url, "step:20")
+        assert other.status.value == "passed", (other.message, other.error)
+    finally:
+        if hazard == "a 10,000-deep directory":
+            _remove_deep(ckpt / "deep")
+
+
+def test_a_symlink_loop_in_the_run_root_leaves_the_run_drillable(demo_run: Path, sqlite_url: str) -> None:
+    os.symlink("step-99", demo_run / "step-99")
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status.value == "passed", outcome.message
+    discover = next(c for c in outcome.checks if c.name == "discover")
+    assert "step-99" in json.dumps(discover.evidence)
+
+
+def test_a_sparse_terabyte_beside_a_sealed_checkpoint_is_unlisted_unread(demo_run: Path, sqlite_url: str) -> None:
+    """Bounded in time whatever is planted: a file the seal does not list is named, never read."""
+    ckpt = demo_run / "step-30"
+    with open(ckpt / "huge.bin", "wb") as f:
+        f.truncate(1 << 40)  # sparse: 1 TiB on paper, nothing on disk
+    outcome = _drill(demo_run, sqlite_url)
+    verified = verify_checkpoint(str(ckpt))
+    assert ("file-unlisted", "huge.bin") in _codes(outcome)
+    assert outcome.bytes_read is not None and outcome.bytes_read < 1 << 30
+    assert ("file-unlisted", "huge.bin") in [(f.code, f.subject) for f in verified.result.findings]
+    assert verified.bytes_hashed < 1 << 30

@@ -239,24 +239,43 @@ class Listing:
     """Anything else → what it is: a FIFO, socket or device (``other``), a dangling link."""
 
 
+MAX_DEPTH = 32
+"""Directories nested deeper than any checkpoint layout (DCP is flat; accelerate and HF nest
+two or three levels) are reported as ``too-deep`` where they begin, not walked."""
+MAX_ENTRIES = 1_000_000
+"""A checkpoint holding more entries than this is refused as it is listed (a listing that
+never ends, an object store prefix of someone else's data)."""
+
+
+class ListingTooLarge(OSError):
+    """The checkpoint holds more entries than :data:`MAX_ENTRIES`."""
+
+
 def list_files(storage: Storage, checkpoint: str) -> Listing:
-    """Every entry under the checkpoint. A symlink that leads out of it raises
+    """Every entry under the checkpoint, breadth first and bounded: deep directories and
+    links that cannot be resolved are recorded in ``odd`` (a finding on that path), never
+    followed. A symlink that leads out of the checkpoint raises
     :class:`PathEscapesCheckpoint`; nothing is opened."""
     out = Listing()
-
-    def walk(prefix: str, uri: str) -> None:
+    queue: list[tuple[str, str, int]] = [("", checkpoint, 0)]
+    seen = 0
+    while queue:
+        prefix, uri, depth = queue.pop(0)
         for entry in storage.list(uri):
+            seen += 1
+            if seen > MAX_ENTRIES:
+                raise ListingTooLarge(f"{checkpoint} holds more than {MAX_ENTRIES:,} entries: not a checkpoint drill will list")
             rel = f"{prefix}{entry.name}"
-            if entry.kind is not EntryKind.DANGLING:
+            if entry.kind not in (EntryKind.DANGLING, EntryKind.LOOP):
                 storage.child(checkpoint, rel)  # raises if a symlink leads out
-            if entry.is_dir:
-                walk(rel + "/", entry.uri)
+            if entry.is_dir and depth + 1 >= MAX_DEPTH:
+                out.odd[rel] = "too-deep"
+            elif entry.is_dir:
+                queue.append((rel + "/", entry.uri, depth + 1))
             elif not entry.is_file:
                 out.odd[rel] = entry.kind.value
             elif rel != MANIFEST_NAME and not _is_temp(entry.name):
                 out.files[rel] = entry.size
-
-    walk("", checkpoint)
     return out
 
 

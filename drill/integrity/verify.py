@@ -14,7 +14,7 @@ from typing import Any
 from drill.findings import CheckResult, Finding, Severity
 from drill.integrity.foreign import ForeignManifest, find_foreign_manifests
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes, HashPlan
-from drill.integrity.manifest import MANIFEST_NAME, FileEntry, Manifest, ManifestInvalid, list_files, read_manifest
+from drill.integrity.manifest import MANIFEST_NAME, FileEntry, ListingTooLarge, Manifest, ManifestInvalid, list_files, read_manifest
 from drill.integrity.parallel import hash_files
 from drill.integrity.sampling import SampleSpec, select_sample
 from drill.storage import PathEscapesCheckpoint, Storage
@@ -51,6 +51,8 @@ class IntegrityPlan:
     odd: dict[str, str] = field(default_factory=dict)
     """Entries that are not regular files (FIFOs, sockets, devices, dangling links): never opened."""
     listing_error: str | None = None
+    listing_code: str = "path-escapes"
+    """The finding a failed listing is: a path out of the checkpoint, or a listing past every bound."""
     sample: SampleSpec = field(default_factory=lambda: SampleSpec("all"))
     selected: set[str] = field(default_factory=set)
     """Paths to hash this time (all files unless sampled)."""
@@ -89,19 +91,22 @@ def plan_integrity(
     except PathEscapesCheckpoint as exc:
         plan.listing_error = str(exc)
         return plan
+    except ListingTooLarge as exc:
+        plan.listing_error, plan.listing_code = str(exc), "listing-too-large"
+        return plan
     plan.on_storage, plan.odd = listing.files, listing.odd
     try:
         plan.manifest, _ = read_manifest(storage, checkpoint)
     except ManifestInvalid as exc:
         plan.manifest_error = exc
     plan.foreign = find_foreign_manifests(storage, checkpoint, set(plan.on_storage))
-    universe = dict(plan.on_storage)
-    if plan.manifest is not None:
-        universe.update({f.path: f.size for f in plan.manifest.files if f.path not in universe})
     sha_files = frozenset(p for fm in plan.foreign for p in fm.sha256)
-    if plan.manifest is None:
-        # Without a manifest a digest proves nothing: hash only what a foreign manifest covers.
-        universe = {p: s for p, s in universe.items() if p in sha_files}
+    # Only what a manifest vouches for is worth a digest: a file the seal does not list is
+    # file-unlisted unread (a sparse terabyte planted beside the shards costs nothing), and
+    # without a manifest only what a framework's manifest covers is hashed.
+    universe = {p: s for p, s in plan.on_storage.items() if p in sha_files}
+    if plan.manifest is not None:
+        universe.update({f.path: plan.on_storage.get(f.path, f.size) for f in plan.manifest.files})
     plan.selected = select_sample(sample, universe, last_verified, always)
     chunk = plan.manifest.chunk_size if plan.manifest is not None else DEFAULT_CHUNK_SIZE
     plan.hash_plan = HashPlan(
@@ -166,8 +171,15 @@ def file_against_seal(path: str, entry: FileEntry, plan: IntegrityPlan, seen: Ob
     )
 
 
+_ODD = {
+    "dangling": "a dangling symlink",
+    "loop": "a symlink that leads back into itself",
+    "too-deep": "a directory nested deeper than any checkpoint layout (not walked)",
+}
+
+
 def _odd(kind: str) -> str:
-    return "a dangling symlink" if kind == "dangling" else "a FIFO, socket or device"
+    return _ODD.get(kind, "a FIFO, socket or device")
 
 
 def _compare_manifest(plan: IntegrityPlan, observed: Mapping[str, Observed]) -> tuple[list[Finding], dict[str, Any]]:
@@ -227,7 +239,7 @@ def _refusal(plan: IntegrityPlan, evidence: dict[str, Any]) -> CheckResult | Non
         return None
     findings = []
     if plan.listing_error is not None:
-        findings.append(_finding("path-escapes", plan.checkpoint, f"refused: {plan.listing_error}"))
+        findings.append(_finding(plan.listing_code, plan.checkpoint, f"refused: {plan.listing_error}"))
     if plan.manifest_error is not None:
         findings.append(_finding(plan.manifest_error.code, MANIFEST_NAME, str(plan.manifest_error)))
     findings += [_finding(fm.error.code, fm.name, str(fm.error)) for fm in plan.foreign if fm.error is not None]

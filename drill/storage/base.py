@@ -28,6 +28,8 @@ class EntryKind(str, Enum):
     DIR = "dir"
     DANGLING = "dangling"
     """A symlink whose target does not exist."""
+    LOOP = "loop"
+    """A symlink that cannot be resolved (it leads back into itself, or through too many links)."""
     OTHER = "other"
     """A FIFO, socket or device node: not checkpoint data, and never opened."""
 

@@ -8,6 +8,7 @@ FIFO planted in a checkpoint is reported instead of hanging the drill.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat as stat_mod
 from pathlib import PurePosixPath
@@ -47,6 +48,11 @@ class LocalStorage:
                     if target is None:  # removed while we listed
                         continue
                     entries.append(Entry(de.name, full, EntryKind.DANGLING, 0, 0.0, target))
+                    continue
+                except OSError as exc:  # ELOOP: a link that leads back into itself
+                    if target is None:
+                        raise
+                    entries.append(Entry(de.name, full, EntryKind.LOOP if exc.errno == errno.ELOOP else EntryKind.DANGLING, 0, 0.0, target))
                     continue
                 entries.append(Entry(de.name, full, _kind(st.st_mode), st.st_size, st.st_mtime, target))
         return sorted(entries, key=lambda e: e.name)
