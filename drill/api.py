@@ -111,26 +111,47 @@ def get_drill(drill_id: int, *, db: str | None = None) -> DrillOutcome:
         database.close()
 
 
-def last_good(root: str, *, db: str | None = None) -> DrillOutcome | None:
-    """The newest retained checkpoint under ``root`` whose latest drill passed."""
-    from drill.discover import discover
-    from drill.errors import NothingToDrill
+def last_good(
+    root: str, *, db: str | None = None, min_evidence: str = "structural", require_replay: bool = False, timeout: float | None = 300.0
+) -> DrillOutcome | None:
+    """The newest retained checkpoint under ``root`` whose latest drill passed on at least
+    ``min_evidence`` (see :mod:`drill.claims`), and replayed when ``require_replay``.
+
+    Listing the run is bounded by ``timeout`` (a storage that never answers); a root that is
+    not there is :class:`~drill.errors.NothingToDrill`, storage that refuses or fails is
+    :class:`~drill.errors.StorageProblem`."""
     from drill.records.db import read_database
     from drill.records.store import Records
-    from drill.storage import normalize, storage_for
 
-    key = normalize(root)
-    try:
-        found = discover(storage_for(key), key)
-    except OSError as exc:
-        raise NothingToDrill(f"run root {root} cannot be listed ({exc.strerror or exc})") from None
+    key, found = list_run(root, timeout)
     database = read_database(db)
     if database is None:
         return None
     try:
-        return Records(database).last_good(key, [c.uri for c in found.checkpoints])
+        return Records(database).last_good(key, [c.uri for c in found.checkpoints], min_evidence=min_evidence, require_replay=require_replay)
     finally:
         database.close()
+
+
+def list_run(root: str, timeout: float | None = 300.0, storage_options: dict | None = None):  # type: ignore[no-untyped-def,type-arg]
+    """``(normalized root, Discovery)`` of a run, bounded in time; the one way commands list a
+    run (errors: :class:`~drill.errors.NothingToDrill` when it is not there,
+    :class:`~drill.errors.StorageProblem` when the storage refuses or fails)."""
+    from drill.discover import discover
+    from drill.errors import NothingToDrill, storage_unavailable
+    from drill.interrupts import deadline
+    from drill.storage import normalize, storage_for
+
+    key = normalize(root)
+    try:
+        with deadline(timeout, f"listing {key}"):
+            return key, discover(storage_for(key, storage_options), key)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise NothingToDrill(
+            f"run root {root} does not exist or is not a directory ({exc.strerror or exc})", hint="check the path; is the checkpoint filesystem mounted on this host?"
+        ) from None
+    except OSError as exc:
+        raise storage_unavailable(key, exc) from None
 
 
 def verify_audit_chain(*, db: str | None = None, head: str | None = None, keyed_from: int | None = None) -> ChainReport:

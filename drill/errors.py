@@ -27,6 +27,9 @@ class ExitCode(IntEnum):
     """Every check passed, but restore latency or time to first step missed the policy's SLO."""
     LOCKED = 7
     """Another scheduler holds the database's scheduler lease."""
+    UNPROVEN = 8
+    """``drill verify``: nothing could be proven — no seal, and no structural proof this format
+    allows. Not a pass, and not a failure of the checkpoint."""
     INTERNAL = 70
     """A bug in drill (EX_SOFTWARE); re-run with ``--debug`` for the traceback."""
     INTERRUPTED = 130
@@ -72,6 +75,24 @@ class NotFound(DrillError):
     """A record asked for by id does not exist."""
 
     exit_code = ExitCode.USAGE
+
+
+class StorageProblem(DrillError):
+    """The storage could not be reached or refused drill (credentials, permissions, an endpoint
+    away, retries exhausted): infrastructure, never a verdict on the checkpoint (exit 5)."""
+
+    exit_code = ExitCode.ERROR
+
+
+def storage_unavailable(uri: str, exc: BaseException) -> StorageProblem:
+    """The one-line error for a storage that would not serve ``uri``."""
+    why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    hint = (
+        "check the credentials drill runs with (boto3's chain: environment, profile, instance role) and s3:ListBucket + s3:GetObject"
+        if isinstance(exc, PermissionError)
+        else "is the storage reachable from this host? the drill was not recorded: nothing about the checkpoint was learned"
+    )
+    return StorageProblem(f"storage unavailable: {uri}: {why}", hint=hint)
 
 
 class ResourceLimit(DrillError):

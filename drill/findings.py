@@ -74,12 +74,14 @@ class CheckResult:
 
     @property
     def status(self) -> CheckStatus:
-        if self.skipped:
-            return CheckStatus.SKIPPED
+        """drill's own failure, then a problem found, then a gap: a check that could not prove
+        its claim but did find something wrong has failed."""
         if self.errored:
             return CheckStatus.ERROR
         if any(f.severity is Severity.ERROR for f in self.findings):
             return CheckStatus.FAILED
+        if self.skipped:
+            return CheckStatus.SKIPPED
         return CheckStatus.PASSED
 
     @property

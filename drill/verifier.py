@@ -11,14 +11,16 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from drill.discover import DCP_METADATA, Discovery, IncompleteSave, classify, step_of
-from drill.errors import ExitCode, NothingToDrill, UsageError
+from drill import formats
+from drill.claims import evidence_of
+from drill.discover import Discovery, IncompleteSave, classify, step_of
+from drill.errors import ExitCode, NothingToDrill, UsageError, storage_unavailable
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.reading import describe_read_error, read_whole
 from drill.integrity.sampling import SampleSpec
 from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, seal
 from drill.integrity.verify import NAME, IntegrityPlan, Observed, hash_remaining, integrity_check, plan_integrity
-from drill.storage import Storage, storage_for
+from drill.storage import Storage, StorageUnavailable, storage_for
 
 if TYPE_CHECKING:
     from drill.records.lite import Ledger
@@ -32,27 +34,21 @@ class VerifyOutcome:
     bytes_hashed: int
 
     @property
+    def evidence(self) -> str:
+        """What the verification rests on (:mod:`drill.claims`)."""
+        return evidence_of(self.result)
+
+    @property
+    def status(self) -> str:
+        """``passed``, ``failed``, or ``unproven``: nothing could be proven — no seal, and no
+        structural proof for this format. Never a pass (exit 8)."""
+        if self.result.status is CheckStatus.FAILED:
+            return "failed"
+        return "unproven" if self.evidence == "none" else "passed"
+
+    @property
     def exit_code(self) -> ExitCode:
-        return ExitCode.FAILED if self.result.status is CheckStatus.FAILED else ExitCode.PASSED
-
-
-def _structure_of_dcp(storage: Storage, plan: IntegrityPlan, allow_classes: tuple[str, ...]) -> tuple[list[Finding], dict] | None:
-    if DCP_METADATA not in plan.on_storage:
-        return None
-    from drill.formats.dcp_layout import unsealed_structure
-    from drill.formats.dcp_types import check_metadata, load_metadata
-    from drill.safe_pickle import with_classes
-
-    try:
-        data = read_whole(storage, storage.child(plan.checkpoint, DCP_METADATA), plan.on_storage[DCP_METADATA], hash=False).view.tobytes()
-        metadata = load_metadata(data, with_classes(allow_classes))
-        check_metadata(metadata)
-        storage_data = metadata.storage_data or {}
-    except Exception as exc:  # noqa: BLE001 - an unreadable index is the finding
-        from drill.formats.base import one_line
-
-        return unsealed_structure(storage, plan.checkpoint, plan.on_storage, None, f"{DCP_METADATA} does not unpickle safely: {one_line(exc)}")
-    return unsealed_structure(storage, plan.checkpoint, plan.on_storage, storage_data)
+        return {"failed": ExitCode.FAILED, "unproven": ExitCode.UNPROVEN}.get(self.status, ExitCode.PASSED)
 
 
 def _verify_file(storage: Storage, uri: str, size: int) -> CheckResult:
@@ -127,6 +123,8 @@ def verify_checkpoint(
         what = classify(storage, uri)
     except (FileNotFoundError, NotADirectoryError):
         raise NothingToDrill(f"{uri} does not exist") from None
+    except OSError as exc:
+        raise storage_unavailable(uri, exc) from None
     if what.kind == "file":
         entry = storage.stat(uri)
         result = _verify_file(storage, uri, entry.size)
@@ -135,7 +133,11 @@ def verify_checkpoint(
         raise _run_root(uri, what.discovery)  # type: ignore[arg-type]
     if what.kind == "empty":
         raise NothingToDrill(f"{uri} is an empty directory: no checkpoint to verify")
-    outcome = _verify_directory(storage, uri, sample, require_sealed, records, coverage_days, started, key, allow_classes)
+    fmt = what.ref.format if what.ref is not None else None
+    try:
+        outcome = _verify_directory(storage, uri, sample, require_sealed, records, coverage_days, started, key, allow_classes, fmt)
+    except (PermissionError, StorageUnavailable) as exc:
+        raise storage_unavailable(uri, exc) from None
     if what.kind == "incomplete":
         outcome.result.findings.insert(0, _incomplete_finding(what.incomplete))  # type: ignore[arg-type]
         outcome.result.summary = f"incomplete save; {outcome.result.summary}"
@@ -154,6 +156,7 @@ def _verify_directory(
     started: float,
     key: bytes | None,
     allow_classes: tuple[str, ...] = (),
+    fmt: str | None = None,
 ) -> VerifyOutcome:
     checkpoint_id = None
     last: dict = {}
@@ -165,7 +168,7 @@ def _verify_directory(
         return VerifyOutcome(uri=uri, result=integrity_check(plan, {}), seconds=time.perf_counter() - started, bytes_hashed=0)
     observed: dict[str, Observed] = {}
     hash_remaining(storage, plan, observed)
-    structure = _structure_of_dcp(storage, plan, allow_classes) if plan.manifest is None else None
+    structure = formats.structure(fmt, storage, plan.checkpoint, plan.on_storage, allow_classes) if plan.manifest is None and fmt else None
     result = integrity_check(plan, observed, require_sealed=require_sealed, structure=structure)
     if records is not None and plan.manifest is not None:
         from drill.integrity.coverage import annotate_coverage, coverage_update

@@ -155,7 +155,7 @@ def test_history_and_show(cli: CliRunner, demo_run: Path, db_url: str, tmp_path:
 
     shown = json.loads(invoke(cli, "show", str(docs[1]["id"]), "--json", "--db", db_url).stdout)
     assert [c["name"] for c in shown["checks"]] == ["discover", "resume", "integrity", "durable", "files", "load", "keys", "contract", "replay"]
-    assert shown["checks"][-1]["status"] == "skipped" and shown["replay"]["verdict"] == "not replayable"
+    assert shown["checks"][-1]["status"] == "skipped" and shown["replay"]["verdict"] == "not run"
     assert shown["checks"][4]["evidence"]["files_ok"] == 3
     assert shown["evidence_level"] == "sealed" and shown["sample"] == "all"
     missing = invoke(cli, "show", "9999", "--db", db_url)

@@ -61,7 +61,7 @@ def test_the_json_report_holds_the_evidence(history_db: tuple[str, Path]) -> Non
     assert section["ttfs_seconds"]["n"] == 2
     failed = [d for d in section["drills"] if d["status"] == "failed"]
     assert [f["code"] for f in failed[0]["findings"] if f["check"] == "integrity"] == ["digest-mismatch"]
-    assert failed[0]["rerun"] == f"drill run --checkpoint '{run}/step-30' --device cpu"
+    assert failed[0]["rerun"] == f"drill run --checkpoint '{run}/step-30' --no-replay --db {url}"  # the drill as it ran
     replayed = section["drills"][0]["replay"]
     assert replayed["verdict"] == "passed" and replayed["steps"][0]["reference_loss"] == replayed["steps"][0]["loss"]
     assert section["slo_breaches"][0]["drill_id"] == 4 and "over the 1e-06 s target" in section["slo_breaches"][0]["breaches"][0]

@@ -289,3 +289,49 @@ def test_hostile_file_names_are_escaped_on_every_output_and_recorded_losslessly(
     for bad in ("\x1b", "\r", "\x07", "\u202e", "\x9b", "\udcff"):
         assert bad not in text, repr(bad)
     assert "\\x1b[2J" in text and "\\u202e" in text
+
+
+def _zip_bomb(path: Path, inflated: int = 512 << 20) -> None:
+    """A torch.save archive whose tensor record is deflated: a few hundred KB that inflate to
+    ``inflated`` bytes (torch.save itself never compresses)."""
+    import zipfile
+
+    buf = io.BytesIO()
+    torch.save({"model": {"w": torch.zeros(4)}, "optimizer": {"state": {}, "param_groups": []}, "iter_num": 3}, buf)
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as src, zipfile.ZipFile(path, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("/data/0"):
+                data = bytes(inflated)
+            dst.writestr(info.filename, data, compress_type=zipfile.ZIP_DEFLATED)
+
+
+def test_a_zip_bomb_is_refused_before_it_is_inflated_in_run_and_verify(tmp_path: Path, sqlite_url: str) -> None:
+    """Bounded in memory and time: a compressed record is a finding, never inflated (the peak
+    stays far below what the bomb would take) — in the restore and in the structural proof."""
+    import resource
+
+    from drill.verifier import verify_checkpoint
+    from tests.conftest import drill as _drill
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _zip_bomb(run / "ckpt.pt")
+    assert (run / "ckpt.pt").stat().st_size < 8 << 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    outcome = _drill(run, sqlite_url)
+    verified = verify_checkpoint(str(run / "ckpt.pt"))
+    grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) << 10
+    assert outcome.status.value == "failed" and any(f.code == "zip-record-compressed" for f in outcome.findings), [(f.code, f.message) for f in outcome.findings]
+    assert any(f.code == "zip-record-compressed" for f in verified.result.findings)
+    assert grew < 256 << 20
+
+
+def test_the_memory_budget_binds_a_torch_save_checkpoint(tmp_path: Path, sqlite_url: str) -> None:
+    from tests.conftest import drill as _drill
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"model": {"w": torch.zeros(1 << 16)}, "optimizer": {"state": {}, "param_groups": []}, "iter_num": 3}, run / "ckpt.pt")
+    outcome = _drill(run, sqlite_url, memory_budget=16)
+    assert outcome.status.value == "error" and "needs" in (outcome.message or ""), outcome.message

@@ -6,7 +6,7 @@ from typing import Any
 
 from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity
-from drill.replay.run import DIVERGED, ERROR, NOT_REPLAYABLE, PASSED, REFUSED, ReplayOutcome
+from drill.replay.run import DIVERGED, ERROR, NOT_REPLAYABLE, NOT_RUN, PASSED, REFUSED, ReplayOutcome
 
 NAME = "replay"
 
@@ -36,6 +36,8 @@ def check_replay(inputs: CheckInputs) -> CheckResult:
     assert outcome is not None
     evidence: dict[str, Any] = {
         "verdict": outcome.verdict,
+        "entrypoint": outcome.entrypoint,
+        "entrypoint_source": outcome.entrypoint_source,
         "reference": outcome.reference_source,
         "tolerance": None if outcome.tolerance is None else {"rtol": outcome.tolerance.rtol, "atol": outcome.tolerance.atol},
         "restore_seconds": outcome.restore_seconds,
@@ -44,6 +46,8 @@ def check_replay(inputs: CheckInputs) -> CheckResult:
     }
     if outcome.verdict == PASSED:
         return CheckResult(name=NAME, summary=outcome.reason, evidence=evidence)
+    if outcome.verdict == NOT_RUN:
+        return CheckResult(name=NAME, summary=f"not run — a gap in the evidence, not a pass: {outcome.reason}", evidence=evidence, skipped=True)
     if outcome.verdict == NOT_REPLAYABLE:
         finding = Finding(
             check=NAME,

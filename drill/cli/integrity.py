@@ -71,8 +71,10 @@ def verify(
     """Verify a checkpoint's bytes without loading its tensors.
 
     Sealed: every file's size and digests against drill-manifest.json (and a framework's own
-    manifest, if any). Unsealed: a structural proof — DCP metadata against the files, a
-    torch.save zip's CRC-32s, a safetensors header's offsets. Updates the coverage ledger.
+    manifest, if any). Unsealed: the structural proof its format allows — DCP metadata against
+    the files, a torch.save zip's CRC-32s, a safetensors header's offsets — the same one
+    `drill run` gives. Nothing provable at all is "unproven" (exit 8), never a pass. Updates
+    the coverage ledger.
 
     Example: drill verify ./demo-run/step-100 --sample auto
     """
@@ -99,11 +101,13 @@ def verify(
         ledger.close()
     r = outcome.result
     if json:
-        print_json({"checkpoint": outcome.uri, "status": r.status.value, "exit_code": int(outcome.exit_code), "seconds": outcome.seconds, "bytes_hashed": outcome.bytes_hashed, **r.to_dict()})
+        print_json({**r.to_dict(), "checkpoint": outcome.uri, "status": outcome.status, "evidence_level": outcome.evidence, "exit_code": int(outcome.exit_code), "seconds": outcome.seconds, "bytes_hashed": outcome.bytes_hashed})
     else:
         out = stdout()
         render_check(out, r)
-        out.print(f"{human_bytes(outcome.bytes_hashed)} hashed in {human_seconds(outcome.seconds)}", markup=False, style="dim")
+        out.print(f"{human_bytes(outcome.bytes_hashed)} hashed in {human_seconds(outcome.seconds)}; evidence: {outcome.evidence}", markup=False, style="dim")
     if r.errors:
         stderr().print(f"drill: failed: {r.errors[0].message}", markup=False)
+    elif outcome.status == "unproven":
+        stderr().print(f"drill: unproven: {outcome.uri}: no seal, and no structural proof for this format: nothing about its bytes was proven (seal it: drill seal)", markup=False)
     raise exit_with(outcome.exit_code)

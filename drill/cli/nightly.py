@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from drill.cli.common import DbOption, DebugOption, JsonOption, exit_with, print_json, stderr, stdout
+from drill.cli.common import DbOption, DebugOption, JsonOption, exit_with, flag, print_json, stderr, stdout
 from drill.errors import ExitCode, NothingToDrill, UsageError
 
 if TYPE_CHECKING:
@@ -130,23 +130,37 @@ def scheduler_status(db: DbOption = None, json: JsonOption = False, debug: Debug
 
 def last_good(
     root: Annotated[str, typer.Option("--root", help="Run directory holding the checkpoints.")],
+    min_evidence: Annotated[
+        str, typer.Option("--min-evidence", help="Weakest proof a pass may rest on: structural, sealed or authenticated (default structural).")
+    ] = "structural",
+    require_replay: Annotated[bool, typer.Option("--require-replay", help="Only a checkpoint whose passing drill also replayed bit for bit.")] = False,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """Print the newest retained checkpoint whose latest drill passed.
+    """Print the newest retained checkpoint whose latest drill passed, and on what evidence.
 
     For resume scripts: restart from a checkpoint proven restorable, not merely the newest
-    on disk. Prints its path on stdout; exits 3 when no retained checkpoint has passed.
+    on disk. Its path goes to stdout; what the pass relied on (evidence, replay, parts
+    accepted as missing) to stderr. Exits 3 when no retained checkpoint qualifies.
 
-    Example: torchrun train.py --resume "$(drill last-good --root /ckpt/run7)"
+    Example: torchrun train.py --resume "$(drill last-good --root /ckpt/run7 --min-evidence sealed)"
     """
     from drill.api import last_good as proven
+    from drill.claims import parse_level, proof_of
+    from drill.text import printable
 
-    good = proven(root, db=db)
+    level = flag("--min-evidence", parse_level, min_evidence)
+    if level == "none":
+        raise UsageError("--min-evidence none would vouch for a pass that proved nothing about the bytes: use structural or stronger")
+    good = proven(root, db=db, min_evidence=level, require_replay=require_replay)
     if good is None or good.checkpoint is None:
-        raise NothingToDrill(f"no retained checkpoint under {root} has passed its latest drill", hint=f"drill one: drill run --root {root}")
+        asked = f" on {level} evidence or better" + (" with a replay" if require_replay else "")
+        raise NothingToDrill(f"no retained checkpoint under {root} has passed its latest drill{asked}", hint=f"drill one: drill run --root {root}")
+    proof = proof_of(good)
     if json:
-        print_json({"checkpoint": good.to_document(with_checks=False)["checkpoint"], "drill_id": good.id, "drilled_at": good.started_at.isoformat()})
-    else:
-        sys.stdout.write(good.checkpoint.uri + "\n")
+        print_json({"checkpoint": good.to_document(with_checks=False)["checkpoint"], "drill_id": good.id, "drilled_at": good.started_at.isoformat(), "proof": proof.to_dict()})
+        return
+    uri = good.checkpoint.uri
+    sys.stdout.write((printable(uri) if sys.stdout.isatty() else uri) + "\n")  # data for a script, escaped for a terminal
+    stderr().print(f"drill #{good.id}, {good.started_at.isoformat()[:19]}Z: {proof.describe()}", markup=False)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
+from drill.claims import proof_of
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.verdict import DrillStatus
 from drill.units import human_bytes, human_rate, human_seconds
@@ -121,24 +122,33 @@ def render_ranks(console: Console, dist: dict) -> None:  # type: ignore[type-arg
         console.print(f"  slowest: rank {slowest['rank']}, {human_seconds(slowest['seconds'])}: {slowest['why']}", markup=False)
 
 
+HISTORY_COLUMNS = ("id", "started (UTC)", "status", "checkpoint", "evidence", "replay", "restore", "first step", "read", "rate", "trigger")
+HISTORY_NARROW = ("id", "started (UTC)", "status", "checkpoint", "evidence", "replay", "restore")
+"""What fits 80 columns: the rest (first step, bytes, rate, trigger) on a wider terminal and in --json."""
+
+
 def render_history(console: Console, drills: list[DrillOutcome]) -> None:
+    columns = HISTORY_COLUMNS if console.width >= 120 else HISTORY_NARROW
     table = _table(header_style="bold")
     right = ("id", "restore", "first step", "read", "rate")
-    for col in ("id", "started (UTC)", "status", "checkpoint", "restore", "first step", "replay", "read", "rate", "trigger"):
-        table.add_column(col, justify="right" if col in right else "left")
+    for col in columns:
+        table.add_column(col, justify="right" if col in right else "left", overflow="fold" if col == "checkpoint" else "ellipsis")
     for d in drills:
-        table.add_row(
-            str(d.id),
-            d.started_at.isoformat()[:19].replace("T", " "),
-            _styled(d.status.value),
-            escape(d.checkpoint.uri if d.checkpoint else d.run_root),
-            human_seconds(d.timings.restore),
-            human_seconds(d.timings.ttfs),
-            escape(d.replay.verdict if d.replay else "-"),
-            human_bytes(d.bytes_read),
-            human_rate(d.throughput_bps),
-            escape(d.trigger + (f" ({d.policy})" if d.policy else "")),
-        )
+        proof = proof_of(d)
+        cells = {
+            "id": str(d.id),
+            "started (UTC)": d.started_at.isoformat()[:16].replace("T", " "),
+            "status": _styled(d.status.value),
+            "checkpoint": escape(d.checkpoint.name if d.checkpoint and console.width < 120 else (d.checkpoint.uri if d.checkpoint else d.run_root)),
+            "evidence": escape(proof.evidence if proof.sample in (None, "all") else f"{proof.evidence} ({proof.sample})"),
+            "replay": escape(proof.replay),
+            "restore": human_seconds(d.timings.restore),
+            "first step": human_seconds(d.timings.ttfs),
+            "read": human_bytes(d.bytes_read),
+            "rate": human_rate(d.throughput_bps),
+            "trigger": escape(d.trigger + (f" ({d.policy})" if d.policy else "")),
+        }
+        table.add_row(*(cells[c] for c in columns))
     console.print(table)
 
 
@@ -159,8 +169,8 @@ def render_drill(console: Console, o: DrillOutcome) -> None:
         ("checks / replay", f"{human_seconds(o.timings.checks)} / {human_seconds(o.timings.replay)}"),
         ("first step", f"{human_seconds(o.timings.ttfs)} (replay {o.replay.verdict if o.replay else 'not run'})"),
         ("read", f"{human_bytes(o.bytes_read)} at {human_rate(o.throughput_bps)}"),
-        ("evidence", f"{o.evidence_level or '-'}, sample {o.sample or '-'}"),
-        ("SLO", "; ".join(b["message"] for b in o.slo_breaches.values()) or "met (or none set)"),
+        ("proof", proof_of(o).describe()),
+        ("SLO", _slo(o)),
         ("versions", ", ".join(f"{k} {v}" for k, v in o.versions.items())),
     ]
     if o.message:
@@ -186,6 +196,16 @@ def render_drill(console: Console, o: DrillOutcome) -> None:
         console.print()
         console.print("error:", style="bold")
         console.print(o.error, markup=False)
+
+
+def _slo(o: DrillOutcome) -> str:
+    """Each SLO target against what was measured; the breaches a drill recorded otherwise."""
+    from drill.verdict import SLO
+
+    targets = (o.options or {}).get("slo")
+    if isinstance(targets, dict):
+        return SLO(**{k: v for k, v in targets.items() if k in ("max_restore_seconds", "max_ttfs_seconds")}).describe(o.timings.restore, o.timings.ttfs)
+    return "; ".join(str(b.get("message", b)) for b in o.slo_breaches.values()) or "no SLO recorded"
 
 
 def _render_evidence(console: Console, evidence: dict[str, Any]) -> None:

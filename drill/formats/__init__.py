@@ -18,7 +18,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from drill.discover import CheckpointRef
+    from drill.findings import Finding
     from drill.formats.base import FormatAdapter
     from drill.restore import RestoreResult
     from drill.storage import Storage
@@ -29,6 +32,12 @@ _REGISTRY = {
     "lightning": "drill.formats.torch_save:LightningAdapter",
     "hf-trainer": "drill.formats.hf:HFTrainerAdapter",
 }
+_STRUCTURE = {
+    "dcp": "drill.formats.dcp_layout:structure",
+    "hf-trainer": "drill.formats.hf:structure",
+}
+"""Each format's structural proof of an unsealed checkpoint, made without loading it: the one
+``drill verify`` gives, and ``drill run`` agrees with."""
 FORMATS = ("auto", *_REGISTRY)
 """What ``--format`` and a policy's ``checkpoints.format`` accept."""
 
@@ -56,6 +65,16 @@ def adapter_for(name: str) -> FormatAdapter:
     return getattr(importlib.import_module(module), cls)()
 
 
+def structure(name: str, storage: Storage, uri: str, sizes: Mapping[str, int], allow_classes: tuple[str, ...] = ()) -> tuple[list[Finding], dict[str, Any]] | None:
+    """The structural proof of the unsealed checkpoint ``uri`` of format ``name`` (``sizes``:
+    its files as listed); None for a format without one."""
+    where = _STRUCTURE.get(name)
+    if where is None:
+        return None
+    module, _, fn = where.partition(":")
+    return getattr(importlib.import_module(module), fn)(storage, uri, sizes, allow_classes)
+
+
 def restore(storage: Storage, ref: CheckpointRef, device: Any, **context: Any) -> RestoreResult:
     """Restore ``ref`` with the adapter for its format (or ``format=``), as a drill does.
 
@@ -69,4 +88,4 @@ def restore(storage: Storage, ref: CheckpointRef, device: Any, **context: Any) -
     return adapter.restore(storage, ref, RestoreContext(device=device, **context))
 
 
-__all__ = ["FORMATS", "adapter_for", "parse_format", "resolve_format", "restore"]
+__all__ = ["FORMATS", "adapter_for", "parse_format", "resolve_format", "restore", "structure"]

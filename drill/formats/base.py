@@ -81,6 +81,33 @@ def read_file(
     return got.view
 
 
+def check_budget(need: int, ctx: RestoreContext) -> None:
+    """Refuse, before allocating, a restore that would not fit the device's memory: the one
+    budget every format is held to (``need`` is what its index or archive claims)."""
+    from drill.errors import ResourceLimit
+    from drill.units import human_bytes
+
+    budget = ctx.memory_budget if ctx.memory_budget is not None else available_memory(ctx.device)
+    if budget is not None and need > budget:
+        raise ResourceLimit(f"restoring this checkpoint needs {human_bytes(need)} on {ctx.device}, which has {human_bytes(budget)} available")
+
+
+def available_memory(device: torch.device) -> int | None:
+    """What the device can still allocate: CUDA's free memory, or the host's MemAvailable."""
+    if device.type == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def tally(result: RestoreResult, state: dict[str, Any]) -> None:
     """Count what landed: tensors, their bytes, and plain values."""
     import torch

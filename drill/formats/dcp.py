@@ -31,7 +31,7 @@ import torch
 
 from drill import parts
 from drill.discover import DCP_METADATA, CheckpointRef
-from drill.formats.base import RestoreContext, one_line
+from drill.formats.base import RestoreContext, check_budget, one_line
 from drill.formats.canonical import Layout
 from drill.formats.dcp_layout import apply_layout
 from drill.formats.dcp_entries import DIRECT_MIN_BYTES, TAIL_BYTES, TensorSpec, data_start, local_header_end, records, tensor_spec
@@ -477,25 +477,3 @@ def claimed_bytes(metadata: Any, sizes: dict[str, int]) -> int:
     return total
 
 
-def check_budget(need: int, ctx: RestoreContext) -> None:
-    """Refuse, before allocating, a restore that would not fit the device's memory."""
-    from drill.errors import ResourceLimit
-    from drill.units import human_bytes
-
-    budget = ctx.memory_budget if ctx.memory_budget is not None else available_memory(ctx.device)
-    if budget is not None and need > budget:
-        raise ResourceLimit(f"restoring this checkpoint needs {human_bytes(need)} on {ctx.device}, which has {human_bytes(budget)} available")
-
-
-def available_memory(device: torch.device) -> int | None:
-    """What the device can still allocate: CUDA's free memory, or the host's MemAvailable."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None

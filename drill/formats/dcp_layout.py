@@ -71,7 +71,7 @@ def _side(name: str, storage: Storage, ref: CheckpointRef, ctx: RestoreContext, 
     except Exception as exc:  # noqa: BLE001 - a damaged side file is a finding, not a crash
         from drill.formats.base import one_line
 
-        result.failures.append(ItemFailure(name, name, f"not a loadable torch.save file ({one_line(exc)})"))
+        result.failures.append(ItemFailure(name, name, f"not a loadable torch.save file ({one_line(exc)})", code=getattr(exc, "code", "entry-not-loaded")))
         return {}
     if stand_ins:
         result.layout.notes.append(f"{name}: {', '.join(sorted(stand_ins))} read as inert stand-ins (never constructed)")
@@ -89,6 +89,26 @@ def _describe(result: RestoreResult, rec: Recognized, names: set[str]) -> None:
     layout.params = frozenset(f"{parts.MODEL}.{p}" if not p.startswith(parts.MODEL + ".") else p for p in optimizer_params(result.state))
     layout.side_files = tuple(rec.side_files)
     layout.side_missing = tuple(n for n in rec.side_files if n not in names)
+
+
+def structure(storage: Storage, uri: str, sizes: Mapping[str, int], allow_classes: tuple[str, ...] = ()) -> tuple[list[Finding], dict[str, Any]] | None:
+    """The structural proof of an unsealed DCP checkpoint read from its ``.metadata`` alone
+    (``drill verify``): the one :func:`unsealed_structure` gives ``drill run``."""
+    from drill.formats.base import one_line
+    from drill.formats.dcp_types import check_metadata, load_metadata
+    from drill.integrity.reading import read_whole
+    from drill.safe_pickle import with_classes
+
+    if ".metadata" not in sizes:
+        return None
+    try:
+        data = read_whole(storage, storage.child(uri, ".metadata"), sizes[".metadata"], hash=False).view.tobytes()
+        metadata = load_metadata(data, with_classes(allow_classes))
+        check_metadata(metadata)
+        storage_data = metadata.storage_data or {}
+    except Exception as exc:  # noqa: BLE001 - an unreadable index is the finding
+        return unsealed_structure(storage, uri, sizes, None, f".metadata does not unpickle safely: {one_line(exc)}")
+    return unsealed_structure(storage, uri, sizes, storage_data)
 
 
 def unsealed_structure(
@@ -112,4 +132,4 @@ def unsealed_structure(
     return findings, evidence
 
 
-__all__ = ["apply_layout", "unsealed_structure"]
+__all__ = ["apply_layout", "structure", "unsealed_structure"]

@@ -22,7 +22,8 @@ from drill.discover import CheckpointRef
 from drill.restore.partition import assign
 from drill.formats.base import RestoreContext
 from drill.formats.canonical import Layout
-from drill.formats.dcp import DrillReader, MetadataUnreadable, TargetPlanner, _file_sizes, check_budget, claimed_bytes, inventory
+from drill.formats.base import check_budget
+from drill.formats.dcp import DrillReader, MetadataUnreadable, TargetPlanner, _file_sizes, claimed_bytes, inventory
 from drill.formats.dcp_types import ReadItem, chunk_bytes, is_tensor, read_items
 from drill.restore import ItemFailure, RestoreResult
 from drill.storage import Storage

@@ -13,12 +13,13 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from drill import parts
 from drill.discover import CheckpointRef
-from drill.findings import Finding
-from drill.formats.base import RestoreContext, one_line, read_file, tally
+from drill.findings import Finding, Severity
+from drill.formats.base import RestoreContext, check_budget, one_line, read_file, tally
 from drill.formats.canonical import Layout, flatten, inventory
 from drill.formats.safeload import NUMPY_ARRAYS, UnsafePickle, load_failure, load_safetensors, load_torch
 from drill.integrity.structure import safetensors_structure, zip_structure
@@ -61,7 +62,8 @@ class HFTrainerAdapter:
         """Read every file of the checkpoint once and load each part onto the device."""
         result = RestoreResult(uri=ref.uri, format=self.name, device=str(ctx.device))
         entries = {e.name: e for e in storage.list(ref.uri) if e.is_file}
-        names = sorted(n for n in entries if _part_of(n) or n in (TRAINER_STATE, TRAINING_ARGS))
+        names = _resumed_from(entries)
+        check_budget(sum(entries[n].size for n in names if n != TRAINING_ARGS), ctx)  # the files hold at most their own bytes
         ctx.progress.phase("read", total_bytes=sum(entries[n].size for n in names))
         got = _Read()
         for name in names:
@@ -77,7 +79,7 @@ class HFTrainerAdapter:
                 reason = f"refused to unpickle: it names {exc}, outside the allow-list; nothing in it was executed"
                 result.failures.append(ItemFailure(name, name, reason, code="unsafe-pickle"))
             except Exception as exc:  # noqa: BLE001 - a damaged file is evidence
-                code, reason = load_failure(exc) if "Weights only" in str(exc) else ("entry-not-loaded", one_line(exc))
+                code, reason = load_failure(exc) if "Weights only" in str(exc) else (getattr(exc, "code", "entry-not-loaded"), one_line(exc))
                 result.failures.append(ItemFailure(name, name, reason, code=code))
             finally:
                 result.load_seconds += time.perf_counter() - started
@@ -91,11 +93,45 @@ class HFTrainerAdapter:
         return result
 
 
-def _load_file(name: str, view: memoryview, ctx: RestoreContext, got: _Read, result: RestoreResult) -> None:
+def _file_structure(name: str, view: memoryview) -> list[Finding]:
+    """One file's structural proof: a safetensors header against its bytes, a torch.save
+    archive's CRC-32s — the same in ``run`` (as the file is loaded) and ``verify``."""
     if name.endswith(".safetensors"):
-        got.structure += safetensors_structure(view, name)[0]
-    elif name.endswith(_PICKLED):
-        got.structure += zip_structure(view, name)[0]
+        return safetensors_structure(view, name)[0]
+    if name.endswith(_PICKLED):
+        return zip_structure(view, name)[0]
+    return []
+
+
+def _resumed_from(names: Any) -> list[str]:
+    """The files a resume reads, in the order the adapter reads them."""
+    return sorted(n for n in names if _part_of(n) or n in (TRAINER_STATE, TRAINING_ARGS))
+
+
+def structure(storage: Storage, uri: str, sizes: Mapping[str, int], allow_classes: tuple[str, ...] = ()) -> tuple[list[Finding], dict[str, Any]] | None:
+    """The structural proof of an unsealed Trainer checkpoint without loading it: every file a
+    resume reads, checked as the restore checks it; None when it holds no file with a
+    structure to check (nothing would be proven)."""
+    from drill.integrity.reading import describe_read_error, read_whole
+    from drill.integrity.structure import NAME
+
+    findings: list[Finding] = []
+    names = [n for n in _resumed_from(sizes) if n.endswith((".safetensors", *_PICKLED))]
+    if not names:
+        return None
+    for name in names:
+        try:
+            view = read_whole(storage, storage.child(uri, name), sizes[name], hash=False).view
+        except (OSError, EOFError) as exc:
+            why, _ = describe_read_error(exc)
+            findings.append(Finding(check=NAME, code="file-unreadable", severity=Severity.ERROR, subject=name, message=f"{name} cannot be read ({why})"))
+            continue
+        findings += _file_structure(name, view)
+    return findings, {"files": len(names)}
+
+
+def _load_file(name: str, view: memoryview, ctx: RestoreContext, got: _Read, result: RestoreResult) -> None:
+    got.structure += _file_structure(name, view)
     if name == TRAINER_STATE:
         doc = json.loads(bytes(view))
         got.trainer_state = doc if isinstance(doc, dict) else {}

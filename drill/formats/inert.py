@@ -93,12 +93,12 @@ class _Module:
 
 def load_inert(data: bytes | memoryview, map_location: Any = "cpu") -> tuple[Any, set[str]]:
     """The file's object, and the classes that became :class:`StandIn` instead of running."""
-    from drill.formats.safeload import refuse_code_archive
+    from drill.formats.safeload import check_archive
 
     seen: set[str] = set()
     if bytes(data[:4]) != b"PK\x03\x04":
         raise ValueError("not a torch.save zip archive (side files are written with torch.save's default format)")
-    refuse_code_archive(memoryview(data))  # torch.load would hand it to torch.jit.load, which runs it
+    check_archive(memoryview(data))  # no code torch.load would hand to torch.jit.load, no zip bomb
     # weights_only=False hands unpickling to the pickle_module: drill's own allow-list above.
     obj = torch.load(io.BytesIO(bytes(data)), map_location=map_location, weights_only=False, pickle_module=_Module(seen))  # type: ignore[arg-type]
     return obj, seen

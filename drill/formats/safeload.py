@@ -37,33 +37,42 @@ class UnsafePickle(Exception):
 
 
 CODE_ARCHIVE = "a TorchScript archive (it carries code: code/, constants.pkl)"
-"""What :func:`refuse_code_archive` calls a file that torch would hand to ``torch.jit.load``."""
+"""What :func:`check_archive` calls a file that torch would hand to ``torch.jit.load``."""
 
 
-def is_code_archive(view: memoryview) -> bool:
-    """Whether a ``torch.save``-style zip is a TorchScript archive. ``torch.load`` dispatches
-    such a file to ``torch.jit.load``, which compiles and runs the code inside it — with
-    ``weights_only=False`` (the inert side-file reader) that is code from the checkpoint."""
+class UnboundedArchive(ValueError):
+    """A zip record is compressed: torch.save never compresses, and a compressed record can
+    expand without bound (a zip bomb). Refused before anything is inflated."""
+
+    code = "zip-record-compressed"
+
+
+def check_archive(view: memoryview) -> int:
+    """What a ``torch.save`` zip claims to hold, in bytes — checked before torch sees it.
+
+    Raises :class:`UnsafePickle` for a TorchScript archive (``torch.load`` dispatches it to
+    ``torch.jit.load``, which compiles and runs the code inside — with ``weights_only=False``,
+    as the inert side-file reader runs, that is code from the checkpoint) and
+    :class:`UnboundedArchive` for a compressed record. A file that is no zip claims nothing
+    (0): the loaders refuse or judge it themselves.
+    """
     import zipfile
 
     if bytes(view[:4]) != b"PK\x03\x04":
-        return False
+        return 0
     try:
         with zipfile.ZipFile(ViewReader(view)) as archive:
-            names = archive.namelist()
+            infos = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
-        return False  # not readable as a zip: torch.load will fail on it, running nothing
-    for name in names:
-        inner = name.split("/", 1)[1] if "/" in name else name
+        return 0  # not readable as a zip: torch.load will fail on it, running nothing
+    for info in infos:
+        inner = info.filename.split("/", 1)[1] if "/" in info.filename else info.filename
         if inner == "constants.pkl" or inner.startswith("code/"):
-            return True
-    return False
-
-
-def refuse_code_archive(view: memoryview) -> None:
-    """Raise :class:`UnsafePickle` for a TorchScript archive, before torch can see it."""
-    if is_code_archive(view):
-        raise UnsafePickle(CODE_ARCHIVE)
+            raise UnsafePickle(CODE_ARCHIVE)
+    compressed = [i.filename for i in infos if i.compress_type != zipfile.ZIP_STORED]
+    if compressed:
+        raise UnboundedArchive(f"record {compressed[0]} is compressed ({len(compressed)} of {len(infos)}): torch.save never compresses, and an inflated record is unbounded; not loaded")
+    return sum(i.file_size for i in infos)
 
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
@@ -112,7 +121,7 @@ def load_torch(view: memoryview, allow: Iterable[str] = (), map_location: Any = 
     Raises :class:`UnsafePickle` (naming the global) for a pickle that names code outside the
     allow-list; any other failure propagates (see :func:`load_failure`).
     """
-    refuse_code_archive(view)
+    check_archive(view)
     try:
         with torch.serialization.safe_globals(resolve_globals(allow)):
             return torch.load(ViewReader(view), map_location=map_location, weights_only=True)

@@ -9,9 +9,9 @@ import torch
 
 from drill import parts
 from drill.discover import CheckpointRef
-from drill.formats.base import RestoreContext, read_file, tally
+from drill.formats.base import RestoreContext, check_budget, read_file, tally
 from drill.formats.canonical import Layout, flatten, inventory
-from drill.formats.safeload import UnsafePickle, load_failure, load_torch
+from drill.formats.safeload import UnboundedArchive, UnsafePickle, check_archive, load_failure, load_torch
 from drill.integrity.structure import zip_structure
 from drill.restore import ItemFailure, RestoreResult
 from drill.storage import Storage
@@ -136,6 +136,15 @@ class TorchSaveAdapter:
 
     @staticmethod
     def _load(view: memoryview, ctx: RestoreContext, name: str, result: RestoreResult) -> Any:
+        try:
+            need = check_archive(view)
+        except UnboundedArchive as exc:
+            result.failures.append(ItemFailure(name, name, str(exc), code=exc.code))
+            result.metadata_error = f"{name} was not loaded: {exc}"
+            return None
+        except UnsafePickle:
+            need = 0  # refused with its name just below
+        check_budget(need, ctx)  # what the archive claims to hold, before anything is allocated
         try:
             return load_torch(view, ctx.allow_classes, map_location=ctx.device)
         except UnsafePickle as exc:

@@ -142,6 +142,9 @@ def zip_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str,
     with archive:
         infos = archive.infolist()
         for info in infos:
+            if info.compress_type != zipfile.ZIP_STORED:  # never inflated: a zip bomb is unbounded
+                findings.append(_finding("zip-record-compressed", path, f"{path}: record {info.filename} is compressed, which torch.save never does: not inflated, not loaded"))
+                continue
             try:
                 with archive.open(info) as member:
                     crc = 0

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from drill.findings import CheckResult, Finding, Severity
+from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.foreign import ForeignManifest, find_foreign_manifests
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes, HashPlan
 from drill.integrity.manifest import MANIFEST_NAME, FileEntry, ListingTooLarge, Manifest, ManifestInvalid, list_files, read_manifest
@@ -294,7 +294,7 @@ def _unsealed_part(
         _finding("file-not-regular", path, f"{path} is {_odd(kind)}, not checkpoint data: never opened") for path, kind in sorted(plan.odd.items())
     ]
     if structure is None:
-        return findings, "unsealed: no content hashes and no structural proof for this format"
+        return findings, "unsealed: nothing proven — no content hashes, and no structural proof for this format"
     sf, sev = structure
     evidence["structure"] = sev
     consistent = not any(f.severity is Severity.ERROR for f in sf)
@@ -343,4 +343,18 @@ def integrity_check(
             summaries.append(proved)
     if not plan.sample.is_full:
         evidence["sampled"] = sorted(plan.selected)
-    return CheckResult(name=NAME, summary="; ".join(summaries), findings=findings, evidence=evidence)
+    evidence["level"] = _level(plan, evidence)
+    result = CheckResult(name=NAME, summary="; ".join(summaries), findings=findings, evidence=evidence)
+    if evidence["level"] == "none" and result.status is CheckStatus.PASSED:
+        result.skipped = True  # nothing was proven: a gap in the evidence, never a pass
+    return result
+
+
+def _level(plan: IntegrityPlan, evidence: dict[str, Any]) -> str:
+    """What the proof rests on (:func:`drill.claims.level`): a seal (or a framework's content
+    manifest), its authentication, or the format's structure."""
+    from drill.claims import level
+
+    content = plan.manifest is not None or any(fm.kind == "megatron-sha256" and fm.error is None for fm in plan.foreign)
+    structural = "structure" in evidence or any(fm.error is None for fm in plan.foreign)
+    return level(sealed=content, authenticated=evidence.get("authenticated") is True, structural=structural)

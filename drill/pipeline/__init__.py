@@ -55,7 +55,7 @@ def run_drill(
         drill.stage("plan", plan_stage)  # what to hash; refuses paths out of the checkpoint
         drill.stage("restore", restore_stage)  # read + hash + load onto the device
         drill.stage("checks", check_stage)  # integrity, files, load, keys, contract
-        drill.stage("replay", replay_stage)  # replay
+        drill.stage("replay", replay_stage, announce=request.replay.enabled)  # replay
     outcome = drill.finish()
     if dist is not None:
         from drill.pipeline.ranks import settle

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from drill.claims import proof_of
 from drill.errors import ExitCode
 from drill.findings import CheckResult, Finding, jsonable
 from drill.verdict import DrillStatus
@@ -110,6 +111,9 @@ class DrillOutcome:
     balance, the slowest rank and why (see :func:`drill.dist.restore.figures`)."""
     job_id: str | None = None
     """The batch job that ran the drill (``slurm:1234``), when ``drill submit`` launched it."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """How the drill was asked for (:meth:`~drill.pipeline.request.DrillRequest.options`): the
+    flags that repeat it, its policy file, the parts it accepted as missing."""
     record_problem: str | None = None
     """Set when the record could not be written in full (never part of the stored document)."""
 
@@ -159,6 +163,8 @@ class DrillOutcome:
             "alerts": self.alerts,
             "distributed": self.distributed,
             "job_id": self.job_id,
+            "options": self.options,
+            "proof": proof_of(self).to_dict(),
         }
         if with_checks:
             doc["checks"] = [c.to_dict() for c in self.checks]
@@ -199,4 +205,5 @@ class DrillOutcome:
             alerts=list(doc.get("alerts") or []),
             distributed=doc.get("distributed"),
             job_id=doc.get("job_id"),
+            options=dict(doc.get("options") or {}),
         )

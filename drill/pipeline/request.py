@@ -63,6 +63,8 @@ class DrillRequest:
     """Replay K steps after the checkpoint and compare with the original run."""
     policy: str | None = None
     """The policy's name, when a policy asked for this drill."""
+    policy_file: str | None = None
+    """The policy file it came from (``drill run --policy FILE`` re-runs it)."""
     selection: Selection | None = None
     """A policy's selection (retention- and settle-aware); used instead of ``selector``."""
     keep_last: int | None = None
@@ -117,9 +119,57 @@ class DrillRequest:
             self.selector = Selector("path", path=normalize(str(self.selector.path)))
 
 
+    def flags(self) -> list[str]:
+        """The ``drill run`` flags that ask for this drill again, the way it was asked for —
+        every option that differs from its default (the checkpoint itself excluded: a re-run
+        names the one that was drilled). What reports print as "Re-run"."""
+        out: list[str] = []
+        d = _DEFAULTS
+        for flag_, value, default in (
+            ("--device", self.device, d.device), ("--format", self.format, d.format), ("--finite-scan", self.expectations.finite_scan, d.expectations.finite_scan),
+            ("--sample", str(self.sample), str(d.sample)), ("--key-file", self.key_file, None), ("--coverage-days", self.coverage_days, d.coverage_days),
+            ("--timeout", self.timeout, d.timeout), ("--memory-budget", self.memory_budget, None), ("--durable", self.durable, None),
+        ):  # fmt: skip
+            if value is not None and value != default:
+                out += [flag_, f"{value:g}" if isinstance(value, float) else str(value)]
+        out += [a for part in self.expectations.allow_missing for a in ("--allow-missing", part)]
+        out += [a for name in self.allow_classes for a in ("--allow-class", name)]
+        if self.require_sealed:
+            out.append("--require-sealed")
+        return out + _replay_flags(self.replay, d.replay)
+
+    def options(self) -> dict[str, Any]:
+        """What the drill's record keeps of how it was asked for: the flags that repeat it, the
+        policy file, and the parts it accepted as missing (what a pass did not prove)."""
+        return {
+            "flags": self.flags(),
+            "policy_file": self.policy_file,
+            "allow_missing": list(self.expectations.allow_missing),
+            "required_parts": list(self.expectations.required_parts) if self.expectations.required_parts is not None else None,
+            "replay": self.replay.enabled,
+            "slo": self.slo.to_dict() if self.slo is not None else None,
+        }
+
+
+def _replay_flags(spec: ReplaySpec, default: ReplaySpec) -> list[str]:
+    if not spec.enabled:
+        return ["--no-replay"]
+    out = ["--replay", spec.entrypoint] if spec.entrypoint else []
+    if spec.steps != default.steps:
+        out += ["--replay-steps", str(spec.steps)]
+    if spec.timeout != default.timeout:
+        out += ["--replay-timeout", f"{spec.timeout:g}"]
+    if spec.tolerance is not None:
+        out += ["--rtol", f"{spec.tolerance.rtol:g}", "--atol", f"{spec.tolerance.atol:g}"]
+    return out
+
+
 def _flag(name: str, parse, value):  # type: ignore[no-untyped-def]
     """Parse one field; its error names the flag (``--device: unknown device 'tpu' …``)."""
     try:
         return parse(value)
     except (ValueError, SampleSpecError) as exc:
         raise UsageError(f"{name}: {exc}") from None
+
+
+_DEFAULTS = DrillRequest(root=".")

@@ -27,6 +27,7 @@ from drill import __version__
 from drill.checks import CheckInputs
 from drill.checks.registry import LOADING_CHECKS, ORDER, STATE_CHECKS, run_checks
 from drill.checks.replay import replay_rows
+from drill.claims import evidence_of
 from drill.device import resolve_device
 from drill.discover import discover
 from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError
@@ -41,7 +42,7 @@ from drill.pipeline import ranks
 from drill.pipeline.outcome import CheckpointInfo, DrillOutcome, ReplaySummary, Timings
 from drill.pipeline.recorder import DrillStart, Recorder
 from drill.pipeline.request import DrillRequest
-from drill.replay.run import ERROR, NOT_REPLAYABLE, ReplayOutcome, run_replay
+from drill.replay.run import ERROR, NOT_REPLAYABLE, NOT_RUN, ReplayOutcome, run_replay
 from drill.restore import Progress
 from drill.select import choose, select
 from drill.discover import CheckpointRef
@@ -110,6 +111,7 @@ class Drill:
             versions={"drill": __version__, "torch": torch.__version__},
             sample=str(request.sample),
             job_id=job_id_from_env(),
+            options=request.options(),
         )
         inputs = CheckInputs(
             storage=storage,
@@ -135,13 +137,15 @@ class Drill:
         )
         o.id = self.recorder.begin(start)
 
-    def stage(self, name: str, fn: Stage) -> None:
-        """Run one stage unless an earlier one stopped the drill; record its checks."""
+    def stage(self, name: str, fn: Stage, *, announce: bool = True) -> None:
+        """Run one stage unless an earlier one stopped the drill; record its checks. A stage
+        that will do no work (a replay switched off) is not announced as if it did."""
         if self.stopped is not None:
             return
         self.outcome.phase = name
         self.recorder.phase(name)
-        self.progress.phase(name)
+        if announce:
+            self.progress.phase(name)
         results = fn(self)
         self.results.update({r.name: r for r in results})
         if results:
@@ -180,6 +184,8 @@ class Drill:
         o = self.outcome
         why = self.stopped or (f"the drill ended during {o.phase}" if self.guard.signum or self.drill_error else "not reached")
         o.checks = [self.results.get(name) or not_run(name, why) for name in ORDER]
+        if "integrity" in self.results:
+            o.evidence_level = evidence_of(self.results["integrity"])
         if self.request.slo is not None and not self.guard.signum:
             o.slo_breaches = self.request.slo.breaches(o.timings.restore, o.timings.ttfs)
         verdict = decide(
@@ -256,7 +262,7 @@ def plan_stage(d: Drill) -> list[CheckResult]:
     plan = plan_integrity(d.storage, ref.uri, request.sample, ledger, key=d.key)  # type: ignore[arg-type]
     d.inputs.plan = plan
     o = d.outcome
-    o.evidence_level = plan.evidence_level
+    o.evidence_level = "sealed" if plan.manifest is not None else None  # until the integrity check says what it proved
     o.checkpoint = CheckpointInfo(
         uri=ref.uri, name=ref.name, step=ref.step, format=ref.format, bytes=sum(plan.on_storage.values()) or None, files=len(plan.on_storage) or None
     )
@@ -389,7 +395,8 @@ def _replay(d: Drill) -> ReplayOutcome:
     request, ref, restore = d.request, d.inputs.ref, d.inputs.restore
     assert ref is not None and restore is not None
     if not request.replay.enabled:
-        return ReplayOutcome(verdict=NOT_REPLAYABLE, reason="replay not run (--no-replay)")
+        why = f"disabled by policy {request.policy} (replay.enabled: false)" if request.policy else "--no-replay"
+        return ReplayOutcome(verdict=NOT_RUN, reason=f"replay not run ({why}): the drill proves the restore only")
     broken = [d.results[n] for n in LOADING_CHECKS if n in d.results and d.results[n].status is CheckStatus.FAILED]
     if broken:
         return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"{broken[0].name} failed: {broken[0].summary}")

@@ -252,7 +252,8 @@ def parse_policy(text: str, file: str = "<policy>") -> Policy:
         raise PolicyError(sorted(errors.problems, key=lambda p: (p.line or 0, p.field)))
     built["checkpoints"] = _relative_root(built["checkpoints"], file)
     try:
-        return Policy(name=values["name"], device=values.get("device", "auto"), path=file, **built)
+        path = file if file == "<policy>" else os.path.abspath(file)  # a re-run, a batch job's --chdir: the same file
+        return Policy(name=values["name"], device=values.get("device", "auto"), path=path, **built)
     except FieldError as exc:
         errors.add(root, exc.field, str(exc))
         raise PolicyError(errors.problems) from None

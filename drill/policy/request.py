@@ -31,6 +31,7 @@ def request_from_policy(policy: Policy, trigger: str) -> DrillRequest:
         allow_classes=policy.contract.allow_classes,
         replay=ReplaySpec(entrypoint=r.entrypoint, steps=r.steps, timeout=r.timeout, tolerance=tolerance, enabled=r.enabled),
         policy=policy.name,
+        policy_file=policy.path or None,
         selection=policy.selection,
         keep_last=policy.checkpoints.keep_last,
         slo=policy.slo,

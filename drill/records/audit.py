@@ -78,9 +78,14 @@ def _plain(row: Mapping[str, Any], drop: tuple[str, ...]) -> dict[str, Any]:
     return {k: (v.astimezone(timezone.utc).isoformat() if isinstance(v, datetime) else v) for k, v in row.items() if k not in drop}
 
 
-def _digest(drill: Mapping[str, Any], checkpoint_uri: str | None, checks: Iterable[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]) -> str:
+LATER_COLUMNS = ("options",)
+"""Columns of ``drills`` added after ``drill-audit/1`` entries were written: their digests never
+covered them, so verifying one of those leaves them out."""
+
+
+def _digest(drill: Mapping[str, Any], checkpoint_uri: str | None, checks: Iterable[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]], legacy: bool = False) -> str:
     doc = {
-        "drill": _plain(drill, ("checkpoint_id",)),
+        "drill": _plain(drill, ("checkpoint_id", *(LATER_COLUMNS if legacy else ()))),
         "checkpoint": checkpoint_uri,
         "checks": [_plain(c, ("id", "drill_id")) for c in checks],
         "replay_steps": [_plain(r, ("id", "drill_id")) for r in steps],
@@ -136,11 +141,12 @@ class _Contents:
                 self.unreadable[drill_id] = one_line(exc)
         return out
 
-    def digest(self, drill_id: int) -> str | None:
+    def digest(self, drill_id: int, legacy: bool = False) -> str | None:
+        """The record's digest as sealed now, or (``legacy``) as a ``drill-audit/1`` entry sealed it."""
         row = self.drills.get(drill_id)
         if row is None:
             return None
-        return _digest(row, self.uris.get(row["checkpoint_id"]), self.checks[drill_id], self.steps[drill_id])
+        return _digest(row, self.uris.get(row["checkpoint_id"]), self.checks[drill_id], self.steps[drill_id], legacy)
 
 
 # -- sealing --------------------------------------------------------------------------------
@@ -268,6 +274,7 @@ class _Unreadable:
     hash: str
     content_sha256: str
     why: str
+    closed_by: str | None = None
 
 
 def _entries(s: Session) -> list[AuditEntry | _Unreadable]:
@@ -278,12 +285,12 @@ def _entries(s: Session) -> list[AuditEntry | _Unreadable]:
     except (ValueError, TypeError):
         pass
     out: list[AuditEntry | _Unreadable] = []
-    plain = select(AuditEntry.seq, AuditEntry.drill_id, AuditEntry.hash, AuditEntry.content_sha256).order_by(AuditEntry.seq)
-    for seq, drill_id, hash_, content in s.execute(plain):
+    plain = select(AuditEntry.seq, AuditEntry.drill_id, AuditEntry.hash, AuditEntry.content_sha256, AuditEntry.closed_by).order_by(AuditEntry.seq)
+    for seq, drill_id, hash_, content, closed_by in s.execute(plain):
         try:
             out.append(s.scalars(select(AuditEntry).where(AuditEntry.seq == seq)).one())
         except (ValueError, TypeError) as exc:
-            out.append(_Unreadable(seq, drill_id, hash_, content, one_line(exc)))
+            out.append(_Unreadable(seq, drill_id, hash_, content, one_line(exc), closed_by))
     return out
 
 
@@ -348,7 +355,7 @@ def _record_problems(contents: _Contents, latest: dict[int, Any], first: Any, re
             why = contents.unreadable[drill_id]
             out.append(_problem("record-edited", f"drill #{drill_id}", f"drill #{drill_id} holds a value drill cannot read ({why}): edited after it was recorded"))
             continue
-        digest = contents.digest(drill_id)
+        digest = contents.digest(drill_id, legacy=e.closed_by is None)
         if digest is None:
             out.append(_problem("record-deleted", f"drill #{drill_id}", f"drill #{drill_id} is in the chain (entry {e.seq}) but its record is gone: deleted"))
         elif digest != e.content_sha256:

@@ -124,6 +124,9 @@ class Drill(Base):
     """A drill run by many ranks: per-rank figures, balance, the slowest rank."""
     job_id: Mapped[str | None] = mapped_column(Str(128), index=True)
     """The batch job that ran it (``slurm:1234``)."""
+    options: Mapped[dict[str, Any] | None]
+    """How it was asked for: the ``drill run`` flags that repeat it, its policy file, the parts it
+    accepted as missing (see :meth:`~drill.pipeline.request.DrillRequest.options`)."""
 
     checkpoint: Mapped[Checkpoint | None] = relationship(back_populates="drills")
     checks: Mapped[list[CheckRecord]] = relationship(

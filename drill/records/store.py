@@ -20,6 +20,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
+from drill.claims import DEFAULT_MIN_EVIDENCE, good_enough
 from drill.errors import DatabaseError, NotFound, UnreadableRecord, one_line
 from drill.findings import CheckResult
 from drill.pipeline.outcome import DrillOutcome
@@ -276,20 +277,32 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
             )
             return {uri: aware(t) for uri, t in rows}
 
-    def last_good(self, run_root: str, retained: list[str]) -> DrillOutcome | None:
-        """The newest of ``retained`` (URIs, oldest first) whose latest drill passed."""
+    def latest_of(self, uris: list[str]) -> dict[str, DrillOutcome]:
+        """Checkpoint URI → its latest closed drill, for those of ``uris`` ever drilled."""
+        out: dict[str, DrillOutcome] = {}
         with self._session() as s:
-            for uri in reversed(retained):
+            for uri in uris:
                 latest = s.scalar(
                     select(Drill)
                     .join(Checkpoint, Drill.checkpoint_id == Checkpoint.id)
                     .where(Checkpoint.uri == uri, Drill.status != DrillStatus.RUNNING.value)
                     .order_by(Drill.id.desc())
+                    .limit(1)
                     .options(selectinload(Drill.checkpoint), selectinload(Drill.alerts))
                 )
-                if latest is not None and latest.status == DrillStatus.PASSED.value:
-                    return outcome_from_row(latest, with_checks=False)
-            return None
+                if latest is not None:
+                    out[uri] = outcome_from_row(latest, with_checks=False)
+        return out
+
+    def last_good(self, run_root: str, retained: list[str], *, min_evidence: str = DEFAULT_MIN_EVIDENCE, require_replay: bool = False) -> DrillOutcome | None:
+        """The newest of ``retained`` (URIs, oldest first) whose latest drill passed on at
+        least ``min_evidence`` (and replayed, with ``require_replay``): :func:`drill.claims.good_enough`."""
+        latest = self.latest_of(list(reversed(retained)))
+        for uri in reversed(retained):
+            outcome = latest.get(uri)
+            if outcome is not None and good_enough(outcome, min_evidence=min_evidence, require_replay=require_replay):
+                return outcome
+        return None
 
     def delete_checks(self, drill_id: int) -> None:
         with self._session() as s:

@@ -69,6 +69,18 @@ def safe_url(url: str | URL) -> str:
         return re.sub(r"://[^@/]*@", "://***@", str(url))
 
 
+def url_without_password(url: str | URL) -> str:
+    """The URL as a command line may carry it: no password at all (the database's own means —
+    a ``.pgpass`` file, ``$PGPASSWORD``, trust — supply one), never a masked one."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url)._replace(password=None).render_as_string(hide_password=False)
+    except (ArgumentError, ValueError):
+        return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1@", str(url))
+
+
 def sqlite_busy_timeout() -> float:
     """Seconds an SQLite writer waits for a lock (``$DRILL_SQLITE_BUSY_TIMEOUT``, default 30)."""
     try:

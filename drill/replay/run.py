@@ -23,6 +23,8 @@ FRAMEWORK_LOG = Tolerance(rtol=1e-3, atol=1e-4)
 """Frameworks round what they log (HF: 4 decimals): compare to that precision."""
 
 PASSED, DIVERGED, NOT_REPLAYABLE, ERROR, REFUSED = "passed", "diverged", "not replayable", "error", "refused"
+NOT_RUN = "not run"
+"""The replay was switched off (``--no-replay``, a policy's ``replay.enabled: false``): a gap the drill chose."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -39,6 +41,10 @@ class ReplayOutcome:
     restore_seconds: float | None = None
     seconds: float = 0.0
     traceback: str | None = None
+    entrypoint: str | None = None
+    """The ``module:function`` that built the training objects (None: none was found)."""
+    entrypoint_source: str | None = None
+    """Who named it: ``--replay`` (or a policy's ``replay.entrypoint``), or the run's ``run.json``."""
 
 
 def entrypoint_for(run_dir: str, spec: ReplaySpec, storage: Storage | None = None) -> tuple[str | None, bool]:
@@ -68,10 +74,21 @@ def tolerance_for(reference: Reference, device: str, spec: ReplaySpec) -> Tolera
 def run_replay(
     *, spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | None, device: str, storage_options: dict[str, Any] | None = None
 ) -> ReplayOutcome:
-    """Replay K steps after ``checkpoint`` (at ``step``) and compare with the original run."""
-    started = time.perf_counter()
+    """Replay K steps after ``checkpoint`` (at ``step``) and compare with the original run; the
+    outcome names the entrypoint that ran and who named it."""
     storage = storage_for(run_dir, storage_options)
     entrypoint, explicit = entrypoint_for(run_dir, spec, storage)
+    outcome = _replay(spec, run_dir, checkpoint, step, device, storage, storage_options, entrypoint, explicit)
+    if entrypoint is not None:
+        outcome.entrypoint, outcome.entrypoint_source = entrypoint, "--replay" if explicit else "run.json"
+    return outcome
+
+
+def _replay(
+    spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | None, device: str, storage: Storage,
+    storage_options: dict[str, Any] | None, entrypoint: str | None, explicit: bool,
+) -> ReplayOutcome:  # fmt: skip
+    started = time.perf_counter()
     if entrypoint is None:
         return ReplayOutcome(
             verdict=NOT_REPLAYABLE,

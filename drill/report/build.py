@@ -15,10 +15,14 @@ from drill.findings import Severity
 from drill.goodput import GoodputError, measured_restart, table
 from drill.pipeline.outcome import DrillOutcome
 from drill.records.reporting import KnownCheckpoint, Verified
-from drill.report.model import CheckpointRow, Coverage, DrillEntry, GoodputSection, Report, RunSection
+from drill.claims import Retained, coverage, good_enough, proof_of
+from drill.report.model import CheckpointRow, DrillEntry, GoodputSection, Report, RunSection
 from drill.stats import summarize
 
 DEFAULT_GPUS = (4096, 16384, 65536)
+LISTING_TIMEOUT = 60.0
+"""Seconds a report (or the metrics) waits on one run's storage before it falls back to what
+the records know, saying so."""
 DEFAULT_BLOCKING_S = 60.0
 
 
@@ -56,7 +60,7 @@ def build_report(db: str | None = None, options: ReportOptions | None = None) ->
         by_root: dict[str, list[DrillOutcome]] = {r: [] for r in ([root] if root else records.run_roots(policy=opts.policy))}
         for d in drills:
             by_root.setdefault(d.run_root, []).append(d)
-        report.runs = [_section(records, r, by_root[r], opts) for r in sorted(by_root)]
+        report.runs = [_section(records, r, by_root[r], opts, resolve_url(db)) for r in sorted(by_root)]
         report.chain = _chain(database)
     finally:
         database.close()
@@ -82,18 +86,24 @@ def _chain(database: Any) -> dict[str, Any]:
 
 
 # -- one run --------------------------------------------------------------------------------
-def _section(records: Any, root: str, drills: list[DrillOutcome], opts: ReportOptions) -> RunSection:
+@dataclass(frozen=True, slots=True)
+class _OnStorage:
+    uri: str
+    name: str
+    step: int | None
+    format: str | None
+    bytes: int | None
+    """What it occupies on storage now; None when it could not be listed (or was not)."""
+
+
+def _section(records: Any, root: str, drills: list[DrillOutcome], opts: ReportOptions, database: str | None = None) -> RunSection:
     known = {k.uri: k for k in records.known_checkpoints(root)} if records else {}
     latest = records.latest_drills(root) if records else {}
     ledger = records.ledger(root) if records else {}
     retained, source, note = _retained(root, known, opts.list_storage)
     rows = _checkpoint_rows(retained, known, latest, ledger, drills, opts.since)
-    on_storage = [r for r in rows if r.retained is not False]
-    coverage = Coverage(
-        retained=len(on_storage),
-        drilled_in_window=sum(1 for r in on_storage if r.drills_in_window),
-        bytes_retained=sum(r.bytes or 0 for r in on_storage),
-        bytes_verified_in_window=sum(r.bytes_verified_in_window for r in on_storage),
+    cover = coverage(
+        Retained(r.name, r.bytes_on_storage, r.drills_in_window > 0, r.bytes_verified_in_window) for r in rows if r.retained is not False
     )
     return RunSection(
         run_root=root,
@@ -101,35 +111,51 @@ def _section(records: Any, root: str, drills: list[DrillOutcome], opts: ReportOp
         retention=source,
         retention_note=note,
         checkpoints=rows,
-        coverage=coverage,
+        coverage=cover,
         counts=dict(Counter(d.status.value for d in drills)),
         restore=summarize([d.timings.restore for d in drills]),
         ttfs=summarize([d.timings.ttfs for d in drills]),
         throughput=summarize([d.throughput_bps for d in drills]),
-        drills=[drill_entry(d) for d in drills],
+        drills=[drill_entry(d, database) for d in drills],
         goodput=_goodput(drills, opts),
     )
 
 
-def _retained(root: str, known: dict[str, KnownCheckpoint], list_storage: bool) -> tuple[list[tuple[str, str, int | None, str | None]], str, str | None]:
-    """(uri, name, step, format) of each retained checkpoint, where that came from, and why."""
+def _retained(root: str, known: dict[str, KnownCheckpoint], list_storage: bool) -> tuple[list[_OnStorage], str, str | None]:
+    """Each retained checkpoint with its bytes on storage, where the list came from, and why."""
     if list_storage:
         from drill.discover import discover
         from drill.storage import storage_for
 
+        from drill.interrupts import deadline
+
         try:
-            found = discover(storage_for(root), root)
-            return [(c.uri, c.name, c.step, c.format) for c in found.checkpoints], "storage", None
+            with deadline(LISTING_TIMEOUT, f"listing {root}"):  # one run's storage never holds the report hostage
+                storage = storage_for(root)
+                found = discover(storage, root)
+                return [_OnStorage(c.uri, c.name, c.step, c.format, bytes_on_storage(storage, c.uri)) for c in found.checkpoints], "storage", None
         except (OSError, DrillError) as exc:
             note = f"{root} could not be listed from this host ({getattr(exc, 'strerror', None) or exc}): checkpoints as drills last saw them"
     else:
         note = "storage not listed (--no-list): checkpoints as drills last saw them"
-    rows = [(k.uri, _name(k.uri), k.step, k.format) for k in known.values()]
+    rows = [_OnStorage(k.uri, _name(k.uri), k.step, k.format, None) for k in known.values()]
     return rows, "records", note
 
 
+def bytes_on_storage(storage: Any, uri: str) -> int | None:
+    """What a checkpoint occupies on storage now — every file, its manifest excluded (what
+    coverage measures proofs against); None when it cannot be listed."""
+    from drill.integrity.manifest import list_files
+
+    try:
+        entry = storage.stat(uri)
+        return entry.size if not entry.is_dir else sum(list_files(storage, uri).files.values())
+    except OSError:
+        return None
+
+
 def _checkpoint_rows(
-    retained: list[tuple[str, str, int | None, str | None]],
+    retained: list[_OnStorage],
     known: dict[str, KnownCheckpoint],
     latest: dict[str, DrillOutcome],
     ledger: dict[str, list[Verified]],
@@ -137,19 +163,20 @@ def _checkpoint_rows(
     since: datetime | None,
 ) -> list[CheckpointRow]:
     in_window = Counter(d.checkpoint.uri for d in drills if d.checkpoint)
-    listed = {uri for uri, *_ in retained}
-    purged = [(uri, _name(uri), known[uri].step if uri in known else None, known[uri].format if uri in known else None) for uri in in_window if uri not in listed]
+    listed = {c.uri for c in retained}
+    purged = [_OnStorage(uri, _name(uri), known[uri].step if uri in known else None, known[uri].format if uri in known else None, None) for uri in in_window if uri not in listed]
     rows = []
-    for uri, name, step, fmt in [*retained, *purged]:
-        k, last, files = known.get(uri), latest.get(uri), ledger.get(uri, [])
+    for c in [*retained, *purged]:
+        k, last, files = known.get(c.uri), latest.get(c.uri), ledger.get(c.uri, [])
         rows.append(
             CheckpointRow(
-                uri=uri, name=name, step=step, format=fmt, bytes=k.bytes if k else None, retained=uri in listed,
-                last_drill_id=last.id if last else None, last_status=last.status.value if last else None,
-                last_drilled_at=last.started_at if last else None, evidence_level=last.evidence_level if last else None,
+                uri=c.uri, name=c.name, step=c.step, format=c.format, bytes=k.bytes if k else None, retained=c.uri in listed,
+                bytes_on_storage=c.bytes, last_drill_id=last.id if last else None, last_status=last.status.value if last else None,
+                last_drilled_at=last.started_at if last else None, proof=proof_of(last) if last else None,
+                proven=last is not None and good_enough(last),
                 bytes_verified=sum(f.size for f in files),
                 bytes_verified_in_window=sum(f.size for f in files if since is None or f.at >= since),
-                verified_at=max((f.at for f in files), default=None), drills_in_window=in_window.get(uri, 0),
+                verified_at=max((f.at for f in files), default=None), drills_in_window=in_window.get(c.uri, 0),
             )
         )  # fmt: skip
     return sorted(rows, key=lambda r: (r.step is None, r.step or 0, r.uri))
@@ -160,7 +187,7 @@ def _name(uri: str) -> str:
 
 
 # -- one drill ------------------------------------------------------------------------------
-def drill_entry(o: DrillOutcome) -> DrillEntry:
+def drill_entry(o: DrillOutcome, database: str | None = None) -> DrillEntry:
     integrity = o.check("integrity")
     ev = integrity.evidence if integrity else {}
     findings = [
@@ -180,14 +207,38 @@ def drill_entry(o: DrillOutcome) -> DrillEntry:
             "bytes_verified": ev.get("bytes_verified"), "bytes_listed": ev.get("bytes_listed"), "authenticated": ev.get("authenticated"),
         },
         replay=None if o.replay is None else {"verdict": o.replay.verdict, "reason": o.replay.reason, "steps": o.replay.steps},
-        findings=findings, slo_breaches=[str(b.get("message", b)) for b in o.slo_breaches.values()], rerun=rerun_command(o),
+        findings=findings, slo_breaches=[str(b.get("message", b)) for b in o.slo_breaches.values()], rerun=rerun_command(o, database),
     )  # fmt: skip
 
 
-def rerun_command(o: DrillOutcome) -> str:
-    """The command that drills the same checkpoint again, the same way."""
+def rerun_command(o: DrillOutcome, database: str | None = None) -> str:
+    """The command that drills the same checkpoint again, the same way: its policy's, or every
+    option it was run with (:meth:`~drill.pipeline.request.DrillRequest.flags`), and the
+    database it was recorded in (without a password)."""
+    from drill.records.urls import url_without_password
+
+    db = ["--db", url_without_password(database)] if database else []
+    policy_file = o.options.get("policy_file")
+    if policy_file:
+        return shell_join(["drill", "run", "--policy", policy_file, *db])
     target = ["--checkpoint", o.checkpoint.uri] if o.checkpoint else ["--root", o.run_root, "--checkpoint", o.selector]
-    return shlex.join(["drill", "run", *target, "--device", o.device])
+    flags = o.options.get("flags")
+    flags = list(flags) if isinstance(flags, list) else ["--device", o.device]  # recorded before drill kept its options
+    return shell_join(["drill", "run", *target, *flags, *db])
+
+
+def shell_join(argv: list[str]) -> str:
+    """``shlex.join``, but an argument holding control characters (a hostile file name) is
+    written as ``$'…'`` with escapes: what is shown is still the command that runs."""
+    from drill.text import printable
+
+    out = []
+    for arg in argv:
+        if printable(arg) == arg:
+            out.append(shlex.quote(arg))
+        else:
+            out.append("$'" + printable(arg.replace("\\", "\\\\")).replace("'", "\\'") + "'")
+    return " ".join(out)
 
 
 # -- goodput --------------------------------------------------------------------------------

@@ -132,12 +132,10 @@ def _run(run: RunSection) -> str:
 def _coverage(run: RunSection) -> str:
     c = run.coverage
     note = f'<p class="note">{escape(run.retention_note)}</p>' if run.retention_note else ""
-    ckpts = share_bar([(c.share or 0, STATUS_COLORS["passed"], f"{c.drilled_in_window} of {c.retained} drilled")])
-    data = share_bar([(c.share_bytes or 0, "#2563eb", f"{t.size(c.bytes_verified_in_window)} verified")])
-    return (
-        f"{note}<p>{ckpts} <b>{c.drilled_in_window} of {c.retained}</b> retained checkpoints drilled in the window ({t.share(c.share)})<br>"
-        f"{data} <b>{t.size(c.bytes_verified_in_window)}</b> of {t.size(c.bytes_retained)} verified against their seals ({t.share(c.share_bytes)})</p>"
-    )
+    ckpts_bar = share_bar([(c.share or 0, STATUS_COLORS["passed"], f"{c.drilled_in_window} of {c.retained} drilled")])
+    data_bar = share_bar([(c.share_bytes or 0, "#2563eb", f"{t.size(c.bytes_proven_in_window)} proven")])
+    ckpts, data = c.describe()
+    return f"{note}<p>{ckpts_bar} {escape(ckpts)}<br>{data_bar} {escape(data)}</p>"
 
 
 def _latency(run: RunSection) -> str:

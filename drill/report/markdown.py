@@ -76,11 +76,8 @@ def _run(run: RunSection) -> list[str]:
     lines = [f"## {cell(run.run_root)}", ""]
     if run.policies:
         lines += [f"Policies: {', '.join(cell(p) for p in run.policies)}", ""]
-    lines += [
-        f"Coverage: {c.drilled_in_window} of {c.retained} retained checkpoints drilled in the window ({t.share(c.share)}); "
-        f"{t.size(c.bytes_verified_in_window)} of {t.size(c.bytes_retained)} verified against their seals ({t.share(c.share_bytes)}).",
-        "",
-    ]
+    ckpts, data = c.describe()
+    lines += [f"Coverage: {cell(ckpts)}; {cell(data)}.", ""]
     if run.retention_note:
         lines += [f"_Note: {cell(run.retention_note)}_", ""]
     lines += ["### Checkpoints", ""]

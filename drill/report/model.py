@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from drill.claims import Coverage, Proof
 from drill.goodput import GoodputRow, MeasuredRestart
 from drill.stats import Summary
 
@@ -33,10 +34,16 @@ class CheckpointRow:
     bytes: int | None
     retained: bool | None
     """Still on storage (None: storage could not be listed from this host)."""
+    bytes_on_storage: int | None = None
+    """What it occupies on storage now (None: not listed)."""
     last_drill_id: int | None = None
     last_status: str | None = None
     last_drilled_at: datetime | None = None
-    evidence_level: str | None = None
+    proof: Proof | None = None
+    """What its latest drill proved: evidence level, replay verdict, parts accepted as missing."""
+    proven: bool = False
+    """Proven restorable: its latest drill passed on at least structural evidence
+    (:func:`drill.claims.good_enough`)."""
     bytes_verified: int = 0
     """Bytes whose sealed digest matched, by the latest verification of each file (any age)."""
     bytes_verified_in_window: int = 0
@@ -44,15 +51,15 @@ class CheckpointRow:
     drills_in_window: int = 0
 
     @property
-    def proven(self) -> bool:
-        """Its latest drill passed."""
-        return self.last_status == "passed"
+    def evidence_level(self) -> str | None:
+        return self.proof.evidence if self.proof else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "uri": self.uri, "name": self.name, "step": self.step, "format": self.format, "bytes": self.bytes,
-            "retained": self.retained, "proven_restorable": self.proven, "last_drill_id": self.last_drill_id,
-            "last_status": self.last_status, "last_drilled_at": _iso(self.last_drilled_at), "evidence_level": self.evidence_level,
+            "bytes_on_storage": self.bytes_on_storage, "retained": self.retained, "proven_restorable": self.proven,
+            "last_drill_id": self.last_drill_id, "last_status": self.last_status, "last_drilled_at": _iso(self.last_drilled_at),
+            "evidence_level": self.evidence_level, "proof": self.proof.to_dict() if self.proof else None,
             "bytes_verified": self.bytes_verified, "bytes_verified_in_window": self.bytes_verified_in_window,
             "verified_at": _iso(self.verified_at), "drills_in_window": self.drills_in_window,
         }  # fmt: skip
@@ -98,28 +105,6 @@ class DrillEntry:
             "restore_seconds": self.restore_s, "ttfs_seconds": self.ttfs_s, "bytes_read": self.bytes_read,
             "throughput_bps": self.throughput_bps, "checks": self.checks, "integrity": self.integrity, "replay": self.replay,
             "findings": self.findings, "slo_breaches": self.slo_breaches, "rerun": self.rerun,
-        }  # fmt: skip
-
-
-@dataclass(slots=True)
-class Coverage:
-    retained: int
-    drilled_in_window: int
-    bytes_retained: int
-    bytes_verified_in_window: int
-
-    @property
-    def share(self) -> float | None:
-        return self.drilled_in_window / self.retained if self.retained else None
-
-    @property
-    def share_bytes(self) -> float | None:
-        return min(1.0, self.bytes_verified_in_window / self.bytes_retained) if self.bytes_retained else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "retained": self.retained, "drilled_in_window": self.drilled_in_window, "share": self.share,
-            "bytes_retained": self.bytes_retained, "bytes_verified_in_window": self.bytes_verified_in_window, "share_bytes": self.share_bytes,
         }  # fmt: skip
 
 
@@ -207,4 +192,4 @@ class Report:
         }  # fmt: skip
 
 
-__all__ = ["SCHEMA", "CheckpointRow", "Coverage", "DrillEntry", "GoodputSection", "Report", "RunSection"]
+__all__ = ["SCHEMA", "CheckpointRow", "DrillEntry", "GoodputSection", "Report", "RunSection"]

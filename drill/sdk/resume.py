@@ -52,6 +52,9 @@ class LoadReport:
 
     checkpoint: str
     sealed: bool
+    evidence: str = "structural"
+    """What the load's proof rests on (:mod:`drill.claims`): ``authenticated``, ``sealed``,
+    ``structural`` (an unsealed checkpoint: DCP's index and torch.save's CRC-32s) or ``none``."""
     format: str = "dcp"
     verified_files: int = 0
     bytes_read: int = 0
@@ -159,13 +162,16 @@ def _record_in_background(
     return thread
 
 
-def last_good(root: str, *, before: str | None = None, db: str | None = None) -> str | None:
+def last_good(root: str, *, before: str | None = None, db: str | None = None, min_evidence: str = "structural") -> str | None:
     """The checkpoint to fall back to: the newest complete checkpoint under ``root`` (older
-    than ``before``, when given) whose latest drill passed, or — for one never drilled —
-    whose bytes verify against its seal now. None when there is none."""
+    than ``before``, when given) whose latest drill passed on at least ``min_evidence``
+    (``structural``, ``sealed`` or ``authenticated``), or — for one never drilled — whose bytes
+    prove out now at that level. A checkpoint whose latest drill did not pass never is. None
+    when there is none."""
+    from drill.claims import parse_level
     from drill.sdk.verified_load import fallback
 
-    return fallback(root, before, db)
+    return fallback(root, before, db, parse_level(min_evidence))
 
 
 __all__ = ["TRIGGER", "CheckpointCorrupt", "LoadReport", "last_good", "load", "verified"]

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from drill.claims import DEFAULT_MIN_EVIDENCE, evidence_of, level
 from drill.findings import CheckResult, Finding, Severity
 from drill.formats.base import RestoreContext, one_line
 from drill.formats.dcp_reader import DCPStorageReader, SafeLoadPlanner, dcp_load
@@ -44,6 +45,8 @@ def run_load(
     checked = time.perf_counter()
     if plan is not None and sealed and not plan.refuse:
         findings += _against_seal(plan, result, report.byte_ranges)
+        authenticated = key is not None and not any(f.code.startswith("manifest-") for f in findings)
+        report.evidence = level(sealed=True, authenticated=authenticated)
     report.seconds["verify"] = time.perf_counter() - checked
     report.verified_files = sum(1 for f in result.files if f.hashes is not None) if sealed else 0
     report.bytes_read = result.bytes_read
@@ -141,7 +144,7 @@ def outcome_of(report: LoadReport, findings: list[Finding], files: int, began: d
         selection="resume",
         timings=Timings(restore=report.seconds.get("total"), plan=report.seconds.get("plan"), read=report.seconds.get("read"), load=report.seconds.get("load")),
         bytes_read=report.bytes_read,
-        evidence_level="sealed" if report.sealed else "unsealed",
+        evidence_level=report.evidence,
         checks=checks if checks is not None else _checks(report, plain),
         versions={"drill": __version__, "torch": torch.__version__},
         distributed={"world_size": report.ranks, "trigger": TRIGGER} if report.ranks > 1 else None,
@@ -167,7 +170,7 @@ def verify_for_resume(checkpoint: str, key: bytes | None, allow_classes: tuple[s
 
     outcome = verify_checkpoint(str(checkpoint), key=key, allow_classes=allow_classes)
     result = outcome.result
-    report = LoadReport(checkpoint=outcome.uri, sealed=result.evidence.get("evidence_level") == "sealed", bytes_read=outcome.bytes_hashed)
+    report = LoadReport(checkpoint=outcome.uri, sealed=result.evidence.get("evidence_level") == "sealed", evidence=evidence_of(result), bytes_read=outcome.bytes_hashed)
     report.format = _format_of(outcome.uri)
     report.verified_files = int(result.evidence.get("files_verified", 0))
     report.seconds = {"verify": outcome.seconds, "total": outcome.seconds}
@@ -186,7 +189,11 @@ def _format_of(uri: str) -> str:
 
 
 # -- the fallback ------------------------------------------------------------------------------
-def fallback(root: str, before: str | None, db: str | None) -> str | None:
+def fallback(root: str, before: str | None, db: str | None, min_evidence: str = DEFAULT_MIN_EVIDENCE) -> str | None:
+    """The newest retained checkpoint (older than ``before``) whose latest drill passed on at
+    least ``min_evidence``; else the newest one never drilled whose bytes prove out now at that
+    level. A checkpoint whose latest drill did not pass is never a fallback."""
+    from drill.claims import at_least
     from drill.discover import discover
     from drill.storage import normalize
     from drill.verifier import verify_checkpoint
@@ -200,30 +207,36 @@ def fallback(root: str, before: str | None, db: str | None) -> str | None:
         found = found[:index]
     if not found:
         return None
-    good = _passed_drill(key, [c.uri for c in found], db)
+    good, drilled = _recorded(key, [c.uri for c in found], db, min_evidence)
     if good is not None:
         return good
     for candidate in reversed(found):
+        if candidate.uri in drilled:
+            continue  # its latest drill failed (or proved too little): not a place to resume from
         try:
-            if verify_checkpoint(candidate.uri, storage=storage).result.status.value == "passed":
-                return candidate.uri
+            outcome = verify_checkpoint(candidate.uri, storage=storage)
         except Exception:  # noqa: BLE001 - an unverifiable candidate is not a fallback
             continue
+        if outcome.status == "passed" and at_least(evidence_of(outcome.result), min_evidence):
+            return candidate.uri
     return None
 
 
-def _passed_drill(root: str, retained: list[str], db: str | None) -> str | None:
+def _recorded(root: str, retained: list[str], db: str | None, min_evidence: str) -> tuple[str | None, set[str]]:
+    """(the newest good checkpoint by the record, every one the record holds a drill of)."""
     try:
         from drill.records.db import read_database
         from drill.records.store import Records
 
         database = read_database(db)
         if database is None:
-            return None
+            return None, set()
         try:
-            outcome = Records(database).last_good(root, retained)
+            records = Records(database)
+            good = records.last_good(root, retained, min_evidence=min_evidence)
+            drilled = set(records.latest_of(retained))
         finally:
             database.close()
     except Exception:  # noqa: BLE001 - no database: verify instead
-        return None
-    return outcome.checkpoint.uri if outcome is not None and outcome.checkpoint is not None else None
+        return None, set()
+    return (good.checkpoint.uri if good is not None and good.checkpoint is not None else None), drilled

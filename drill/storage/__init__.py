@@ -6,7 +6,7 @@ and reads only through a :class:`Storage`.
 
 from typing import Any
 
-from drill.storage.base import Entry, EntryKind, FileChanged, NotARegularFile, PathEscapesCheckpoint, Storage, StorageError
+from drill.storage.base import Entry, EntryKind, FileChanged, NotARegularFile, PathEscapesCheckpoint, Storage, StorageError, StorageUnavailable
 from drill.storage.local import LocalStorage
 
 SCHEMES = ("file", "s3")
@@ -71,6 +71,7 @@ __all__ = [
     "PathEscapesCheckpoint",
     "Storage",
     "StorageError",
+    "StorageUnavailable",
     "normalize",
     "scheme_of",
     "storage_for",

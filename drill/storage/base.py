@@ -15,6 +15,11 @@ class PathEscapesCheckpoint(StorageError):
     """A relative path would leave the checkpoint (``..``, absolute, or a symlink leading out)."""
 
 
+class StorageUnavailable(StorageError):
+    """The storage kept failing (an endpoint away, 5xx or resets past every retry): a fault of
+    the infrastructure, not of the checkpoint."""
+
+
 class FileChanged(EOFError):
     """A file's size or content changed between its listing and the end of its read."""
 

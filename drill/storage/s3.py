@@ -32,10 +32,12 @@ from pathlib import PurePosixPath
 from typing import Any, BinaryIO
 
 from drill.errors import one_line
-from drill.storage.base import Entry, EntryKind, FileChanged, PathEscapesCheckpoint, StorageError
+from drill.storage.base import Entry, EntryKind, FileChanged, PathEscapesCheckpoint, StorageError, StorageUnavailable
 from drill.units import parse_size
 
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+MAX_LIST_PAGES = 10_000
+"""Pages of one prefix's listing (1,000 keys each at most): past this, the listing is refused."""
 RETRYABLE_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"})
 
 
@@ -148,7 +150,11 @@ class S3Storage:
         prefix = f"{key}/" if key else ""
         entries: dict[str, Entry] = {}
         token = None
+        pages = 0
         while True:
+            pages += 1
+            if pages > MAX_LIST_PAGES:  # a listing that never ends (a faulty or hostile endpoint)
+                raise StorageUnavailable(errno.E2BIG, f"s3://{bucket}/{prefix}: the listing ran past {MAX_LIST_PAGES} pages without ending")
             kw = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", **({"ContinuationToken": token} if token else {})}
             page = self.call(f"s3://{bucket}/{prefix} (list)", self.client.list_objects_v2, **kw)
             for p in page.get("CommonPrefixes", []):
@@ -313,7 +319,7 @@ def retrying(config: S3Config, what: str, fn: Any) -> tuple[Any, int]:
         attempt += 1
         if not transient or attempt >= config.max_attempts or time.monotonic() >= deadline:
             if transient:
-                raise OSError(errno.EIO, f"{err.strerror or err} (gave up after {attempt} attempts)") from None
+                raise StorageUnavailable(errno.EIO, f"{err.strerror or err} (gave up after {attempt} attempts)") from None
             raise err from None
         time.sleep(random.uniform(0, min(5.0, 0.1 * 2**attempt)))
 

@@ -1,0 +1,90 @@
+"""One meaning per claim (drill.claims): coverage is bytes proven over bytes retained on storage,
+a pass carries its evidence, last-good says how good, a verify that proves nothing is not a pass
+— and every view (run, verify, the SDK, show, history, report, metrics) says the same."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import drill, invoke
+from tests.faults import FaultyStorage, Flip
+
+
+def _files_bytes(ckpt: Path) -> int:
+    return sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file() and p.name != "drill-manifest.json")
+
+
+def test_coverage_is_bytes_proven_over_bytes_on_storage_naming_what_was_never_drilled(demo_run: Path, sqlite_url: str, tmp_path: Path) -> None:
+    """One checkpoint of three drilled: 1/3 of the checkpoints and of the bytes — in the report
+    and the metrics alike — and the other two are named."""
+    assert drill(demo_run, sqlite_url).status.value == "passed"
+    doc = json.loads(invoke(CliRunner(), "report", "-f", "json", "--db", sqlite_url).stdout)
+    (run,) = doc["runs"]
+    cover = run["coverage"]
+    on_storage = sum(_files_bytes(demo_run / f"step-{s}") for s in (10, 20, 30))
+    assert cover["retained"] == 3 and cover["drilled_in_window"] == 1 and cover["never_drilled"] == ["step-10", "step-20"]
+    assert cover["bytes_retained"] == on_storage
+    assert cover["bytes_verified_in_window"] == _files_bytes(demo_run / "step-30")
+    assert cover["share_bytes"] == pytest.approx(cover["bytes_verified_in_window"] / on_storage) and cover["share_bytes"] < 0.5
+    prom = tmp_path / "drill.prom"
+    assert invoke(CliRunner(), "metrics", "--textfile", str(prom), "--db", sqlite_url).exit_code == 0
+    ratio = next(line for line in prom.read_text().splitlines() if line.startswith("drill_verified_bytes_ratio{"))
+    assert float(ratio.rsplit(" ", 1)[1]) == pytest.approx(cover["share_bytes"])
+    md = invoke(CliRunner(), "report", "-f", "md", "--db", sqlite_url).stdout
+    assert "never drilled: step-10, step-20" in md
+
+
+def test_a_verify_that_proves_nothing_is_unproven_exit_8_never_passed(tmp_path: Path) -> None:
+    ckpt = tmp_path / "run" / "checkpoint-5"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
+    res = invoke(CliRunner(), "verify", str(ckpt), "--json", "--db", f"sqlite:///{tmp_path / 'd.db'}")
+    assert res.exit_code == 8, (res.exit_code, res.stderr)
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "unproven" and doc["evidence_level"] == "none" and doc["exit_code"] == 8
+    assert "unproven" in invoke(CliRunner(), "verify", str(ckpt), "--db", f"sqlite:///{tmp_path / 'd.db'}").stderr
+
+
+def test_a_pass_carries_its_evidence_everywhere_it_is_shown(demo_run: Path, sqlite_url: str) -> None:
+    from drill.checks import Expectations
+
+    (demo_run / "step-30" / "drill-manifest.json").unlink()
+    outcome = drill(demo_run, sqlite_url, expectations=Expectations(allow_missing=("rng",)))
+    assert outcome.status.value == "passed" and outcome.evidence_level == "structural"
+    runner = CliRunner()
+    shown = invoke(runner, "show", str(outcome.id), "--db", sqlite_url).stdout
+    assert "structurally consistent, no content hashes" in shown and "replay not run" in shown and "accepted missing: rng" in shown
+    listed = invoke(runner, "history", "--db", sqlite_url).stdout
+    assert "structural" in listed
+    doc = json.loads(invoke(runner, "show", str(outcome.id), "--json", "--db", sqlite_url).stdout)
+    assert doc["evidence_level"] == "structural" and doc["proof"]["allowed_missing"] == ["rng"]
+
+
+def test_last_good_says_how_good_and_holds_to_a_minimum_evidence(demo_run: Path, sqlite_url: str) -> None:
+    (demo_run / "step-30" / "drill-manifest.json").unlink()
+    assert drill(demo_run, sqlite_url, "step:20").status.value == "passed"  # sealed
+    assert drill(demo_run, sqlite_url).status.value == "passed"  # step-30, structural only
+    runner = CliRunner()
+    default = invoke(runner, "last-good", "--root", str(demo_run), "--json", "--db", sqlite_url)
+    doc = json.loads(default.stdout)
+    assert doc["checkpoint"]["name"] == "step-30" and doc["proof"]["evidence"] == "structural" and doc["proof"]["replay"] == "not run"
+    sealed = invoke(runner, "last-good", "--root", str(demo_run), "--min-evidence", "sealed", "--db", sqlite_url)
+    assert sealed.exit_code == 0 and sealed.stdout.strip().endswith("step-20")
+    assert "sealed" in sealed.stderr  # what it relied on, said to the person
+    none = invoke(runner, "last-good", "--root", str(demo_run), "--min-evidence", "authenticated", "--db", sqlite_url)
+    assert none.exit_code == 3
+    assert invoke(runner, "last-good", "--root", str(demo_run), "--min-evidence", "bogus", "--db", sqlite_url).exit_code == 2
+
+
+def test_the_sdk_never_falls_back_to_a_checkpoint_whose_latest_drill_failed(demo_run: Path, sqlite_url: str) -> None:
+    """step-30's drill failed (a byte flipped in flight); its bytes on disk verify now, but a
+    failed drill is not a place to resume from: the newest never-drilled one that proves out is."""
+    from drill import sdk
+
+    flipped = drill(demo_run, sqlite_url, storage=FaultyStorage({"__0_0.distcp": Flip(offset=4096)}))
+    assert flipped.status.value == "failed"
+    assert Path(sdk.last_good(str(demo_run), db=sqlite_url)).name == "step-20"  # type: ignore[arg-type]
