@@ -12,7 +12,7 @@ Functions that touch the record database take ``db`` (a URL or an SQLite path; d
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from drill.pipeline import DrillOutcome, DrillRequest, Recorder
 from drill.pipeline import run_drill as _run_pipeline
@@ -55,6 +55,56 @@ def run_drill(
         return _run_pipeline(request, DatabaseRecorder(database), progress=progress, storage=storage, dist=dist)
     finally:
         database.close()
+
+
+def dry_run(request: DrillRequest, *, db: str | None = None, storage: Storage | None = None) -> dict[str, Any]:
+    """What :func:`run_drill` would drill, found the way it would find it — the run listed, the
+    checkpoint chosen, its files listed, the replay entrypoint looked up — with nothing read
+    beyond listings and nothing recorded. Raises what the drill's preflight raises."""
+    from drill.integrity.manifest import MANIFEST_NAME, list_files
+    from drill.pipeline.stages import Drill, replay_dir
+    from drill.records.db import resolve_url, safe_url
+    from drill.replay.run import entrypoint_for
+    from drill.restore import NullProgress
+
+    drill = Drill.prepare(request, _LastDrilled(db), NullProgress(), storage)
+    ref, found = drill.inputs.ref, drill.inputs.discovery
+    plan: dict[str, Any] = {
+        "run_root": request.root, "retained": [c.name for c in found.checkpoints] if found else [],
+        "incomplete": [s.name for s in found.incomplete] if found else [], "flags": request.flags(),
+        "policy": request.policy, "database": safe_url(resolve_url(db)), "checkpoint": None,
+    }  # fmt: skip
+    if drill.inputs.nothing_to_drill is not None:
+        plan["would_fail"] = drill.inputs.nothing_to_drill.message
+    if ref is None:
+        return plan
+    files = list_files(drill.storage, ref.uri).files if drill.storage.stat(ref.uri).is_dir else {ref.name: drill.storage.stat(ref.uri).size}
+    sealed = drill.storage.stat(ref.uri).is_dir and MANIFEST_NAME in {e.name for e in drill.storage.list(ref.uri)}
+    entry, explicit = entrypoint_for(replay_dir(drill), request.replay, drill.storage) if request.replay.enabled else (None, False)
+    plan["checkpoint"] = {"uri": ref.uri, "name": ref.name, "step": ref.step, "format": ref.format, "files": len(files), "bytes": sum(files.values()), "sealed": sealed}
+    plan["selection"] = drill.inputs.selection
+    plan["replay"] = None if not request.replay.enabled else {"entrypoint": entry, "named_by": ("--replay" if explicit else "run.json") if entry else None, "steps": request.replay.steps}
+    return plan
+
+
+class _LastDrilled:
+    """Just enough of a recorder for a dry run: when each checkpoint was last drilled (a
+    policy's least-recently-drilled selection asks), read without writing."""
+
+    def __init__(self, db: str | None) -> None:
+        self.db = db
+
+    def last_drilled(self, run_root: str) -> Any:
+        from drill.records.db import read_database
+        from drill.records.store import Records
+
+        database = read_database(self.db)
+        if database is None:
+            return {}
+        try:
+            return Records(database).last_drilled(run_root)
+        finally:
+            database.close()
 
 
 def run_policy(policy: Policy, *, db: str | None = None, trigger: str = "policy") -> IsolatedResult:
@@ -199,4 +249,4 @@ def _no_database_for(head: str) -> ChainReport:
     return ChainReport(problems=[problem])
 
 
-__all__ = ["get_drill", "history", "last_good", "run_drill", "run_policy", "verify_audit_chain"]
+__all__ = ["dry_run", "get_drill", "history", "last_good", "list_run", "run_drill", "run_policy", "verify_audit_chain"]

@@ -14,6 +14,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from drill.claims import LEVELS, proof_of
 from drill.verdict import DrillStatus
 
 STATUSES = [s.value for s in DrillStatus if s is not DrillStatus.RUNNING]
@@ -33,16 +34,18 @@ def build_registry(db: str | None = None, *, coverage_days: float = 7.0, list_st
     registry = CollectorRegistry()
     now = time.time()
     _gauge(registry, "drill_metrics_generated_timestamp_seconds", "When these metrics were written.", []).set(now)
-    latest, report = _read(db, coverage_days, list_storage)
+    latest, report, counts = _read(db, coverage_days, list_storage)
     _per_source(registry, latest, now)
     _per_run(registry, report)
+    registry.register(_Counts(counts))
+    _scheduler(registry, counts.get("scheduler") or {})
     chain = report.chain
     _gauge(registry, "drill_audit_chain_intact", "1 when the tamper-evident drill log verifies end to end.", []).set(1 if chain.get("intact") else 0)
     _gauge(registry, "drill_audit_chain_entries", "Records sealed into the drill log.", []).set(chain.get("entries", 0))
     return registry
 
 
-def _read(db: str | None, coverage_days: float, list_storage: bool) -> tuple[dict[tuple[str, str], Any], Any]:
+def _read(db: str | None, coverage_days: float, list_storage: bool) -> tuple[dict[tuple[str, str], Any], Any, dict[str, Any]]:
     from drill.records.db import read_database
     from drill.records.store import Records
     from drill.report.build import ReportOptions, build_report
@@ -51,11 +54,41 @@ def _read(db: str | None, coverage_days: float, list_storage: bool) -> tuple[dic
     report = build_report(db, ReportOptions(since=since, list_storage=list_storage))
     database = read_database(db)
     if database is None:
-        return {}, report
+        return {}, report, {}
     try:
-        return Records(database).latest_per_source(), report
+        records = Records(database)
+        counts = {"drills": records.drill_counts(), "events": records.scheduler_event_counts(), "scheduler": records.scheduler_state()}
+        return records.latest_per_source(), report, counts
     finally:
         database.close()
+
+
+class _Counts:
+    """Counters read from the record (monotonic while records are kept): drills by verdict, so
+    a failure and then a pass between two scrapes still leaves a trace (``increase()``), and
+    scheduled drills that did not run."""
+
+    def __init__(self, counts: dict[str, Any]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        drills = CounterMetricFamily("drill_drills", "Drills recorded, by verdict.", labels=[*SOURCE, "status"])
+        for (policy, root, status), n in sorted((self.counts.get("drills") or {}).items()):
+            drills.add_metric([policy, root, status], n)
+        yield drills
+        events = CounterMetricFamily("drill_scheduler_events", "Scheduled drills that did not run (missed, skipped, refused, error).", labels=["policy", "kind"])
+        for (policy, kind), n in sorted((self.counts.get("events") or {}).items()):
+            events.add_metric([policy, kind], n)
+        yield events
+
+
+def _scheduler(registry: Any, state: dict[str, Any]) -> None:
+    _gauge(registry, "drill_scheduler_up", "1 while a scheduler holds a live lease on this database.", []).set(1 if state.get("alive") else 0)
+    beat = (state.get("scheduler") or {}).get("heartbeat_age_seconds")
+    if beat is not None:
+        _gauge(registry, "drill_scheduler_heartbeat_age_seconds", "Seconds since the scheduler's last heartbeat.", []).set(beat)
 
 
 def _per_source(registry: Any, latest: dict[tuple[str, str], Any], now: float) -> None:
@@ -69,12 +102,16 @@ def _per_source(registry: Any, latest: dict[tuple[str, str], Any], now: float) -
         "ttfs": _gauge(registry, "drill_ttfs_seconds", "Time to first step of the latest drill.", SOURCE),
         "read": _gauge(registry, "drill_read_bytes", "Bytes the latest drill read.", SOURCE),
         "verified": _gauge(registry, "drill_verified_bytes", "Bytes the latest drill verified against their seal.", SOURCE),
+        "evidence": _gauge(registry, "drill_last_evidence_level", "1 for the evidence the latest drill's verdict rests on (none, structural, sealed, authenticated).", [*SOURCE, "level"]),
     }
     for (policy, root), (last, passed) in sorted(latest.items()):
         labels = (policy, root)
         for status in STATUSES:
             g["verdict"].labels(*labels, status).set(1 if last.status.value == status else 0)
         g["exit"].labels(*labels).set(int(last.exit_code))
+        evidence = proof_of(last).evidence
+        for level in LEVELS:
+            g["evidence"].labels(*labels, level).set(1 if level == evidence else 0)
         g["at"].labels(*labels).set(last.started_at.timestamp())
         if passed is not None:
             g["ok_at"].labels(*labels).set(passed.started_at.timestamp())

@@ -3,8 +3,10 @@
 - A failed check makes the drill ``failed`` (exit 1) whatever happened after it — a replay
   that could not run, or even one of drill's own errors, does not hide a broken checkpoint.
   A drill that found nothing to restore is ``failed`` too, with exit 3.
-- ``error`` (exit 5) is for drill's own failures only: an unexpected exception, a replay
-  entrypoint that raised, a child process that died, a record that could not be written.
+- ``error`` (exit 5) is for failures that are not the checkpoint's: drill's own (an unexpected
+  exception, a replay entrypoint that raised, a child process that died, a record that could
+  not be written) and the infrastructure's (a check that could not judge because the storage
+  refused drill or kept failing).
 - ``slo_breach`` (exit 6): every check passed but restore latency or time to first step
   missed the policy's target.
 - ``aborted``: interrupted by SIGINT (exit 130) or SIGTERM (exit 143).
@@ -88,6 +90,10 @@ def decide(
         return Verdict(DrillStatus.FAILED, exit_code_for(DrillStatus.FAILED, nothing_to_drill=nothing), message)
     if drill_error is not None:
         return Verdict(DrillStatus.ERROR, ExitCode.ERROR, drill_error)
+    errored = [c for c in checks if c.status is CheckStatus.ERROR and c.name != "replay"]  # the replay says so itself
+    if errored:
+        first = next((f for f in errored[0].findings if f.severity is Severity.ERROR), None)
+        return Verdict(DrillStatus.ERROR, ExitCode.ERROR, first.message if first else f"{errored[0].name}: {errored[0].summary}")
     if replay_error is not None:
         return Verdict(DrillStatus.ERROR, ExitCode.ERROR, f"replay: {replay_error}")
     if slo_breaches:

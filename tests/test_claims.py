@@ -88,3 +88,51 @@ def test_the_sdk_never_falls_back_to_a_checkpoint_whose_latest_drill_failed(demo
     flipped = drill(demo_run, sqlite_url, storage=FaultyStorage({"__0_0.distcp": Flip(offset=4096)}))
     assert flipped.status.value == "failed"
     assert Path(sdk.last_good(str(demo_run), db=sqlite_url)).name == "step-20"  # type: ignore[arg-type]
+
+
+def _plain_model_and_optimizer():  # type: ignore[no-untyped-def]
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_the_commonest_dcp_save_raises_no_false_alarm(tmp_path: Path, sqlite_url: str) -> None:
+    """``dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()})``: the optimizer
+    keeps torch.optim's indices, every parameter is in its one group — no param-not-optimized."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    model, opt = _plain_model_and_optimizer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, checkpoint_id=str(tmp_path / "run" / "step-1"))
+    outcome = drill(tmp_path / "run", sqlite_url)
+    codes = {f.code for f in outcome.findings}
+    assert "param-not-optimized" not in codes and "optimizer-slot-missing" not in codes, sorted(codes)
+    opt_state = {k: v for k, v in opt.state_dict().items()}
+    opt_state["param_groups"] = [{**opt_state["param_groups"][0], "params": opt_state["param_groups"][0]["params"][:2]}]  # two of four
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": model.state_dict(), "optimizer": opt_state}, checkpoint_id=str(tmp_path / "run2" / "step-1"))
+    partial = drill(tmp_path / "run2", sqlite_url)
+    assert [f.code for f in partial.findings if f.code == "param-not-optimized"] == ["param-not-optimized"]
+
+
+def test_a_bare_rng_state_in_a_torch_save_file_is_the_torch_generator(tmp_path: Path, sqlite_url: str) -> None:
+    """``torch.save({..., "rng": torch.get_rng_state()})``: keys and contract agree that the
+    RNG is there; generators the run may never draw from are warnings, not failures."""
+    import torch
+
+    model, opt = _plain_model_and_optimizer()
+    (tmp_path / "run").mkdir()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(), "step": 1}, tmp_path / "run" / "ckpt_step_1.pt")
+    outcome = drill(tmp_path / "run", sqlite_url)
+    contract = outcome.check("contract")
+    assert contract is not None and "RNG" in contract.summary and "not checked: RNG" not in contract.summary
+    assert all(f.severity.value == "warning" for f in outcome.findings if f.code == "rng-generator-missing")
+    assert outcome.status.value == "passed", outcome.message

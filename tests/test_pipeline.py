@@ -49,12 +49,32 @@ def test_a_checkpoint_missing_a_part_fails_with_exit_1_even_with_the_replay_on(d
 
 
 def test_every_drill_lists_every_check_and_why_one_did_not_run(tmp_path: Path) -> None:
-    outcome = run_drill(DrillRequest(root=str(tmp_path / "absent")), recorder=NullRecorder())
+    (tmp_path / "run" / "step-5").mkdir(parents=True)
+    (tmp_path / "run" / "step-5" / "__0_0.distcp").write_bytes(b"partial")  # a run whose only save never finished
+    outcome = run_drill(DrillRequest(root=str(tmp_path / "run")), recorder=NullRecorder())
     assert [c.name for c in outcome.checks] == ORDER
     assert (outcome.status, int(outcome.exit_code)) == ("failed", 3)
     assert outcome.check("discover").status is CheckStatus.FAILED  # type: ignore[union-attr]
     skipped = [c for c in outcome.checks[2:]]
     assert all(c.status is CheckStatus.SKIPPED and c.summary.startswith("not checked: nothing to drill") for c in skipped)
+
+
+@pytest.mark.parametrize(
+    ("root", "selector", "error"),
+    [("absent", "latest", "NothingToDrill"), ("empty", "latest", "NothingToDrill"), ("run", "step:7", "NothingToDrill"), ("run", "latest", "UsageError")],
+)
+def test_a_mistake_is_raised_before_anything_is_recorded(demo_run: Path, tmp_path: Path, sqlite_url: str, root: str, selector: str, error: str) -> None:
+    """No such root, a run with nothing in it, a step that is not retained, a replay module that
+    does not exist: each is raised before the record is opened, never an audit record."""
+    from drill.errors import DrillError
+
+    (tmp_path / "empty").mkdir()
+    path = {"absent": tmp_path / "absent", "empty": tmp_path / "empty", "run": demo_run}[root]
+    replay = ReplaySpec(entrypoint="no_such_trainer.replay:build") if error == "UsageError" else ReplaySpec(enabled=False)
+    with pytest.raises(DrillError) as raised:
+        run_drill(DrillRequest(root=str(path), selector=selector, replay=replay), db=sqlite_url)
+    assert type(raised.value).__name__ == error
+    assert history(db=sqlite_url) == []
 
 
 def test_a_null_recorder_drill_records_nothing(demo_run: Path, sqlite_url: str) -> None:

@@ -147,17 +147,17 @@ def proxy(moto: MotoServer, s3, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fau
 def test_a_missing_bucket_names_it(s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
     res = invoke(CliRunner(), "run", "--root", "s3://no-such-bucket-here/run", "-q", "--db", sqlite_url)
     assert res.exit_code == 3 and "s3://no-such-bucket-here" in res.stderr and "no such bucket" in res.stderr
-    (recorded,) = history(db=sqlite_url)
-    assert recorded.status == "failed"
+    assert history(db=sqlite_url) == []  # a root that is not there is no audit record
 
 
-def test_access_denied_is_a_finding_naming_bucket_and_key_without_retries(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_access_denied_is_an_error_naming_bucket_and_key_without_retries(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     proxy.rules.append(Rule("step-30/__0_1.distcp", "forbid", method="GET"))
     outcome = drill(root, sqlite_url)
+    assert (outcome.status.value, int(outcome.exit_code)) == ("error", 5)  # the credentials' fault, not the checkpoint's
     (finding,) = [f for f in outcome.findings if f.check == "files"]
-    assert finding.code == "file-unreadable" and finding.subject == "__0_1.distcp"
+    assert finding.code == "storage-denied" and finding.subject == "__0_1.distcp"
     assert f"s3://{bucket}/run/step-30/__0_1.distcp" in finding.message and "access denied" in finding.message
     assert proxy.rules[0].hits <= 2  # refused at once (the manifest hash of the file, and the restore), never retried
 
@@ -212,10 +212,10 @@ def test_a_policy_denying_list_bucket_is_a_clear_error(demo_run: Path, s3, proxy
     root = upload(client, demo_run, bucket, "run")
     proxy.rules.append(Rule(f"/{bucket}", "forbid", method="GET", query="list-type"))
     res = invoke(CliRunner(), "run", "--root", root, "-q", "--db", sqlite_url)
-    assert res.exit_code == 3 and "access denied" in res.stderr and f"s3://{bucket}/run" in res.stderr
-    assert not _leaks(res.stdout, res.stderr)
-    (recorded,) = history(db=sqlite_url)
-    assert get_drill(recorded.id, db=sqlite_url).status == "failed"
+    # The infrastructure's fault, not the checkpoint's: error (exit 5), the S3 error code kept, no record.
+    assert res.exit_code == 5 and "access denied (AccessDenied)" in res.stderr and f"s3://{bucket}/run" in res.stderr
+    assert "s3:ListBucket" in res.stderr and not _leaks(res.stdout, res.stderr)
+    assert history(db=sqlite_url) == []
 
 
 def test_an_s3_root_with_a_scratch_copy_verifies_and_loads_the_copy(demo_run: Path, s3, sqlite_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -235,9 +235,8 @@ def test_without_list_bucket_even_a_named_checkpoint_is_refused_with_the_permiss
     proxy.rules.append(Rule(f"/{bucket}", "forbid", method="GET", query="list-type"))
     res = invoke(CliRunner(), "run", "-c", f"{root}/step-30", "--db", sqlite_url)
     # Completeness cannot be proven without a listing: no verdict on GetObject alone.
-    assert res.exit_code == 3 and "access denied" in res.stderr and "s3:ListBucket" in res.stdout
-    (recorded,) = history(db=sqlite_url)
-    assert recorded.status == "failed" and recorded.exit_code == 3
+    assert res.exit_code == 5 and "access denied" in res.stderr and "s3:ListBucket" in res.stderr
+    assert history(db=sqlite_url) == []
 
 
 def test_a_second_real_implementation_ceph_radosgw(demo_run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -201,7 +201,7 @@ def test_run_policy_from_crontab(demo_run: Path, tmp_path: Path, sqlite_url: str
     res = subprocess.run([sys.executable, "-m", "drill", "run", "--policy", str(gone), "--db", sqlite_url], capture_output=True, text=True)
     assert res.returncode == 3 and "does not exist" in res.stderr
     statuses = [d["status"] for d in _drills(sqlite_url)]
-    assert statuses == ["passed", "slo_breach", "failed"]
+    assert statuses == ["passed", "slo_breach"]  # a root that is not there is no audit record
     db = open_database(sqlite_url)
     counts = Records(db).policy_summary("slo")["counts"]
     db.close()
@@ -250,3 +250,33 @@ def test_a_scheduler_stopped_mid_drill_records_that_drill_once_and_starts_no_oth
     assert (drill_id, status, phase) == (drill["id"], "aborted", "replay")
     (alert,) = [json.loads(line) for line in hook.read_text().splitlines()]
     assert alert["drill_id"] == drill_id and alert["status"] == "aborted"  # the drill that was stopped, alerted once
+
+
+def test_a_scheduled_drill_that_does_not_run_is_on_the_record_and_counted(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+    """A policy whose run root is gone is refused before a drill record is opened — and the
+    scheduler records that (and a missed fire time) as events the metrics count."""
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from apscheduler.events import EVENT_JOB_MISSED
+
+    from drill.scheduling import scheduler as sched
+
+    gone = load_policy(_policy(tmp_path, "gone", tmp_path / "absent", "schedule: {cron: '0 3 * * *'}\nreplay: {enabled: false}\n"))
+    db = open_database(sqlite_url)
+    try:
+        assert Records(db).acquire_lease("tester", 60, ["gone"]) is None
+        sched._CONTEXT.db_url, sched._CONTEXT.holder, sched._CONTEXT.policies = sqlite_url, "tester", {"gone": gone}
+        sched._CONTEXT.stopping.clear()
+        sched.fire("gone")
+        sched._on_job_event(SimpleNamespace(code=EVENT_JOB_MISSED, job_id="gone", scheduled_run_time=datetime(2026, 12, 1, 3, tzinfo=timezone.utc)))
+        events = Records(db).scheduler_events(policy="gone")
+    finally:
+        sched._CONTEXT.policies = {}
+        db.close()
+    assert [(e["kind"], e["exit_code"]) for e in events] == [("missed", None), ("refused", 3)]
+    assert "does not exist" in events[1]["reason"] and history(db=sqlite_url) == []
+    prom = tmp_path / "drill.prom"
+    invoke(CliRunner(), "metrics", "--textfile", str(prom), "--db", sqlite_url)
+    text = prom.read_text()
+    assert 'drill_scheduler_events_total{kind="refused",policy="gone"} 1.0' in text and "drill_scheduler_up 1.0" in text

@@ -101,13 +101,40 @@ def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Find
         for p in sorted(str(p) for p, n in Counter(grouped).items() if n > 1)
     ]
     members = grouped
-    if layout.optimizer_keys == "fqn":  # the parameters the state names, and those the groups list by name
+    # Keyed as the state says, whatever the layout: dcp.save of a plain optimizer.state_dict()
+    # keeps torch.optim's parameter indices (param_groups.N.params = [0, 1, …]), not names.
+    by_name = layout.optimizer_keys == "fqn" and not any(re.match(r"^state\.\d+\.[^.]+$", k) for k in opt)
+    if by_name:  # the parameters the state names, and those the groups list by name
         named = sorted(optimizer_params({f"{parts.OPTIMIZER}.{k}" for k in opt}))
         members = list(dict.fromkeys([p for p in grouped if isinstance(p, str)] + named))
     slots = _adam_slots(opt)
-    check = _slots_by_name if layout.optimizer_keys == "fqn" else _slots_by_index
-    findings += check(opt, model, members, slots)
-    return findings, {"params_checked": len(members), "slots": list(slots)}
+    findings += (_slots_by_name if by_name else _slots_by_index)(opt, model, members, slots)
+    if not by_name:
+        findings += _unoptimized_by_count(model, members)
+    return findings, {"params_checked": len(members), "slots": list(slots), "keyed_by": "name" if by_name else "index"}
+
+
+def _trainable(model: Mapping[str, torch.Tensor]) -> list[str]:
+    return [fqn for fqn, t in model.items() if t.is_floating_point() and fqn.endswith(("weight", "bias"))]  # buffers are not optimized
+
+
+def _unoptimized_by_count(model: Mapping[str, torch.Tensor], members: list[Any]) -> list[Finding]:
+    """Index-keyed param groups cannot say which parameter each index is, only how many there
+    are: fewer than the model's weights and biases is worth a warning, every one is not."""
+    trainable = _trainable(model)
+    if not members or len(set(members)) >= len(trainable):
+        return []
+    return [
+        _f(
+            "param-not-optimized",
+            "optimizer.param_groups[*].params",
+            f"the param groups hold {len(set(members))} parameters, the model {len(trainable)} weights and biases: "
+            "some are frozen on purpose, or a resume would never train them",
+            severity=Severity.WARNING,
+            expected=len(trainable),
+            actual=len(set(members)),
+        )
+    ]
 
 
 def _slots_by_name(opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], members: list[Any], slots: tuple[str, ...]) -> list[Finding]:
@@ -139,8 +166,8 @@ def _slots_by_name(opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], me
             f"model.{fqn} is in no optimizer param group: frozen on purpose, or a resume would never train it",
             severity=Severity.WARNING,
         )
-        for fqn, t in model.items()
-        if t.is_floating_point() and fqn not in grouped and members and fqn.endswith(("weight", "bias"))  # buffers are not optimized
+        for fqn in _trainable(model)
+        if fqn not in grouped and members
     ]
     return findings
 
@@ -222,6 +249,21 @@ def _generators(rng: Mapping[str, Any]) -> set[str]:
     return {g for g, aliases in GENERATORS.items() if heads & set(aliases)} | ({"cuda"} if "cuda" in heads else set())
 
 
+def _generator_missing(gen: str, rank: int | None) -> Finding:
+    """torch's generator draws every dropout mask: its state is required. Python's and numpy's
+    matter only to a run that draws from them (augmentation, shuffling in a loader) — which
+    the checkpoint cannot tell: a warning that says so."""
+    required = gen == "torch CPU"
+    use = "" if required else " (if the run draws from it: data augmentation, a loader shuffling with it)"
+    return _f(
+        "rng-generator-missing",
+        "rng" if rank is None else f"rng.rank_{rank}",
+        f"no {gen} generator state" + ("" if rank is None else f" for rank {rank}") + f": a resume would draw different {gen} random numbers than the original run{use}",
+        rank=rank,
+        severity=Severity.ERROR if required else Severity.WARNING,
+    )
+
+
 def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], dict[str, Any]]:
     rng = _part(state, parts.RNG)
     if not rng:
@@ -244,16 +286,7 @@ def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], 
             cuda_ranks.add(rank)
         for gen in GENERATORS:
             if gen not in have:
-                where = "rng" if rank is None else f"rng.rank_{rank}"
-                findings.append(
-                    _f(
-                        "rng-generator-missing",
-                        where,
-                        f"no {gen} generator state" + ("" if rank is None else f" for rank {rank}")
-                        + f": a resume would draw different {gen} random numbers than the original run",
-                        rank=rank,
-                    )
-                )
+                findings.append(_generator_missing(gen, rank))
     if cuda_ranks and len(cuda_ranks) != len(per_rank):
         for rank in sorted((r for r in per_rank if r not in cuda_ranks), key=lambda r: -1 if r is None else r):
             findings.append(_f("rng-generator-missing", f"rng.rank_{rank}.cuda", f"rank {rank} saved no CUDA RNG state while other ranks did", rank=rank))

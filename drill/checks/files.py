@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from drill.checks import CheckInputs
 from drill.integrity.manifest import MANIFEST_NAME
+from drill.integrity.reading import INFRASTRUCTURE
 from drill.findings import CheckResult, Finding, Severity
 from drill.restore import FileRead
 from drill.units import human_bytes
@@ -18,6 +19,8 @@ _CODES = {
     "escapes": ("path-escapes", "would be read from outside the checkpoint"),
     "not-regular": ("file-not-regular", "is not a regular file"),
     "changed": ("file-changed", "changed while it was read"),
+    "denied": ("storage-denied", "could not be read: the storage refused drill"),
+    "unavailable": ("storage-unavailable", "could not be read: the storage kept failing"),
 }
 
 
@@ -46,6 +49,7 @@ def check_files(inputs: CheckInputs) -> CheckResult:
         from drill.integrity.structure import shard_gaps
 
         findings += [replace(f, check=NAME) for f in shard_gaps(listed)]
+    infra = [f for f in restore.files if f.error_kind in INFRASTRUCTURE]
     ok = [f for f in restore.files if f.error_kind is None]
     read = {f.relative_path for f in restore.files}
     total = restore.bytes_read
@@ -73,7 +77,10 @@ def check_files(inputs: CheckInputs) -> CheckResult:
         "files_ok": len(ok),
         "bytes_read": total,
     }
-    return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
+    # The storage's fault, and nothing wrong with the checkpoint found besides: drill could not
+    # judge it (error, exit 5) — never a verdict that blames the checkpoint.
+    errored = bool(infra) and all(f.code in ("storage-denied", "storage-unavailable") for f in findings if f.severity is Severity.ERROR)
+    return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence, errored=errored)
 
 
 def _side_missing(name: str) -> Finding:
@@ -93,6 +100,11 @@ def _side_missing(name: str) -> Finding:
 
 def _unreadable(f: FileRead) -> Finding:
     code, verb = _CODES.get(f.error_kind or "", ("file-unreadable", "cannot be read"))
+    if f.error_kind in INFRASTRUCTURE:
+        return Finding(
+            check=NAME, code=code, severity=Severity.ERROR, subject=f.relative_path, message=f"{f.relative_path} {verb} ({f.error}): nothing is known about its bytes",
+            actual=f.error, hint="check the credentials and permissions drill runs with, and that the storage is reachable; then drill again",
+        )  # fmt: skip
     holds = f" and holds {f.items} state entries" if f.items else ""
     return Finding(
         check=NAME,

@@ -46,7 +46,7 @@ AllowClassOption = Annotated[
     list[str] | None,
     typer.Option(
         "--allow-class",
-        help="Allow-list a class a layout legitimately pickles (repeatable; DCP .metadata included), e.g. transformers.training_args.TrainingArguments.",
+        help="Allow-list a class a layout legitimately pickles (repeatable; DCP .metadata included), e.g. mytrainer.state.TrainState.",
     ),
 ]
 KeyFileOption = Annotated[

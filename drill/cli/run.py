@@ -24,7 +24,7 @@ from drill.cli.common import (
     stderr,
     stdout,
 )
-from drill.errors import UsageError
+from drill.errors import DrillError, ExitCode, UsageError
 from drill.verdict import DrillStatus
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ RankTimeout = Annotated[
     float, typer.Option("--rank-timeout", help="Under torchrun/srun: seconds a rank may lag behind the others before it counts as dead or hung.")
 ]
 Trigger = Annotated[str, typer.Option("--trigger", hidden=True)]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Say what would be drilled — the checkpoint chosen, its files, the replay — and record nothing.")]
 
 
 def run(
@@ -78,6 +79,7 @@ def run(
     durable: Durable = None,
     rank_timeout: RankTimeout = 600.0,
     trigger: Trigger = "manual",
+    dry_run: DryRun = False,
     db: DbOption = None,
     json: JsonOption = False,
     quiet: QuietOption = False,
@@ -99,12 +101,37 @@ def run(
     from drill.dist.context import launched_world
 
     ranks = launched_world() is not None
+    if dry_run:
+        request = policy_request(_only_policy(policy, root, checkpoint), "policy") if policy else build_request(locals())
+        return show_plan(request, db=db, json=json)
     if policy is not None and not ranks:
         return run_policy(_only_policy(policy, root, checkpoint), db=db, json=json, trigger="policy" if trigger == "manual" else trigger)
     request = policy_request(_only_policy(policy, root, checkpoint), "policy" if trigger == "manual" else trigger) if policy else build_request(locals())
     if ranks:
         return run_ranks(request, db=db, json=json, quiet=quiet, rank_timeout=rank_timeout)
     run_one(request, db=db, json=json, quiet=quiet)
+
+
+def show_plan(request: DrillRequest, *, db: str | None, json: bool) -> None:
+    """``--dry-run``: what would be drilled, on stdout; nothing read beyond listings, nothing recorded."""
+    from drill.api import dry_run
+    from drill.units import human_bytes
+
+    plan = dry_run(request, db=db)
+    if json:
+        return print_json(plan)
+    out = stdout()
+    ck = plan["checkpoint"]
+    if ck is None:
+        out.print(f"would drill {plan['run_root']}: no complete checkpoint — {plan.get('would_fail', 'nothing retained')} (recorded as failed, exit 3)", markup=False)
+        return None
+    sealed = "sealed" if ck["sealed"] else "unsealed"
+    out.print(f"would drill {ck['uri']} (step {ck['step']}, {ck['format']}, {ck['files']} files, {human_bytes(ck['bytes'])}, {sealed})", markup=False)
+    out.print(f"  chosen: {plan['selection']}; retained: {', '.join(plan['retained'])}", markup=False)
+    replay = plan["replay"]
+    out.print("  replay: not run" if replay is None else f"  replay: {replay['steps']} steps through {replay['entrypoint'] or 'no entrypoint (not replayable)'}" + (f" (named by {replay['named_by']})" if replay["named_by"] else ""), markup=False)
+    out.print(f"  options: {' '.join(plan['flags']) or '(defaults)'}; recorded in {plan['database']}", markup=False)
+    return None
 
 
 def run_one(request: DrillRequest, *, db: str | None, json: bool, quiet: bool) -> None:
@@ -239,8 +266,10 @@ def run_policy(path: Path, *, db: str | None, json: bool, trigger: str) -> None:
     from drill.cli.nightly import load_policy_or_fail
 
     result = run_isolated_policy(load_policy_or_fail(path), db=db, trigger=trigger)
-    if result.status is None:
-        raise UsageError(f"policy {path}: {result.message}")
+    if result.status is None:  # refused before a record was opened: the child's own error and exit code
+        refused = DrillError(f"policy {path}: {result.message}")
+        refused.exit_code = ExitCode(result.exit_code)
+        raise refused
     if json:
         print_json(result.document)
     if result.status is not DrillStatus.PASSED:

@@ -3,8 +3,9 @@
 Files: ``model.safetensors`` (or a sharded index and its shards, or ``pytorch_model.bin``),
 ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth`` (``rng_state_{rank}.pth`` when more than
 one process trained), ``trainer_state.json`` (written last: its presence marks a complete
-save) and ``training_args.bin`` (a pickled ``TrainingArguments``: loaded only when the policy
-allow-lists that class).
+save) and ``training_args.bin`` (a pickled ``TrainingArguments``, read inert for its seeds:
+no class of it is imported or constructed, so no allow-list — and no transformers import
+billed as restore time — is needed whatever the transformers version).
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def _load_file(name: str, view: memoryview, ctx: RestoreContext, got: _Read, res
         got.trainer_state = doc if isinstance(doc, dict) else {}
         return
     if name == TRAINING_ARGS:
-        got.training_args = _load_training_args(view, ctx.allow_classes)
+        got.training_args = _load_training_args(view)
         return
     part, rank = _part_of(name)  # type: ignore[misc]
     if name.endswith(".safetensors"):
@@ -160,7 +161,8 @@ def _train_state(got: _Read) -> None:
     got.state[f"{parts.TRAIN_STATE}.epoch"] = got.trainer_state.get("epoch")
     got.state[f"{parts.DATALOADER}.global_step"] = global_step
     got.state[f"{parts.DATALOADER}.epoch"] = got.trainer_state.get("epoch")
-    seed = getattr(got.training_args, "data_seed", None) or getattr(got.training_args, "seed", None)
+    args = got.training_args or {}
+    seed = args.get("data_seed") if args.get("data_seed") is not None else args.get("seed")
     if seed is not None:
         got.state[f"{parts.DATALOADER}.seed"] = seed
 
@@ -183,20 +185,22 @@ def _layout(ref: CheckpointRef, got: _Read) -> Layout:
     if ref.step is not None:
         layout.step_counters["directory name"] = ref.step
     if got.training_args is None:
-        layout.notes.append(
-            f"{TRAINING_ARGS} was not loaded (allow-list transformers.training_args.TrainingArguments to read the "
-            "sampler seed from it); the data order is taken to follow the run's seed"
-        )
+        layout.notes.append(f"{TRAINING_ARGS} could not be read for its seeds; the data order is taken to follow the run's seed")
     return layout
 
 
-def _load_training_args(view: memoryview, allow: tuple[str, ...]) -> Any:
-    if not allow:
-        return None
+def _load_training_args(view: memoryview) -> dict[str, Any] | None:
+    """TrainingArguments' fields, read inert (:mod:`drill.formats.inert`): its classes — and
+    those of accelerate and torch it holds (``PartialState``, ``AcceleratorConfig``,
+    ``torch.device``, the enums) — become stand-ins; nothing is imported or run."""
+    from drill.formats.inert import load_inert
+
     try:
-        return load_torch(view, allow)
+        obj, _ = load_inert(view)
     except Exception:  # noqa: BLE001 - the seed is a nicety; the file's absence is not a finding
         return None
+    fields = getattr(obj, "fields", None)
+    return {k: v for k, v in fields.items() if k in ("seed", "data_seed")} if fields else None
 
 
 __all__ = ["TRAINER_STATE", "HFTrainerAdapter"]

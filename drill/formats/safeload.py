@@ -7,6 +7,7 @@ names anything else is refused before it can run, and becomes a finding.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -101,7 +102,14 @@ def numpy_arrays() -> list[Any]:
 
 
 def resolve_globals(names: Iterable[str]) -> list[Any]:
-    """Import the allow-listed objects by dotted name; names that do not import are skipped."""
+    """Import the allow-listed objects by dotted name; names that do not import are skipped.
+    Resolved once per list (a drill resolves its list before the restore's clock starts: an
+    import is not restore time)."""
+    return list(_resolved(tuple(names)))
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(names: tuple[str, ...]) -> tuple[Any, ...]:
     objs = []
     for name in names:
         module, _, attr = name.rpartition(".")
@@ -112,7 +120,7 @@ def resolve_globals(names: Iterable[str]) -> list[Any]:
         except (ImportError, AttributeError):
             continue
         objs.append(obj)
-    return objs
+    return tuple(objs)
 
 
 def load_torch(view: memoryview, allow: Iterable[str] = (), map_location: Any = "cpu") -> Any:

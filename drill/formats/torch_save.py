@@ -59,7 +59,9 @@ def canonicalize_dict(obj: dict[str, Any]) -> tuple[dict[str, Any], Layout]:
     """nanoGPT-style (``model``, ``optimizer``, ``iter_num``, …) or canonical top-level keys."""
     state: dict[str, Any] = {}
     for key, value in obj.items():
-        if key in parts.CANONICAL_PARTS:
+        if key == parts.RNG and isinstance(value, torch.Tensor):
+            state[f"{parts.RNG}.torch"] = value  # torch.get_rng_state(): the CPU generator's state, saved bare
+        elif key in parts.CANONICAL_PARTS:
             flatten(value, key, state)
         elif key in ("iter_num", "step", "global_step", "iteration"):
             state[f"{parts.TRAIN_STATE}.step"] = value

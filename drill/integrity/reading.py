@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, ChunkHasher, FileHashes
-from drill.storage import FileChanged, NotARegularFile, PathEscapesCheckpoint, Storage
+from drill.storage import FileChanged, NotARegularFile, PathEscapesCheckpoint, Storage, StorageUnavailable
 
 READ_CHUNK = 8 << 20
 """Bytes per read call: large enough to stream at page-cache speed."""
@@ -129,9 +129,19 @@ def hash_span(storage: Storage, uri: str, start: int, length: int, chunk_size: i
     return hasher.finish().chunks
 
 
+INFRASTRUCTURE = frozenset({"denied", "unavailable"})
+"""Read errors that are the storage's fault, not the checkpoint's: a drill that meets one
+ends as ``error`` (exit 5), never ``failed`` (see :mod:`drill.verdict`)."""
+
+
 def describe_read_error(exc: BaseException) -> tuple[str, str]:
     """(message, kind) for a file that could not be read: kind is ``missing``, ``escapes``,
-    ``not-regular``, ``changed`` or ``unreadable``, as the ``files`` check reports it."""
+    ``not-regular``, ``changed``, ``unreadable``, or — the storage's fault — ``denied``
+    (permissions, credentials) and ``unavailable`` (retries exhausted, an endpoint away)."""
+    if isinstance(exc, StorageUnavailable):
+        return exc.strerror or str(exc), "unavailable"
+    if isinstance(exc, PermissionError):
+        return exc.strerror or str(exc), "denied"
     if isinstance(exc, PathEscapesCheckpoint):
         return str(exc), "escapes"
     if isinstance(exc, NotARegularFile):

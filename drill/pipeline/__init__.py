@@ -34,9 +34,12 @@ def run_drill(
 ) -> DrillOutcome:
     """Run one drill and report it to ``recorder``; returns the outcome.
 
-    A bad checkpoint is a verdict, never an exception. Raises
-    :class:`~drill.errors.UsageError` — before anything is recorded — for a request this host
-    cannot run (no such device, an unknown storage scheme). An interrupt (SIGINT, SIGTERM)
+    A bad checkpoint is a verdict, never an exception. Before anything is recorded it raises
+    :class:`~drill.errors.UsageError` for a request this host cannot run (no such device, an
+    unknown storage scheme, a replay entrypoint that does not exist),
+    :class:`~drill.errors.NothingToDrill` when the run root is not there or the selector names
+    no retained checkpoint, and :class:`~drill.errors.StorageProblem` when the storage refuses
+    or fails (credentials, an endpoint away) — none of these is an audit record. An interrupt (SIGINT, SIGTERM)
     ends the drill as ``aborted``; drill's own failures end it as ``error``. Either way the
     recorder is told exactly once how the drill ended.
 
@@ -47,11 +50,10 @@ def run_drill(
     from drill.pipeline.stages import Drill, check_stage, discover_stage, plan_stage, replay_stage, restore_stage
     from drill.restore import NullProgress
 
-    drill = Drill.prepare(request, recorder or NullRecorder(), progress or NullProgress(), storage)
-    drill.dist = dist
+    drill = Drill.prepare(request, recorder or NullRecorder(), progress or NullProgress(), storage, dist)  # preflight: nothing recorded yet
     with drill.guarded():
         drill.begin()
-        drill.stage("discover", discover_stage)  # discover, resume
+        drill.stage("discover", discover_stage, announce=False)  # discover, resume (listed by the preflight)
         drill.stage("plan", plan_stage)  # what to hash; refuses paths out of the checkpoint
         drill.stage("restore", restore_stage)  # read + hash + load onto the device
         drill.stage("checks", check_stage)  # integrity, files, load, keys, contract

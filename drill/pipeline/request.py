@@ -58,7 +58,7 @@ class DrillRequest:
     format: str = "auto"
     """Force a format adapter (``dcp``, ``torch-save``, ``lightning``, ``hf-trainer``)."""
     allow_classes: tuple[str, ...] = ()
-    """Classes a layout legitimately pickles (e.g. ``transformers.training_args.TrainingArguments``)."""
+    """Classes a layout legitimately pickles into its tensors' files (e.g. ``mytrainer.state.TrainState``)."""
     replay: ReplaySpec = field(default_factory=ReplaySpec)
     """Replay K steps after the checkpoint and compare with the original run."""
     policy: str | None = None

@@ -36,13 +36,14 @@ from drill.formats import adapter_for, resolve_format
 from drill.formats.base import RestoreContext
 from drill.integrity.coverage import annotate_coverage
 from drill.integrity.keys import load_key
+from drill.integrity.reading import INFRASTRUCTURE
 from drill.integrity.verify import plan_integrity
 from drill.interrupts import InterruptGuard, Interrupted
 from drill.pipeline import ranks
 from drill.pipeline.outcome import CheckpointInfo, DrillOutcome, ReplaySummary, Timings
 from drill.pipeline.recorder import DrillStart, Recorder
 from drill.pipeline.request import DrillRequest
-from drill.replay.run import ERROR, NOT_REPLAYABLE, NOT_RUN, ReplayOutcome, run_replay
+from drill.replay.run import ERROR, NOT_REPLAYABLE, NOT_RUN, ReplayOutcome, entrypoint_findable, run_replay
 from drill.restore import Progress
 from drill.select import choose, select
 from drill.discover import CheckpointRef
@@ -84,8 +85,10 @@ class Drill:
     """What to hash, as rank 0 planned it (the other ranks of a distributed drill)."""
 
     @classmethod
-    def prepare(cls, request: DrillRequest, recorder: Recorder, progress: Progress, storage: Storage | None) -> Drill:
-        """Everything that can be wrong with the request fails here, before anything is recorded."""
+    def prepare(cls, request: DrillRequest, recorder: Recorder, progress: Progress, storage: Storage | None, dist: Any = None) -> Drill:
+        """Everything that can be wrong with the request fails here, before anything is
+        recorded: a device, storage or key that cannot be used, and what :func:`preflight`
+        finds (rank 0 of a distributed drill only: the others follow its choice)."""
         import torch
 
         assert request.root is not None
@@ -122,7 +125,9 @@ class Drill:
             storage_options=request.storage_options,
         )
         drill = cls(request, recorder, progress, storage, device, inputs, outcome)
-        drill.key = key
+        drill.key, drill.dist = key, dist
+        if dist is None or dist.is_root:
+            preflight(drill)
         return drill
 
     @property
@@ -204,40 +209,70 @@ class Drill:
 
 
 # -- the stages -----------------------------------------------------------------------------
-def discover_stage(d: Drill) -> list[CheckResult]:
-    """List the run root, choose the checkpoint; the ``discover`` and ``resume`` checks."""
-    if d.dist is not None and not d.dist.is_root:
-        return ranks.follow_discovery(d)
+def preflight(d: Drill) -> None:
+    """List the run and choose the checkpoint before a record is opened: what a typo gets
+    wrong never becomes an audit record. Raises :class:`~drill.errors.NothingToDrill` (the run
+    root is not there, it retains no checkpoint, the selector names none: exit 3),
+    :class:`~drill.errors.StorageProblem` (the storage refuses or fails: exit 5) or
+    :class:`~drill.errors.UsageError` (a replay entrypoint named by hand that does not exist).
+    A run holding only incomplete saves is a verdict on the run: recorded, as failed."""
+    from drill.errors import storage_unavailable
+    from drill.interrupts import deadline
+
     root, inputs = d.request.root, d.inputs
     assert root is not None
+    d.progress.phase("discover")
     try:
-        try:
+        with deadline(d.request.timeout, f"listing {root}"):
             inputs.discovery = discover(d.storage, root)
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            raise NothingToDrill(
-                f"run root {root} does not exist or is not a directory ({exc.strerror})",
-                hint="check the path; is the checkpoint filesystem mounted on this host?",
-            ) from None
-        except PermissionError as exc:
-            hint = (
-                "drill needs s3:ListBucket on the prefix (to find checkpoints and prove none of their objects is missing) as well as s3:GetObject"
-                if scheme_of(root) == "s3"
-                else "check the directory's permissions for the user drill runs as"
-            )
-            raise NothingToDrill(f"run root {root} cannot be listed ({exc.strerror})", hint=hint) from None
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise NothingToDrill(
+            f"run root {root} does not exist or is not a directory ({exc.strerror})",
+            hint="check the path; is the checkpoint filesystem mounted on this host? (nothing was recorded)",
+        ) from None
+    except OSError as exc:
+        raise storage_unavailable(root, exc) from None
+    try:
         choice = _choose(d)
-        inputs.ref, inputs.selection = choice.ref, choice.reason
-        ref = choice.ref
-        d.outcome.selection = choice.reason
-        d.outcome.checkpoint = CheckpointInfo(uri=ref.uri, name=ref.name, step=ref.step, format=ref.format)
     except NothingToDrill as exc:
-        inputs.nothing_to_drill = exc
-        d.stop(f"nothing to drill: {exc.message}")
-    finally:
-        d.timings.discover = time.perf_counter() - d.started
+        if inputs.discovery.incomplete and not inputs.discovery.checkpoints:
+            inputs.nothing_to_drill = exc  # the run's saves are all unfinished: that is the finding
+            return
+        raise
+    inputs.ref, inputs.selection = choice.ref, choice.reason
+    d.outcome.selection = choice.reason
+    d.outcome.checkpoint = CheckpointInfo(uri=choice.ref.uri, name=choice.ref.name, step=choice.ref.step, format=choice.ref.format)
+    _entrypoint_exists(d)
+
+
+def _entrypoint_exists(d: Drill) -> None:
+    spec = d.request.replay
+    if not (spec.enabled and spec.entrypoint):
+        return
+    if not entrypoint_findable(spec.entrypoint, replay_dir(d)):
+        where = spec.entrypoint.split(":", 1)[0]
+        raise UsageError(
+            f"--replay {spec.entrypoint}: no module {where.split('.', 1)[0]!r} on the replay's import path (installed packages, and the run directory)",
+            hint="install the trainer's package where drill runs, or put the module in the run directory (nothing was recorded)",
+        )
+
+
+def replay_dir(d: Drill) -> str:
+    """The run directory the replay runs in (a single-file checkpoint's own directory)."""
+    ref, root = d.inputs.ref, d.inputs.root
+    return root if ref is None or ref.uri != root else root.rstrip("/").rsplit("/", 1)[0]
+
+
+def discover_stage(d: Drill) -> list[CheckResult]:
+    """What :func:`preflight` found, as the ``discover`` and ``resume`` checks."""
+    if d.dist is not None and not d.dist.is_root:
+        return ranks.follow_discovery(d)
+    if d.inputs.nothing_to_drill is not None:
+        d.stop(f"nothing to drill: {d.inputs.nothing_to_drill.message}")
+    d.timings.discover = time.perf_counter() - d.started
     if d.dist is not None:
         ranks.lead_discovery(d)
-    return run_checks(("discover", "resume"), inputs)
+    return run_checks(("discover", "resume"), d.inputs)
 
 
 def _choose(d: Drill):  # type: ignore[no-untyped-def]
@@ -336,6 +371,10 @@ def restore_stage(d: Drill) -> list[CheckResult]:
     ref, plan = d.inputs.ref, d.inputs.plan
     assert ref is not None
     adapter = adapter_for(resolve_format(d.request.format, ref.format))  # imported off the clock
+    if d.request.allow_classes:
+        from drill.formats.safeload import resolve_globals
+
+        resolve_globals(d.request.allow_classes)  # so are the allow-listed classes' modules
     ctx = RestoreContext(
         device=d.device,  # type: ignore[arg-type]
         progress=d.progress,
@@ -353,6 +392,14 @@ def restore_stage(d: Drill) -> list[CheckResult]:
     d.inputs.restore = result
     d.outcome.bytes_read = result.bytes_read
     d.restored_step = _restored_step(result.state, ref.step)
+    refused = [f for f in result.files if f.error_kind in INFRASTRUCTURE]
+    if refused:
+        # The storage refused drill or kept failing: nothing the checks would say about the
+        # state could be told apart from that. The files check names what could not be read;
+        # the drill is an error (the infrastructure's), never a verdict on the checkpoint.
+        d.drill_error = f"the storage would not serve {refused[0].relative_path} ({refused[0].error}): the checkpoint could not be judged"
+        d.stop(d.drill_error)
+        return run_checks(("files",), d.inputs)
     return []
 
 
@@ -402,9 +449,8 @@ def _replay(d: Drill) -> ReplayOutcome:
         return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"{broken[0].name} failed: {broken[0].summary}")
     if ref.format != "dcp" and request.replay.entrypoint is None:
         return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"no replay entrypoint for this {ref.format} checkpoint: pass --replay module:function")
-    run_dir = d.inputs.root if ref.uri != d.inputs.root else d.inputs.root.rstrip("/").rsplit("/", 1)[0]
     return run_replay(
-        spec=request.replay, run_dir=run_dir, checkpoint=ref.uri, step=d.restored_step, device=str(d.device), storage_options=request.storage_options
+        spec=request.replay, run_dir=replay_dir(d), checkpoint=ref.uri, step=d.restored_step, device=str(d.device), storage_options=request.storage_options
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from drill.records.models import Drill, SchedulerLease
+from drill.records.models import Drill, SchedulerEvent, SchedulerLease
 
 
 def utcnow() -> datetime:
@@ -59,6 +59,32 @@ class LeaseMixin:
             lease = s.get(SchedulerLease, "scheduler")
             if lease is not None and lease.holder == holder:
                 lease.expires_at = utcnow()
+
+    def scheduler_event(self, policy: str, kind: str, reason: str, *, scheduled_for: datetime | None = None, exit_code: int | None = None, holder: str | None = None) -> None:
+        """A scheduled drill that did not run, and why (see :class:`~drill.records.models.SchedulerEvent`)."""
+        with self._session() as s:
+            s.add(SchedulerEvent(policy=policy, kind=kind, reason=reason[:10000], scheduled_for=scheduled_for, at=utcnow(), exit_code=exit_code, holder=holder))
+
+    def scheduler_events(self, *, policy: str | None = None, since: datetime | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest scheduler events first."""
+        with self._session() as s:
+            q = select(SchedulerEvent).order_by(SchedulerEvent.id.desc()).limit(limit)
+            if policy is not None:
+                q = q.where(SchedulerEvent.policy == policy)
+            if since is not None:
+                q = q.where(SchedulerEvent.at >= since)
+            return [
+                {"policy": e.policy, "kind": e.kind, "at": aware(e.at).isoformat(), "scheduled_for": aware(e.scheduled_for).isoformat() if e.scheduled_for else None,
+                 "reason": e.reason, "exit_code": e.exit_code}
+                for e in s.scalars(q)
+            ]  # fmt: skip
+
+    def scheduler_event_counts(self) -> dict[tuple[str, str], int]:
+        """(policy, kind) → how many, ever: what the metrics count."""
+        from sqlalchemy import func
+
+        with self._session() as s:
+            return {(p, k): n for p, k, n in s.execute(select(SchedulerEvent.policy, SchedulerEvent.kind, func.count()).group_by(SchedulerEvent.policy, SchedulerEvent.kind))}
 
     def scheduler_state(self) -> dict[str, Any]:
         """The lease (is a scheduler alive?) and each scheduled job's next fire time."""

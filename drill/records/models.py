@@ -214,6 +214,25 @@ class SchedulerLease(Base):
     policies: Mapped[dict[str, Any] | None]
 
 
+class SchedulerEvent(Base):
+    """A scheduled drill that did not run, and why: a missed fire time, a run still going, a
+    preflight refusal (the run root gone, the storage refusing), a scheduler stopping. What a
+    drill record is not — nothing was drilled — but an operator must still see."""
+
+    __tablename__ = "scheduler_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    policy: Mapped[str] = mapped_column(Str(255), index=True)
+    kind: Mapped[str] = mapped_column(Str(16))
+    """``missed`` (fire time passed beyond the start window), ``skipped`` (not started: still
+    running, stopping, lease lost), ``refused`` (the drill's preflight refused it), ``error``."""
+    scheduled_for: Mapped[datetime | None]
+    at: Mapped[datetime] = mapped_column(index=True)
+    reason: Mapped[str] = mapped_column(LongText)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    holder: Mapped[str | None] = mapped_column(Str(255))
+
+
 class AuditEntry(Base):
     """One link of the tamper-evident drill log (see :mod:`drill.records.audit`).
 

@@ -109,6 +109,13 @@ class ReportingMixin:
                 for key, i in last.items()
             }
 
+    def drill_counts(self) -> dict[tuple[str, str, str], int]:
+        """(policy or "", run root, status) → closed drills recorded, ever: what the metrics count."""
+        with self._session() as s:
+            source = (func.coalesce(Drill.policy, ""), Drill.run_root, Drill.status)
+            q = select(*source, func.count()).where(Drill.status != DrillStatus.RUNNING.value).group_by(*source)
+            return {(p, r, st): n for p, r, st, n in s.execute(q)}
+
     def audit_head(self) -> ChainHead | None:
         with self._session() as s:
             return chain_head(s)

@@ -62,6 +62,18 @@ def entrypoint_for(run_dir: str, spec: ReplaySpec, storage: Storage | None = Non
     return (named, False) if isinstance(named, str) and ENTRYPOINT.match(named) else (None, False)
 
 
+def entrypoint_findable(entrypoint: str, run_dir: str) -> bool:
+    """Whether the replay child would find ``entrypoint``'s top-level module — on the path it
+    gets (this process's, minus the run, plus the run directory for a module named by hand) —
+    found without importing anything."""
+    import importlib.machinery
+
+    top = entrypoint.split(":", 1)[0].split(".", 1)[0]
+    if top in sys.builtin_module_names:
+        return True
+    return importlib.machinery.PathFinder.find_spec(top, [*trusted_path((run_dir,)), run_dir]) is not None
+
+
 def tolerance_for(reference: Reference, device: str, spec: ReplaySpec) -> Tolerance:
     if spec.tolerance is not None:
         return spec.tolerance

@@ -50,7 +50,8 @@ _CONTEXT = _Context()
 
 
 def fire(policy_name: str) -> None:
-    """The job APScheduler runs: one drill of the named policy, isolated here or as a batch job."""
+    """The job APScheduler runs: one drill of the named policy, isolated here or as a batch job.
+    A drill that does not run is a scheduler event on the record, never only a log line."""
     from drill.scheduling.isolate import run_policy_drill
 
     policy = _CONTEXT.policies.get(policy_name)
@@ -58,22 +59,50 @@ def fire(policy_name: str) -> None:
         log.warning("no policy %s loaded; job ignored", policy_name)
         return
     if _CONTEXT.stopping.is_set():
-        log.info("stopping: policy %s not started", policy_name)
+        _event(policy_name, "skipped", "the scheduler was stopping: not started")
         return
     db = open_database(_CONTEXT.db_url)
     try:
         records = Records(db)
         if not records.holds_lease(_CONTEXT.holder):
             log.error("lost the scheduler lease; not firing %s", policy_name)
+            records.scheduler_event(policy_name, "skipped", "this scheduler lost its lease: not started", holder=_CONTEXT.holder)
             return
         result = run_policy_drill(policy, _CONTEXT.db_url, records, trigger="scheduler")
         log.info("policy %s: drill #%s %s", policy_name, result.drill_id, result.status or f"not started: {result.message}")
+        if result.status is None:  # refused before a record was opened (the run gone, the storage refusing)
+            records.scheduler_event(policy_name, "refused", result.message or "refused", exit_code=result.exit_code, holder=_CONTEXT.holder)
         if _CONTEXT.on_result is not None:
             _CONTEXT.on_result(policy_name, result)
-    except Exception:  # noqa: BLE001 - a failing job must not take the scheduler down
+    except Exception as exc:  # noqa: BLE001 - a failing job must not take the scheduler down
         log.exception("policy %s: the drill could not be run", policy_name)
+        _event(policy_name, "error", f"the drill could not be run: {type(exc).__name__}: {exc}")
     finally:
         db.close()
+
+
+def _event(policy: str, kind: str, reason: str, scheduled_for: Any = None) -> None:
+    """Record a scheduler event, best effort (the database may be what failed)."""
+    log.warning("policy %s: %s: %s", policy, kind, reason)
+    try:
+        db = open_database(_CONTEXT.db_url)
+        try:
+            Records(db).scheduler_event(policy, kind, reason, scheduled_for=scheduled_for, holder=_CONTEXT.holder)
+        finally:
+            db.close()
+    except Exception:  # noqa: BLE001 - the log line above is what is left
+        log.exception("policy %s: the scheduler event could not be recorded", policy)
+
+
+def _on_job_event(event: Any) -> None:
+    """APScheduler's word that a fire time was missed, or that the previous drill was still running."""
+    from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
+
+    when = getattr(event, "scheduled_run_time", None)
+    if event.code == EVENT_JOB_MISSED:
+        _event(event.job_id, "missed", "the fire time passed beyond the policy's start window (the scheduler was down or busy)", when)
+    elif event.code == EVENT_JOB_MAX_INSTANCES:
+        _event(event.job_id, "skipped", "the previous drill of this policy was still running", when)
 
 
 class DrillScheduler:
@@ -148,6 +177,9 @@ class DrillScheduler:
             job_defaults={"coalesce": True, "max_instances": 1},
             timezone="UTC",
         )
+        from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
+
+        scheduler.add_listener(_on_job_event, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         scheduler.start(paused=True)
         for job in scheduler.get_jobs():
             if job.id not in _CONTEXT.policies:
