@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)(B?)$", re.I)
@@ -52,6 +53,25 @@ def parse_duration(value: Any) -> float:
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"duration {value!r} must be a finite number of seconds, not negative")
     return seconds
+
+
+def parse_instant(value: Any, *, now: datetime, end: bool = False) -> datetime:
+    """A point in time as a report window takes it: a date (``2026-11-01``; with ``end``, the
+    end of that day), an ISO 8601 time (``2026-11-01T06:00``, UTC unless it says otherwise),
+    or a duration before ``now`` (``30d``, ``12h``). ``ValueError`` says which forms exist."""
+    text = str(value).strip()
+    try:
+        return now - timedelta(seconds=parse_duration(text))
+    except ValueError:
+        pass
+    try:
+        if len(text) == 10:  # a date alone
+            day = datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+            return day + timedelta(days=1) if end else day
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{value!r} is neither a date (2026-11-01), a time (2026-11-01T06:00Z) nor a duration (30d, 12h)") from None
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
 
 
 def human_bytes(n: float | None) -> str:

@@ -74,11 +74,12 @@ def test_the_markdown_report_escapes_what_it_did_not_write(history_db: tuple[str
     md = _report(url, "-f", "md")
     prose = re.sub(r"(?ms)^(`{3,})sh\n.*?\n\1$", "", md)  # commands stay literal inside code blocks, which never render markup
     assert "<script>" not in prose and "&lt;script&gt;" in prose and "```sh\ndrill run --checkpoint 'run <script>" not in md
-    (heading,) = [line for line in md.splitlines() if line.startswith("## ")]
+    overview, heading = [line for line in md.splitlines() if line.startswith("## ")]
+    assert overview == "## Overview"
     assert heading.endswith("/run &lt;script&gt;alert(1)&lt;/script&gt; \\| \\`tick\\` \\*star\\* \\[x\\](y)")
     for line in md.splitlines():
-        if line.startswith("| ") and "step-" in line:  # every table row keeps its columns
-            header_cols = 8
+        if line.startswith("| ") and "step-" in line and "step-" in line.split("|")[1]:  # every checkpoint row keeps its columns
+            header_cols = 10
             assert len(re.findall(r"(?<!\\)\|", line)) == header_cols + 1, line
     assert "drill run --checkpoint" in md and "### What your measured restore time costs" in md
     assert re.search(r"head `[0-9a-f]{64}` \(entry 5, drill #5\)", md)
@@ -268,3 +269,31 @@ def test_a_finding_about_the_whole_drill_renders_in_every_format(demo_run: Path,
         res = invoke(runner, "report", "--db", sqlite_url, "--format", fmt, "-o", str(tmp_path / f"r.{fmt}"))
         assert res.exit_code == 0, res.stderr
         assert "replay-error" in (tmp_path / f"r.{fmt}").read_text()
+
+
+def test_an_audit_period_by_dates_in_csv_with_an_overview_first(history_db: tuple[str, Path]) -> None:
+    """A fixed period (dates, not durations), CSV for a spreadsheet (no formula injection),
+    and every report leads with one row per run, those needing attention first."""
+    import csv
+    import io
+    from datetime import datetime, timedelta, timezone
+
+    url, run = history_db
+    today = datetime.now(timezone.utc).date()
+    rows = list(csv.DictReader(io.StringIO(_report(url, "-f", "csv", "--since", str(today), "--until", str(today)))))
+    assert len(rows) == 5 and {r["status"] for r in rows} == {"passed", "failed", "slo_breach"}
+    assert all(r["rerun"].startswith("drill run ") and r["evidence_level"] in ("sealed", "structural") for r in rows)
+    before = str(today - timedelta(days=3))
+    assert list(csv.DictReader(io.StringIO(_report(url, "-f", "csv", "--since", before, "--until", before)))) == []
+    bad = invoke(CliRunner(), "report", "--db", url, "--since", str(today), "--until", before)
+    assert bad.exit_code == 2 and "not after --since" in bad.stderr
+    html = _report(url, "-f", "html")
+    assert html.index("<h2>Overview</h2>") < html.index('<h2 id="run-0">') and "oldest on the left" in html
+
+
+def test_a_run_with_one_drill_gets_a_sentence_not_a_chart_of_one_dot(demo_run: Path, sqlite_url: str) -> None:
+    from tests.conftest import drill as _drill
+
+    _drill(demo_run, sqlite_url)
+    html = _report(sqlite_url, "-f", "html")
+    assert 'class="chart"' not in html and "One drill in the window" in html and 'class="strip"' in html

@@ -226,6 +226,7 @@ def test_an_s3_root_with_a_scratch_copy_verifies_and_loads_the_copy(demo_run: Pa
     assert outcome.status == "passed"
     assert "scratch copy" in outcome.check("discover").summary  # type: ignore[union-attr]
     assert not scratch.exists() or not any(scratch.iterdir())  # cleaned up afterwards
+    assert outcome.checkpoint is not None and outcome.checkpoint.uri == f"{root}/step-30"  # the record names the checkpoint, not its copy
 
 
 

@@ -94,9 +94,12 @@ def test_files_drill_creates_are_its_owners(demo_run: Path, tmp_path: Path) -> N
     db.parent.mkdir()
     subprocess.run([DRILL, "run", "--root", str(demo_run), "--db", f"sqlite:///{db}", "--no-replay", "-q"], check=True, capture_output=True)
     report = tmp_path / "report.html"
-    subprocess.run([DRILL, "report", "--db", f"sqlite:///{db}", "-o", str(report)], check=True, capture_output=True)
-    for path in (db, report):
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    subprocess.run([DRILL, "report", "--db", f"sqlite:///{db}", "-o", str(report)], check=True, capture_output=True, preexec_fn=lambda: os.umask(0o022))
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    assert stat.S_IMODE(report.stat().st_mode) == 0o644  # a report is published: the umask decides (a web root's server reads it)
+    private = tmp_path / "private.html"
+    subprocess.run([DRILL, "report", "--db", f"sqlite:///{db}", "-o", str(private)], check=True, capture_output=True, preexec_fn=lambda: os.umask(0o077))
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
     for wal in db.parent.glob("drill.db-*"):
         assert stat.S_IMODE(wal.stat().st_mode) & 0o077 == 0, wal
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Annotated
 
 import typer
@@ -11,19 +11,24 @@ import typer
 from drill.cli.common import DbOption, DebugOption, JsonOption, flag, print_json, stderr, stdout
 from drill.errors import UsageError
 
-Since = Annotated[str, typer.Option("--since", help="The window: drills started within this long (30d, 12h), or 'all'.")]
+Since = Annotated[str, typer.Option("--since", help="Start of the window: a date (2026-11-01), a time (2026-11-01T06:00Z), a duration back from now (30d, 12h), or 'all'.")]
+Until = Annotated[str | None, typer.Option("--until", help="End of the window (exclusive; a date means the end of that day), as --since takes it. Default: now.")]
 GpusOption = Annotated[list[int] | None, typer.Option("--gpus", help="Job size in GPUs (repeatable). Default: 4096, 16384, 65536.")]
 PriceOption = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Adds idle GPU cost per day and per year.")]
 NoListOption = Annotated[bool, typer.Option("--no-list", help="Do not list run roots on storage: take retained checkpoints from the record.")]
-SUFFIXES = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json"}
+SUFFIXES = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json", ".csv": "csv"}
 
 
-def _since(value: str) -> datetime | None:
-    from drill.units import parse_duration
+def _window(since: str, until: str | None) -> tuple[datetime | None, datetime | None]:
+    """The report's period: ``--since`` (or ``all``) and ``--until``, each a date, a time or a duration."""
+    from drill.units import parse_instant
 
-    if value.strip().lower() == "all":
-        return None
-    return datetime.now(timezone.utc) - timedelta(seconds=flag("--since", parse_duration, value))
+    now = datetime.now(timezone.utc)
+    start = None if since.strip().lower() == "all" else flag("--since", lambda v: parse_instant(v, now=now), since)
+    end = None if until is None else flag("--until", lambda v: parse_instant(v, now=now, end=True), until)
+    if start is not None and end is not None and end <= start:
+        raise UsageError(f"--until {until} is not after --since {since}: the window is empty")
+    return start, end
 
 
 def _format(fmt: str | None, output: str | None) -> str:
@@ -38,9 +43,10 @@ def _format(fmt: str | None, output: str | None) -> str:
 
 def report(
     since: Since = "30d",
+    until: Until = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Only this policy's drills.")] = None,
     root: Annotated[str | None, typer.Option("--root", help="Only this run directory.")] = None,
-    fmt: Annotated[str | None, typer.Option("--format", "-f", help="html, md or json (default: from -o's suffix, else md).")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", "-f", help="html, md, json or csv (default: from -o's suffix, else md).")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Write the report here (atomically) instead of stdout.")] = None,
     gpus: GpusOption = None,
     blocking_s: Annotated[float, typer.Option("--blocking-s", help="Blocking checkpoint time C for the goodput section.")] = 60.0,
@@ -55,14 +61,14 @@ def report(
     coverage, latency trends (p50/p95), SLO breaches, failures with the command to re-run
     them, what the measured restore time costs, and the audit chain's head to pin.
 
-    Example: drill report --since 30d -f html -o drill-report.html
+    Example: drill report --since 2026-11-01 --until 2026-11-30 -f html -o november.html
     """
     from drill.report import ReportOptions, build_report, render
     from drill.report.build import DEFAULT_GPUS
 
     kind = _format(fmt, output)
-    window = _since(since)
-    options = ReportOptions(since=window, policy=policy, root=root, gpus=tuple(gpus or DEFAULT_GPUS), blocking_s=blocking_s, price_per_gpu_hour=price, list_storage=not no_list)
+    start, end = _window(since, until)
+    options = ReportOptions(since=start, until=end, policy=policy, root=root, gpus=tuple(gpus or DEFAULT_GPUS), blocking_s=blocking_s, price_per_gpu_hour=price, list_storage=not no_list)
     _check_goodput_inputs(options.gpus, [blocking_s], price)
     doc = build_report(db, options)
     text = render(doc, kind)
@@ -80,7 +86,7 @@ def _write(path: str, text: str) -> None:
     if not os.path.isdir(directory):
         raise UsageError(f"--output: directory {directory} does not exist")
     try:
-        LocalStorage().write(path, text.encode(), replace=True, mode=0o600)  # the owner shares it, not the umask
+        LocalStorage().write(path, text.encode(), replace=True, mode=0o666)  # the umask decides who may read it (a web root: 0644)
     except OSError as exc:
         raise UsageError(f"--output: cannot write {path} ({exc.strerror or exc})") from None
 
@@ -153,7 +159,7 @@ def goodput(
     if policy is not None:
         if restart_s:
             raise UsageError("--restart-s and --policy both set R: give one")
-        measured = _measured(policy, _since(since), checkpoint_bytes, restore_bandwidth, db)
+        measured = _measured(policy, _window(since, None)[0], checkpoint_bytes, restore_bandwidth, db)
         restart_s = [measured.restart_s]
     elif checkpoint_bytes or restore_bandwidth:
         raise UsageError("--checkpoint-bytes and --restore-bandwidth scale a policy's measured restore: add --policy")

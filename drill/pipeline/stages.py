@@ -292,6 +292,7 @@ def plan_stage(d: Drill) -> list[CheckResult]:
     ref, request = d.inputs.ref, d.request
     assert ref is not None
     ledger = d.recorder.last_verified(ref.uri) if request.sample.kind == "auto" else {}  # type: ignore[union-attr]
+    drilled = ref  # what the record names: the checkpoint itself, never a scratch copy of it
     if request.scratch is not None and scheme_of(ref.uri) != "file":
         ref = _to_scratch(d, ref)
     plan = plan_integrity(d.storage, ref.uri, request.sample, ledger, key=d.key)  # type: ignore[arg-type]
@@ -299,7 +300,7 @@ def plan_stage(d: Drill) -> list[CheckResult]:
     o = d.outcome
     o.evidence_level = "sealed" if plan.manifest is not None else None  # until the integrity check says what it proved
     o.checkpoint = CheckpointInfo(
-        uri=ref.uri, name=ref.name, step=ref.step, format=ref.format, bytes=sum(plan.on_storage.values()) or None, files=len(plan.on_storage) or None
+        uri=drilled.uri, name=drilled.name, step=drilled.step, format=drilled.format, bytes=sum(plan.on_storage.values()) or None, files=len(plan.on_storage) or None
     )
     d.recorder.selected(o.checkpoint, selection=o.selection or "", evidence_level=o.evidence_level, sample=o.sample)
     d.timings.plan = time.perf_counter() - started

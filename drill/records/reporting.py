@@ -41,13 +41,15 @@ class Verified:
 class ReportingMixin:
     def _session(self) -> AbstractContextManager[Session]: ...  # provided by Records
 
-    def drills_in_window(self, *, since: datetime | None, policy: str | None = None, run_root: str | None = None) -> list[DrillOutcome]:
-        """Closed and running drills started since ``since``, oldest first, with their checks."""
+    def drills_in_window(self, *, since: datetime | None, until: datetime | None = None, policy: str | None = None, run_root: str | None = None) -> list[DrillOutcome]:
+        """Closed and running drills started in [``since``, ``until``), oldest first, with their checks."""
         with self._session() as s:
             q = select(Drill).order_by(Drill.started_at, Drill.id)
             q = q.options(selectinload(Drill.checkpoint), selectinload(Drill.checks), selectinload(Drill.replay_steps), selectinload(Drill.alerts))
             if since is not None:
                 q = q.where(Drill.started_at >= since)
+            if until is not None:
+                q = q.where(Drill.started_at < until)
             if policy is not None:
                 q = q.where(Drill.policy == policy)
             if run_root is not None:

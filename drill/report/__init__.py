@@ -6,7 +6,8 @@
     html = render(report, "html")
 
 :mod:`~drill.report.build` assembles a :class:`~drill.report.model.Report` from the record
-database; :mod:`~drill.report.html`, :mod:`~drill.report.markdown` and ``json`` render it.
+database; :mod:`~drill.report.html`, :mod:`~drill.report.markdown`, :mod:`~drill.report.csvfile`
+and ``json`` render it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 from drill.report.build import ReportOptions, build_report
 from drill.report.model import SCHEMA, Report
 
-FORMATS = ("html", "md", "json")
+FORMATS = ("html", "md", "json", "csv")
 
 
 def render(report: Report, fmt: str) -> str:
@@ -30,6 +31,10 @@ def render(report: Report, fmt: str) -> str:
         return render_markdown(report)
     if fmt == "json":
         return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    if fmt == "csv":
+        from drill.report.csvfile import render_csv
+
+        return render_csv(report)
     raise ValueError(f"unknown report format {fmt!r}: expected one of {', '.join(FORMATS)}")
 
 

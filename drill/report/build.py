@@ -55,12 +55,13 @@ def build_report(db: str | None = None, options: ReportOptions | None = None) ->
         return report
     try:
         records = Records(database)
-        drills = [d for d in records.drills_in_window(since=opts.since, policy=opts.policy, run_root=root) if d.started_at <= report.until]
+        drills = records.drills_in_window(since=opts.since, until=report.until, policy=opts.policy, run_root=root)
         # Runs drilled before but not in the window appear too: a run whose drills stopped is news.
         by_root: dict[str, list[DrillOutcome]] = {r: [] for r in ([root] if root else records.run_roots(policy=opts.policy))}
         for d in drills:
             by_root.setdefault(d.run_root, []).append(d)
-        report.runs = [_section(records, r, by_root[r], opts, resolve_url(db)) for r in sorted(by_root)]
+        runs = [_section(records, r, by_root[r], opts, resolve_url(db)) for r in sorted(by_root)]
+        report.runs = sorted(runs, key=lambda r: (not r.needs_attention, r.run_root))  # what needs attention first
         report.chain = _chain(database)
     finally:
         database.close()
@@ -101,7 +102,7 @@ def _section(records: Any, root: str, drills: list[DrillOutcome], opts: ReportOp
     latest = records.latest_drills(root) if records else {}
     ledger = records.ledger(root) if records else {}
     retained, source, note = _retained(root, known, opts.list_storage)
-    rows = _checkpoint_rows(retained, known, latest, ledger, drills, opts.since)
+    rows = _checkpoint_rows(retained, known, latest, ledger, drills, opts.since, opts.until)
     cover = coverage(
         Retained(r.name, r.bytes_on_storage, r.drills_in_window > 0, r.bytes_verified_in_window) for r in rows if r.retained is not False
     )
@@ -161,6 +162,7 @@ def _checkpoint_rows(
     ledger: dict[str, list[Verified]],
     drills: list[DrillOutcome],
     since: datetime | None,
+    until: datetime | None = None,
 ) -> list[CheckpointRow]:
     in_window = Counter(d.checkpoint.uri for d in drills if d.checkpoint)
     listed = {c.uri for c in retained}
@@ -175,7 +177,7 @@ def _checkpoint_rows(
                 last_drilled_at=last.started_at if last else None, proof=proof_of(last) if last else None,
                 proven=last is not None and good_enough(last),
                 bytes_verified=sum(f.size for f in files),
-                bytes_verified_in_window=sum(f.size for f in files if since is None or f.at >= since),
+                bytes_verified_in_window=sum(f.size for f in files if (since is None or f.at >= since) and (until is None or f.at < until)),
                 verified_at=max((f.at for f in files), default=None), drills_in_window=in_window.get(c.uri, 0),
             )
         )  # fmt: skip

@@ -75,7 +75,7 @@ def _axes(left: int, right: int, top: int, bottom: int, width: int, height: int,
     ticks = [t0 + (t1 - t0) * i / 4 for i in range(5)] if t1 > t0 else [t0]
     for i, t in enumerate(ticks):
         span = t1 - t0
-        label = datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d" if span > 4 * 86400 else "%m-%d %H:%M" if span > 3600 else "%H:%M:%S")
+        label = datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d" if span > 4 * 86400 else "%Y-%m-%d %H:%M")  # a time is never shown without its date
         anchor = "middle" if len(ticks) == 1 or 0 < i < len(ticks) - 1 else ("start" if i == 0 else "end")
         out.append(f'<text x="{x(t):.1f}" y="{height - bottom + 18}" class="ax" text-anchor="{anchor}">{label}</text>')
     out.append(f'<line x1="{left}" x2="{width - right}" y1="{height - bottom}" y2="{height - bottom}" class="axis"/>')

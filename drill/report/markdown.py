@@ -44,9 +44,20 @@ def render_markdown(report: Report) -> str:
     lines += _preamble(report)
     if not report.runs:
         lines += ["", "**No drills recorded** in this window" + (" for these filters." if report.policy or report.root else "."), ""]
+    if report.runs:
+        lines += ["", "## Overview", "", *_overview(report)]
     for run in report.runs:
         lines += ["", *_run(run)]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _overview(report: Report) -> list[str]:
+    """Every run in one table, those that need attention first."""
+    return _table(
+        ["run", "policies", "drills", "last verdict", "last drill", "proven restorable", "checkpoints drilled", "bytes proven"],
+        [[r.run_root, ", ".join(r.policies) or "–", len(r.drills), r.last.status if r.last else "none in window", t.when(r.last.started_at) if r.last else "–",
+          f"{r.proven} of {r.coverage.retained}", t.share(r.coverage.share), t.share(r.coverage.share_bytes)] for r in report.runs],
+    )  # fmt: skip
 
 
 def _preamble(r: Report) -> list[str]:
@@ -82,10 +93,11 @@ def _run(run: RunSection) -> list[str]:
         lines += [f"_Note: {cell(run.retention_note)}_", ""]
     lines += ["### Checkpoints", ""]
     lines += _table(
-        ["checkpoint", "step", "retained", "proven restorable", "last drill", "evidence", "bytes verified", "verified"],
+        ["checkpoint", "step", "retained", "proven restorable", "last drill", "evidence", "replay", "on storage", "bytes verified", "verified"],
         [[k.name, k.step if k.step is not None else "–", {True: "yes", False: "purged", None: "unknown"}[k.retained],
           "yes" if k.proven else "no", f"#{k.last_drill_id} {k.last_status} {t.when(k.last_drilled_at)}" if k.last_drill_id else "never",
-          k.evidence_level or "–", t.size(k.bytes_verified), t.when(k.verified_at)] for k in run.checkpoints],
+          k.evidence_level or "–", k.proof.replay if k.proof else "–", t.size(k.bytes_on_storage), t.size(k.bytes_verified), t.when(k.verified_at)]
+         for k in run.checkpoints],
     )  # fmt: skip
     lines += ["", "### Restore latency", ""]
     lines += _table(

@@ -146,6 +146,21 @@ class RunSection:
         return [d for d in self.drills if d.slo_breaches]
 
     @property
+    def proven(self) -> int:
+        """Retained checkpoints proven restorable (their latest drill passed on structural evidence or better)."""
+        return sum(1 for c in self.checkpoints if c.proven and c.retained is not False)
+
+    @property
+    def last(self) -> DrillEntry | None:
+        return self.drills[-1] if self.drills else None
+
+    @property
+    def needs_attention(self) -> bool:
+        """What an auditor reads first: a failure in the window, a retained checkpoint not
+        proven, or no drill at all in the window."""
+        return bool(self.failures) or self.proven < self.coverage.retained or not self.drills
+
+    @property
     def failures(self) -> list[DrillEntry]:
         return [d for d in self.drills if d.status not in ("passed", "running")]
 
