@@ -324,3 +324,47 @@ def test_a_command_imports_only_its_own_module(argv: list[str], loaded: set[str]
         "from drill.cli import main\nmain()\n"
     )
     assert set(fresh_python(code).split(",")) & COMMAND_MODULES == loaded
+
+
+def test_cli_conventions_a_new_user_expects(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
+    """-h beside --help on every command, shell completion, an unknown --status naming the
+    verdicts, comma-separated --allow-missing, and help examples that name files that exist."""
+    import re
+
+    from drill.cli.app import app
+    from typer.main import get_command
+
+    root = invoke(cli, "-h")
+    assert root.exit_code == 0 and "Usage: drill" in root.stdout and "--install-completion" in root.stdout
+    group = get_command(app)
+    for name in group.commands:  # type: ignore[attr-defined]
+        res = invoke(cli, name, "-h")
+        assert res.exit_code == 0 and "Usage:" in res.stdout, name
+        for policy in re.findall(r"policies/[\w./-]+\.yaml", res.stdout):
+            assert (Path(__file__).resolve().parent.parent / policy).is_file(), (name, policy)
+    bogus = invoke(cli, "history", "--status", "bogus", "--db", sqlite_url)
+    assert bogus.exit_code == 2 and "passed, failed, slo_breach, error, aborted" in bogus.stderr
+    both = invoke(cli, "run", "--root", str(demo_run), "--allow-missing", "rng,dataloader", "--no-replay", "--json", "-q", "--db", sqlite_url)
+    assert both.exit_code == 0 and json.loads(both.stdout)["options"]["allow_missing"] == ["rng", "dataloader"]
+
+
+def test_history_fits_80_columns_and_drill_runs_shows_the_whole_run(demo_run: Path, sqlite_url: str) -> None:
+    import io
+
+    from rich.console import Console
+
+    from drill import history
+    from drill.cli.render import render_history
+
+    drill(demo_run, sqlite_url)
+    drill(demo_run, sqlite_url, "step:20")
+    buf = io.StringIO()
+    render_history(Console(file=buf, width=80, force_terminal=False), history(db=sqlite_url))
+    assert max(len(line) for line in buf.getvalue().splitlines()) <= 80, buf.getvalue()
+    cli = CliRunner()
+    one = invoke(cli, "runs", str(demo_run), "--db", sqlite_url)
+    assert one.exit_code == 0
+    rows = {line.split()[0]: line for line in one.stdout.splitlines() if line.startswith("step-")}
+    assert set(rows) == {"step-10", "step-20", "step-30"} and "never" in rows["step-10"] and "sealed" in rows["step-30"]
+    doc = json.loads(invoke(cli, "runs", "--json", "--db", sqlite_url).stdout)
+    assert doc["runs"][0]["coverage"]["never_drilled"] == ["step-10"]

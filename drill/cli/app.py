@@ -20,10 +20,11 @@ from drill.errors import ExitCode
 EXIT_CODES = """\
 Exit codes: 0 passed · 1 failed (a check found a problem) · 2 usage error ·
 3 nothing to drill (root missing, no complete checkpoint, step not retained) ·
-4 database unreachable or schema not at head · 5 drill error (recorded as error) ·
-6 SLO breach (checks passed, too slow) · 7 another scheduler holds the lease ·
-70 internal error (a bug; --debug shows the traceback) · 130 interrupted by SIGINT ·
-143 stopped by SIGTERM (both recorded as aborted)."""
+4 database unreachable or schema not at head · 5 error: drill's or the storage's, not
+the checkpoint's · 6 SLO breach (checks passed, too slow) · 7 another scheduler holds the
+lease · 8 verify proved nothing (no seal, no structural proof) · 70 internal error (a bug;
+--debug shows the traceback) · 130 interrupted by SIGINT · 143 stopped by SIGTERM (both
+recorded as aborted)."""
 
 
 class OneLineErrors(TyperGroup):
@@ -77,21 +78,24 @@ class _Commands(dict):  # type: ignore[type-arg]
         return [(name, self[name]) for name in self]
 
 
+HELP = {"help_option_names": ["-h", "--help"]}
+
+
 def _build(name: str, module: str, function: str) -> Any:
     """The click command for ``drill.cli.<module>.<function>``, as typer would have built it
     in the group, behind the shared error boundary."""
     import importlib
 
-    single = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
+    single = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False, context_settings=HELP)
     single.command(name)(error_boundary(getattr(importlib.import_module(f"drill.cli.{module}"), function)))
     command = typer.main.get_command(single)
     command.name = name
     return command
 
 
-def _group(help: str, commands: dict[str, tuple[str, str]], **kw: Any) -> typer.Typer:
+def _group(help: str, commands: dict[str, tuple[str, str]], *, completion: bool = False, **kw: Any) -> typer.Typer:
     cls = type("OneLineErrors", (OneLineErrors,), {"lazy": commands})
-    return typer.Typer(cls=cls, help=help, no_args_is_help=True, add_completion=False, rich_markup_mode=None, **kw)
+    return typer.Typer(cls=cls, help=help, no_args_is_help=True, add_completion=completion, rich_markup_mode=None, context_settings=HELP, **kw)
 
 
 app = _group(
@@ -103,6 +107,7 @@ app = _group(
         "demo": ("demo", "demo"),
         "history": ("records", "history"),
         "show": ("records", "show"),
+        "runs": ("records", "runs"),
         "last-good": ("nightly", "last_good"),
         "report": ("reports", "report"),
         "metrics": ("reports", "metrics"),
@@ -112,6 +117,7 @@ app = _group(
     name="drill",
     epilog=EXIT_CODES,
     pretty_exceptions_enable=False,
+    completion=True,  # --install-completion / --show-completion for bash, zsh, fish
 )
 app.add_typer(_group("Check the tamper-evident drill log.", {"verify": ("audit", "audit_verify")}), name="audit")
 app.add_typer(

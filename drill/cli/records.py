@@ -35,7 +35,9 @@ def history(
 
     after = datetime.now(timezone.utc) - timedelta(seconds=flag("--since", parse_duration, since)) if since else None
     if status is not None:
-        flag("--status", DrillStatus, status)
+        known = [s.value for s in DrillStatus]
+        if status not in known:
+            raise UsageError(f"--status: unknown verdict {status!r}: expected one of {', '.join(known)}")
     if limit < 1:
         raise UsageError(f"--limit: must be at least 1, not {limit}")
     drills = recorded(db=db, root=root, limit=limit, since=after, status=status, policy=policy)
@@ -140,3 +142,38 @@ def db_status(db: DbOption = None, json: JsonOption = False, debug: DebugOption 
         stdout().print(f"{status.url}: revision {status.current or 'none'}, drill needs {status.head} ({advice})", markup=False)
     if status.state != "current":
         raise exit_with(ExitCode.DATABASE)
+
+
+def runs(
+    root: Annotated[str | None, typer.Argument(help="One run directory: every checkpoint it retains. Default: every run on the record.")] = None,
+    no_list: Annotated[bool, typer.Option("--no-list", help="Do not list storage: checkpoints as drills last saw them.")] = False,
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """The whole-run view: every run, or every checkpoint of one, with its last verdict,
+    what that verdict rests on, and how old it is.
+
+    Without ROOT: one line per run on the record — checkpoints retained and proven, the last
+    drill. With ROOT: each retained checkpoint (and each drilled one since purged) — proven
+    restorable or not, evidence, replay, age of its last drill, bytes on storage.
+
+    Example: drill runs /ckpt/run7
+    """
+    from drill.report import ReportOptions, build_report
+
+    report = build_report(db, ReportOptions(since=None, root=root, list_storage=not no_list))
+    if json:
+        print_json({"runs": [{k: v for k, v in r.to_dict().items() if k not in ("drills", "goodput", "slo_breaches")} for r in report.runs]})
+        return
+    if not report.runs:
+        stderr().print("no runs on the record" if root is None else f"no drills of {root} on the record", markup=False)
+        return
+    from drill.cli.render import render_run, render_runs
+
+    out = stdout()
+    if root is None:
+        render_runs(out, report.runs)
+    else:
+        for run in report.runs:
+            render_run(out, run)

@@ -301,3 +301,45 @@ def render_goodput(console: Console, rows: list, *, priced: bool) -> None:  # ty
     console.print(table)
     if any(not r.valid for r in rows):
         console.print("note: rows where the interval reaches the MTBF or waste reaches 100% are outside the first-order model", markup=False, style="dim")
+
+
+def _age(t: Any) -> str:
+    from datetime import datetime, timezone
+
+    if t is None:
+        return "never"
+    s = (datetime.now(timezone.utc) - t).total_seconds()
+    return f"{s / 86400:.1f} d ago" if s >= 86400 else f"{s / 3600:.1f} h ago" if s >= 3600 else f"{max(0.0, s) / 60:.0f} min ago"
+
+
+def render_runs(console: Console, runs: list[Any]) -> None:
+    """``drill runs``: one line per run on the record, those needing attention first."""
+    table = _table(header_style="bold")
+    for col in ("run", "retained", "proven", "never drilled", "last drill", "verdict"):
+        table.add_column(col, justify="right" if col in ("retained", "proven", "never drilled") else "left", overflow="fold" if col == "run" else "ellipsis")
+    for r in runs:
+        last = r.last
+        table.add_row(
+            escape(r.run_root), str(r.coverage.retained), str(r.proven), str(len(r.coverage.never_drilled)),
+            _age(last.started_at) if last else "never", _styled(last.status) if last else "-",
+        )  # fmt: skip
+    console.print(table)
+
+
+def render_run(console: Console, run: Any) -> None:
+    """``drill runs ROOT``: every checkpoint of the run, as restic's snapshots lists a repository's."""
+    console.print(f"[bold]{escape(run.run_root)}[/]  {run.proven} of {run.coverage.retained} retained checkpoints proven restorable")
+    if run.retention_note:
+        console.print(run.retention_note, markup=False, style="dim")
+    table = _table(header_style="bold")
+    for col in ("checkpoint", "step", "retained", "proven", "last verdict", "evidence", "replay", "last drill", "on storage"):
+        table.add_column(col, justify="right" if col in ("step", "on storage") else "left")
+    for k in run.checkpoints:
+        table.add_row(
+            escape(k.name), str(k.step) if k.step is not None else "-", {True: "yes", False: "purged", None: "?"}[k.retained],
+            "[green]yes[/]" if k.proven else "[red]no[/]", _styled(k.last_status) if k.last_status else "never",
+            escape(k.evidence_level or "-"), escape(k.proof.replay if k.proof else "-"), _age(k.last_drilled_at), human_bytes(k.bytes_on_storage),
+        )  # fmt: skip
+    console.print(table)
+    ckpts, data = run.coverage.describe()
+    console.print(f"coverage: {ckpts}; {data}", markup=False, style="dim")

@@ -37,7 +37,7 @@ PolicyFile = Annotated[
 ]
 Device = Annotated[str, typer.Option("--device", help="Restore onto auto (CUDA if present), cpu, cuda or cuda:N.")]
 Format = Annotated[str, typer.Option("--format", help="Force a format: auto, dcp, torch-save, lightning, hf-trainer.")]
-AllowMissing = Annotated[list[str] | None, typer.Option("--allow-missing", help="Accept a missing part (repeatable), e.g. rng.")]
+AllowMissing = Annotated[list[str] | None, typer.Option("--allow-missing", help="Accept a missing part (repeatable, or comma-separated), e.g. rng or rng,dataloader.")]
 FiniteScan = Annotated[str, typer.Option("--finite-scan", help="NaN/Inf scan of weights and moments: full, sampled or off.")]
 Replay = Annotated[str | None, typer.Option("--replay", help="Replay entrypoint module:function (default: the one the run's run.json names).")]
 ReplaySteps = Annotated[int, typer.Option("--replay-steps", help="K: training steps to replay and compare.")]
@@ -211,7 +211,7 @@ def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
 
     try:
         tolerance = None if opts["rtol"] is None and opts["atol"] is None else Tolerance(opts["rtol"] or 0.0, opts["atol"] or 0.0)
-        expectations = Expectations(allow_missing=tuple(opts["allow_missing"] or ()), finite_scan=opts["finite_scan"])
+        expectations = Expectations(allow_missing=split_list(opts["allow_missing"]), finite_scan=opts["finite_scan"])
         replay = ReplaySpec(
             entrypoint=opts["replay"], steps=opts["replay_steps"], timeout=opts["replay_timeout"], tolerance=tolerance, enabled=not opts["no_replay"]
         )
@@ -227,13 +227,18 @@ def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
         key_file=opts["key_file"],
         coverage_days=opts["coverage_days"],
         format=opts["format"],
-        allow_classes=tuple(opts["allow_class"] or ()),
+        allow_classes=split_list(opts["allow_class"]),
         expectations=expectations,
         replay=replay,
         timeout=opts["timeout"],
         memory_budget=opts["memory_budget"],
         durable=opts["durable"],
     )
+
+
+def split_list(values: list[str] | None) -> tuple[str, ...]:
+    """A repeatable option's values, each of which may also be a comma-separated list."""
+    return tuple(v.strip() for value in values or () for v in value.split(",") if v.strip())
 
 
 def report(outcome: DrillOutcome, *, json: bool, where: str | None = None) -> None:

@@ -28,7 +28,7 @@ def submit(
     dies under the drill is recorded as an error. Kubernetes: prints an indexed Job, a
     headless Service and a ConfigMap to kubectl apply.
 
-    Example: drill submit --policy policies/sharded.yaml --launcher slurm
+    Example: drill submit --policy policies/sharded-slurm.yaml --launcher slurm
     """
     from drill.cli.nightly import load_policy_or_fail
     from drill.launch.submit import render_k8s, submit_slurm
