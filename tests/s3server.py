@@ -59,7 +59,8 @@ class Rule:
 
     key: str
     action: str
-    """``slowdown`` (503), ``forbid`` (403), ``reset`` (close mid-body), ``short`` (drop the tail)."""
+    """``slowdown`` (503), ``forbid`` (403), ``error`` (500), ``reset`` (close mid-body), ``short``
+    (drop the tail), ``endless`` (a listing whose every page says more follow)."""
     times: int | None = None
     """How many matching requests it applies to (None: all)."""
     method: str | None = None
@@ -88,8 +89,8 @@ class FaultProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 rule = proxy.match(self.command, self.path)
-                if rule is not None and rule.action in ("slowdown", "forbid"):
-                    status, code = (503, "SlowDown") if rule.action == "slowdown" else (403, "AccessDenied")
+                if rule is not None and rule.action in ("slowdown", "forbid", "error"):
+                    status, code = {"slowdown": (503, "SlowDown"), "forbid": (403, "AccessDenied"), "error": (500, "InternalError")}[rule.action]
                     payload = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
                     self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
@@ -103,6 +104,9 @@ class FaultProxy:
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
+                if rule is not None and rule.action == "endless":
+                    token = f"<NextContinuationToken>more-{proxy.requests}</NextContinuationToken>".encode()
+                    data = data.replace(b"<IsTruncated>false</IsTruncated>", b"<IsTruncated>true</IsTruncated>" + token)
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):

@@ -292,3 +292,29 @@ def test_scratch_copies_go_on_every_exit_path(demo_run: Path, s3, sqlite_url: st
     outcome = drill(root, sqlite_url, scratch=str(scratch))
     assert outcome.status == "failed"
     assert sorted(p.name for p in scratch.iterdir()) == [live.name]
+
+
+def test_every_command_is_bounded_on_a_listing_that_never_ends(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    """A storage whose listing says "more follow" forever: last-good ends as an error within its
+    --timeout; a report falls back to the record for that run, saying so."""
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "run")
+    assert drill(root, sqlite_url).status.value == "passed"
+    proxy.rules.append(Rule(f"/{bucket}", "endless", method="GET", query="list-type"))
+    runner = CliRunner()
+    good = invoke(runner, "last-good", "--root", root, "--timeout", "3", "--db", sqlite_url)
+    assert good.exit_code == 5 and "timeout" in good.stderr, (good.exit_code, good.stderr)
+    doc = json.loads(invoke(runner, "report", "-f", "json", "--timeout", "3", "--db", sqlite_url).stdout)
+    (run,) = doc["runs"]
+    assert run["retention"] == "records" and "could not be listed" in run["retention_note"]
+
+
+def test_a_server_error_on_listing_is_a_storage_error_never_an_internal_one(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    client, bucket = s3
+    root = upload(client, demo_run, bucket, "run")
+    proxy.rules.append(Rule(f"/{bucket}", "error", method="GET", query="list-type"))
+    runner = CliRunner()
+    for args in (["verify", f"{root}/step-30"], ["run", "--root", root, "--no-replay"], ["last-good", "--root", root]):
+        res = invoke(runner, *args, "--db", sqlite_url)
+        assert res.exit_code == 5 and "internal error" not in res.stderr and "InternalError" in res.stderr, (args, res.exit_code, res.stderr)
+    assert history(db=sqlite_url) == []

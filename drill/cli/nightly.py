@@ -134,6 +134,7 @@ def last_good(
         str, typer.Option("--min-evidence", help="Weakest proof a pass may rest on: structural, sealed or authenticated (default structural).")
     ] = "structural",
     require_replay: Annotated[bool, typer.Option("--require-replay", help="Only a checkpoint whose passing drill also replayed bit for bit.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds listing the run may take (a storage that never answers ends as an error, exit 5).")] = 300.0,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -153,7 +154,9 @@ def last_good(
     level = flag("--min-evidence", parse_level, min_evidence)
     if level == "none":
         raise UsageError("--min-evidence none would vouch for a pass that proved nothing about the bytes: use structural or stronger")
-    good = proven(root, db=db, min_evidence=level, require_replay=require_replay)
+    if not timeout > 0:
+        raise UsageError(f"--timeout must be positive, not {timeout:g}")
+    good = proven(root, db=db, min_evidence=level, require_replay=require_replay, timeout=timeout)
     if good is None or good.checkpoint is None:
         asked = f" on {level} evidence or better" + (" with a replay" if require_replay else "")
         raise NothingToDrill(f"no retained checkpoint under {root} has passed its latest drill{asked}", hint=f"drill one: drill run --root {root}")

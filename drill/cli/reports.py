@@ -16,6 +16,7 @@ Until = Annotated[str | None, typer.Option("--until", help="End of the window (e
 GpusOption = Annotated[list[int] | None, typer.Option("--gpus", help="Job size in GPUs (repeatable). Default: 4096, 16384, 65536.")]
 PriceOption = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Adds idle GPU cost per day and per year.")]
 NoListOption = Annotated[bool, typer.Option("--no-list", help="Do not list run roots on storage: take retained checkpoints from the record.")]
+ListTimeout = Annotated[float, typer.Option("--timeout", help="Seconds each run's storage listing may take before the report falls back to the record for it.")]
 SUFFIXES = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json", ".csv": "csv"}
 
 
@@ -52,6 +53,7 @@ def report(
     blocking_s: Annotated[float, typer.Option("--blocking-s", help="Blocking checkpoint time C for the goodput section.")] = 60.0,
     price: PriceOption = None,
     no_list: NoListOption = False,
+    timeout: ListTimeout = 60.0,
     db: DbOption = None,
     debug: DebugOption = False,
 ) -> None:
@@ -68,7 +70,12 @@ def report(
 
     kind = _format(fmt, output)
     start, end = _window(since, until)
-    options = ReportOptions(since=start, until=end, policy=policy, root=root, gpus=tuple(gpus or DEFAULT_GPUS), blocking_s=blocking_s, price_per_gpu_hour=price, list_storage=not no_list)
+    if not timeout > 0:
+        raise UsageError(f"--timeout must be positive, not {timeout:g}")
+    options = ReportOptions(
+        since=start, until=end, policy=policy, root=root, gpus=tuple(gpus or DEFAULT_GPUS), blocking_s=blocking_s, price_per_gpu_hour=price,
+        list_storage=not no_list, listing_timeout=timeout,
+    )  # fmt: skip
     _check_goodput_inputs(options.gpus, [blocking_s], price)
     doc = build_report(db, options)
     text = render(doc, kind)

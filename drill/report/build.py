@@ -21,8 +21,8 @@ from drill.stats import summarize
 
 DEFAULT_GPUS = (4096, 16384, 65536)
 LISTING_TIMEOUT = 60.0
-"""Seconds a report (or the metrics) waits on one run's storage before it falls back to what
-the records know, saying so."""
+"""Seconds a report (or the metrics) waits, by default, on one run's storage before it falls
+back to what the records know, saying so."""
 DEFAULT_BLOCKING_S = 60.0
 
 
@@ -37,6 +37,8 @@ class ReportOptions:
     price_per_gpu_hour: float | None = None
     list_storage: bool = True
     """List each run root to learn which checkpoints are retained now (else: as recorded)."""
+    listing_timeout: float = LISTING_TIMEOUT
+    """Seconds one run's listing may take (a storage that never answers, a listing that never ends)."""
 
 
 def build_report(db: str | None = None, options: ReportOptions | None = None) -> Report:
@@ -101,7 +103,7 @@ def _section(records: Any, root: str, drills: list[DrillOutcome], opts: ReportOp
     known = {k.uri: k for k in records.known_checkpoints(root)} if records else {}
     latest = records.latest_drills(root) if records else {}
     ledger = records.ledger(root) if records else {}
-    retained, source, note = _retained(root, known, opts.list_storage)
+    retained, source, note = _retained(root, known, opts.list_storage, opts.listing_timeout)
     rows = _checkpoint_rows(retained, known, latest, ledger, drills, opts.since, opts.until)
     cover = coverage(
         Retained(r.name, r.bytes_on_storage, r.drills_in_window > 0, r.bytes_verified_in_window) for r in rows if r.retained is not False
@@ -122,7 +124,7 @@ def _section(records: Any, root: str, drills: list[DrillOutcome], opts: ReportOp
     )
 
 
-def _retained(root: str, known: dict[str, KnownCheckpoint], list_storage: bool) -> tuple[list[_OnStorage], str, str | None]:
+def _retained(root: str, known: dict[str, KnownCheckpoint], list_storage: bool, timeout: float = LISTING_TIMEOUT) -> tuple[list[_OnStorage], str, str | None]:
     """Each retained checkpoint with its bytes on storage, where the list came from, and why."""
     if list_storage:
         from drill.discover import discover
@@ -131,7 +133,7 @@ def _retained(root: str, known: dict[str, KnownCheckpoint], list_storage: bool) 
         from drill.interrupts import deadline
 
         try:
-            with deadline(LISTING_TIMEOUT, f"listing {root}"):  # one run's storage never holds the report hostage
+            with deadline(timeout, f"listing {root}"):  # one run's storage never holds the report hostage
                 storage = storage_for(root)
                 found = discover(storage, root)
                 return [_OnStorage(c.uri, c.name, c.step, c.format, bytes_on_storage(storage, c.uri)) for c in found.checkpoints], "storage", None
