@@ -47,6 +47,8 @@ class Case:
     cwd: str | None = None
     """``run`` to start drill from inside the run directory."""
     env: dict[str, str] = field(default_factory=dict)
+    recorded: bool | None = None
+    """Whether the command leaves a drill record: False for a mistake caught before one opens."""
 
 
 class _Payload:
@@ -330,6 +332,108 @@ def nan_in_a_moment(run: Path, tmp: Path) -> list[str]:
     return _args(run)
 
 
+# -- the classes a second independent suite found (issue 22) ------------------------------------
+def torchscript_checkpoint(run: Path, tmp: Path) -> list[str]:
+    import io
+
+    class Scripted(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(Scripted()), buf)
+    (tmp / "ts").mkdir()
+    (tmp / "ts" / "ckpt.pt").write_bytes(buf.getvalue())
+    return _args(tmp / "ts")
+
+
+def escape_sequence_in_a_name(run: Path, tmp: Path) -> list[str]:
+    (_ckpt(run) / "evil\x1b[2J\x1b[32mPASSED\x1b[0m.bin").write_bytes(b"x")
+    return _args(run)
+
+
+def _policy(tmp: Path, body: str) -> list[str]:
+    (tmp / "hostile.yaml").write_text(body)
+    return ["policy", "check", str(tmp / "hostile.yaml")]
+
+
+def alias_bomb_policy(run: Path, tmp: Path) -> list[str]:
+    levels = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 7))
+    return _policy(tmp, f"name: b\nl0: &l0 [x]\n{levels}checkpoints: {{root: /r}}\nschedule: {{cron: '0 3 * * *'}}\n")
+
+
+def deeply_nested_policy(run: Path, tmp: Path) -> list[str]:
+    return _policy(tmp, "name: d\ncheckpoints: {root: /r}\nreplay: " + "[" * 20000 + "]" * 20000 + "\n")
+
+
+def object_tag_in_a_policy_value(run: Path, tmp: Path) -> list[str]:
+    return _policy(tmp, f"name: t\ncheckpoints: {{root: !!python/object/apply:os.system ['touch {_marker(tmp)}']}}\nschedule: {{cron: '0 3 * * *'}}\n")
+
+
+def sparse_terabyte_beside_the_shards(run: Path, tmp: Path) -> list[str]:
+    with open(_ckpt(run) / "huge.bin", "wb") as f:
+        f.truncate(1 << 40)
+    return ["verify", str(_ckpt(run))]
+
+
+def zip_bomb_checkpoint(run: Path, tmp: Path) -> list[str]:
+    from tests.test_security import _zip_bomb
+
+    (tmp / "bomb").mkdir()
+    _zip_bomb(tmp / "bomb" / "ckpt.pt")
+    return _args(tmp / "bomb")
+
+
+def symlink_loop_in_a_checkpoint(run: Path, tmp: Path) -> list[str]:
+    os.symlink("loop", _ckpt(run) / "loop")
+    return _args(run)
+
+
+def deep_directory_in_a_checkpoint(run: Path, tmp: Path) -> list[str]:
+    deep = _ckpt(run) / "d"
+    for _ in range(40):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    return _args(run)
+
+
+def flip_under_a_recomputed_seal(run: Path, tmp: Path) -> list[str]:
+    shard = _ckpt(run) / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    seal(_ckpt(run), force=True)  # whoever flipped the bit recomputed the unkeyed manifest
+    return _args(run)
+
+
+def replay_module_that_does_not_exist(run: Path, tmp: Path) -> list[str]:
+    return ["run", "--root", str(run), "--replay", "no_such_trainer.replay:build"]
+
+
+def verify_that_proves_nothing(run: Path, tmp: Path) -> list[str]:
+    (tmp / "checkpoint-5").mkdir()
+    (tmp / "checkpoint-5" / "trainer_state.json").write_text('{"global_step": 5}')
+    return ["verify", str(tmp / "checkpoint-5")]
+
+
+NEW_SUITE = [
+    Case("torchscript-checkpoint-file", "code from a checkpoint", torchscript_checkpoint, 1, "unsafe-pickle"),
+    Case("escape-sequences-in-a-file-name", "terminal injection", escape_sequence_in_a_name, 1, "evil\\x1b[2J\\x1b[32mPASSED"),
+    Case("policy-alias-bomb", "hostile policies", alias_bomb_policy, 2, "once its aliases are expanded", subprocess=True),
+    Case("policy-nested-20000-deep", "hostile policies", deeply_nested_policy, 2, "nested more than 32 levels deep", subprocess=True),
+    Case("policy-object-tag-in-a-value", "hostile policies", object_tag_in_a_policy_value, 2, "plain values only", subprocess=True),
+    Case("sparse-terabyte-beside-the-shards", "bounded in time and memory", sparse_terabyte_beside_the_shards, 1, "file-unlisted"),
+    Case("zip-bomb-torch-save-file", "bounded in time and memory", zip_bomb_checkpoint, 1, "zip-record-compressed"),
+    Case("symlink-loop-in-a-checkpoint", "links and names", symlink_loop_in_a_checkpoint, 1, "leads back into itself"),
+    Case("directory-40-deep-in-a-checkpoint", "links and names", deep_directory_in_a_checkpoint, 1, "nested deeper than any checkpoint layout"),
+    Case("bit-flip-under-a-recomputed-seal", "defence in depth", flip_under_a_recomputed_seal, 1, "crc-mismatch"),
+    Case("step-typo-is-not-a-record", "mistakes are not records", step_not_retained, 3, "retained: 10, 20, 30", recorded=False),
+    Case("missing-root-is-not-a-record", "mistakes are not records", root_missing, 3, "does not exist", recorded=False),
+    Case("replay-module-that-does-not-exist", "mistakes are not records", replay_module_that_does_not_exist, 2, "no module 'no_such_trainer'", recorded=False),
+    Case("verify-that-proves-nothing", "claims never overstate", verify_that_proves_nothing, 8, "unproven"),
+]
+
+
 CASES = [
     Case("root-missing", "nothing to drill", root_missing, 3, "does not exist"),
     Case("root-empty", "nothing to drill", root_empty, 3, "no checkpoint under"),
@@ -367,12 +471,13 @@ CASES = [
     Case("latest-pointer-ahead", "resume state", latest_pointer_ahead, 1, "pointer-ahead"),
     Case("missing-rng", "resume state", no_rng, 1, "part-missing"),
     Case("nan-in-an-adam-moment", "resume state", nan_in_a_moment, 1, "non-finite"),
+    *NEW_SUITE,
 ]
 
 
 def _run(case: Case, run: Path, tmp: Path, db: str) -> tuple[int, str]:
     args = case.setup(run, tmp)
-    args += ["--db", db] if args[0] != "seal" else []
+    args += ["--db", db] if args[0] not in ("seal", "policy") else []
     if not case.subprocess:
         res = invoke(CliRunner(), *args)
         return res.exit_code, res.stdout + res.stderr
@@ -391,7 +496,10 @@ def test_fault(case: Case, demo_run: Path, tmp_path: Path, sqlite_url: str) -> N
     assert case.expect in output, output
     assert "Traceback" not in output
     assert not _marker(scratch).exists(), "code from the checkpoint ran"
-    assert all(d.status != "running" for d in history(db=sqlite_url)), "a drill was left running: its verdict was lost"
+    recorded = history(db=sqlite_url)
+    assert all(d.status != "running" for d in recorded), "a drill was left running: its verdict was lost"
+    if case.recorded is False:
+        assert recorded == [], "a mistake became an audit record"
     if case.id == "seal-force-over-a-link-out":
         assert (scratch / "outside.json").read_text() == "precious"
     if case.id == "seal-a-run-root":
