@@ -29,7 +29,7 @@ DRILL_RESTORE = r"""
 import sys, time, torch
 from drill.discover import discover
 from drill.formats import restore
-import drill.formats.dcp  # imported before the clock, as the baseline imports DCP
+import drill.formats.dcp_read  # imported before the clock, as the baseline imports DCP
 from drill.storage import LocalStorage
 storage = LocalStorage()
 ref = discover(storage, sys.argv[1]).checkpoints[-1]

@@ -85,7 +85,7 @@ warnings.simplefilter("ignore")
 import torch, torch.distributed.checkpoint as dcp
 from s3torchconnector import S3ClientConfig
 from s3torchconnector.dcp import S3StorageReader
-from drill.formats.dcp import skeleton
+from drill.formats.dcp_read import skeleton
 uri, part = sys.argv[1], int(sys.argv[2])
 t = time.perf_counter()
 reader = S3StorageReader(os.environ["AWS_REGION"], uri, s3client_config=S3ClientConfig(force_path_style=True, part_size=part))
@@ -101,7 +101,7 @@ from drill.discover import discover
 from drill.integrity.sampling import SampleSpec
 from drill.integrity.verify import Observed, integrity_check, plan_integrity
 from drill.formats import restore
-import drill.formats.dcp, boto3  # imported before the clock, as the baselines import theirs
+import drill.formats.dcp_read, boto3  # imported before the clock, as the baselines import theirs
 from drill.storage import storage_for
 root = sys.argv[1]
 storage = storage_for(root)

@@ -48,7 +48,7 @@ from drill.discover import discover
 from drill.integrity.sampling import SampleSpec
 from drill.integrity.verify import Observed, integrity_check, plan_integrity
 from drill.formats import restore
-import drill.formats.dcp  # imported before the clock, as the baseline imports DCP
+import drill.formats.dcp_read  # imported before the clock, as the baseline imports DCP
 from drill.storage import LocalStorage
 storage = LocalStorage()
 ref = discover(storage, sys.argv[1]).checkpoints[-1]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from drill.discover import CheckpointRef, Discovery, looks_like_checkpoint_name
+from drill.checkpoints import CheckpointRef, Discovery, looks_like_checkpoint_name
 from drill.errors import NothingToDrill
 
 FORMS = "latest, oldest, step:N or a checkpoint path"

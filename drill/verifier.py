@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING
 
 from drill import formats
 from drill.claims import evidence_of
-from drill.discover import Discovery, IncompleteSave, classify, step_of
+from drill.checkpoints import Discovery, IncompleteSave, step_of
+from drill.discover import classify
 from drill.errors import ExitCode, NothingToDrill, UsageError, storage_unavailable
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.reading import describe_read_error, read_whole
 from drill.integrity.sampling import SampleSpec
 from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, seal
-from drill.integrity.verify import NAME, IntegrityPlan, Observed, hash_remaining, integrity_check, plan_integrity
+from drill.integrity.proof import prove
+from drill.integrity.verify import NAME, Observed, plan_integrity
 from drill.storage import Storage, StorageUnavailable, storage_for
 
 if TYPE_CHECKING:
@@ -161,20 +163,15 @@ def _verify_directory(
     checkpoint_id = None
     last: dict = {}
     if records is not None and sample.kind == "auto":
-        checkpoint_id = _checkpoint_id(records, uri)
+        checkpoint_id = _checkpoint_id(records, uri, fmt)
         last = {p: t for p, (t, _) in records.last_verified(checkpoint_id).items()}
     plan = plan_integrity(storage, uri, sample, last, key=key)
-    if plan.refuse:
-        return VerifyOutcome(uri=uri, result=integrity_check(plan, {}), seconds=time.perf_counter() - started, bytes_hashed=0)
     observed: dict[str, Observed] = {}
-    hash_remaining(storage, plan, observed)
-    structure = formats.structure(fmt, storage, plan.checkpoint, plan.on_storage, allow_classes) if plan.manifest is None and fmt else None
-    result = integrity_check(plan, observed, require_sealed=require_sealed, structure=structure)
-    if records is not None and plan.manifest is not None:
-        from drill.integrity.coverage import annotate_coverage, coverage_update
-
-        share = records.apply_coverage(checkpoint_id or _checkpoint_id(records, uri), None, coverage_update(plan, result), coverage_days)
-        annotate_coverage(result, share, coverage_days)
+    structure = formats.structure(fmt, storage, plan.checkpoint, plan.on_storage, allow_classes) if plan.manifest is None and fmt and not plan.refuse else None
+    ledger = None
+    if records is not None:
+        ledger = lambda update: records.apply_coverage(checkpoint_id or _checkpoint_id(records, uri, fmt), None, update, coverage_days)  # noqa: E731
+    result = prove(storage, plan, observed, structure=structure, require_sealed=require_sealed, ledger=ledger, coverage_days=coverage_days)
     hashed = sum(o.hashes.size for o in observed.values() if o.hashes is not None)
     result.seconds = time.perf_counter() - started
     return VerifyOutcome(uri=uri, result=result, seconds=result.seconds, bytes_hashed=hashed)
@@ -201,6 +198,6 @@ def seal_checkpoint(uri: str, *, force: bool = False, storage: Storage | None = 
     return seal(uri, force=force, storage=storage, key=key)
 
 
-def _checkpoint_id(records: Ledger, uri: str) -> int:
+def _checkpoint_id(records: Ledger, uri: str, fmt: str | None) -> int:
     name = uri.rstrip("/").rsplit("/", 1)[-1]
-    return records.ensure_checkpoint(run_root=uri.rstrip("/").rsplit("/", 1)[0], uri=uri, step=step_of(name), format="dcp")
+    return records.ensure_checkpoint(run_root=uri.rstrip("/").rsplit("/", 1)[0], uri=uri, step=step_of(name), format=fmt or "unknown")

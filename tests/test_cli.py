@@ -238,7 +238,7 @@ def test_unexpected_failure_is_recorded_as_error_with_traceback(
     def broken(*a, **k):  # type: ignore[no-untyped-def]
         raise RuntimeError("device fell off the bus")
 
-    monkeypatch.setattr(dcp_format.DCPAdapter, "restore", broken)
+    monkeypatch.setattr(dcp_format.DCP, "restore", broken)
     res = invoke(cli, "run", "--root", str(demo_run), "--no-replay", "--json", "-q", "--db", sqlite_url)
     assert res.exit_code == 5
     assert res.stderr.strip() == "drill: error: RuntimeError: device fell off the bus"

@@ -111,7 +111,7 @@ def dcp_copy(sealed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_dcp_metadata_in_a_restore_and_a_verify(sealed: Path, dcp_copy: Path, edits: list[tuple[int, int]], cut: int | None) -> None:
     import torch
 
-    from drill.discover import CheckpointRef
+    from drill.checkpoints import CheckpointRef
     from drill.formats import restore
     from drill.storage import LocalStorage
     from drill.verifier import verify_checkpoint
@@ -148,7 +148,7 @@ def test_arbitrary_bytes_as_metadata(data: bytes) -> None:
 @FUZZ
 @given(edits=EDITS, cut=CUT)
 def test_dcp_value_entries(sealed: Path, edits: list[tuple[int, int]], cut: int | None) -> None:
-    from drill.formats.dcp import load_value
+    from drill.formats.dcp_read import load_value
 
     blob = (sealed / "__0_0.distcp").read_bytes()[:4096]
     failures: list[Any] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from drill.discover import CheckpointRef, Discovery
+from drill.checkpoints import CheckpointRef, Discovery
 from drill.errors import NothingToDrill
 from drill.policy import PolicyError, load_policy
 from drill.policy.load import parse_policy

@@ -76,14 +76,17 @@ def test_flipped_byte_raises_naming_the_file_and_byte_range_and_falls_back(run: 
 
 
 def test_entry_that_does_not_load_raises(run: Path, sqlite_url: str) -> None:
-    """An unsealed, truncated checkpoint: no seal to name the bytes, the load names the entries."""
+    """An unsealed, truncated checkpoint: no seal to name the bytes; DCP's structural proof (the
+    one ``drill run`` gives) names the file, and the load the entries it lost."""
     ckpt = _newest(run)
     (ckpt / "drill-manifest.json").unlink()
     shard = ckpt / "__0_0.distcp"
     os.truncate(shard, shard.stat().st_size // 2)
     with pytest.raises(drill.sdk.CheckpointCorrupt) as caught:
         drill.sdk.load(_objects(run).stateful(), str(ckpt), record=False)
-    assert caught.value.findings[0].check in {"load", "files"}
+    found = caught.value.findings
+    assert found[0].check == "integrity" and found[0].subject == "__0_0.distcp" and caught.value.file == "__0_0.distcp"
+    assert any(f.check in {"load", "files"} for f in found)
 
 
 def test_database_away_never_fails_the_resume_and_the_record_is_spooled(run: Path, private_spool: Path) -> None:

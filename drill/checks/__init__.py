@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from drill import parts
 
 if TYPE_CHECKING:
-    from drill.discover import CheckpointRef, Discovery
+    from drill.checkpoints import CheckpointRef, Discovery
     from drill.formats.canonical import Layout
     from drill.integrity.verify import IntegrityPlan
     from drill.replay.run import ReplayOutcome
@@ -79,6 +79,9 @@ class CheckInputs:
     durable: str | None = None
     """The run root's copy on a durable tier, when one is to be verified."""
     storage_options: dict[str, Any] = field(default_factory=dict)
+    ledger: Any = None
+    """Where the integrity check records what a seal proved (:data:`drill.integrity.proof.Ledger`)."""
+    coverage_days: float = 7.0
 
 
 __all__ = ["CheckInputs", "Expectations", "FINITE_SCANS"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from drill import formats
 from drill.checks import CheckInputs
 from drill.integrity.manifest import MANIFEST_NAME
 from drill.integrity.reading import INFRASTRUCTURE
@@ -45,10 +46,7 @@ def check_files(inputs: CheckInputs) -> CheckResult:
         if f.error_kind is None and f.size is not None and listed.get(f.relative_path, f.size) != f.size
     ]
     findings += [_side_missing(name) for name in (restore.layout.side_missing if restore.layout else ())]
-    if restore.format == "dcp" and restore.index is None:  # no index to name the shards: the listing does
-        from drill.integrity.structure import shard_gaps
-
-        findings += [replace(f, check=NAME) for f in shard_gaps(listed)]
+    findings += [replace(f, check=NAME) for f in formats.get(restore.format).missing_files(listed, restore)]
     infra = [f for f in restore.files if f.error_kind in INFRASTRUCTURE]
     ok = [f for f in restore.files if f.error_kind is None]
     read = {f.relative_path for f in restore.files}

@@ -62,7 +62,7 @@ def _index_finding(restore: RestoreResult) -> Finding:
         code, hint = "metadata-unreadable", "the save may not have finished; drill an older checkpoint: drill run --checkpoint step:N"
     else:
         code, hint = "metadata-unreadable", "the index is damaged; restore it from a replica or drill an older checkpoint"
-    subject = unsafe[0].relative_path if unsafe else (".metadata" if restore.format == "dcp" else restore.uri)
+    subject = unsafe[0].relative_path if unsafe else (restore.index_file or restore.uri)
     return Finding(
         check=NAME,
         code=code,

@@ -1,40 +1,30 @@
 """What auto-resume would pick today, and whether that would work.
 
 Frameworks resume from a pointer, not from "the newest complete checkpoint": a ``latest``
-file or symlink (DeepSpeed and many scripts), Megatron's
-``latest_checkpointed_iteration.txt``, Hugging Face's highest ``checkpoint-N`` directory
-(complete or not), torchtitan's highest ``step-N`` that holds ``.metadata``. A pointer ahead
-of the data, or at a half-written save, makes a resume fail or silently restart from step 0.
+file or symlink (DeepSpeed and many scripts), and whatever each format's trainer follows
+(:meth:`drill.formats.base.Format.pointers`: Megatron's tracker file, Hugging Face's highest
+``checkpoint-N``, complete or not). A pointer ahead of the data, or at a half-written save,
+makes a resume fail or silently restart from step 0.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from drill import formats
 from drill.checks import CheckInputs
-from drill.discover import CheckpointRef, Discovery, IncompleteSave, step_of
+from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave, step_of
 from drill.findings import CheckResult, Finding, Severity, not_run
+from drill.formats.base import read_pointer
 from drill.storage import Entry, Storage
 
 NAME = "resume"
-MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+GENERIC_POINTERS = ("latest", "latest.txt")
+"""Pointer files many trainers and scripts write beside their checkpoints (DeepSpeed's ``latest``)."""
 
 
 def _f(code: str, subject: str, message: str, severity: Severity = Severity.ERROR, **kw: Any) -> Finding:
     return Finding(check=NAME, code=code, severity=severity, subject=subject, message=message, **kw)
-
-
-def _read_pointer(storage: Storage, root: str, entry: Entry) -> str | None:
-    """The target a pointer file or symlink names, relative to the root (None: unreadable)."""
-    if entry.link_target is not None:
-        return entry.link_target.rstrip("/").rsplit("/", 1)[-1]
-    if not entry.is_file:
-        return None
-    try:
-        with storage.open(storage.child(root, entry.name)) as f:
-            return f.read(4096).decode("utf-8", "replace").strip()
-    except OSError:
-        return None
 
 
 def _judge(
@@ -81,26 +71,13 @@ def check_resume(inputs: CheckInputs) -> CheckResult:
     findings: list[Finding] = []
     evidence: dict[str, Any] = {"pointers": {}}
     verdicts = []
-    for name, target in _pointers(inputs.storage, discovery.root, here):
+    named = _pointers(inputs.storage, discovery.root, here, discovery)
+    for name, target in named:
         f, ok = _judge(name, target, by_name, newest)
         findings += f
         evidence["pointers"][name] = {"target": target, "works": ok}
         verdicts.append((name, target, ok))
-    hf = _hf_highest(by_name)
-    if hf is not None:
-        highest, ok = hf
-        evidence["pointers"]["highest checkpoint-N (Hugging Face)"] = {"target": highest, "works": ok}
-        verdicts.append(("Hugging Face's get_last_checkpoint", highest, ok))
-        if not ok:
-            findings.append(
-                _f(
-                    "newest-incomplete",
-                    highest,
-                    f"Hugging Face's auto-resume picks the highest checkpoint-N, {highest}, which is incomplete "
-                    f"({by_name[highest].reason}): resume_from_checkpoint=True would fail",  # type: ignore[union-attr]
-                )
-            )
-    else:
+    if _newest_name(discovery) not in {t for _, t in named}:  # a pointer at it already says so
         findings += _newest_incomplete(discovery, newest)
     if not verdicts and newest is not None:
         verdicts.append(("newest complete checkpoint", newest.name, True))
@@ -109,26 +86,16 @@ def check_resume(inputs: CheckInputs) -> CheckResult:
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
 
 
-def _pointers(storage: Storage, root: str, here: dict[str, Entry]) -> list[tuple[str, str]]:
-    """(pointer, target) for every resume pointer in the run root that names something."""
-    out = []
-    for name in ("latest", "latest.txt", MEGATRON_TRACKER):
-        target = _read_pointer(storage, root, here[name]) if name in here else None
-        if not target:
-            continue
-        if name == MEGATRON_TRACKER and target != "release":
-            target = f"iter_{int(target):07d}" if target.isdigit() else target
-        out.append((name, target))
-    return out
+def _pointers(storage: Storage, root: str, here: dict[str, Entry], found: Discovery | None = None) -> list[tuple[str, str]]:
+    """(who follows it, target) for every resume pointer in the run root that names something:
+    the generic ``latest`` files, then each format's own."""
+    out = [(name, target) for name in GENERIC_POINTERS if (target := read_pointer(storage, root, here.get(name)))]
+    return out + formats.pointers(storage, root, here, found or Discovery(root=root))
 
 
-def _hf_highest(by_name: dict[str, CheckpointRef | IncompleteSave]) -> tuple[str, bool] | None:
-    """Hugging Face's ``get_last_checkpoint`` takes the highest checkpoint-N, complete or not."""
-    hf = [(s, n) for n, s in ((n, step_of(n)) for n in by_name if n.startswith("checkpoint-")) if s is not None]
-    if not hf:
-        return None
-    highest = max(hf)[1]
-    return highest, isinstance(by_name[highest], CheckpointRef)
+def _newest_name(discovery: Discovery) -> str | None:
+    saves = [(s.step, s.name) for s in [*discovery.checkpoints, *discovery.incomplete] if s.step is not None]
+    return max(saves)[1] if saves else None
 
 
 def _newest_incomplete(discovery: Discovery, newest: CheckpointRef | None) -> list[Finding]:

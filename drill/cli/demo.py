@@ -63,7 +63,7 @@ def demo(
 
 def _demo_ranks(directory: Path, cfg: object, ranks: int, *, json: bool) -> None:
     from drill.demo.distributed import train_distributed
-    from drill.discover import step_of
+    from drill.checkpoints import step_of
     from drill.runlog import read_step_log
 
     if not 2 <= ranks <= 64:

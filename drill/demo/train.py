@@ -24,7 +24,7 @@ from drill.demo.config import DemoConfig
 from drill.demo.data import ShuffledWindowLoader, batch_fingerprint, synthetic_corpus
 from drill.demo.model import TinyGPT
 from drill.demo.state import ModelState, OptimizerState, RNGState, TrainState, WarmupCosine
-from drill.discover import step_of
+from drill.checkpoints import step_of
 from drill.integrity.keys import load_key
 from drill.integrity.manifest import seal
 from drill.runlog import StepLog, StepRecord

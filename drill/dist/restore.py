@@ -20,10 +20,9 @@ import torch
 
 from drill.restore.finite import scan
 from drill.dist.context import DistContext, RankFailure
-from drill.restore.partition import balance
+from drill.restore.partition import Shard, balance
 from drill.failpoints import failpoint
 from drill.formats.base import RestoreContext, one_line
-from drill.formats.dcp_shard import Shard
 from drill.restore import FileRead, ItemFailure, RestoreResult
 
 SMALL_TENSOR_BYTES = 64 << 10
@@ -76,10 +75,11 @@ def restore_share(dist: DistContext, adapter: Any, storage: Any, ref: Any, ctx: 
     """Restore this rank's share; on rank 0, every rank's report (rank 0's carrying its result)."""
     started = time.perf_counter()
     result, error = None, None
-    if ref.format == "dcp":
+    shared = adapter.restores_across_ranks
+    if shared:
         ctx.shard = Shard(dist.rank, dist.world, lambda obj: dist.broadcast(obj, "index"))
     try:
-        if ref.format == "dcp" or dist.is_root:  # other formats are restored by rank 0 alone
+        if shared or dist.is_root:  # a format that cannot share its restore is restored by rank 0 alone
             result = adapter.restore(storage, ref, ctx)
     except Exception as exc:  # noqa: BLE001 - a rank's failure goes to rank 0, which records it
         error = one_line(exc)
@@ -101,7 +101,7 @@ def merge(reports: list[RankReport]) -> RestoreResult:
     assert root is not None
     merged = RestoreResult(uri=root.uri, format=root.format, device=root.device)
     merged.index, merged.inventory, merged.layout, merged.structure = root.index, root.inventory, root.layout, root.structure
-    merged.metadata_error, merged.metadata_code = root.metadata_error, root.metadata_code
+    merged.metadata_error, merged.metadata_code, merged.index_file = root.metadata_error, root.metadata_code, root.index_file
     merged.files = sorted((f for r in reports for f in r.files), key=lambda f: f.relative_path)
     merged.failures = [f for r in reports for f in r.failures]
     merged.finite = {}

@@ -1,43 +1,33 @@
-"""Format adapters: each restores one kind of checkpoint into the canonical view.
+"""The formats drill knows, each a :class:`~drill.formats.base.Format` in a module of its own.
 
-=============  =====================================================================
-``dcp``        PyTorch Distributed Checkpoint directories (torchtitan ``step-N/``,
-               the demo run, anything ``dcp.save`` wrote)
-``torch-save`` single-file ``torch.save`` checkpoints (nanoGPT-style dicts)
-``lightning``  Lightning ``.ckpt`` files (a ``torch.save`` with Lightning's layout)
-``hf-trainer`` Hugging Face Trainer ``checkpoint-N/`` directories
-=============  =====================================================================
+The registry below is the one place that lists them; everything else asks it: which format a
+directory or file is (:func:`recognize`, :func:`recognize_file`), what a run's trainers would
+resume from (:func:`pointers`), a format's structural proof (:func:`structure`), its restore
+(:func:`get`). Order matters where one format's checkpoint holds another's: a Hugging Face
+Trainer checkpoint made with DeepSpeed holds a DeepSpeed ``global_stepN/``; an accelerate
+FSDP save holds DCP directories — the outer format is asked first.
 
-Every adapter implements :class:`~drill.formats.base.FormatAdapter`. This module is cheap to
-import (no torch): the registry names where each adapter lives and loads it on first use.
+This module is cheap to import (no torch): formats are loaded on first use.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
-    from drill.discover import CheckpointRef
-    from drill.findings import Finding
-    from drill.formats.base import FormatAdapter
+    from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave
+    from drill.formats.base import Format, Structure
     from drill.restore import RestoreResult
-    from drill.storage import Storage
+    from drill.storage import Entry, Storage
 
 _REGISTRY = {
-    "dcp": "drill.formats.dcp:DCPAdapter",
-    "torch-save": "drill.formats.torch_save:TorchSaveAdapter",
-    "lightning": "drill.formats.torch_save:LightningAdapter",
-    "hf-trainer": "drill.formats.hf:HFTrainerAdapter",
+    "hf-trainer": "drill.formats.hf:HFTrainer",
+    "dcp": "drill.formats.dcp:DCP",
+    "torch-save": "drill.formats.torch_save:TorchSave",
+    "lightning": "drill.formats.torch_save:Lightning",
 }
-_STRUCTURE = {
-    "dcp": "drill.formats.dcp_layout:structure",
-    "hf-trainer": "drill.formats.hf:structure",
-}
-"""Each format's structural proof of an unsealed checkpoint, made without loading it: the one
-``drill verify`` gives, and ``drill run`` agrees with."""
 FORMATS = ("auto", *_REGISTRY)
 """What ``--format`` and a policy's ``checkpoints.format`` accept."""
 
@@ -50,8 +40,20 @@ def parse_format(name: str) -> str:
     return text
 
 
+@functools.cache
+def get(name: str) -> Format:
+    """The registered format called ``name`` (a detected or forced one)."""
+    module, _, cls = _REGISTRY[parse_format(name)].partition(":")
+    return getattr(importlib.import_module(module), cls)()  # type: ignore[no-any-return]
+
+
+def registered() -> list[Format]:
+    """Every format, in the order they are asked."""
+    return [get(name) for name in _REGISTRY]
+
+
 def resolve_format(forced: str, detected: str) -> str:
-    """The adapter a drill uses: the detected format unless ``--format`` forces one. Lightning's
+    """The format a drill uses: the detected one unless ``--format`` forces one. Lightning's
     sharded FSDP checkpoint is a ``.ckpt`` *directory* of DCP shards, so ``lightning`` on a DCP
     directory reads it as DCP (its ``meta.pt`` is read by the Lightning layout)."""
     if forced == "auto" or (forced == "lightning" and detected == "dcp"):
@@ -59,24 +61,45 @@ def resolve_format(forced: str, detected: str) -> str:
     return forced
 
 
-def adapter_for(name: str) -> FormatAdapter:
-    """The adapter registered for ``name`` (a detected or forced format)."""
-    module, _, cls = _REGISTRY[parse_format(name)].partition(":")
-    return getattr(importlib.import_module(module), cls)()
+def recognize(storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+    """What the directory ``uri`` is: the first format that recognizes it says."""
+    for fmt in registered():
+        found = fmt.recognize(storage, uri, name, entries)
+        if found is not None:
+            return found
+    return None
 
 
-def structure(name: str, storage: Storage, uri: str, sizes: Mapping[str, int], allow_classes: tuple[str, ...] = ()) -> tuple[list[Finding], dict[str, Any]] | None:
-    """The structural proof of the unsealed checkpoint ``uri`` of format ``name`` (``sizes``:
-    its files as listed); None for a format without one."""
-    where = _STRUCTURE.get(name)
-    if where is None:
-        return None
-    module, _, fn = where.partition(":")
-    return getattr(importlib.import_module(module), fn)(storage, uri, sizes, allow_classes)
+def recognize_file(entry: Entry) -> CheckpointRef | None:
+    for fmt in registered():
+        found = fmt.recognize_file(entry)
+        if found is not None:
+            return found
+    return None
+
+
+def markers() -> str:
+    """Every format's commit marker, for a save that has none of them."""
+    return ", ".join(m for fmt in registered() if (m := getattr(fmt, "marker", "")))
+
+
+def pointers(storage: Storage, root: str, entries: dict[str, Entry], found: Discovery) -> list[tuple[str, str]]:
+    """(who follows it, the checkpoint it names) for every resume pointer any format's trainer
+    would follow in this run root."""
+    out: list[tuple[str, str]] = []
+    for fmt in registered():
+        out += [p for p in fmt.pointers(storage, root, entries, found) if p not in out]
+    return out
+
+
+def structure(name: str, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+    """The structural proof of the unsealed checkpoint ``uri`` of format ``name``, made without
+    loading it; None for a format without one."""
+    return get(name).structure(storage, uri, sizes, allow_classes)
 
 
 def restore(storage: Storage, ref: CheckpointRef, device: Any, **context: Any) -> RestoreResult:
-    """Restore ``ref`` with the adapter for its format (or ``format=``), as a drill does.
+    """Restore ``ref`` with its format (or ``format=``), as a drill does.
 
     ``context`` fills a :class:`~drill.formats.base.RestoreContext` (``hash_plan``,
     ``allow_classes``, ``progress``, ``memory_budget``).
@@ -84,8 +107,7 @@ def restore(storage: Storage, ref: CheckpointRef, device: Any, **context: Any) -
     from drill.formats.base import RestoreContext
 
     name = context.pop("format", "auto")
-    adapter = adapter_for(resolve_format(name, ref.format))
-    return adapter.restore(storage, ref, RestoreContext(device=device, **context))
+    return get(resolve_format(name, ref.format)).restore(storage, ref, RestoreContext(device=device, **context))
 
 
-__all__ = ["FORMATS", "adapter_for", "parse_format", "resolve_format", "restore", "structure"]
+__all__ = ["FORMATS", "get", "markers", "parse_format", "pointers", "recognize", "recognize_file", "registered", "resolve_format", "restore", "structure"]

@@ -1,27 +1,45 @@
-"""The contract every format adapter implements, and the one way adapters read a file.
+"""The format contract: everything drill knows about one kind of checkpoint, asked in one place.
 
-An adapter turns one checkpoint — whatever wrote it — into a :class:`RestoreResult`: every
-file read exactly once through the :class:`~drill.storage.Storage` (hashed as the plan says),
-every entry loaded onto the device or recorded as a failure, the state in the canonical view
-(``part.key.path``), and the facts the format knows about itself (its
-:class:`~drill.formats.canonical.Layout`). Adapters never raise for a damaged checkpoint.
+A :class:`Format` (one module per format, one line in :mod:`drill.formats`' registry) owns:
+
+- **recognising** its checkpoints and what makes one complete: a directory (or a file) it
+  wrote is a complete save (a :class:`~drill.checkpoints.CheckpointRef`, with its step), an
+  unfinished one (an :class:`~drill.checkpoints.IncompleteSave`: its commit marker missing), or
+  not its own; and the files at a run's top that are a final export, not a checkpoint;
+- its **resume pointers**: what its trainer's auto-resume would pick (a ``latest`` file,
+  Megatron's tracker, the highest ``checkpoint-N``);
+- its **structural proof** when unsealed, made without loading (``drill verify``), the one
+  ``drill run`` agrees with;
+- **restoring** it into the canonical view (``part.key.path``): every file read once through the
+  :class:`~drill.storage.Storage` (hashed as the plan says), every entry loaded onto the device
+  or recorded as a failure, the facts it knows about itself (its
+  :class:`~drill.formats.canonical.Layout`: the parts it saves and never saves, how its
+  optimizer is laid out, its step counters), held to the memory budget (:func:`check_budget`)
+  before anything is allocated — never raising for a damaged checkpoint;
+- whether a replay can load it through DCP, and whether many ranks can share its restore.
+
+Nothing outside a format names a format: discovery, ``verify``, ``run``, the SDK and distributed
+drills ask the registered formats. A format's module imports nothing heavy at its top (listing
+a run and ``drill verify`` of a sealed checkpoint never import torch).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from drill.discover import CheckpointRef
+from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave
 from drill.errors import one_line  # noqa: F401 - where the format adapters import it from
 from drill.integrity.hashing import HashPlan
 from drill.integrity.reading import describe_read_error, read_whole
 from drill.restore import FileRead, NullProgress, Progress, RestoreResult
-from drill.storage import Storage
+from drill.storage import Entry, Storage
 
 if TYPE_CHECKING:
     import torch
+
+    from drill.findings import Finding
 
 
 @dataclass(slots=True, kw_only=True)
@@ -37,17 +55,87 @@ class RestoreContext:
     """Bytes the restored state may occupy on the device; a checkpoint claiming more is
     refused with a finding before anything is allocated. None: no limit."""
     shard: Any = None
-    """This rank's :class:`~drill.formats.dcp_shard.Shard` when many ranks restore the
+    """This rank's :class:`~drill.restore.partition.Shard` when many ranks restore the
     checkpoint together; None: this process restores all of it."""
 
 
-class FormatAdapter(Protocol):
-    name: str
-    """The ``--format`` name (``dcp``, ``torch-save``, ``lightning``, ``hf-trainer``)."""
+Structure = tuple[list["Finding"], dict[str, Any]]
+"""A structural proof: its findings (empty when consistent) and the evidence it examined."""
+
+
+class Format:
+    """One kind of checkpoint (see the module's docstring); the defaults say "not mine"."""
+
+    name: str = ""
+    """The ``--format`` name, and the ``format`` a :class:`CheckpointRef` carries."""
+    label: str = ""
+    """What people call it (``DeepSpeed ZeRO``): for evidence and the README's formats table."""
+    replays_through_dcp: bool = False
+    """A replay loads it into the entrypoint's ``Stateful`` objects through drill's safe DCP
+    reader; otherwise only an entrypoint that defines ``restore(path)`` can replay it."""
+    restores_across_ranks: bool = False
+    """A distributed drill splits its files among the ranks; otherwise rank 0 restores it all."""
+
+    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+        """The directory ``uri`` (named ``name``, holding ``entries``): one of this format's
+        complete saves, an unfinished one, or None when it is not this format's."""
+        return None
+
+    def recognize_file(self, entry: Entry) -> CheckpointRef | None:
+        """A single file at a run's top that is one of this format's checkpoints, or None."""
+        return None
+
+    def is_export(self, ref: CheckpointRef, entries: list[Entry]) -> bool:
+        """Whether a directory it recognized is a final model export, not a resumable save."""
+        return False
+
+    def exports(self, entries: list[Entry]) -> list[str]:
+        """Files at a run's top that are this format's final export (reported, never drilled)."""
+        return []
+
+    def pointers(self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery) -> list[tuple[str, str]]:
+        """(who follows it, the checkpoint name it names) for each resume pointer of this
+        format's trainer that the run root holds."""
+        return []
+
+    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+        """The structural proof of an unsealed checkpoint of this format, made without loading
+        it (``sizes``: its files as listed); None when the format has none."""
+        return None
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
         """Read and load ``ref``; every problem is recorded in the result, never raised."""
-        ...
+        raise NotImplementedError(self.name)
+
+    def restored_structure(self, result: RestoreResult, storage: Storage, uri: str, sizes: dict[str, int]) -> Structure | None:
+        """The structural proof of a checkpoint once :meth:`restore` has read it (the same
+        verdict :meth:`structure` gives without loading; by default what the restore found)."""
+        return result.structure  # type: ignore[no-any-return]
+
+    def missing_files(self, sizes: dict[str, int], result: RestoreResult) -> list[Finding]:
+        """Files the format's own naming says should be there beyond those the restore
+        recorded as missing (DCP's shards when its index could not be read)."""
+        return []
+
+    def finish_merged(self, result: RestoreResult, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> None:
+        """Rank 0 of a distributed drill, with every rank's share merged into ``result``:
+        what :meth:`restore` does once the state is complete (a trainer's layout applied)."""
+
+
+def read_pointer(storage: Storage, root: str, entry: Entry | None) -> str | None:
+    """The checkpoint name a pointer file or symlink at the run's top names (None: absent or unreadable)."""
+    if entry is None:
+        return None
+    if entry.link_target is not None:
+        return entry.link_target.rstrip("/").rsplit("/", 1)[-1]
+    if not entry.is_file:
+        return None
+    try:
+        with storage.open(storage.child(root, entry.name)) as f:
+            return f.read(4096).decode("utf-8", "replace").strip() or None
+    except OSError:
+        return None
+
 
 
 def read_file(

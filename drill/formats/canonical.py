@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from drill.restore.result import TensorInfo
 
 
@@ -58,6 +56,8 @@ class Layout:
 
 def flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:
     """Nested dicts/lists → ``prefix.key.0.sub`` keys, as DCP flattens state dicts."""
+    import torch
+
     if isinstance(obj, Mapping):
         if not obj:
             out[prefix] = {}
@@ -71,6 +71,8 @@ def flatten(obj: Any, prefix: str, out: dict[str, Any]) -> None:
 
 
 def inventory(state: Mapping[str, Any], ranks: Mapping[str, int] | None = None) -> list[TensorInfo]:
+    import torch
+
     ranks = ranks or {}
     return [
         TensorInfo(k, tuple(v.shape), str(v.dtype).replace("torch.", ""), v.numel() * v.element_size(), ranks.get(k))

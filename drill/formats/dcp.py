@@ -1,479 +1,86 @@
-"""The ``dcp`` adapter: PyTorch Distributed Checkpoint directories, through drill's own reader.
+"""PyTorch Distributed Checkpoint (``dcp.save``) directories — torchtitan's ``step-N/``, the
+demo run's, Megatron-core's ``iter_NNNNNNN/``, Lightning's sharded ``.ckpt/`` — as one format.
 
-``torch.distributed.checkpoint.FileSystemReader`` unpickles ``.metadata`` with plain
-``pickle`` and deserializes non-tensor entries with ``weights_only=False``: loading an
-untrusted checkpoint through it runs whatever code the checkpoint names. :class:`DrillReader`
-reads through a :class:`~drill.storage.Storage`, unpickles metadata through an allow-list,
-loads every entry with ``weights_only=True``, reads each file exactly once, and records every
-file and entry it could not restore instead of stopping at the first.
-
-A drill's own restore does not go through ``dcp.load`` (nor import DCP at all: see
-:mod:`drill.formats.dcp_types`): every chunk is read into its place in targets allocated
-from the index. ``dcp.load`` with drill's reader — for live ``Stateful`` objects, resharding,
-process groups — is :mod:`drill.formats.dcp_reader`.
+- **complete** when DCP's ``.metadata`` is there (written last); shards without it, or a
+  Megatron save without its ``metadata.json`` (written after ``.metadata``), never finished;
+- **resume pointer**: Megatron's ``latest_checkpointed_iteration.txt``;
+- **structure** when unsealed: ``.metadata``'s entries against the shards, and the side files
+  the trainer's layout keeps beside them (:mod:`drill.formats.dcp_layout`);
+- **restore**: drill's own reader, every chunk into targets allocated from the index
+  (:mod:`drill.formats.dcp_read`), shared among ranks by file in a distributed drill; a replay
+  loads it through DCP into the trainer's objects.
 """
 
 from __future__ import annotations
 
-import io
-import math
-import struct
-import time
-import zlib
-from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Future as CFuture
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-import torch
+from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave, step_of
+from drill.formats.base import Format, RestoreContext, Structure
+from drill.formats.dcp_names import DCP_METADATA, MEGATRON_COMMON, MEGATRON_CONFIG, MEGATRON_TRACKER, SHARD_SUFFIX
+from drill.restore import RestoreResult
+from drill.storage import Entry, Storage
 
-from drill import parts
-from drill.discover import DCP_METADATA, CheckpointRef
-from drill.formats.base import RestoreContext, check_budget, one_line
-from drill.formats.canonical import Layout
-from drill.formats.dcp_layout import apply_layout
-from drill.formats.dcp_entries import DIRECT_MIN_BYTES, TAIL_BYTES, TensorSpec, data_start, local_header_end, records, tensor_spec
-from drill.formats.dcp_types import check_metadata, is_byte_io, is_bytes, is_tensor, load_metadata, narrow, read_items
-from drill.formats.safeload import load_failure, numpy_arrays
-from drill.integrity.hashing import ChunkHasher
-from drill.integrity.reading import ATTEMPTS, TRANSIENT, SequentialReader, describe_read_error, read_whole
-from drill.restore import FileRead, ItemFailure, RestoreResult, TensorInfo
-from drill.restore.staging import Stagers, byte_view
-from drill.safe_pickle import with_classes
-from drill.storage import Storage
-from drill.views import ViewReader
+if TYPE_CHECKING:
+    from drill.findings import Finding
 
 
-class MetadataUnreadable(Exception):
-    pass
-
-
-def load_value(value: io.BytesIO, fqn: str, failures: list[ItemFailure]) -> tuple[bool, Any]:
-    """A pickled DCP value, loaded with ``weights_only=True``; (False, None) and a recorded
-    failure when it will not deserialize."""
-    try:
-        with torch.serialization.safe_globals(numpy_arrays()):  # RNG states hold numpy arrays: data, not code
-            return True, torch.load(value, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure is evidence, not a crash
-        code, reason = load_failure(exc)
-        failures.append(ItemFailure(fqn, None, reason, code=code))
-        return False, None
-
-
-class TargetPlanner:
-    """Where each read item goes: tensor chunks into their place in the targets (read in
-    place, so nothing to commit), values into the state dict."""
-
-    def __init__(self, state: dict[str, Any], failures: list[ItemFailure]) -> None:
-        self.state_dict = state
-        self._failures = failures
-        self.values_loaded = 0
-
-    def resolve_tensor(self, read_item: Any) -> torch.Tensor:
-        return narrow(self.state_dict[read_item.dest_index.fqn], read_item.dest_offsets, read_item.lengths)
-
-    def commit_tensor(self, read_item: Any, tensor: torch.Tensor) -> None:
-        pass
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        ok, obj = load_value(value, read_item.dest_index.fqn, self._failures)
-        if ok:
-            self.state_dict[read_item.dest_index.fqn] = obj
-            self.values_loaded += 1
-
-
-@dataclass(slots=True)
-class _FileOutcome:
-    """What one reader thread did with one file; the main thread applies it."""
-
-    record: FileRead
-    values: list[tuple[Any, memoryview]] = field(default_factory=list)
-    """Non-tensor entries, deserialized by the main thread (they go into the state dict)."""
-    failures: list[ItemFailure] = field(default_factory=list)
-    tensors: int = 0
-    tensor_bytes: int = 0
-    stagers: Stagers = field(default_factory=Stagers)
-    """Host buffers towards targets the reader cannot write itself (a GPU's)."""
-
-
-class DrillReader:
-    """DCP's index and data files over a :class:`Storage`, recording instead of raising.
-
-    Each file is read once, in order, on a reader thread: a large tensor's bytes go straight
-    from the file into the target tensor (see :mod:`drill.formats.dcp_entries`), everything
-    else through a small buffer; every byte is hashed on the way.
-    """
-
-    def __init__(self, storage: Storage, uri: str, result: RestoreResult, ctx: RestoreContext, workers: int = 4) -> None:
-        self.storage = storage
-        self.uri = uri
-        self.result = result
-        self.ctx = ctx
-        self.workers = workers
-        self.storage_data: dict[Any, Any] = {}
-        self._metadata: Any = None
-
-    # -- the index and the data -------------------------------------------------------------
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        if self._metadata is None:
-            self._metadata = self._read_metadata()
-        return self._metadata
-
-    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        self.storage_data = metadata.storage_data or {}
-
-    def read_items(self, items: list[Any], planner: Any) -> None:
-        """Read ``items`` (DCP ``ReadItem``s or drill's own) into ``planner``'s targets."""
-        per_file: dict[str, list[Any]] = {}
-        for item in items:
-            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        for outcome in self._read_files(per_file, planner):
-            started = time.perf_counter()
-            self._apply(outcome, planner)
-            self.result.load_seconds += time.perf_counter() - started
-
-    # -- reading ----------------------------------------------------------------------------
-    def _read_metadata(self) -> Any:
-        started = time.perf_counter()
-        record = FileRead(DCP_METADATA, None)
-        self.result.files.append(record)
-        try:
-            uri = self.storage.child(self.uri, DCP_METADATA)
-            record.size = self.storage.stat(uri).size
-            got = read_whole(self.storage, uri, record.size, self.ctx.progress.advance, **self._hashing(DCP_METADATA))
-            record.hashes, record.retries, record.bytes_read = got.hashes, got.retries, len(got.view)
-        except (OSError, EOFError) as exc:
-            record.error, record.error_kind = describe_read_error(exc)
-            raise MetadataUnreadable(f"{DCP_METADATA}: {record.error}") from None
-        finally:
-            self.result.read_seconds += time.perf_counter() - started
-        try:
-            metadata = self.loads(bytes(got.view), with_classes(self.ctx.allow_classes))
-        except Exception as exc:  # noqa: BLE001
-            raise MetadataUnreadable(f"{DCP_METADATA} does not unpickle safely: {one_line(exc)}") from exc
-        try:
-            check_metadata(metadata)
-        except ValueError as exc:
-            raise MetadataUnreadable(f"{DCP_METADATA} is malformed: {exc}") from None
-        return metadata
-
-    @staticmethod
-    def loads(data: bytes, allowed: frozenset[tuple[str, str]]) -> Any:
-        """``.metadata`` into drill's mirrors of DCP's classes (DCP's own for ``dcp.load``)."""
-        return load_metadata(data, allowed)
-
-    def _hashing(self, relative_path: str) -> dict[str, Any]:
-        plan = self.ctx.hash_plan
-        return {"hash": plan.wants(relative_path), "chunk_size": plan.chunk_size, "sha256": relative_path in plan.sha256}
-
-    def _read_files(self, per_file: dict[str, list[Any]], planner: Any) -> Iterator[_FileOutcome]:
-        """Each file's outcome as it is done, read on ``workers`` threads."""
-        paths = sorted(per_file)
-        records = {p: FileRead(p, None, items=len(per_file[p])) for p in paths}
-        self.result.files.extend(records.values())
-        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="drill-read")
-        pending: deque[CFuture[_FileOutcome]] = deque(pool.submit(self._read_file, p, per_file[p], records[p], planner) for p in paths)
-        done = False
-        try:
-            while pending:
-                waited = time.perf_counter()
-                outcome = pending.popleft().result()
-                self.result.read_seconds += time.perf_counter() - waited
-                yield outcome
-            done = True
-        finally:
-            # An interrupt or the deadline must not wait for reads in flight (a hung mount could
-            # hold them forever): queued reads are cancelled, running ones left to finish alone.
-            pool.shutdown(wait=done, cancel_futures=True)
-
-    def _read_file(self, relative_path: str, items: list[Any], record: FileRead, planner: Any) -> _FileOutcome:
-        """One file, start to end; transient I/O errors are retried from the start."""
-        for attempt in range(ATTEMPTS):
-            outcome = _FileOutcome(record)
-            try:
-                self._stream_file(relative_path, sorted(items, key=self._offset), outcome, planner)
-                return outcome
-            except OSError as exc:
-                if exc.errno in TRANSIENT and attempt + 1 < ATTEMPTS:
-                    record.retries += 1
-                    continue
-                self._file_failed(exc, items, outcome)
-                return outcome
-            except EOFError as exc:
-                self._file_failed(exc, items, outcome)
-                return outcome
-        raise AssertionError("unreachable")
-
-    def _offset(self, item: Any) -> int:
-        return int(self.storage_data[item.storage_index].offset)
-
-    def _file_failed(self, exc: BaseException, items: list[Any], outcome: _FileOutcome) -> None:
-        record = outcome.record
-        record.error, record.error_kind = describe_read_error(exc)
-        done = {f.key for f in outcome.failures}
-        outcome.failures += [
-            ItemFailure(i.dest_index.fqn, record.relative_path, f"file {record.error_kind}: {record.error}")
-            for i in items
-            if i.dest_index.fqn not in done
-        ]
-
-    def _stream_file(self, relative_path: str, items: list[Any], outcome: _FileOutcome, planner: Any) -> None:
-        record = outcome.record
-        uri = self.storage.child(self.uri, relative_path)
-        record.size = self.storage.stat(uri).size
-        wanted = self._hashing(relative_path)
-        hasher = ChunkHasher(wanted["chunk_size"], wanted["sha256"]) if wanted["hash"] else None
-        with self.storage.open(uri) as f:
-            reader = SequentialReader(f, record.size, hasher, self.ctx.progress.advance)
-            try:
-                for item in items:
-                    self._entry(reader, item, planner, outcome)
-            finally:
-                outcome.stagers.finish()  # the copies in flight land before the file counts as read
-            record.hashes = reader.finish()
-            record.retries += getattr(f, "retries", 0)  # an object store's retried requests
-        record.bytes_read = reader.pos
-
-    # -- one entry --------------------------------------------------------------------------
-    def _entry(self, reader: SequentialReader, item: Any, planner: Any, outcome: _FileOutcome) -> None:
-        info = self.storage_data[item.storage_index]
-        start, end = int(info.offset), int(info.offset) + int(info.length)
-        fqn, path = item.dest_index.fqn, outcome.record.relative_path
-        if end > reader.size:
-            outcome.failures.append(ItemFailure(fqn, path, f"bytes {start}..{end} lie past the end of the file ({reader.size} bytes)"))
-            return
-        if start < reader.pos:
-            outcome.failures.append(ItemFailure(fqn, path, f"bytes {start}..{end} overlap the entry before it"))
-            return
-        if getattr(info, "transform_descriptors", None):
-            outcome.failures.append(ItemFailure(fqn, path, f"unsupported DCP stream transform {info.transform_descriptors}"))
-            return
-        reader.skip_to(start)
-        # Every entry is held to the CRC-32s torch.save wrote into it — under a seal too: an
-        # unkeyed manifest can be recomputed by whoever flipped the bit, the CRCs are a second,
-        # independent witness, and a disagreement is a finding (≈0.15 s per GB).
-        crc = True
-        if is_byte_io(item):
-            value = reader.read(end - start)
-            if crc and (bad := _crc_problem(value)) is not None:
-                outcome.failures.append(ItemFailure(fqn, path, bad, code="crc-mismatch"))
-                return
-            outcome.values.append((item, value))
-            return
-        head = b""
-        if end - start >= DIRECT_MIN_BYTES:
-            try:
-                head = _read_in_place(reader, item, end - start, planner, outcome.stagers, crc)
-            except CrcMismatch as exc:
-                outcome.failures.append(ItemFailure(fqn, path, str(exc), code="crc-mismatch"))
-                return
-            if head is None:
-                outcome.tensors += 1
-                outcome.tensor_bytes += _nbytes(planner.resolve_tensor(item))
-                return
-        blob = bytes(head) + bytes(reader.read(end - reader.pos))
-        problem = ("crc-mismatch", bad) if crc and (bad := _crc_problem(memoryview(blob))) is not None else _load_tensor(blob, item, planner)
-        if problem is not None:
-            outcome.failures.append(ItemFailure(fqn, path, problem[1], code=problem[0]))
-            return
-        outcome.tensors += 1
-        outcome.tensor_bytes += _nbytes(planner.resolve_tensor(item))
-
-    def _apply(self, outcome: _FileOutcome, planner: Any) -> None:
-        """Non-tensor values into the state dict, and the file's tally into the result."""
-        for item, blob in outcome.values:
-            planner.load_bytes(item, io.BytesIO(blob))
-        self.result.failures += outcome.failures
-        self.result.tensors_loaded += outcome.tensors
-        self.result.tensor_bytes += outcome.tensor_bytes
-
-
-class CrcMismatch(Exception):
-    """An entry's bytes are not what torch.save wrote (its zip record's CRC-32 says so)."""
-
-
-def _crc_problem(entry: memoryview) -> str | None:
-    """Why a whole entry (a torch.save zip) fails its records' CRC-32s; None when it passes or
-    is no zip at all (a legacy pickle: the weights-only loader judges it, naming what it refuses)."""
-    from drill.integrity.structure import zip_structure
-
-    if bytes(entry[:4]) != b"PK\x03\x04":
-        return None
-    findings, _ = zip_structure(entry, "the entry")
-    return findings[0].message.replace("the entry: ", "", 1) if findings else None
-
-
-def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: Any, stagers: Stagers, crc: bool = False) -> memoryview | None:
-    """Read one tensor entry's raw bytes straight into its target (through ``stagers``' host
-    buffers when the target is on a GPU); None when done, else the head bytes consumed before
-    finding that this entry cannot be read in place. With ``crc``, the bytes are checked
-    against the record's CRC-32 as they land (:class:`CrcMismatch`)."""
-    start = reader.pos
-    recs = records(reader.peek(start + length - min(length, TAIL_BYTES), min(length, TAIL_BYTES)), length)
-    data = [r for name, r in (recs or {}).items() if name.startswith("data/")]
-    pkl = (recs or {}).get("data.pkl")
-    if len(data) != 1 or pkl is None or not (data[0].stored and pkl.stored) or pkl.header_offset > data[0].header_offset:
-        return memoryview(b"")
-    head = bytearray(reader.read(local_header_end(data[0])))
-    nlen, elen = struct.unpack_from("<HH", head, data[0].header_offset + 26)
-    head += reader.read(nlen + elen)
-    view = memoryview(head)
-    spec, pkl_at = None, data_start(view, pkl)
-    if pkl_at is not None and data_start(view, data[0]) == len(head):
-        spec = tensor_spec(view[pkl_at : pkl_at + pkl.size])
-    target = planner.resolve_tensor(item).detach()
-    if spec is None or not _fits(spec, data[0], item, target):
-        return view
-    if target.device.type == "cpu" and target.is_contiguous():
-        reader.read_into(byte_view(target))
-        got = zlib.crc32(byte_view(target)) if crc else None
-    else:
-        got = stagers(target.device).copy(reader, target, crc)
-    if crc and (got != data[0].crc or zlib.crc32(view[pkl_at : pkl_at + pkl.size]) != pkl.crc):  # type: ignore[index,operator]
-        raise CrcMismatch(f"the bytes of this tensor fail their CRC-32 (stored {data[0].crc:08x}, computed {got:08x}): damaged on storage")
-    planner.commit_tensor(item, target)
-    reader.skip_to(start + length)
-    return None
-
-
-def _fits(spec: TensorSpec, data: Any, item: Any, target: torch.Tensor) -> bool:
-    """The stored tensor is exactly the target's bytes: contiguous, same dtype and shape, read whole."""
-    nbytes = spec.storage_numel * torch.empty((), dtype=spec.dtype).element_size()
-    whole = not any(item.storage_offsets) and list(item.lengths) == list(spec.size)
-    return spec.contiguous and nbytes == data.size and target.dtype == spec.dtype and tuple(target.shape) == spec.size and whole
-
-
-def _load_tensor(blob: bytes, item: Any, planner: Any) -> tuple[str, str] | None:
-    """The ordinary way: ``torch.load(weights_only=True)``, narrowed and copied into the target."""
-    try:
-        tensor = torch.load(ViewReader(memoryview(blob)), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - a bad entry is evidence, not a crash
-        return load_failure(exc)
-    try:
-        tensor = narrow(tensor, item.storage_offsets, item.lengths)
-        target = planner.resolve_tensor(item).detach()
-        if target.size() != tensor.size():
-            raise ValueError(f"shape {tuple(tensor.size())} where metadata says {tuple(target.size())}")
-        target.copy_(tensor)
-        planner.commit_tensor(item, target)
-    except Exception as exc:  # noqa: BLE001
-        return "entry-not-loaded", one_line(exc)
-    return None
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def skeleton(metadata: Any, device: torch.device) -> dict[str, Any]:
-    """Targets for every entry in the checkpoint, allocated on ``device`` as a resume would."""
-    state: dict[str, Any] = {}
-    for fqn, md in metadata.state_dict_metadata.items():
-        if is_tensor(md):
-            state[fqn] = torch.empty(md.size, dtype=md.properties.dtype, device=device)
-        elif is_bytes(md):
-            state[fqn] = None
-    return state
-
-
-def inventory(metadata: Any) -> list[TensorInfo]:
-    """Every tensor from the index alone: nothing materialized."""
-    return [
-        TensorInfo(
-            fqn,
-            tuple(md.size),
-            str(md.properties.dtype).replace("torch.", ""),
-            md.size.numel() * torch.empty((), dtype=md.properties.dtype).element_size(),
-        )
-        for fqn, md in metadata.state_dict_metadata.items()
-        if is_tensor(md)
-    ]
-
-
-class DCPAdapter:
+class DCP(Format):
     name = "dcp"
+    label = "PyTorch DCP (torchtitan, Megatron-core torch_dist, Lightning FSDP sharded, dcp.save)"
+    marker = DCP_METADATA
+    replays_through_dcp = True
+    restores_across_ranks = True
+
+    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+        names = {e.name: e for e in entries}
+        step = step_of(name)
+        if DCP_METADATA in names and MEGATRON_COMMON in names and MEGATRON_CONFIG not in names:
+            why = f"Megatron save with {MEGATRON_COMMON} and {DCP_METADATA} but no {MEGATRON_CONFIG}, which dist_checkpointing writes last: the save never finished"
+            return IncompleteSave(uri=uri, name=name, step=step, reason=why)
+        meta = names.get(DCP_METADATA)
+        if meta is not None and meta.is_file:
+            return CheckpointRef(uri=uri, name=name, step=step, format=self.name, mtime=meta.mtime)
+        if any(n.endswith(SHARD_SUFFIX) for n in names):
+            return IncompleteSave(uri=uri, name=name, step=step, reason=f"DCP shards but no {DCP_METADATA}: the save never finished")
+        return None
+
+    def pointers(self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery) -> list[tuple[str, str]]:
+        from drill.formats.base import read_pointer
+
+        target = read_pointer(storage, root, entries.get(MEGATRON_TRACKER))
+        if not target:
+            return []
+        return [(MEGATRON_TRACKER, f"iter_{int(target):07d}" if target.isdigit() else target)]
+
+    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+        from drill.formats.dcp_layout import structure
+
+        return structure(storage, uri, sizes, allow_classes)
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
-        """Read every file of ``ref`` once — hashed as the plan says — and load every entry
-        onto the device into targets allocated from the metadata, as a resume would."""
-        if ctx.shard is not None:
-            from drill.formats.dcp_shard import restore_shard
+        from drill.formats.dcp_read import restore
 
-            return restore_shard(storage, ref, ctx, ctx.shard)
-        result = RestoreResult(uri=ref.uri, format=self.name, device=str(ctx.device))
-        result.layout = Layout(format=self.name, required=parts.CANONICAL_PARTS, optimizer_keys="fqn")
-        if ref.step is not None:
-            result.layout.step_counters["directory name"] = ref.step
-        reader = DrillReader(storage, ref.uri, result, ctx)
-        try:
-            metadata = reader.read_metadata()
-        except MetadataUnreadable as exc:
-            result.metadata_error = str(exc)
-            return result
-        result.index = metadata.storage_data
-        from drill.formats.dcp_shard import saved_ranks
+        return restore(storage, ref, ctx)
 
-        result.layout.saved_ranks = saved_ranks(metadata)
-        sizes = _file_sizes(storage, ref.uri, metadata)
-        try:
-            result.inventory = inventory(metadata)
-            need = claimed_bytes(metadata, sizes)
-        except ValueError as exc:  # the index claims what the files cannot hold: allocate nothing
-            result.metadata_error, result.metadata_code = f"{DCP_METADATA}: {exc}", "metadata-implausible"
-            return result
-        check_budget(need, ctx)
-        ctx.progress.phase("read", total_bytes=sum(sizes.values()))
-        state = skeleton(metadata, ctx.device)
-        planner = TargetPlanner(state, result.failures)
-        reader.set_up_storage_reader(metadata, True)
-        reader.read_items(read_items(metadata), planner)
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
-        result.values_loaded = planner.values_loaded
-        result.state = state
+    def restored_structure(self, result: RestoreResult, storage: Storage, uri: str, sizes: dict[str, int]) -> Structure | None:
+        if DCP_METADATA not in sizes or (result.index is None and result.metadata_error is None):
+            return None
+        from drill.formats.dcp_layout import unsealed_structure
+
+        return unsealed_structure(storage, uri, sizes, result.index, (result.metadata_error or "").removeprefix(f"{DCP_METADATA}: "))
+
+    def missing_files(self, sizes: dict[str, int], result: RestoreResult) -> list[Finding]:
+        if result.index is not None:
+            return []  # the restore named every file its index places entries in
+        from drill.integrity.structure import shard_gaps
+
+        return shard_gaps(sizes)  # no index to name the shards: the listing does
+
+    def finish_merged(self, result: RestoreResult, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> None:
+        from drill.formats.dcp_layout import apply_layout
+
         apply_layout(result, storage, ref, ctx)
-        return result
 
 
-def _file_sizes(storage: Storage, uri: str, metadata: Any) -> dict[str, int]:
-    """The size of each data file the index names that exists (missing ones are the reader's finding)."""
-    sizes = {}
-    for rel in {info.relative_path for info in (metadata.storage_data or {}).values()}:
-        try:
-            sizes[rel] = storage.stat(storage.child(uri, rel)).size
-        except OSError:
-            continue
-    return sizes
-
-
-def claimed_bytes(metadata: Any, sizes: dict[str, int]) -> int:
-    """Bytes the restored tensors will occupy, once the index is shown to be plausible: every
-    chunk is no larger than the entry that stores it, and the entries fit their files.
-    ``ValueError`` otherwise — before a byte is allocated (a forged index claiming a
-    2^40-element tensor must not make drill ask for 4 TiB)."""
-    total = 0
-    data = metadata.storage_data or {}
-    for info in data.values():
-        size = sizes.get(info.relative_path)
-        if size is not None and int(info.offset) + int(info.length) > size and int(info.length) > size:
-            raise ValueError(f"an entry of {int(info.length)} bytes is larger than its whole file {info.relative_path} ({size} bytes)")
-    key = type(next(iter(data))) if data else None  # the index's own MetadataIndex class (a mirror or DCP's)
-    for fqn, md in metadata.state_dict_metadata.items():
-        if not is_tensor(md):
-            continue
-        item = torch.empty((), dtype=md.properties.dtype).element_size()
-        if any(int(d) < 0 for d in md.size):
-            raise ValueError(f"{fqn} has a negative dimension {tuple(md.size)}")
-        for chunk in md.chunks:
-            need = math.prod(int(d) for d in chunk.sizes) * item
-            info = data.get(key(fqn, chunk.offsets)) if key is not None else None
-            if info is None:
-                raise ValueError(f"{fqn}: a chunk at {tuple(chunk.offsets)} has no storage entry")
-            if need > int(info.length):
-                raise ValueError(f"{fqn}: a chunk of {need} bytes ({tuple(chunk.sizes)}) claims more than its {int(info.length)}-byte entry")
-            total += need
-    return total
-
-
+__all__ = ["DCP", "DCP_METADATA"]

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from drill import parts
-from drill.discover import CheckpointRef
+from drill.checkpoints import CheckpointRef
 from drill.formats.base import RestoreContext, read_file
 from drill.findings import Finding
 from drill.formats.safeload import UnsafePickle

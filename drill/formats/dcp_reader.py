@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from drill.formats.base import RestoreContext
-from drill.formats.dcp import DrillReader, load_value
+from drill.formats.dcp_read import DrillReader, load_value
 from drill.restore import ItemFailure, RestoreResult
 from drill.safe_pickle import restricted_loads
 from drill.storage import Storage

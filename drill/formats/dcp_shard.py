@@ -11,36 +11,23 @@ drill ranks (resharded by file), and no rank allocates more than its share.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from drill import parts
-from drill.discover import CheckpointRef
-from drill.restore.partition import assign
+from drill.checkpoints import CheckpointRef
+from drill.restore.partition import Shard, assign
+from drill.formats.dcp_names import DCP_METADATA
 from drill.formats.base import RestoreContext
 from drill.formats.canonical import Layout
 from drill.formats.base import check_budget
-from drill.formats.dcp import DrillReader, MetadataUnreadable, TargetPlanner, _file_sizes, claimed_bytes, inventory
+from drill.formats.dcp_read import DrillReader, MetadataUnreadable, TargetPlanner, _file_sizes, claimed_bytes, inventory
 from drill.formats.dcp_types import ReadItem, chunk_bytes, is_tensor, read_items
 from drill.restore import ItemFailure, RestoreResult
 from drill.storage import Storage
 
 _SHARD_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
-
-
-@dataclass(slots=True)
-class Shard:
-    """This rank's place in a distributed restore."""
-
-    rank: int
-    world: int
-    broadcast: Callable[[Any], Any]
-    """Rank 0's value on every rank."""
-    assignment: list[list[str]] = field(default_factory=list)
-    """Every rank's files (filled in by the restore)."""
 
 
 class ChunkPlanner(TargetPlanner):
@@ -92,7 +79,7 @@ def _plan_on_root(storage: Storage, ref: CheckpointRef, reader: DrillReader, wor
 
 
 def restore_shard(storage: Storage, ref: CheckpointRef, ctx: RestoreContext, shard: Shard) -> RestoreResult:
-    result = RestoreResult(uri=ref.uri, format="dcp", device=str(ctx.device))
+    result = RestoreResult(uri=ref.uri, format="dcp", device=str(ctx.device), index_file=DCP_METADATA)
     result.layout = Layout(format="dcp", required=parts.CANONICAL_PARTS, optimizer_keys="fqn")
     if ref.step is not None:
         result.layout.step_counters["directory name"] = ref.step

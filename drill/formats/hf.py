@@ -18,17 +18,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from drill import parts
-from drill.discover import CheckpointRef
+from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave, step_of
 from drill.findings import Finding, Severity
-from drill.formats.base import RestoreContext, check_budget, one_line, read_file, tally
+from drill.formats.base import Format, RestoreContext, Structure, check_budget, one_line, read_file, tally
 from drill.formats.canonical import Layout, flatten, inventory
-from drill.formats.safeload import NUMPY_ARRAYS, UnsafePickle, load_failure, load_safetensors, load_torch
 from drill.integrity.structure import safetensors_structure, zip_structure
 from drill.restore import ItemFailure, RestoreResult
-from drill.storage import Storage
+from drill.storage import Entry, Storage
 
 TRAINER_STATE = "trainer_state.json"
 TRAINING_ARGS = "training_args.bin"
+EXPORT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "config.json", TRAINER_STATE, TRAINING_ARGS)
+"""What Hugging Face's ``save_model``/``save_state`` leave at the top of an output directory."""
+RESUME_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth")
 _RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 _PICKLED = (".pt", ".pth", ".bin")
 
@@ -56,11 +58,41 @@ class _Read:
     training_args: Any = None
 
 
-class HFTrainerAdapter:
+class HFTrainer(Format):
+    """Hugging Face Trainer ``checkpoint-N/`` directories: complete once ``trainer_state.json``
+    (written last) is there; auto-resume (``get_last_checkpoint``) takes the highest
+    ``checkpoint-N``, complete or not; ``save_model``/``save_state`` leave a final export at the
+    output directory's top, which is not a checkpoint."""
+
     name = "hf-trainer"
+    label = "Hugging Face Trainer"
+    marker = TRAINER_STATE
+
+    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+        state = next((e for e in entries if e.name == TRAINER_STATE and e.is_file), None)
+        return CheckpointRef(uri=uri, name=name, step=step_of(name), format=self.name, mtime=state.mtime) if state is not None else None
+
+    def is_export(self, ref: CheckpointRef, entries: list[Entry]) -> bool:
+        """trainer_state.json but no step in the name and none of the files a resume reads:
+        ``save_model``/``save_state`` output."""
+        names = {e.name for e in entries}
+        return ref.step is None and not (names & set(RESUME_FILES)) and not any(n.startswith("rng_state") for n in names)
+
+    def exports(self, entries: list[Entry]) -> list[str]:
+        return sorted(e.name for e in entries if e.is_file and e.name in EXPORT_FILES)
+
+    def pointers(self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery) -> list[tuple[str, str]]:
+        """``get_last_checkpoint``: the highest ``checkpoint-N`` directory, complete or not."""
+        named = [(s, c.name) for c in [*found.checkpoints, *found.incomplete] if c.name.startswith("checkpoint-") and (s := step_of(c.name)) is not None]
+        return [("Hugging Face's get_last_checkpoint", max(named)[1])] if named else []
+
+    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+        return structure(storage, uri, sizes, allow_classes)
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
         """Read every file of the checkpoint once and load each part onto the device."""
+        from drill.formats.safeload import UnsafePickle, load_failure
+
         result = RestoreResult(uri=ref.uri, format=self.name, device=str(ctx.device))
         entries = {e.name: e for e in storage.list(ref.uri) if e.is_file}
         names = _resumed_from(entries)
@@ -132,6 +164,8 @@ def structure(storage: Storage, uri: str, sizes: Mapping[str, int], allow_classe
 
 
 def _load_file(name: str, view: memoryview, ctx: RestoreContext, got: _Read, result: RestoreResult) -> None:
+    from drill.formats.safeload import NUMPY_ARRAYS, load_safetensors, load_torch
+
     got.structure += _file_structure(name, view)
     if name == TRAINER_STATE:
         doc = json.loads(bytes(view))
@@ -203,4 +237,4 @@ def _load_training_args(view: memoryview) -> dict[str, Any] | None:
     return {k: v for k, v in fields.items() if k in ("seed", "data_seed")} if fields else None
 
 
-__all__ = ["TRAINER_STATE", "HFTrainerAdapter"]
+__all__ = ["TRAINER_STATE", "HFTrainer"]

@@ -1,20 +1,23 @@
-"""Single-file ``torch.save`` checkpoints: nanoGPT-style dicts and Lightning ``.ckpt`` files."""
+"""Single-file ``torch.save`` checkpoints: nanoGPT-style dicts and Lightning ``.ckpt`` files.
+
+Any non-empty ``*.pt``, ``*.pth``, ``*.ckpt`` or ``*.tar`` at a run's top is one (the file is
+the commit: ``torch.save`` writes it whole); its structure is the zip archive's central
+directory and every record's CRC-32; a Lightning layout inside it is recognized by its keys
+(``--format lightning`` forces it).
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-import torch
-
 from drill import parts
-from drill.discover import CheckpointRef
-from drill.formats.base import RestoreContext, check_budget, read_file, tally
+from drill.checkpoints import SINGLE_FILE_SUFFIXES, CheckpointRef, step_of
+from drill.formats.base import Format, RestoreContext, Structure, check_budget, read_file, tally
 from drill.formats.canonical import Layout, flatten, inventory
-from drill.formats.safeload import UnboundedArchive, UnsafePickle, check_archive, load_failure, load_torch
 from drill.integrity.structure import zip_structure
 from drill.restore import ItemFailure, RestoreResult
-from drill.storage import Storage
+from drill.storage import Entry, Storage
 
 LIGHTNING_MARKERS = ("pytorch-lightning_version", "optimizer_states")
 
@@ -58,6 +61,8 @@ def canonicalize_lightning(obj: dict[str, Any]) -> tuple[dict[str, Any], Layout]
 def canonicalize_dict(obj: dict[str, Any]) -> tuple[dict[str, Any], Layout]:
     """nanoGPT-style (``model``, ``optimizer``, ``iter_num``, …) or canonical top-level keys."""
     state: dict[str, Any] = {}
+    import torch
+
     for key, value in obj.items():
         if key == parts.RNG and isinstance(value, torch.Tensor):
             state[f"{parts.RNG}.torch"] = value  # torch.get_rng_state(): the CPU generator's state, saved bare
@@ -85,6 +90,8 @@ def canonicalize_dict(obj: dict[str, Any]) -> tuple[dict[str, Any], Layout]:
 
 
 def canonicalize(obj: Any) -> tuple[dict[str, Any], Layout]:
+    import torch
+
     if isinstance(obj, dict) and all(isinstance(v, torch.Tensor) for v in obj.values()):
         state: dict[str, Any] = {}
         flatten(obj, parts.MODEL, state)  # a bare state dict: weights only
@@ -99,11 +106,23 @@ def canonicalize(obj: Any) -> tuple[dict[str, Any], Layout]:
     return {f"{parts.EXTRA}.object": obj}, other
 
 
-class TorchSaveAdapter:
+class TorchSave(Format):
     """A single ``torch.save`` file; a Lightning layout inside it is recognized by its keys."""
 
     name = "torch-save"
+    label = "torch.save file (nanoGPT-style, Lightning .ckpt)"
     canonicalize = staticmethod(canonicalize)
+
+    def recognize_file(self, entry: Entry) -> CheckpointRef | None:
+        if not (entry.is_file and entry.name.endswith(SINGLE_FILE_SUFFIXES) and entry.size > 0):
+            return None
+        return CheckpointRef(uri=entry.uri, name=entry.name, step=step_of(entry.name), format=self.name, mtime=entry.mtime)
+
+    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+        from drill.integrity.reading import read_whole
+
+        (name, size), = sizes.items()
+        return zip_structure(read_whole(storage, uri, size, hash=False).view, name)
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
         """Read the file once (hashed as the plan says), prove its zip structure, and load it
@@ -138,6 +157,8 @@ class TorchSaveAdapter:
 
     @staticmethod
     def _load(view: memoryview, ctx: RestoreContext, name: str, result: RestoreResult) -> Any:
+        from drill.formats.safeload import UnboundedArchive, UnsafePickle, check_archive, load_failure, load_torch
+
         try:
             need = check_archive(view)
         except UnboundedArchive as exc:
@@ -158,8 +179,12 @@ class TorchSaveAdapter:
         return None
 
 
-class LightningAdapter(TorchSaveAdapter):
+class Lightning(TorchSave):
     """``--format lightning``: a Lightning ``.ckpt`` read with Lightning's layout, whatever its keys."""
 
     name = "lightning"
+    label = "Lightning .ckpt (forced: --format lightning)"
     canonicalize = staticmethod(lambda obj: canonicalize_lightning(obj) if isinstance(obj, dict) else canonicalize(obj))
+
+    def recognize_file(self, entry: Entry) -> CheckpointRef | None:
+        return None  # a .ckpt is a torch-save file; its keys say Lightning (or --format does)

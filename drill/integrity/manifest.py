@@ -330,7 +330,7 @@ def seal(
     checkpoint = os.fspath(path)
     storage = storage or storage_for(checkpoint)
     if step is None:
-        from drill.discover import step_of
+        from drill.checkpoints import step_of
 
         step = step_of(checkpoint.rstrip("/").rsplit("/", 1)[-1])
     try:

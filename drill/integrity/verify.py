@@ -187,11 +187,15 @@ def _compare_manifest(plan: IntegrityPlan, observed: Mapping[str, Observed]) -> 
     assert manifest is not None
     findings: list[Finding] = []
     verified: list[str] = []
+    damaged: dict[str, list[tuple[int, int]]] = {}
     listed = manifest.by_path()
     for path, entry in sorted(listed.items()):
         finding = file_against_seal(path, entry, plan, observed.get(path))
         if finding is not None:
             findings.append(finding)
+            seen = observed.get(path)
+            if finding.code == "digest-mismatch" and seen is not None and seen.hashes is not None:
+                damaged[path] = mismatched_ranges(entry.chunks, seen.hashes.chunk_hex, manifest.chunk_size, entry.size)
         elif (seen := observed.get(path)) is not None and seen.hashes is not None:
             verified.append(path)
     foreign = {fm.name for fm in plan.foreign}
@@ -208,6 +212,8 @@ def _compare_manifest(plan: IntegrityPlan, observed: Mapping[str, Observed]) -> 
         "bytes_verified": sum(listed[p].size for p in verified),
         "verified": verified,
     }
+    if damaged:
+        evidence["damaged_ranges"] = damaged
     return findings, evidence
 
 

@@ -55,11 +55,9 @@ def restore_across_ranks(d: Drill, adapter: Any, ctx: RestoreContext) -> Restore
         return None
     d.outcome.distributed = figures(reports, ctx.shard)
     merged = merge(reports)
-    if merged.metadata_error is None and merged.format == "dcp":
-        from drill.formats.dcp_layout import apply_layout
-
+    if merged.metadata_error is None:
         ctx.shard = None
-        apply_layout(merged, d.storage, d.inputs.ref, ctx)
+        adapter.finish_merged(merged, d.storage, d.inputs.ref, ctx)
     return merged
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from drill.findings import CheckResult
 
 if TYPE_CHECKING:
-    from drill.integrity.verify import IntegrityPlan
+    from drill.integrity.coverage import CoverageUpdate
     from drill.pipeline.outcome import CheckpointInfo, DrillOutcome
 
 
@@ -55,9 +55,9 @@ class Recorder(Protocol):
         """File path → when its bytes last matched their seal (the coverage ledger)."""
         ...
 
-    def verified(self, checkpoint: CheckpointInfo, plan: IntegrityPlan, integrity: CheckResult, days: float) -> float | None:
-        """Update the coverage ledger from an integrity check; the share of the checkpoint's
-        bytes verified within ``days`` (None when not known)."""
+    def verified(self, checkpoint: CheckpointInfo, update: CoverageUpdate, days: float) -> float | None:
+        """Record what a seal just proved (and what it no longer vouches for) in the coverage
+        ledger; the share of the checkpoint's bytes verified within ``days`` (None when not known)."""
         ...
 
     def checks(self, results: list[CheckResult]) -> None:
@@ -87,7 +87,7 @@ class NullRecorder:
     def last_verified(self, checkpoint_uri: str) -> Mapping[str, datetime]:
         return {}
 
-    def verified(self, checkpoint: CheckpointInfo, plan: IntegrityPlan, integrity: CheckResult, days: float) -> float | None:
+    def verified(self, checkpoint: CheckpointInfo, update: CoverageUpdate, days: float) -> float | None:
         return None
 
     def checks(self, results: list[CheckResult]) -> None:

@@ -32,9 +32,9 @@ from drill.device import resolve_device
 from drill.discover import discover
 from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError
 from drill.findings import CheckResult, CheckStatus, not_run
-from drill.formats import adapter_for, resolve_format
+from drill import formats
+from drill.formats import resolve_format
 from drill.formats.base import RestoreContext
-from drill.integrity.coverage import annotate_coverage
 from drill.integrity.keys import load_key
 from drill.integrity.reading import INFRASTRUCTURE
 from drill.integrity.verify import plan_integrity
@@ -46,7 +46,7 @@ from drill.pipeline.request import DrillRequest
 from drill.replay.run import ERROR, NOT_REPLAYABLE, NOT_RUN, ReplayOutcome, entrypoint_findable, run_replay
 from drill.restore import Progress
 from drill.select import choose, select
-from drill.discover import CheckpointRef
+from drill.checkpoints import CheckpointRef
 from drill.integrity.manifest import MANIFEST_NAME, list_files
 from drill.storage import LocalStorage, Storage, StorageError, scheme_of, storage_for
 from drill.verdict import DrillStatus, decide
@@ -371,7 +371,7 @@ def restore_stage(d: Drill) -> list[CheckResult]:
     onto the device, as a resume would."""
     ref, plan = d.inputs.ref, d.inputs.plan
     assert ref is not None
-    adapter = adapter_for(resolve_format(d.request.format, ref.format))  # imported off the clock
+    adapter = formats.get(resolve_format(d.request.format, ref.format))  # imported off the clock
     if d.request.allow_classes:
         from drill.formats.safeload import resolve_globals
 
@@ -407,11 +407,11 @@ def restore_stage(d: Drill) -> list[CheckResult]:
 def check_stage(d: Drill) -> list[CheckResult]:
     """The state checks over what was restored; the coverage ledger learns what was proven."""
     started = time.perf_counter()
+    checkpoint, days = d.outcome.checkpoint, d.request.coverage_days
+    if checkpoint is not None:
+        d.inputs.ledger = lambda update: d.recorder.verified(checkpoint, update, days)
+    d.inputs.coverage_days = days
     results = run_checks(STATE_CHECKS, d.inputs)
-    plan, integrity = d.inputs.plan, next(r for r in results if r.name == "integrity")
-    if plan is not None and plan.manifest is not None and d.outcome.checkpoint is not None:
-        share = d.recorder.verified(d.outcome.checkpoint, plan, integrity, d.request.coverage_days)
-        annotate_coverage(integrity, share, d.request.coverage_days)
     d.timings.checks = time.perf_counter() - started
     restore = d.inputs.restore
     if restore is not None:
@@ -448,8 +448,8 @@ def _replay(d: Drill) -> ReplayOutcome:
     broken = [d.results[n] for n in LOADING_CHECKS if n in d.results and d.results[n].status is CheckStatus.FAILED]
     if broken:
         return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"{broken[0].name} failed: {broken[0].summary}")
-    if ref.format != "dcp" and request.replay.entrypoint is None:
-        return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"no replay entrypoint for this {ref.format} checkpoint: pass --replay module:function")
+    if not formats.get(ref.format).replays_through_dcp and request.replay.entrypoint is None:
+        return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"no replay entrypoint for this {formats.get(ref.format).label} checkpoint: pass --replay module:function")
     return run_replay(
         spec=request.replay, run_dir=replay_dir(d), checkpoint=ref.uri, step=d.restored_step, device=str(d.device), storage_options=request.storage_options
     )

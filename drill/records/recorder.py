@@ -20,8 +20,7 @@ from typing import TypeVar
 
 from drill.errors import DatabaseError, UnreadableRecord
 from drill.findings import CheckResult
-from drill.integrity.coverage import coverage_update
-from drill.integrity.verify import IntegrityPlan
+from drill.integrity.coverage import CoverageUpdate
 from drill.pipeline.outcome import CheckpointInfo, DrillOutcome
 from drill.pipeline.recorder import DrillStart
 from drill.records.db import Database, safe_url
@@ -86,10 +85,9 @@ class DatabaseRecorder:
         ledger = self._best_effort("coverage ledger", lambda: self.records.last_verified(self.records.checkpoint_id(checkpoint_uri))) or {}
         return {path: when for path, (when, _) in ledger.items()}
 
-    def verified(self, checkpoint: CheckpointInfo, plan: IntegrityPlan, integrity: CheckResult, days: float) -> float | None:
+    def verified(self, checkpoint: CheckpointInfo, update: CoverageUpdate, days: float) -> float | None:
         if self.checkpoint_id is None:
             return None
-        update = coverage_update(plan, integrity)
         return self._best_effort("coverage ledger", lambda: self.records.apply_coverage(self.checkpoint_id, self.id, update, days))  # type: ignore[arg-type]
 
     def checks(self, results: list[CheckResult]) -> None:

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from drill.discover import step_of
+from drill.checkpoints import step_of
 from drill.runlog.steplog import STEP_LOG, StepRecord, parse_step_log
 from drill.storage import Storage, scheme_of, storage_for
 

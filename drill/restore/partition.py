@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
 
 def assign(sizes: dict[str, int], world: int) -> list[list[str]]:
     """Files to ranks, largest first onto the least-loaded rank (LPT): within 4/3 of the best
@@ -21,4 +25,20 @@ def balance(loads: list[int]) -> float | None:
     return max(loads) / low if low > 0 else None
 
 
-__all__ = ["assign", "balance"]
+
+
+
+@dataclass(slots=True)
+class Shard:
+    """This rank's place in a distributed restore (a format that restores across ranks gives
+    each rank its files: see :attr:`drill.formats.base.Format.restores_across_ranks`)."""
+
+    rank: int
+    world: int
+    broadcast: Callable[[Any], Any]
+    """Rank 0's value on every rank."""
+    assignment: list[list[str]] = field(default_factory=list)
+    """Every rank's files (filled in by the restore)."""
+
+
+__all__ = ["Shard", "assign", "balance"]

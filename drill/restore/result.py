@@ -61,6 +61,8 @@ class RestoreResult:
     """The finding code for ``metadata_error`` when the adapter knows it (``metadata-implausible``)."""
     index: Any = None
     """The format's own index of where each entry lives (DCP: ``Metadata.storage_data``)."""
+    index_file: str | None = None
+    """The file that holds that index (DCP's ``.metadata``), named when it cannot be read."""
     inventory: list[TensorInfo] = field(default_factory=list)
     """Every tensor: key, shape, dtype, bytes, rank — read from metadata where possible."""
     layout: Any = None

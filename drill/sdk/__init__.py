@@ -21,8 +21,9 @@ Writing what drill checks:
 
 from drill.integrity.keys import load_key
 from drill.integrity.manifest import SealConflict, SealResult, seal
+from drill.errors import StorageProblem
 from drill.sdk.resume import CheckpointCorrupt, LoadReport, last_good, load, verified
 from drill.runlog.runfiles import read_run_file
 from drill.runlog.steplog import STEP_LOG, StepLog, StepRecord, read_step_log
 
-__all__ = ["STEP_LOG", "CheckpointCorrupt", "LoadReport", "SealConflict", "SealResult", "StepLog", "StepRecord", "last_good", "load", "load_key", "read_run_file", "read_step_log", "seal", "verified"]
+__all__ = ["STEP_LOG", "CheckpointCorrupt", "LoadReport", "SealConflict", "SealResult", "StepLog", "StepRecord", "StorageProblem", "last_good", "load", "load_key", "read_run_file", "read_step_log", "seal", "verified"]

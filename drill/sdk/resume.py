@@ -85,19 +85,20 @@ def load(
     ``verify``: compare every byte read with the seal (an unsealed checkpoint gets DCP's
     structural proof only: the evidence says so). ``record``: record the resume as a drill
     (``db``: a database URL, default as the CLI). ``key``: the seal key, to authenticate the
-    seal. Raises :class:`CheckpointCorrupt` when the checkpoint is damaged; ``state`` may
-    then hold part of it, so load the fallback into the same objects.
+    seal. Raises :class:`CheckpointCorrupt` when the checkpoint is damaged (``state`` may
+    then hold part of it, so load the fallback into the same objects), and
+    :class:`~drill.errors.StorageProblem` when the storage would not serve it (falling back
+    would not help: nothing is known about the checkpoint).
     """
-    from drill.sdk.verified_load import run_load
+    from drill.sdk.verified_load import raise_unless_passed, run_load
 
     started = time.perf_counter()
     began = datetime.now(timezone.utc)
-    report, findings, result = run_load(state, checkpoint_id, verify, process_group, planner, key, allow_classes)
+    report, checks, result = run_load(state, checkpoint_id, verify, process_group, planner, key, allow_classes)
     report.seconds["total"] = time.perf_counter() - started
     if record and _is_coordinator(process_group):
-        report.recorder = _record_in_background(report, findings, len(result.files), began, db)
-    if findings:
-        raise CheckpointCorrupt(report.checkpoint, findings, report.byte_ranges)
+        report.recorder = _record_in_background(report, checks, len(result.files), began, db)
+    raise_unless_passed(report, checks)
     return report
 
 
@@ -110,14 +111,13 @@ def verified(checkpoint: str, *, record: bool = True, db: str | None = None, key
     This reads the checkpoint once more than the resume does (the trainer's own load then
     mostly hits the page cache). Recorded like :func:`load`; raises :class:`CheckpointCorrupt`.
     """
-    from drill.sdk.verified_load import verify_for_resume
+    from drill.sdk.verified_load import raise_unless_passed, verify_for_resume
 
     began = datetime.now(timezone.utc)
-    report, findings, files, checks = verify_for_resume(checkpoint, key, allow_classes)
+    report, checks, files = verify_for_resume(checkpoint, key, allow_classes)
     if record:
-        _record_in_background(report, findings, files, began, db, checks).join()
-    if findings:
-        raise CheckpointCorrupt(report.checkpoint, findings)
+        _record_in_background(report, checks, files, began, db).join()
+    raise_unless_passed(report, checks)
     return report.checkpoint
 
 
@@ -127,14 +127,12 @@ def _is_coordinator(process_group: Any) -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank(process_group) == 0
 
 
-def _record_in_background(
-    report: LoadReport, findings: list[Any], files: int, began: datetime, db: str | None, checks: list[Any] | None = None
-) -> threading.Thread:
+def _record_in_background(report: LoadReport, checks: list[Any], files: int, began: datetime, db: str | None) -> threading.Thread:
     """Write the resume's drill record without holding the trainer up (the thread is not a
     daemon: an exiting trainer still finishes the record, or spools it)."""
     from drill.sdk.verified_load import outcome_of
 
-    outcome = outcome_of(report, findings, files, began, checks)
+    outcome = outcome_of(report, checks, files, began)
 
     def write() -> None:
         try:

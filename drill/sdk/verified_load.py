@@ -13,23 +13,28 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from drill.claims import DEFAULT_MIN_EVIDENCE, evidence_of, level
+from drill import formats
+from drill.claims import DEFAULT_MIN_EVIDENCE, evidence_of
 from drill.findings import CheckResult, Finding, Severity
 from drill.formats.base import RestoreContext, one_line
+from drill.formats.dcp_names import DCP_METADATA
+from drill.formats.dcp_read import MetadataUnreadable
 from drill.formats.dcp_reader import DCPStorageReader, SafeLoadPlanner, dcp_load
 from drill.integrity.hashing import HashPlan
-from drill.integrity.manifest import MANIFEST_NAME
+from drill.integrity.proof import observed_by, prove
 from drill.integrity.sampling import SampleSpec
-from drill.integrity.verify import IntegrityPlan, Observed, file_against_seal, mismatched_ranges, plan_integrity, seal_authentication
+from drill.integrity.verify import IntegrityPlan, plan_integrity
 from drill.restore import RestoreResult
-from drill.sdk.resume import TRIGGER, LoadReport
+from drill.sdk.resume import TRIGGER, CheckpointCorrupt, LoadReport
+from drill.verdict import decide
 from drill.storage import storage_for
 
 
 def run_load(
     state: dict[str, Any], checkpoint_id: str, verify: bool, process_group: Any, planner: Any, key: bytes | None, allow_classes: tuple[str, ...]
-) -> tuple[LoadReport, list[Finding], RestoreResult]:
-    """Load, then compare what this rank read with the seal; every rank gets every rank's findings."""
+) -> tuple[LoadReport, list[CheckResult], RestoreResult]:
+    """Load, then prove what this rank read as ``drill run`` does (:func:`~drill.integrity.proof.prove`,
+    the ``files`` and ``load`` checks); every rank gets every rank's findings."""
     storage = storage_for(str(checkpoint_id))
     uri = storage.normalize(str(checkpoint_id))
     started = time.perf_counter()
@@ -37,100 +42,112 @@ def run_load(
     sealed = plan is not None and plan.manifest is not None
     report = LoadReport(checkpoint=uri, sealed=sealed)
     report.seconds["plan"] = time.perf_counter() - started
-    result = RestoreResult(uri=uri, format="dcp", device="cpu")
+    result = RestoreResult(uri=uri, format=_DCP.name, device="cpu", index_file=DCP_METADATA)
     hash_plan = HashPlan(chunk_size=plan.hash_plan.chunk_size) if sealed else HashPlan(files=frozenset())  # type: ignore[union-attr]
     reader = DCPStorageReader(storage, uri, result, RestoreContext(device=torch.device("cpu"), hash_plan=hash_plan, allow_classes=allow_classes))
-    findings = _refused(plan) if plan is not None and plan.refuse else _read(state, reader, result, planner, process_group)
+    refused = plan is not None and plan.refuse
+    not_loaded = None if refused else _read(state, reader, result, planner, process_group)
     report.seconds["read"], report.seconds["load"] = result.read_seconds, result.load_seconds
     checked = time.perf_counter()
-    if plan is not None and sealed and not plan.refuse:
-        findings += _against_seal(plan, result, report.byte_ranges)
-        authenticated = key is not None and not any(f.code.startswith("manifest-") for f in findings)
-        report.evidence = level(sealed=True, authenticated=authenticated)
+    checks = _checks(storage, plan, result, not_loaded)
     report.seconds["verify"] = time.perf_counter() - checked
-    report.verified_files = sum(1 for f in result.files if f.hashes is not None) if sealed else 0
-    report.bytes_read = result.bytes_read
-    findings.sort(key=lambda f: _CAUSE_FIRST.get(f.check, 9))  # damaged bytes explain entries that would not load
-    findings, report.byte_ranges, report.ranks, report.bytes_read = _agree(findings, report.byte_ranges, report.bytes_read, process_group)
-    return report, findings, result
+    checks, report.ranks, report.bytes_read = _agree(checks, result.bytes_read, process_group)
+    integrity = checks[0] if checks[0].name == "integrity" else None
+    report.evidence = evidence_of(integrity) if integrity is not None else "none"
+    report.verified_files = int(integrity.evidence.get("files_verified", 0)) if integrity is not None else 0
+    report.byte_ranges = {p: [tuple(r) for r in rs] for p, rs in (integrity.evidence.get("damaged_ranges", {}) if integrity else {}).items()}  # type: ignore[misc]
+    return report, checks, result
 
 
-_CAUSE_FIRST = {"integrity": 0, "files": 1, "load": 2}
+_DCP = formats.get("dcp")
 
 
-def _read(state: dict[str, Any], reader: DCPStorageReader, result: RestoreResult, planner: Any, process_group: Any) -> list[Finding]:
+def _read(state: dict[str, Any], reader: DCPStorageReader, result: RestoreResult, planner: Any, process_group: Any) -> str | None:
+    """``dcp.load`` through drill's reader; why it did not load, when it did not."""
     distributed = dist.is_available() and dist.is_initialized()
     try:
         dcp_load(state, reader, planner or SafeLoadPlanner(result.failures), process_group, distributed)
     except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's failure; it is the finding
-        return [_finding("load", "checkpoint-not-loaded", reader.uri, f"the checkpoint did not load: {one_line(exc)}")]
-    findings = [_finding("files", f.error_kind and f"file-{f.error_kind}" or "file-unreadable", f.relative_path, f"{f.relative_path}: {f.error}") for f in result.files if f.error]
-    findings += [_finding("load", f.code or "entry-not-loaded", f.key, f"{f.key} did not load: {f.reason}") for f in result.failures]
-    return findings
+        unreadable = _cause(exc, MetadataUnreadable)
+        if unreadable is not None:
+            result.metadata_error = str(unreadable)
+            return None  # the load check names the index
+        return one_line(exc)
+    finally:
+        result.index = reader.storage_data or None
+    return None
 
 
-def _against_seal(plan: IntegrityPlan, result: RestoreResult, ranges: dict[str, list[tuple[int, int]]]) -> list[Finding]:
-    """The files this rank read, against the seal (``ranges`` gets each damaged file's byte
-    ranges); plus the seal's own authentication when a key was given."""
-    assert plan.manifest is not None
-    listed = plan.manifest.by_path()
-    findings = seal_authentication(plan, {})[0]
-    for f in result.files:
-        entry = listed.get(f.relative_path)
-        if entry is None:
-            findings.append(_finding("integrity", "file-unlisted", f.relative_path, f"{f.relative_path} was read but is not in {MANIFEST_NAME}: added after sealing"))
-            continue
-        finding = file_against_seal(f.relative_path, entry, plan, Observed(hashes=f.hashes, error=f.error))
-        if finding is None:
-            continue
-        findings.append(finding)
-        if f.hashes is not None and finding.code == "digest-mismatch":
-            ranges[f.relative_path] = mismatched_ranges(entry.chunks, f.hashes.chunk_hex, plan.manifest.chunk_size, entry.size)
-    return findings
+def _cause(exc: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, kind):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
-def _refused(plan: IntegrityPlan) -> list[Finding]:
-    why = plan.listing_error or (str(plan.manifest_error) if plan.manifest_error else "a path leads out of the checkpoint")
-    return [_finding("integrity", "path-escapes", plan.checkpoint, f"refused before reading: {why}")]
+def _checks(storage: Any, plan: IntegrityPlan | None, result: RestoreResult, not_loaded: str | None) -> list[CheckResult]:
+    """The ``integrity``, ``files`` and ``load`` checks of this rank's read: the same checks
+    (and the same structural proof) ``drill run`` gives the same checkpoint."""
+    from drill.checks import CheckInputs
+    from drill.checks.files import check_files
+    from drill.checks.load import check_load
+    from drill.findings import not_run
+
+    checks: list[CheckResult] = []
+    if plan is not None:
+        structure = None if plan.refuse else _DCP.restored_structure(result, storage, plan.checkpoint, plan.on_storage)
+        checks.append(prove(storage, plan, observed_by(result.files), structure=structure, read_rest=False))
+        if plan.refuse:
+            return checks + [not_run(n, "a path leads out of the checkpoint: nothing was opened") for n in ("files", "load")]
+    inputs = CheckInputs(storage=storage, root=result.uri, plan=plan, restore=result)
+    files, load = check_files(inputs), check_load(inputs)
+    if not_loaded is not None:
+        load.findings.append(Finding(check="load", code="checkpoint-not-loaded", severity=Severity.ERROR, subject=result.uri, message=f"the checkpoint did not load: {not_loaded}"))
+        load.summary = "the checkpoint did not load into the trainer's objects"
+    for check in checks + [files, load]:
+        check.evidence["trigger"] = TRIGGER
+    return checks + [files, load]
 
 
-def _agree(findings: list[Finding], ranges: dict[str, list[tuple[int, int]]], nbytes: int, process_group: Any) -> tuple[list[Finding], dict[str, list[tuple[int, int]]], int, int]:
+def _agree(checks: list[CheckResult], nbytes: int, process_group: Any) -> tuple[list[CheckResult], int, int]:
     """Every rank's findings on every rank: all raise, or none does (one rank training on while
     another falls back would hang the job)."""
     if not (dist.is_available() and dist.is_initialized()):
-        return findings, ranges, 1, nbytes
+        return checks, 1, nbytes
     world = dist.get_world_size(process_group)
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (findings, ranges, nbytes), group=process_group)
-    merged: list[Finding] = []
-    where: dict[str, list[tuple[int, int]]] = {}
-    for theirs, their_ranges, _ in gathered:
-        merged += [f for f in theirs if f not in merged]
-        where.update(their_ranges)
-    return merged, where, world, sum(n for _, _, n in gathered)
-
-
-def _finding(check: str, code: str, subject: str | None, message: str) -> Finding:
-    return Finding(check=check, code=code, severity=Severity.ERROR, subject=subject, message=message)
+    dist.all_gather_object(gathered, (checks, nbytes), group=process_group)
+    merged = []
+    for mine, *theirs in zip(checks, *(g[0] for g in gathered)):
+        findings = list(mine.findings)
+        for other in theirs:
+            findings += [f for f in other.findings if f not in findings]
+            for path, ranges in other.evidence.get("damaged_ranges", {}).items():
+                mine.evidence.setdefault("damaged_ranges", {})[path] = ranges
+        if len(findings) > len(mine.findings):
+            mine.summary = f"{len(findings) - len(mine.findings)} problem(s) found by other ranks; {mine.summary}"
+        mine.findings, mine.errored = findings, any(c.errored for c in (mine, *theirs))
+        merged.append(mine)
+    return merged, world, sum(n for _, n in gathered)
 
 
 # -- the record --------------------------------------------------------------------------------
-def outcome_of(report: LoadReport, findings: list[Finding], files: int, began: datetime, checks: list[CheckResult] | None = None) -> Any:
-    """The resume as a drill outcome: integrity, files and load checks (or ``checks``), latency per phase."""
+def outcome_of(report: LoadReport, checks: list[CheckResult], files: int, began: datetime) -> Any:
+    """The resume as a drill outcome: its checks, judged by :func:`drill.verdict.decide` as
+    every drill is, and latency per phase."""
     from drill import __version__
-    from drill.discover import step_of
-    from drill.errors import ExitCode
+    from drill.checkpoints import step_of
     from drill.pipeline.outcome import CheckpointInfo, DrillOutcome, Timings
-    from drill.verdict import DrillStatus
 
-    plain = findings
     name = report.checkpoint.rstrip("/").rsplit("/", 1)[-1]
-    failed = bool(plain)
+    verdict = decide(checks)
     return DrillOutcome(
         id=None,
-        status=DrillStatus.FAILED if failed else DrillStatus.PASSED,
-        exit_code=ExitCode.FAILED if failed else ExitCode.PASSED,
-        message=plain[0].message if failed else None,
+        status=verdict.status,
+        exit_code=verdict.exit_code,
+        message=verdict.message,
         run_root=report.checkpoint.rstrip("/").rsplit("/", 1)[0] or "/",
         selector=name,
         trigger=TRIGGER,
@@ -145,26 +162,33 @@ def outcome_of(report: LoadReport, findings: list[Finding], files: int, began: d
         timings=Timings(restore=report.seconds.get("total"), plan=report.seconds.get("plan"), read=report.seconds.get("read"), load=report.seconds.get("load")),
         bytes_read=report.bytes_read,
         evidence_level=report.evidence,
-        checks=checks if checks is not None else _checks(report, plain),
+        checks=checks,
         versions={"drill": __version__, "torch": torch.__version__},
         distributed={"world_size": report.ranks, "trigger": TRIGGER} if report.ranks > 1 else None,
     )
 
 
-def _checks(report: LoadReport, findings: list[Finding]) -> list[CheckResult]:
-    out = []
-    for name, ok in (
-        ("integrity", f"sealed: every byte read matches the seal ({report.verified_files} files)" if report.sealed else "unsealed: no seal to compare the bytes with"),
-        ("files", "every file the load needed was read in full"),
-        ("load", "every entry loaded into the trainer's objects"),
-    ):
-        mine = [f for f in findings if f.check == name]
-        out.append(CheckResult(name=name, summary=f"{len(mine)} problem(s): {mine[0].message}" if mine else ok, findings=mine, evidence={"trigger": TRIGGER}))
-    return out
+def raise_unless_passed(report: LoadReport, checks: list[CheckResult]) -> None:
+    """What the verdict means to the trainer: :class:`CheckpointCorrupt` for a checkpoint that
+    failed (fall back), :class:`~drill.errors.StorageProblem` when the storage would not serve
+    it (nothing is known about the checkpoint: falling back would not help)."""
+    from drill.errors import StorageProblem
+    from drill.verdict import DrillStatus
+
+    verdict = decide(checks)
+    if verdict.status is DrillStatus.FAILED:
+        findings = [f for c in checks for f in c.errors]
+        findings.sort(key=lambda f: _CAUSE_FIRST.get(f.check, 9))  # damaged bytes explain entries that would not load
+        raise CheckpointCorrupt(report.checkpoint, findings, report.byte_ranges)
+    if verdict.status is DrillStatus.ERROR:
+        raise StorageProblem(f"{report.checkpoint}: {verdict.message}")
+
+
+_CAUSE_FIRST = {"integrity": 0, "files": 1, "load": 2}
 
 
 # -- verifying a checkpoint another loader reads (Hugging Face's Trainer) ----------------------
-def verify_for_resume(checkpoint: str, key: bytes | None, allow_classes: tuple[str, ...]) -> tuple[LoadReport, list[Finding], int, list[CheckResult]]:
+def verify_for_resume(checkpoint: str, key: bytes | None, allow_classes: tuple[str, ...]) -> tuple[LoadReport, list[CheckResult], int]:
     """``drill verify`` of the checkpoint a trainer is about to load by itself."""
     from drill.verifier import verify_checkpoint
 
@@ -174,8 +198,8 @@ def verify_for_resume(checkpoint: str, key: bytes | None, allow_classes: tuple[s
     report.format = _format_of(outcome.uri)
     report.verified_files = int(result.evidence.get("files_verified", 0))
     report.seconds = {"verify": outcome.seconds, "total": outcome.seconds}
-    findings = [f for f in result.findings if f.severity is Severity.ERROR]
-    return report, findings, len(result.evidence.get("verified", [])), [result]
+    report.byte_ranges = {p: [tuple(r) for r in rs] for p, rs in result.evidence.get("damaged_ranges", {}).items()}  # type: ignore[misc]
+    return report, [result], len(result.evidence.get("verified", []))
 
 
 def _format_of(uri: str) -> str:
