@@ -45,6 +45,12 @@ def discover(storage: Storage, root: str) -> Discovery:
         found.checkpoints.append(single)
         return found
     entries = storage.list(root)
+    claimed = formats.recognize(storage, root, root_entry.name, entries)
+    if isinstance(claimed, CheckpointRef) and not formats.get(claimed.format).is_export(claimed, entries):
+        # ``drill run --root step-40``: the root is itself one checkpoint — its files and the
+        # checkpoints nested in it (accelerate's FSDP directories) are parts of it.
+        found.checkpoints.append(claimed)
+        return found
     for entry in entries:
         if entry.is_dir:
             _add_dir(storage, entry, found)
@@ -52,12 +58,6 @@ def discover(storage: Storage, root: str) -> Discovery:
             why = "a symlink that leads back into itself" if entry.kind is EntryKind.LOOP else "a symlink to nothing"
             found.incomplete.append(IncompleteSave(entry.uri, entry.name, step_of(entry.name), f"{why}: no save behind it"))
     if not found.checkpoints and not found.incomplete:
-        # ``drill run --root step-40``: the root is itself one checkpoint (its *.pt files are
-        # parts of it, not checkpoints of their own).
-        claimed = formats.recognize(storage, root, root_entry.name, entries)
-        if isinstance(claimed, CheckpointRef) and not formats.get(claimed.format).is_export(claimed, entries):
-            found.checkpoints.append(claimed)
-            return found
         if isinstance(claimed, IncompleteSave):
             found.incomplete.append(claimed)
             return found  # a format's unfinished save: its files (a common.pt) are part of it, not checkpoints

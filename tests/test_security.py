@@ -148,6 +148,36 @@ def test_side_files_load_inert_a_payload_never_runs_and_unknown_classes_are_stan
     assert not marker.exists()
 
 
+class _TensorSubclass(torch.Tensor):
+    """A tensor subclass, pickled through torch._tensor._rebuild_from_type_v2 (as DeepSpeed's
+    ZeRO-3 partitions are): its class and state must never be constructed."""
+
+
+class _HostileRebuild:
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return torch._tensor._rebuild_from_type_v2, (os.system, torch.Tensor, (self.command,), {})
+
+
+def test_a_tensor_subclass_reads_as_a_plain_tensor_and_its_rebuild_runs_only_torchs_own(tmp_path: Path) -> None:
+    from drill.formats.inert import StandIn, load_inert
+
+    buf = io.BytesIO()
+    torch.save({"flat": torch.arange(4.0).as_subclass(_TensorSubclass)}, buf)
+    obj, stand_ins = load_inert(memoryview(buf.getvalue()))
+    assert type(obj["flat"]) is torch.Tensor and torch.equal(obj["flat"], torch.arange(4.0))
+    assert any("_TensorSubclass" in s for s in stand_ins)
+    marker = tmp_path / "pwned"
+    from drill.formats.inert import _Module
+
+    # _rebuild_from_type_v2(os.system, Tensor, ("touch …",), {}): the callable is not torch's own.
+    raw = pickle.dumps(_HostileRebuild(f"touch {marker}"), protocol=2)
+    out = _Module(set()).Unpickler(io.BytesIO(raw)).load()
+    assert isinstance(out, StandIn) and not marker.exists()
+
+
 def test_a_policy_runs_no_code_its_author_did_not_name(tmp_path: Path) -> None:
     """YAML tags that construct objects are refused; the replay entrypoint is the one way a
     policy names code, and the run directory cannot name one for it."""

@@ -95,6 +95,8 @@ def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Find
     model = {k: v for k, v in _part(state, parts.MODEL).items() if isinstance(v, torch.Tensor)}
     if not opt:
         return [], {}
+    if layout.optimizer_keys == "flat":
+        return check_partitions(opt, layout)
     grouped = [p for g in _param_groups(opt) for p in g]
     findings = [
         _f("param-in-two-groups", f"optimizer.param_groups[*].params: {p}", f"parameter {p} is in more than one param group: a resume would step it twice")
@@ -112,6 +114,60 @@ def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Find
     if not by_name:
         findings += _unoptimized_by_count(model, members)
     return findings, {"params_checked": len(members), "slots": list(slots), "keyed_by": "name" if by_name else "index"}
+
+
+_PARTITION = re.compile(r"^partitions\.rank_(\d+)\.(\d+)\.([^.]+)$")
+
+
+def check_partitions(opt: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], dict[str, Any]]:
+    """A flat-partitioned optimizer (ZeRO): every rank that saved holds, for every parameter
+    group, an fp32 partition and each moment the optimizer keeps, element for element; the
+    ranks' partitions are the same size and together cover the group's parameters; and every
+    rank is at the same step."""
+    held: dict[int, dict[int, dict[str, Any]]] = {}
+    for key, value in opt.items():
+        if m := _PARTITION.match(key):
+            held.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2)), {})[m.group(3)] = value
+    slots = ("exp_avg", "exp_avg_sq") if any("exp_avg" in g for r in held.values() for g in r.values()) else ()
+    groups = max(len(layout.flat_groups), 1 + max((g for r in held.values() for g in r), default=-1))
+    findings: list[Finding] = []
+    for rank in sorted(set(layout.saved_ranks) - set(held)):
+        findings.append(_f("optimizer-partition-missing", f"optimizer.partitions.rank_{rank}", f"rank {rank} holds no optimizer partition: a resume would lose its share of the fp32 weights and AdamW moments", rank=rank))
+    for rank, mine in sorted(held.items()):
+        for g in range(groups):
+            findings += _partition_findings(rank, g, mine.get(g, {}), slots)
+    findings += _coverage(held, layout, groups)
+    steps = {r: s for r, mine in held.items() for g in mine.values() if (s := _as_int(g.get("step"))) is not None}
+    if len(set(steps.values())) > 1:
+        findings.append(_f("step-mismatch", "optimizer.partitions", f"the ranks' optimizer partitions are at different steps ({', '.join(f'rank {r}: {s}' for r, s in sorted(steps.items()))}): a resume would mix optimizer states of different steps", actual=steps))
+    return findings, {"params_checked": sum(len(m) for m in held.values()), "slots": ["fp32", *slots], "keyed_by": "flat partition", "ranks": sorted(held)}
+
+
+def _partition_findings(rank: int, group: int, slots: Mapping[str, Any], moments: tuple[str, ...]) -> list[Finding]:
+    where = f"optimizer.partitions.rank_{rank}.{group}"
+    fp32 = slots.get("fp32")
+    if not isinstance(fp32, torch.Tensor):
+        return [_f("optimizer-partition-missing", f"{where}.fp32", f"rank {rank} holds no fp32 partition of parameter group {group}: a resume would lose its share of the master weights", rank=rank)]
+    out = []
+    for slot in moments:
+        value = slots.get(slot)
+        if not isinstance(value, torch.Tensor):
+            out.append(_f("optimizer-slot-missing", f"{where}.{slot}", f"no {slot} for rank {rank}'s partition of parameter group {group}: a resume would restart its AdamW moments from zero and spike the loss", rank=rank, expected=slot, actual="absent"))
+        elif value.numel() != fp32.numel():
+            out.append(_f("optimizer-slot-mismatch", f"{where}.{slot}", f"{slot} of rank {rank}'s partition of group {group} holds {value.numel()} elements, the partition {fp32.numel()}: the optimizer state belongs to a different partitioning", rank=rank, expected=fp32.numel(), actual=value.numel()))
+    return out
+
+
+def _coverage(held: Mapping[int, Mapping[int, Mapping[str, Any]]], layout: Layout, groups: int) -> list[Finding]:
+    out = []
+    for g in range(groups):
+        sizes = {r: t.numel() for r, mine in held.items() if isinstance(t := mine.get(g, {}).get("fp32"), torch.Tensor)}
+        if len(set(sizes.values())) > 1:
+            out.append(_f("optimizer-partition-mismatch", f"optimizer.partitions.*.{g}", f"the ranks' partitions of parameter group {g} differ in size ({', '.join(f'rank {r}: {n}' for r, n in sorted(sizes.items()))}): they were not cut from one group", actual=sizes))
+        need = layout.flat_groups[g] if g < len(layout.flat_groups) else None
+        if need is not None and len(sizes) == len(layout.saved_ranks) and sum(sizes.values()) < need:
+            out.append(_f("optimizer-partition-mismatch", f"optimizer.partitions.*.{g}", f"the partitions of parameter group {g} hold {sum(sizes.values())} elements, its parameters {need}: the optimizer state belongs to a different model", expected=need, actual=sum(sizes.values())))
+    return out
 
 
 def _trainable(model: Mapping[str, torch.Tensor]) -> list[str]:

@@ -45,7 +45,7 @@ def check_files(inputs: CheckInputs) -> CheckResult:
         for f in restore.files
         if f.error_kind is None and f.size is not None and listed.get(f.relative_path, f.size) != f.size
     ]
-    findings += [_side_missing(name) for name in (restore.layout.side_missing if restore.layout else ())]
+    findings += [_layout_missing(name, why) for name, why in (restore.layout.missing_files if restore.layout else {}).items()]
     findings += [replace(f, check=NAME) for f in formats.get(restore.format).missing_files(listed, restore)]
     infra = [f for f in restore.files if f.error_kind in INFRASTRUCTURE]
     ok = [f for f in restore.files if f.error_kind is None]
@@ -81,15 +81,13 @@ def check_files(inputs: CheckInputs) -> CheckResult:
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence, errored=errored)
 
 
-def _side_missing(name: str) -> Finding:
-    from drill.formats.layouts import SIDE_FILES
-
+def _layout_missing(name: str, why: str) -> Finding:
     return Finding(
         check=NAME,
         code="file-missing",
         severity=Severity.ERROR,
         subject=name,
-        message=f"{name} is missing: {SIDE_FILES.get(name, 'the layout reads it to resume')}",
+        message=f"{name} is missing: {why}",
         expected="present",
         actual="missing",
         hint="restore the file from a replica or drill an older checkpoint: drill run --checkpoint step:N",

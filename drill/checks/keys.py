@@ -12,11 +12,11 @@ from drill.findings import CheckResult, Finding, Severity
 NAME = "keys"
 INVENTORY_SHOWN = 200
 
-# Sub-keys without which a part cannot be loaded back into its object.
-_PART_SHAPE = {
-    parts.OPTIMIZER: ("state", "param_groups"),
-    parts.TRAIN_STATE: ("step",),
-}
+def _part_shape(layout) -> dict[str, tuple[str, ...]]:  # type: ignore[no-untyped-def]
+    """Sub-keys without which a part cannot be loaded back into its object (a flat-partitioned
+    optimizer keeps its state as partitions, not per parameter)."""
+    flat = layout is not None and layout.optimizer_keys == "flat"
+    return {parts.OPTIMIZER: ("partitions" if flat else "state", "param_groups"), parts.TRAIN_STATE: ("step",)}
 
 
 def check_keys(inputs: CheckInputs) -> CheckResult:
@@ -28,7 +28,7 @@ def check_keys(inputs: CheckInputs) -> CheckResult:
     required = expectations.parts_required(restore.layout)
     recommended = expectations.parts_recommended(restore.layout)
     hint = restore.layout.save_hint if restore.layout else "save every part with the checkpoint"
-    findings = _missing(counts, required, recommended, hint) + _never_saved(counts, restore.layout, expectations) + _incomplete(counts, restore.state) + _unknown(counts)
+    findings = _missing(counts, required, recommended, hint) + _never_saved(counts, restore.layout, expectations) + _incomplete(counts, restore.state, restore.layout) + _unknown(counts)
     if counts[parts.MODEL] and not any(k.startswith(parts.MODEL + ".") and hasattr(v, "shape") for k, v in restore.state.items()):
         findings.append(
             Finding(
@@ -98,9 +98,9 @@ def _never_saved(counts: Counter[str], layout, expectations) -> list[Finding]:  
     ]
 
 
-def _incomplete(counts: Counter[str], state: dict) -> list[Finding]:  # type: ignore[type-arg]
+def _incomplete(counts: Counter[str], state: dict, layout) -> list[Finding]:  # type: ignore[type-arg,no-untyped-def]
     out = []
-    for part, needed in _PART_SHAPE.items():
+    for part, needed in _part_shape(layout).items():
         if not counts[part]:
             continue
         for sub in needed:

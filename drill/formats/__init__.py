@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 _REGISTRY = {
     "hf-trainer": "drill.formats.hf:HFTrainer",
+    "deepspeed": "drill.formats.deepspeed:DeepSpeed",
+    "accelerate": "drill.formats.accelerate:Accelerate",
     "dcp": "drill.formats.dcp:DCP",
     "torch-save": "drill.formats.torch_save:TorchSave",
     "lightning": "drill.formats.torch_save:Lightning",

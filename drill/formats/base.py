@@ -33,7 +33,7 @@ from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave
 from drill.errors import one_line  # noqa: F401 - where the format adapters import it from
 from drill.integrity.hashing import HashPlan
 from drill.integrity.reading import describe_read_error, read_whole
-from drill.restore import FileRead, NullProgress, Progress, RestoreResult
+from drill.restore import FileRead, ItemFailure, NullProgress, Progress, RestoreResult
 from drill.storage import Entry, Storage
 
 if TYPE_CHECKING:
@@ -103,6 +103,10 @@ class Format:
         it (``sizes``: its files as listed); None when the format has none."""
         return None
 
+    def writers(self, sizes: dict[str, int]) -> list[int]:
+        """The ranks that wrote the checkpoint, where its file names say (empty: they do not)."""
+        return []
+
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
         """Read and load ``ref``; every problem is recorded in the result, never raised."""
         raise NotImplementedError(self.name)
@@ -120,6 +124,41 @@ class Format:
     def finish_merged(self, result: RestoreResult, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> None:
         """Rank 0 of a distributed drill, with every rank's share merged into ``result``:
         what :meth:`restore` does once the state is complete (a trainer's layout applied)."""
+
+
+def restore_nested(fmt: Format, storage: Storage, outer: CheckpointRef, subdir: str, ctx: RestoreContext, result: RestoreResult) -> RestoreResult:
+    """Restore the checkpoint ``fmt`` wrote in ``subdir`` of ``outer`` (accelerate's FSDP
+    sub-directories, the Trainer's DeepSpeed ``global_stepN/``) as part of ``outer``: one
+    checkpoint, its files named relative to ``outer`` and recorded in ``result``."""
+    from dataclasses import replace
+
+    ref = CheckpointRef(uri=storage.child(outer.uri, subdir), name=subdir, step=outer.step, format=fmt.name, mtime=outer.mtime)
+    sub = fmt.restore(storage, ref, replace(ctx, hash_plan=ctx.hash_plan.under(subdir + "/")))
+    for f in sub.files:
+        f.relative_path = f"{subdir}/{f.relative_path}"
+    for failure in sub.failures:
+        if failure.relative_path is not None:
+            failure.relative_path = f"{subdir}/{failure.relative_path}"
+    result.files += sub.files
+    result.failures += sub.failures
+    result.read_seconds += sub.read_seconds
+    result.load_seconds += sub.load_seconds
+    if sub.metadata_error is not None:
+        result.failures.append(ItemFailure(subdir, subdir, f"the checkpoint in {subdir}/ cannot be loaded ({sub.metadata_error})", code=sub.metadata_code or "metadata-unreadable"))
+    return sub
+
+
+def nested_structure(fmt: Format, storage: Storage, uri: str, subdir: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+    """``fmt``'s structural proof of the checkpoint in ``subdir``, its subjects named relative to ``uri``."""
+    from dataclasses import replace
+
+    prefix = subdir + "/"
+    proof = fmt.structure(storage, storage.child(uri, subdir), {p[len(prefix) :]: n for p, n in sizes.items() if p.startswith(prefix)}, allow_classes)
+    if proof is None:
+        return None
+    findings, evidence = proof
+    named = [replace(f, subject=f"{prefix}{f.subject}") if f.subject and not f.subject.startswith(("/", prefix)) and "://" not in f.subject else f for f in findings]
+    return named, {subdir: evidence}
 
 
 def read_pointer(storage: Storage, root: str, entry: Entry | None) -> str | None:

@@ -25,7 +25,11 @@ class Layout:
     recommended: tuple[str, ...] = ()
     """Parts whose absence a resume survives, differently: reported as warnings."""
     optimizer_keys: str = "fqn"
-    """``fqn`` (state keyed by parameter name, as DCP) or ``index`` (torch.optim's own)."""
+    """``fqn`` (state keyed by parameter name, as DCP), ``index`` (torch.optim's own) or
+    ``flat`` (ZeRO: per rank, a flat fp32 partition of each parameter group and its moments,
+    as ``optimizer.partitions.rank_<r>.<group>.<slot>``)."""
+    flat_groups: list[int] = field(default_factory=list)
+    """For ``flat``: the elements of each parameter group, which the ranks' partitions must cover."""
     step_counters: dict[str, int] = field(default_factory=dict)
     """Source → step value, from places other than the state (file names, JSON)."""
     scheduler_per_step: bool = True
@@ -45,8 +49,9 @@ class Layout:
     """``model.<fqn>`` keys the optimizer updates; other model keys are buffers."""
     side_files: tuple[str, ...] = ()
     """Files beside the shards that this layout's resume needs (``common.pt``, ``meta.pt``)."""
-    side_missing: tuple[str, ...] = ()
-    """Those of them the checkpoint lacks."""
+    missing_files: dict[str, str] = field(default_factory=dict)
+    """Files the format's own record of the save names that the checkpoint lacks (a side file,
+    a rank's partition) → what a resume reads it for."""
     saved_ranks: list[int] = field(default_factory=list)
     """The ranks that wrote the checkpoint, where its file names say (DCP's ``__<rank>_<n>.distcp``)."""
     notes: list[str] = field(default_factory=list)

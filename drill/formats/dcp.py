@@ -70,6 +70,11 @@ class DCP(Format):
 
         return unsealed_structure(storage, uri, sizes, result.index, (result.metadata_error or "").removeprefix(f"{DCP_METADATA}: "))
 
+    def writers(self, sizes: dict[str, int]) -> list[int]:
+        from drill.formats.dcp_names import SHARD
+
+        return sorted({int(m.group(1)) for n in sizes if (m := SHARD.match(n))})
+
     def missing_files(self, sizes: dict[str, int], result: RestoreResult) -> list[Finding]:
         if result.index is not None:
             return []  # the restore named every file its index places entries in

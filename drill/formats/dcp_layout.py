@@ -88,7 +88,7 @@ def _describe(result: RestoreResult, rec: Recognized, names: set[str]) -> None:
     layout.required = tuple(p for p in layout.required if p not in rec.never_saved)
     layout.params = frozenset(f"{parts.MODEL}.{p}" if not p.startswith(parts.MODEL + ".") else p for p in optimizer_params(result.state))
     layout.side_files = tuple(rec.side_files)
-    layout.side_missing = tuple(n for n in rec.side_files if n not in names)
+    layout.missing_files = {n: SIDE_FILES[n] for n in rec.side_files if n not in names}
 
 
 def structure(storage: Storage, uri: str, sizes: Mapping[str, int], allow_classes: tuple[str, ...] = ()) -> tuple[list[Finding], dict[str, Any]] | None:

@@ -63,6 +63,16 @@ class StandIn:
         return dict(self.state) if isinstance(self.state, dict) else {}
 
 
+def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    """How torch pickles a tensor of a subclass (DeepSpeed's ZeRO-3 flat partitions): the plain
+    tensor, rebuilt by the one callable the pickle names — only ever one of :data:`SAFE`'s own
+    (anything else the unpickler handed back is an inert stand-in) — and never converted to the
+    subclass the file names, nor given its state."""
+    if getattr(func, "__module__", None) != "torch._utils" or not isinstance(args, tuple):
+        return StandIn(func, new_type, args, state)
+    return func(*args)
+
+
 def _stand_in(module: str, name: str, seen: set[str]) -> type:
     kind = f"{module}.{name}"
     seen.add(kind)
@@ -82,6 +92,8 @@ class _Module:
                     return super().find_class(module, name)
                 if module == "numpy.dtypes" and name.endswith("DType"):  # never a prefix: numpy_evil is not numpy
                     return super().find_class(module, name)
+                if (module, name) == ("torch._tensor", "_rebuild_from_type_v2"):
+                    return _rebuild_from_type
                 return _stand_in(module, name, seen_)
 
         self.Unpickler = Unpickler

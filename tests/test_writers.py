@@ -1,0 +1,164 @@
+"""Checkpoints written by the libraries' own save code (tests/writers.py): clean ones pass (with
+at most a warning for what the writer never saves); a flipped byte, a deleted or truncated
+shard, a removed optimizer slot or partition, a removed RNG file and a resume pointer ahead of
+the data each fail, naming the file or part, in ``drill run`` and ``drill verify`` alike."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from drill import DrillOutcome
+from drill.integrity.manifest import seal
+from drill.verifier import verify_checkpoint
+from tests import writers
+from tests.conftest import drill as _drill
+
+
+def _rewrite(path: Path, edit: Callable[[dict], None]) -> None:
+    """Load one of the test's own torch.save files (trusted: written by this test), edit, save."""
+    obj = torch.load(path, weights_only=False)
+    edit(obj)
+    torch.save(obj, path)
+
+
+def _drop_ds_slot(obj: dict) -> None:
+    osd = obj["optimizer_state_dict"]
+    base = osd.get("base_optimizer_state") or osd["optimizer_state_dict"]
+    del base["state"][0]["exp_avg"]
+
+
+@dataclass(frozen=True)
+class Writer:
+    root: str
+    """The run root under what the writer wrote."""
+    checkpoint: str
+    format: str
+    shard: str
+    """A data file of the checkpoint (deleted, truncated, flipped)."""
+    slot: tuple[str, Callable[[dict], None]] | None
+    """(file, edit) removing one optimizer slot; the part then named."""
+    rng: str | None = None
+    """An RNG or loader file whose loss must fail the drill."""
+    pointer: str | None = None
+    """The resume pointer file at the run root (written ahead of the data), if the writer keeps one."""
+    never_saved: frozenset[str] = field(default_factory=frozenset)
+
+
+def _drop_torch_slot(obj: dict) -> None:
+    del obj["state"][0]["exp_avg"]
+
+
+WRITERS = {
+    "deepspeed-zero1": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_optim_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _drop_ds_slot), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
+    "deepspeed-zero2": Writer("", "global_step3", "deepspeed", "zero_pp_rank_0_mp_rank_00_optim_states.pt", ("zero_pp_rank_1_mp_rank_00_optim_states.pt", _drop_ds_slot), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
+    "deepspeed-zero3": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_model_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _drop_ds_slot), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
+    "accelerate": Writer("checkpoints", "checkpoint_0", "accelerate", "model.safetensors", ("optimizer.bin", _drop_torch_slot)),
+    "accelerate-fsdp": Writer("checkpoints", "checkpoint_0", "accelerate", "optimizer_0/__1_0.distcp", None, rng="random_states_1.pkl"),
+}  # fmt: skip
+
+
+def _needs(kind: str) -> None:
+    module = writers.NEEDS[kind.split("-")[0]] if kind.split("-")[0] in writers.NEEDS else None
+    if module is not None and importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed: no real checkpoint of it to drill")
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    cache: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        _needs(kind)
+        if kind not in cache:
+            cache[kind] = writers.spawn(kind, tmp_path_factory.mktemp(kind))
+        return cache[kind]
+
+    return get
+
+
+@pytest.fixture
+def copy_of(written, tmp_path: Path):  # type: ignore[no-untyped-def]
+    def get(kind: str) -> tuple[Path, Path]:
+        """(run root, checkpoint) of a private copy."""
+        w = WRITERS[kind]
+        run = Path(shutil.copytree(written(kind), tmp_path / kind)) / w.root
+        return run, run / w.checkpoint
+
+    return get
+
+
+def _errors(outcome: DrillOutcome) -> list[tuple[str, str, str | None]]:
+    return [(f.check, f.code, f.subject) for f in outcome.findings if f.severity.value == "error"]
+
+
+def _names(subjects: list[str | None], what: str) -> bool:
+    return any(s is not None and what in s for s in subjects)
+
+
+@pytest.mark.parametrize("kind", WRITERS)
+def test_a_clean_checkpoint_passes_in_run_and_verify(written, kind: str, sqlite_url: str) -> None:
+    w = WRITERS[kind]
+    run = written(kind) / w.root
+    outcome = _drill(run, sqlite_url)
+    assert outcome.status == "passed", _errors(outcome)
+    assert outcome.checkpoint is not None and outcome.checkpoint.name == w.checkpoint and outcome.checkpoint.format == w.format
+    warned = {str(f.subject) for f in outcome.findings if f.code == "part-not-saved-by-layout"}
+    assert warned == set(w.never_saved)
+    verified = verify_checkpoint(str(run / w.checkpoint))
+    assert verified.status == "passed" and verified.evidence == "structural", verified.result.findings
+
+
+DAMAGE = ("flip-sealed", "delete", "truncate", "slot", "rng", "pointer")
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+@pytest.mark.parametrize("kind", WRITERS)
+def test_damage_fails_naming_the_file_or_part_in_run_and_verify(copy_of, kind: str, damage: str, sqlite_url: str) -> None:
+    w = WRITERS[kind]
+    run, ckpt = copy_of(kind)
+    named = w.shard
+    if damage == "flip-sealed":
+        seal(str(ckpt))
+        shard = ckpt / w.shard
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+    elif damage == "delete":
+        (ckpt / w.shard).unlink()
+    elif damage == "truncate":
+        os.truncate(ckpt / w.shard, (ckpt / w.shard).stat().st_size // 2)
+    elif damage == "slot":
+        if w.slot is None:
+            pytest.skip(f"{kind}: its optimizer state is DCP's, whose slots the DCP layouts' tests remove")
+        seal(str(ckpt))  # a seal names the rewritten file in verify; the run names the part too
+        named = w.slot[0]
+        _rewrite(ckpt / w.slot[0], w.slot[1])
+    elif damage == "rng":
+        if w.rng is None:
+            pytest.skip(f"{kind}: the writer saves no RNG file apart from its commit marker")
+        named = w.rng
+        (ckpt / w.rng).unlink()
+    elif damage == "pointer":
+        if w.pointer is None:
+            pytest.skip(f"{kind}: the writer keeps no pointer file")
+        (run / w.pointer).write_text("global_step9")
+        outcome = _drill(run, sqlite_url)
+        assert outcome.status == "failed" and ("resume", "pointer-ahead", "latest") in _errors(outcome)
+        return
+    outcome = _drill(run, sqlite_url)
+    errors = _errors(outcome)
+    assert outcome.status == "failed" and outcome.exit_code == 1, errors
+    assert _names([s for _, _, s in errors], named), errors
+    if damage == "slot":
+        assert any(code in ("optimizer-slot-missing",) for _, code, _ in errors), errors
+    verified = verify_checkpoint(str(ckpt))
+    assert verified.status == "failed", verified.result.findings
+    assert _names([f.subject for f in verified.result.findings if f.severity.value == "error"], named), verified.result.findings

@@ -1,0 +1,183 @@
+"""Checkpoints written by the libraries' own save code, on CPU (2 ranks where the library shards).
+
+- ``deepspeed-zero1`` / ``-zero2`` / ``-zero3``: DeepSpeed's ``engine.save_checkpoint`` after 3
+  AdamW steps with a WarmupLR schedule on 2 data-parallel ranks (``latest`` + ``global_step3/``).
+- ``accelerate``: ``Accelerator.save_state`` with automatic checkpoint naming, a stateful data
+  loader (torchdata), a scheduler and a registered step counter (``checkpoints/checkpoint_0/``).
+- ``accelerate-fsdp``: the same on 2 ranks with FSDP2's sharded state dict
+  (``pytorch_model_fsdp_0/``, ``optimizer_0/``: DCP directories inside the save).
+- ``torchsnapshot``: ``Snapshot.take`` of model, optimizer, progress and RNG (``step-3/``).
+- ``torchtune``: torchtune's ``FullModelHFCheckpointer.save_checkpoint`` as its
+  ``full_finetune_single_device`` recipe calls it after epochs 0 and 1 of 3 (``epoch_0/``,
+  ``epoch_1/``, ``recipe_state/recipe_state.pt``), a tiny Llama trained by torchtune's model.
+- ``dcp-app``: the DCP tutorial's ``{"app": AppState}`` (``step-3/``).
+- ``dcp-hf``: ``dcp.save`` through ``HuggingFaceStorageWriter`` (safetensors, ``step-3/``).
+
+Run as ``python -m tests.writers KIND DIR`` in each rank (RANK, WORLD_SIZE, WRITER_INIT).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+RANKS = {"deepspeed-zero1": 2, "deepspeed-zero2": 2, "deepspeed-zero3": 2, "accelerate": 1, "accelerate-fsdp": 2, "torchsnapshot": 1, "torchtune": 1, "dcp-app": 1, "dcp-hf": 1}
+NEEDS = {"deepspeed": "deepspeed", "accelerate": "accelerate", "torchsnapshot": "torchsnapshot", "torchtune": "torchtune"}
+"""Writer prefix → the module it needs (its tests skip where it does not install)."""
+
+
+def spawn(kind: str, out: Path, timeout: float = 600) -> Path:
+    """Write a ``kind`` checkpoint run under ``out`` with its library, in as many processes as it shards over."""
+    out.mkdir(parents=True, exist_ok=True)
+    ranks = RANKS[kind]
+    with tempfile.TemporaryDirectory() as rdzv:
+        env = {**os.environ, "WORLD_SIZE": str(ranks), "WRITER_INIT": f"file://{rdzv}/s", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.writers", kind, str(out)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
+            )
+            for r in range(ranks)
+        ]  # fmt: skip
+        outs = [p.communicate(timeout=timeout)[0].decode(errors="replace") for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"{kind} writer failed: {outs[0][-3000:]} {outs[-1][-1500:]}")
+    return out
+
+
+def _model() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _batches(n: int, seed: int = 1) -> list[Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)) for _ in range(n)]
+
+
+def _init() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=os.environ["WRITER_INIT"], rank=rank, world_size=world)
+    return rank, world
+
+
+def _done() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+# -- DeepSpeed ---------------------------------------------------------------------------------
+def deepspeed(stage: int, out: Path) -> None:
+    import deepspeed as ds
+    import deepspeed.comm.torch as ds_comm
+    import torch
+
+    if hasattr(ds_comm, "build_shm_op"):
+        ds_comm.build_shm_op = lambda *a, **k: None  # a JIT-compiled speed-up over gloo: minutes to build, not needed
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    ds.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, init_method=os.environ["WRITER_INIT"], rank=rank, world_size=world)
+    model = _model()
+    config = {
+        "train_batch_size": 4 * world,
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
+        "zero_optimization": {"stage": stage},
+    }
+    engine, *_ = ds.initialize(model=model, model_parameters=model.parameters(), config=config)
+    for x, y in _batches(3, seed=1 + rank):
+        loss = torch.nn.functional.mse_loss(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+    engine.save_checkpoint(str(out), client_state={"epoch": 0})
+    _done()
+
+
+# -- accelerate --------------------------------------------------------------------------------
+class Counter:
+    """A training-step counter registered for checkpointing, as accelerate's examples do."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step = state["step"]
+
+
+def accelerate(out: Path, fsdp: bool) -> None:
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
+
+    rank, world = _init()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # read by accelerate's checks only: the group is already up
+    os.environ.setdefault("MASTER_PORT", "1")
+    kwargs: dict[str, Any] = {}
+    if fsdp:
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT", cpu_ram_efficient_loading=False)
+    acc = Accelerator(
+        cpu=True,
+        project_config=ProjectConfiguration(project_dir=str(out), automatic_checkpoint_naming=True),
+        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
+        **kwargs,
+    )
+    if fsdp:  # accelerate enables FSDP for accelerator-backed runs only; its save code is the same on CPU
+        from accelerate.state import AcceleratorState, PartialState
+        from accelerate.utils import DistributedType
+
+        for state in (PartialState(), AcceleratorState()):
+            state.distributed_type = DistributedType.FSDP
+        AcceleratorState().fsdp_plugin = kwargs["fsdp_plugin"]
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=torch.Generator().manual_seed(3)), torch.randn(64, 4, generator=torch.Generator().manual_seed(4)))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
+    counter = Counter()
+    acc.register_for_checkpointing(counter)
+    for i, (x, y) in enumerate(loader):
+        acc.backward(torch.nn.functional.mse_loss(model(x), y))
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        counter.step += 1
+        if i == 2:
+            break
+    acc.save_state()
+    _done()
+
+
+def main(kind: str, out: Path) -> None:
+    if kind.startswith("deepspeed-zero"):
+        deepspeed(int(kind[-1]), out)
+    elif kind in ("accelerate", "accelerate-fsdp"):
+        accelerate(out, fsdp=kind.endswith("fsdp"))
+    else:
+        raise SystemExit(f"unknown writer {kind}")
+
+
+if __name__ == "__main__":
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    main(sys.argv[1], Path(sys.argv[2]))
