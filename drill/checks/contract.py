@@ -305,12 +305,13 @@ def _generators(rng: Mapping[str, Any]) -> set[str]:
     return {g for g, aliases in GENERATORS.items() if heads & set(aliases)} | ({"cuda"} if "cuda" in heads else set())
 
 
-def _generator_missing(gen: str, rank: int | None) -> Finding:
+def _generator_missing(gen: str, rank: int | None, saved_by_writer: bool = False) -> Finding:
     """torch's generator draws every dropout mask: its state is required. Python's and numpy's
     matter only to a run that draws from them (augmentation, shuffling in a loader) — which
-    the checkpoint cannot tell: a warning that says so."""
-    required = gen == "torch CPU"
-    use = "" if required else " (if the run draws from it: data augmentation, a loader shuffling with it)"
+    the checkpoint cannot tell: a warning that says so, unless the writer always saves them
+    (then one missing is damage)."""
+    required = gen == "torch CPU" or saved_by_writer
+    use = " (its writer always saves it)" if saved_by_writer and gen != "torch CPU" else "" if required else " (if the run draws from it: data augmentation, a loader shuffling with it)"
     return _f(
         "rng-generator-missing",
         "rng" if rank is None else f"rng.rank_{rank}",
@@ -341,8 +342,8 @@ def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], 
         if "cuda" in have:
             cuda_ranks.add(rank)
         for gen in GENERATORS:
-            if gen not in have:
-                findings.append(_generator_missing(gen, rank))
+            if gen not in have and (layout.rng_generators is None or gen in layout.rng_generators):
+                findings.append(_generator_missing(gen, rank, layout.rng_generators is not None))
     if cuda_ranks and len(cuda_ranks) != len(per_rank):
         for rank in sorted((r for r in per_rank if r not in cuda_ranks), key=lambda r: -1 if r is None else r):
             findings.append(_f("rng-generator-missing", f"rng.rank_{rank}.cuda", f"rank {rank} saved no CUDA RNG state while other ranks did", rank=rank))

@@ -43,6 +43,10 @@ class Layout:
     knows, for the evidence."""
     never_saved: dict[str, str] = field(default_factory=dict)
     """Parts this layout never saves, and why: a warning, not a failure, unless required."""
+    rng_generators: tuple[str, ...] | None = None
+    """The generators this writer saves (``python``, ``numpy``, ``torch CPU``): one of them
+    missing is damage; one it never saves is not asked for. None: the writer's set is not known
+    (torch's is required, python's and numpy's only warned about)."""
     loader_shuffles: bool | None = True
     """Whether the data loader shuffles (then a position alone does not fix the data order)."""
     params: frozenset[str] = frozenset()
