@@ -6,6 +6,7 @@ the data each fail, naming the file or part, in ``drill run`` and ``drill verify
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -22,11 +23,24 @@ from tests import writers
 from tests.conftest import drill as _drill
 
 
-def _rewrite(path: Path, edit: Callable[[dict], None]) -> None:
-    """Load one of the test's own torch.save files (trusted: written by this test), edit, save."""
-    obj = torch.load(path, weights_only=False)
-    edit(obj)
-    torch.save(obj, path)
+def _rewrite(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    """Load one of the test's own torch.save files (trusted: its writer ran in this test), edit, save."""
+
+    def rewrite(path: Path) -> None:
+        obj = torch.load(path, weights_only=False)
+        edit(obj)
+        torch.save(obj, path)
+
+    return rewrite
+
+
+def _drop_snapshot_slot(path: Path) -> None:
+    """Remove ``exp_avg`` of the first parameter from a torchsnapshot manifest."""
+    doc = json.loads(path.read_text())
+    manifest = doc["manifest"]
+    del manifest["0/optim/state/0/exp_avg"]
+    manifest["0/optim/state/0"]["keys"].remove("exp_avg")
+    path.write_text(json.dumps(doc))
 
 
 def _drop_ds_slot(obj: dict) -> None:
@@ -42,8 +56,8 @@ class Writer:
     checkpoint: str
     format: str
     shard: str
-    """A data file of the checkpoint (deleted, truncated, flipped)."""
-    slot: tuple[str, Callable[[dict], None]] | None
+    """A data file of the checkpoint (deleted, truncated, flipped), as a glob."""
+    slot: tuple[str, Callable[[Path], None]] | None
     """(file, edit) removing one optimizer slot; the part then named."""
     rng: str | None = None
     """An RNG or loader file whose loss must fail the drill."""
@@ -57,11 +71,12 @@ def _drop_torch_slot(obj: dict) -> None:
 
 
 WRITERS = {
-    "deepspeed-zero1": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_optim_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _drop_ds_slot), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
-    "deepspeed-zero2": Writer("", "global_step3", "deepspeed", "zero_pp_rank_0_mp_rank_00_optim_states.pt", ("zero_pp_rank_1_mp_rank_00_optim_states.pt", _drop_ds_slot), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
-    "deepspeed-zero3": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_model_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _drop_ds_slot), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
-    "accelerate": Writer("checkpoints", "checkpoint_0", "accelerate", "model.safetensors", ("optimizer.bin", _drop_torch_slot)),
+    "deepspeed-zero1": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_optim_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
+    "deepspeed-zero2": Writer("", "global_step3", "deepspeed", "zero_pp_rank_0_mp_rank_00_optim_states.pt", ("zero_pp_rank_1_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
+    "deepspeed-zero3": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_model_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
+    "accelerate": Writer("checkpoints", "checkpoint_0", "accelerate", "model.safetensors", ("optimizer.bin", _rewrite(_drop_torch_slot))),
     "accelerate-fsdp": Writer("checkpoints", "checkpoint_0", "accelerate", "optimizer_0/__1_0.distcp", None, rng="random_states_1.pkl"),
+    "torchsnapshot": Writer("", "step-3", "torchsnapshot", "batched/*", (".snapshot_metadata", _drop_snapshot_slot)),
 }  # fmt: skip
 
 
@@ -124,23 +139,23 @@ DAMAGE = ("flip-sealed", "delete", "truncate", "slot", "rng", "pointer")
 def test_damage_fails_naming_the_file_or_part_in_run_and_verify(copy_of, kind: str, damage: str, sqlite_url: str) -> None:
     w = WRITERS[kind]
     run, ckpt = copy_of(kind)
-    named = w.shard
+    shard = sorted(ckpt.glob(w.shard))[0]
+    named = str(shard.relative_to(ckpt))
     if damage == "flip-sealed":
         seal(str(ckpt))
-        shard = ckpt / w.shard
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0x01
         shard.write_bytes(bytes(data))
     elif damage == "delete":
-        (ckpt / w.shard).unlink()
+        shard.unlink()
     elif damage == "truncate":
-        os.truncate(ckpt / w.shard, (ckpt / w.shard).stat().st_size // 2)
+        os.truncate(shard, shard.stat().st_size // 2)
     elif damage == "slot":
         if w.slot is None:
             pytest.skip(f"{kind}: its optimizer state is DCP's, whose slots the DCP layouts' tests remove")
         seal(str(ckpt))  # a seal names the rewritten file in verify; the run names the part too
         named = w.slot[0]
-        _rewrite(ckpt / w.slot[0], w.slot[1])
+        w.slot[1](ckpt / w.slot[0])
     elif damage == "rng":
         if w.rng is None:
             pytest.skip(f"{kind}: the writer saves no RNG file apart from its commit marker")

@@ -167,11 +167,31 @@ def accelerate(out: Path, fsdp: bool) -> None:
     _done()
 
 
+# -- torchsnapshot -----------------------------------------------------------------------------
+def torchsnapshot(out: Path) -> None:
+    import torch
+    import torchsnapshot as ts
+
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    for x, y in _batches(3):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    progress = ts.StateDict(step=3, epoch=0)
+    app = {"model": model, "optim": opt, "lr_scheduler": sched, "progress": progress, "rng": ts.RNGState()}
+    ts.Snapshot.take(path=str(out / "step-3"), app_state=app)
+
+
 def main(kind: str, out: Path) -> None:
     if kind.startswith("deepspeed-zero"):
         deepspeed(int(kind[-1]), out)
     elif kind in ("accelerate", "accelerate-fsdp"):
         accelerate(out, fsdp=kind.endswith("fsdp"))
+    elif kind == "torchsnapshot":
+        torchsnapshot(out)
     else:
         raise SystemExit(f"unknown writer {kind}")
 

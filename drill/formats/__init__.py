@@ -26,6 +26,7 @@ _REGISTRY = {
     "hf-trainer": "drill.formats.hf:HFTrainer",
     "deepspeed": "drill.formats.deepspeed:DeepSpeed",
     "accelerate": "drill.formats.accelerate:Accelerate",
+    "torchsnapshot": "drill.formats.torchsnapshot:TorchSnapshot",
     "dcp": "drill.formats.dcp:DCP",
     "torch-save": "drill.formats.torch_save:TorchSave",
     "lightning": "drill.formats.torch_save:Lightning",

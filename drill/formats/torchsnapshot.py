@@ -1,0 +1,396 @@
+"""torchsnapshot ``Snapshot.take`` directories.
+
+A snapshot is a directory whose ``.snapshot_metadata`` (JSON, written last: the commit) maps
+every entry of every rank's app state (``<rank>/<key>/<path>``) to where it lives: a tensor's
+raw bytes (``buffer_protocol``) at a byte range of a file (small tensors are batched into
+``batched/<uuid>``), a large tensor in chunks, a sharded tensor's shards, an object in a
+``torch.save`` file of its own, and ints, floats, strings and bools inline. torchsnapshot
+keeps no checksum: unsealed, what can be proven is that every location named is inside the
+snapshot and there, every byte range inside its file and exactly the size its dtype and shape
+need, and every ``torch.save`` object's archive sound.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import posixpath
+import re
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+from drill import parts
+from drill.checkpoints import CheckpointRef, IncompleteSave, step_of
+from drill.findings import Finding, Severity
+from drill.formats.base import Format, RestoreContext, Structure
+from drill.restore import ItemFailure, RestoreResult
+from drill.storage import Entry, Storage
+
+METADATA = ".snapshot_metadata"
+MAX_METADATA = 256 << 20
+"""A manifest larger than this is refused unread (a 70B model's is a few MB)."""
+_PART_NAMES = {
+    parts.MODEL: ("model", "module", "net", "network"),
+    parts.OPTIMIZER: ("optim", "optimizer", "opt"),
+    parts.LR_SCHEDULER: ("lr_scheduler", "scheduler", "sched"),
+    parts.DATALOADER: ("dataloader", "data_loader", "loader", "sampler"),
+    parts.RNG: ("rng", "rng_state", "rng_states"),
+    parts.TRAIN_STATE: ("progress", "train_state", "trainer_state", "state"),
+}
+_DTYPE = re.compile(r"^torch\.(\w+)$")
+
+
+class TorchSnapshot(Format):
+    """torchsnapshot snapshots (see the module's docstring)."""
+
+    name = "torchsnapshot"
+    label = "torchsnapshot"
+    marker = METADATA
+
+    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+        meta = next((e for e in entries if e.name == METADATA and e.is_file), None)
+        if meta is not None:
+            return CheckpointRef(uri=uri, name=name, step=step_of(name), format=self.name, mtime=meta.mtime)
+        dirs = {e.name for e in entries if e.is_dir}
+        if "batched" in dirs or ("0" in dirs and step_of(name) is not None and all(d.isdigit() or d in ("batched", "sharded") for d in dirs)):
+            return IncompleteSave(uri, name, step_of(name), f"torchsnapshot writes {METADATA} last, and it is missing: the snapshot never finished")
+        return None
+
+    def writers(self, sizes: dict[str, int]) -> list[int]:
+        return sorted({int(p.split("/", 1)[0]) for p in sizes if p.split("/", 1)[0].isdigit()})
+
+    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+        from drill.formats.bundle import file_structure
+        from drill.integrity.reading import read_whole
+
+        if METADATA not in sizes:
+            return None
+        doc, findings = _manifest(read_whole(storage, storage.child(uri, METADATA), sizes[METADATA], hash=False).view if sizes[METADATA] <= MAX_METADATA else None)
+        if doc is None:
+            return findings, {"files": 1}
+        spans, objects, problems = _layout(doc)
+        findings += problems + _spans_against(spans, sizes)
+        for path in sorted(objects):
+            if path in sizes:
+                findings += file_structure(path, read_whole(storage, storage.child(uri, path), sizes[path], hash=False).view)
+        return findings, {"entries": len(doc["manifest"]), "files": len({p for p, *_ in spans} | objects), "world_size": doc.get("world_size")}
+
+    def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
+        """Read the manifest, then every file it names once; tensors are cut from their byte
+        ranges onto the device, objects loaded with ``weights_only=True``."""
+        from drill.formats.base import read_file
+
+        result = RestoreResult(uri=ref.uri, format=self.name, device=str(ctx.device), index_file=METADATA)
+        result.layout = _canonical_layout(ref)
+        meta = read_file(storage, ref.uri, METADATA, None, ctx, result)
+        doc, findings = _manifest(meta if meta is not None and len(meta) <= MAX_METADATA else None)
+        if doc is None:
+            result.metadata_error = findings[0].message if findings else f"{METADATA} cannot be read"
+            return result
+        _restore_entries(storage, ref, ctx, result, doc, findings)
+        return result
+
+
+# -- the manifest ------------------------------------------------------------------------------
+def _finding(code: str, subject: str, message: str) -> Finding:
+    return Finding(check="integrity", code=code, severity=Severity.ERROR, subject=subject, message=message)
+
+
+def _manifest(view: Any) -> tuple[dict[str, Any] | None, list[Finding]]:
+    if view is None:
+        return None, [_finding("metadata-unreadable", METADATA, f"{METADATA} cannot be read (or is over {MAX_METADATA >> 20} MiB): nothing in the snapshot can be located")]
+    try:
+        doc = json.loads(bytes(view))
+    except (ValueError, RecursionError):
+        try:
+            import yaml
+
+            doc = yaml.safe_load(bytes(view))  # torchsnapshot reads it as YAML (JSON is YAML)
+        except Exception:  # noqa: BLE001 - whatever it is, it is not a manifest
+            doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("manifest"), dict):
+        return None, [_finding("metadata-unreadable", METADATA, f"{METADATA} is not a torchsnapshot manifest: nothing in the snapshot can be located")]
+    return doc, []
+
+
+def _entries(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for key, entry in doc["manifest"].items():
+        if isinstance(entry, dict):
+            yield str(key), entry
+
+
+def _tensors(key: str, entry: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], list[int] | None]]:
+    """(key, tensor entry, offsets in the whole tensor) of a tensor, a chunked tensor's chunks, a sharded tensor's shards."""
+    if entry.get("type") == "Tensor":
+        yield key, entry, None
+    elif entry.get("type") in ("ChunkedTensor", "ShardedTensor", "DTensor"):
+        for piece in entry.get("chunks") or entry.get("shards") or []:
+            if isinstance(piece, dict) and isinstance(piece.get("tensor"), dict):
+                yield key, piece["tensor"], list(piece.get("offsets") or [])
+
+
+def _dtype(name: Any) -> Any:
+    import torch
+
+    m = _DTYPE.match(str(name))
+    dtype = getattr(torch, m.group(1), None) if m else None
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def _safe(location: Any) -> str | None:
+    """The location as a path inside the snapshot, or None when it would leave it."""
+    if not isinstance(location, str) or not location or location.startswith("/") or "\\" in location or "\x00" in location:
+        return None
+    norm = posixpath.normpath(location)
+    return None if norm.startswith("..") or norm == "." else norm
+
+
+def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[str], list[Finding]]:
+    """(file, begin, end, entry) spans of raw tensors, the torch.save object files, and what is wrong with the manifest itself."""
+    spans, objects, problems = [], set(), []
+    for key, entry in _entries(doc):
+        if entry.get("type") == "object":
+            path = _safe(entry.get("location"))
+            if path is None:
+                problems.append(_finding("path-escapes", key, f"{key}: its location {entry.get('location')!r} leads out of the snapshot: never opened"))
+            else:
+                objects.add(path)
+            continue
+        for name, tensor, _ in _tensors(key, entry):
+            path = _safe(tensor.get("location"))
+            if path is None:
+                problems.append(_finding("path-escapes", name, f"{name}: its location {tensor.get('location')!r} leads out of the snapshot: never opened"))
+                continue
+            if tensor.get("serializer") == "torch_save":
+                objects.add(path)
+                continue
+            dtype, shape, span = _dtype(tensor.get("dtype")), tensor.get("shape"), tensor.get("byte_range")
+            if dtype is None or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+                problems.append(_finding("metadata-implausible", name, f"{name}: dtype {tensor.get('dtype')!r} or shape {shape!r} is not a tensor's"))
+                continue
+            import torch
+
+            need = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            begin, end = (span if isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span) else (0, need))
+            if end - begin != need or begin < 0:
+                problems.append(_finding("metadata-implausible", name, f"{name}: {shape} {tensor.get('dtype')} needs {need} bytes, its range is {begin}..{end}"))
+                continue
+            spans.append((path, begin, end, name))
+    return spans, objects, problems
+
+
+def _spans_against(spans: list[tuple[str, int, int, str]], sizes: dict[str, int]) -> list[Finding]:
+    out, missing = [], set()
+    for path, begin, end, name in spans:
+        if path not in sizes:
+            if path not in missing:
+                missing.add(path)
+                out.append(_finding("file-missing", path, f"{path} is missing: the manifest places {name} (and perhaps more) in it"))
+        elif end > sizes[path]:
+            out.append(_finding("entry-out-of-bounds", path, f"{name} lies at bytes {begin}..{end} of {path}, which holds only {sizes[path]} bytes: truncated"))
+    return out
+
+
+# -- restoring ---------------------------------------------------------------------------------
+def _canonical_layout(ref: CheckpointRef) -> Any:
+    from drill.formats.canonical import Layout
+
+    layout = Layout(
+        format="torchsnapshot",
+        required=(parts.MODEL, parts.OPTIMIZER),
+        recommended=(parts.TRAIN_STATE, parts.RNG, parts.LR_SCHEDULER, parts.DATALOADER),
+        optimizer_keys="index",
+        rng_generators=("torch CPU",),
+        recognized="torchsnapshot: an app state's entries located by .snapshot_metadata",
+        save_hint="put it in the app_state passed to Snapshot.take (a Stateful: its state_dict() is saved)",
+    )
+    if ref.step is not None:
+        layout.step_counters["directory name"] = ref.step
+    return layout
+
+
+def _restore_entries(storage: Storage, ref: CheckpointRef, ctx: RestoreContext, result: RestoreResult, doc: dict[str, Any], findings: list[Finding]) -> None:
+    import time
+
+    from drill.formats.base import check_budget, read_file, tally
+    from drill.formats.canonical import inventory
+
+    spans, objects, problems = _layout(doc)
+    files = sorted({p for p, *_ in spans} | objects)
+    check_budget(sum(end - begin for _, begin, end, _ in spans) + sum(_size(storage, ref, p) for p in objects), ctx)
+    ctx.progress.phase("read", total_bytes=None)
+    views = {}
+    for path in files:
+        views[path] = read_file(storage, ref.uri, path, None, ctx, result)
+    sizes = {f.relative_path: f.size for f in result.files if f.size is not None}
+    started = time.perf_counter()
+    state: dict[str, Any] = {}
+    for key, entry in _entries(doc):
+        _value(key, entry, views, ctx, result, state)
+    result.load_seconds += time.perf_counter() - started
+    from drill.formats.bundle import file_structure
+
+    structural = problems + _spans_against(spans, sizes) + [f for p in sorted(objects) if views.get(p) is not None for f in file_structure(p, views[p])]  # type: ignore[arg-type]
+    result.structure = (findings + structural, {"entries": len(doc["manifest"]), "files": len(files), "world_size": doc.get("world_size")})
+    result.state = _parts(state, doc)
+    result.inventory = inventory(result.state)
+    tally(result, result.state)
+
+
+def _size(storage: Storage, ref: CheckpointRef, path: str) -> int:
+    try:
+        return storage.stat(storage.child(ref.uri, path)).size
+    except OSError:
+        return 0
+
+
+def _value(key: str, entry: dict[str, Any], views: dict[str, Any], ctx: RestoreContext, result: RestoreResult, state: dict[str, Any]) -> None:
+    kind = entry.get("type")
+    if kind in ("int", "float", "bool", "str", "bytes"):
+        state[key] = _primitive(kind, entry.get("serialized_value"))
+    elif kind == "object":
+        state[key] = _object(key, _safe(entry.get("location")), views, ctx, result)
+    elif kind in ("Tensor", "ChunkedTensor", "ShardedTensor", "DTensor"):
+        tensor = _tensor(key, entry, views, ctx, result)
+        if tensor is not None:
+            state[key] = tensor
+
+
+def _primitive(kind: str, text: Any) -> Any:
+    try:
+        if kind == "int":
+            return int(text)
+        if kind == "bool":
+            return text == "True"
+        if kind == "bytes":
+            return base64.b64decode(str(text))
+        if kind == "float":
+            return struct.unpack("<d", base64.b64decode(str(text)))[0]
+    except (ValueError, struct.error):
+        return None
+    return str(text)
+
+
+def _object(key: str, path: str | None, views: dict[str, Any], ctx: RestoreContext, result: RestoreResult) -> Any:
+    from drill.formats.bundle import _failure
+
+    view = views.get(path) if path is not None else None
+    if view is None:
+        result.failures.append(ItemFailure(key, path, f"file {path} could not be read", code="entry-not-loaded"))
+        return None
+    from drill.formats.safeload import load_torch
+
+    try:
+        return load_torch(view, ctx.allow_classes, map_location=ctx.device)
+    except Exception as exc:  # noqa: BLE001 - a damaged or hostile object is evidence
+        failure = _failure(path or key, exc)
+        result.failures.append(ItemFailure(key, path, failure.reason, failure.code))
+        return None
+
+
+def _tensor(key: str, entry: dict[str, Any], views: dict[str, Any], ctx: RestoreContext, result: RestoreResult) -> Any:
+    import torch
+
+    pieces = list(_tensors(key, entry))
+    whole = None
+    if entry.get("type") != "Tensor":
+        dtype, shape = _dtype(entry.get("dtype")), entry.get("shape")
+        if dtype is not None and isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
+            whole = torch.empty(shape, dtype=dtype, device=ctx.device)
+    for name, tensor, offsets in pieces:
+        piece = _raw(name, tensor, views, ctx, result)
+        if piece is None:
+            return None
+        if whole is None:
+            if offsets is None:
+                return piece
+            whole = piece  # a sharded tensor of unknown global shape: its first shard
+            continue
+        if offsets is not None and len(offsets) == piece.dim():
+            try:
+                whole[tuple(slice(o, o + s) for o, s in zip(offsets, piece.shape))] = piece
+            except (RuntimeError, IndexError) as exc:
+                result.failures.append(ItemFailure(key, tensor.get("location"), f"a piece at {offsets} does not fit the tensor ({exc})", code="entry-not-loaded"))
+                return None
+    return whole
+
+
+def _raw(name: str, tensor: dict[str, Any], views: dict[str, Any], ctx: RestoreContext, result: RestoreResult) -> Any:
+    import warnings
+
+    import torch
+
+    path = _safe(tensor.get("location"))
+    view = views.get(path) if path is not None else None
+    if view is None:
+        result.failures.append(ItemFailure(name, path, f"file {path} could not be read", code="entry-not-loaded"))
+        return None
+    if tensor.get("serializer") == "torch_save":
+        return _object(name, path, views, ctx, result)
+    dtype, shape, span = _dtype(tensor.get("dtype")), tensor.get("shape"), tensor.get("byte_range")
+    begin, end = span if isinstance(span, list) and len(span) == 2 else (0, len(view))
+    if dtype is None or not isinstance(shape, list) or end > len(view) or begin < 0:
+        result.failures.append(ItemFailure(name, path, f"bytes {begin}..{end} of {path} ({len(view)} bytes) do not hold it", code="entry-out-of-bounds"))
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            raw = torch.frombuffer(view[begin:end], dtype=dtype) if end > begin else torch.empty(0, dtype=dtype)
+        return raw.reshape(shape).to(ctx.device, copy=True)
+    except (RuntimeError, ValueError) as exc:
+        result.failures.append(ItemFailure(name, path, f"bytes {begin}..{end} do not make a {shape} {tensor.get('dtype')} tensor ({exc})", code="entry-not-loaded"))
+        return None
+
+
+def _tree(state: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """The values back in their containers (the manifest's ``list`` entries as lists), by path."""
+    root: dict[str, Any] = {}
+    for key, value in state.items():
+        node = root
+        *heads, leaf = key.split("/")
+        for head in heads:
+            node = node.setdefault(head, {})
+            if not isinstance(node, dict):
+                break
+        else:
+            node[leaf] = value
+    lists = {k for k, e in _entries(doc) if e.get("type") == "list"}
+
+    def shaped(node: Any, path: str) -> Any:
+        if not isinstance(node, dict):
+            return node
+        items = {k: shaped(v, f"{path}/{k}" if path else k) for k, v in node.items()}
+        if path in lists and all(k.isdigit() for k in items):
+            return [items[k] for k in sorted(items, key=int)]
+        return items
+
+    return shaped(root, "")  # type: ignore[no-any-return]
+
+
+def _parts(state: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """``<rank>/<key>/<path>`` → the canonical view: each app-state key to the part its name
+    (or, for an optimizer, its ``param_groups``) says; other ranks' RNG as ``rng.rank_<r>``."""
+    from drill.formats.canonical import flatten
+
+    out: dict[str, Any] = {}
+    for rank, app in sorted(_tree(state, doc).items()):
+        if not isinstance(app, dict):
+            continue
+        for top, value in app.items():
+            part = next((p for p, names in _PART_NAMES.items() if top.lower() in names), None)
+            if part is None and isinstance(value, dict) and "param_groups" in value:
+                part = parts.OPTIMIZER
+            part = part or f"{parts.EXTRA}.{top}"
+            if part == parts.RNG and isinstance(value, dict) and set(value) == {"rng_state"}:
+                value = {"torch": value["rng_state"]}  # torchsnapshot's RNGState: torch.get_rng_state()
+            if part == parts.TRAIN_STATE and isinstance(value, dict):
+                value = {("step" if k in ("iteration", "global_step", "iter_num", "steps") else k): v for k, v in value.items()}
+            if rank != "0":
+                part = f"{part}.rank_{rank}" if part == parts.RNG else f"{parts.EXTRA}.rank_{rank}.{part}"
+            flatten(value, part, out)
+    return out
+
+
+__all__ = ["METADATA", "TorchSnapshot"]
