@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,23 +61,51 @@ class Writer:
     slot: tuple[str, Callable[[Path], None]] | None
     """(file, edit) removing one optimizer slot; the part then named."""
     rng: str | None = None
-    """An RNG or loader file whose loss must fail the drill."""
-    pointer: str | None = None
-    """The resume pointer file at the run root (written ahead of the data), if the writer keeps one."""
+    """An RNG or loader file whose loss must fail the drill (relative to the checkpoint)."""
+    ahead: tuple[Callable[[Path, Path], None], str, str] | None = None
+    """(make the writer's resume pointer run ahead of the data, the finding's code, its subject)."""
     never_saved: frozenset[str] = field(default_factory=frozenset)
+    verify_sees_slot: bool = True
+    """Whether the rewritten optimizer file is under the checkpoint's seal (torchtune's recipe state is beside it)."""
 
 
-def _drop_torch_slot(obj: dict) -> None:
-    del obj["state"][0]["exp_avg"]
+def _drop_first_slot(obj: dict) -> None:
+    """``exp_avg`` of the first parameter of a torch.optim state dict (or of one nested under ``optimizer``)."""
+    opt = obj["optimizer"] if "optimizer" in obj else obj
+    del opt["state"][0]["exp_avg"]
+
+
+def _latest_ahead(run: Path, ckpt: Path) -> None:
+    (run / "latest").write_text("global_step9")
+
+
+def _half_written_next(marker: str) -> Callable[[Path, Path], None]:
+    """A newer save the library's auto-resume would take, cut before its commit (``marker``)."""
+
+    def write(run: Path, ckpt: Path) -> None:
+        number = int(re.sub(r"\D", "", ckpt.name) or 0)
+        newer = run / re.sub(r"\d+$", str(number + 1), ckpt.name)
+        shutil.copytree(ckpt, newer)
+        for path in newer.glob(marker):
+            path.unlink()
+
+    return write
 
 
 WRITERS = {
-    "deepspeed-zero1": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_optim_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
-    "deepspeed-zero2": Writer("", "global_step3", "deepspeed", "zero_pp_rank_0_mp_rank_00_optim_states.pt", ("zero_pp_rank_1_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
-    "deepspeed-zero3": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_model_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), pointer="latest", never_saved=frozenset({"rng", "dataloader"})),
-    "accelerate": Writer("checkpoints", "checkpoint_0", "accelerate", "model.safetensors", ("optimizer.bin", _rewrite(_drop_torch_slot))),
+    "hf-deepspeed": Writer("", "checkpoint-4", "hf-trainer", "global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt", ("global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)),
+                           rng="rng_state.pth", ahead=(_half_written_next("trainer_state.json"), "pointer-incomplete", "Hugging Face's get_last_checkpoint")),
+    "deepspeed-zero1": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_optim_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), ahead=(_latest_ahead, "pointer-ahead", "latest"), never_saved=frozenset({"rng", "dataloader"})),
+    "deepspeed-zero2": Writer("", "global_step3", "deepspeed", "zero_pp_rank_0_mp_rank_00_optim_states.pt", ("zero_pp_rank_1_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), ahead=(_latest_ahead, "pointer-ahead", "latest"), never_saved=frozenset({"rng", "dataloader"})),
+    "deepspeed-zero3": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_model_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), ahead=(_latest_ahead, "pointer-ahead", "latest"), never_saved=frozenset({"rng", "dataloader"})),
+    "accelerate": Writer("checkpoints", "checkpoint_0", "accelerate", "model.safetensors", ("optimizer.bin", _rewrite(_drop_first_slot)),
+                         ahead=(_half_written_next("random_states_*.pkl"), "pointer-incomplete", "accelerate's load_state (automatic_checkpoint_naming)")),
     "accelerate-fsdp": Writer("checkpoints", "checkpoint_0", "accelerate", "optimizer_0/__1_0.distcp", None, rng="random_states_1.pkl"),
     "torchsnapshot": Writer("", "step-3", "torchsnapshot", "batched/*", (".snapshot_metadata", _drop_snapshot_slot)),
+    "torchtune": Writer("output", "epoch_1", "torchtune", "model-*.safetensors", ("../recipe_state/recipe_state.pt", _rewrite(_drop_first_slot)), rng="../recipe_state/recipe_state.pt",
+                        ahead=(_half_written_next("*.index.json"), "pointer-incomplete", "torchtune's resume_from_checkpoint"), never_saved=frozenset({"rng", "lr_scheduler"}), verify_sees_slot=False),
+    "dcp-app": Writer("", "step-3", "dcp", "__0_0.distcp", None),
+    "dcp-hf": Writer("", "step-3", "safetensors", "model-00001-of-00001.safetensors", None, never_saved=frozenset({"optimizer", "lr_scheduler", "dataloader", "rng", "train_state"})),
 }  # fmt: skip
 
 
@@ -154,7 +183,7 @@ def test_damage_fails_naming_the_file_or_part_in_run_and_verify(copy_of, kind: s
         if w.slot is None:
             pytest.skip(f"{kind}: its optimizer state is DCP's, whose slots the DCP layouts' tests remove")
         seal(str(ckpt))  # a seal names the rewritten file in verify; the run names the part too
-        named = w.slot[0]
+        named = w.slot[0] if w.verify_sees_slot else "optimizer.state"  # unsealed, the run names the part
         w.slot[1](ckpt / w.slot[0])
     elif damage == "rng":
         if w.rng is None:
@@ -162,11 +191,12 @@ def test_damage_fails_naming_the_file_or_part_in_run_and_verify(copy_of, kind: s
         named = w.rng
         (ckpt / w.rng).unlink()
     elif damage == "pointer":
-        if w.pointer is None:
-            pytest.skip(f"{kind}: the writer keeps no pointer file")
-        (run / w.pointer).write_text("global_step9")
+        if w.ahead is None:
+            pytest.skip(f"{kind}: the writer keeps no resume pointer")
+        make, code, subject = w.ahead
+        make(run, ckpt)
         outcome = _drill(run, sqlite_url)
-        assert outcome.status == "failed" and ("resume", "pointer-ahead", "latest") in _errors(outcome)
+        assert outcome.status == "failed" and ("resume", code, subject) in _errors(outcome), _errors(outcome)
         return
     outcome = _drill(run, sqlite_url)
     errors = _errors(outcome)
@@ -174,6 +204,56 @@ def test_damage_fails_naming_the_file_or_part_in_run_and_verify(copy_of, kind: s
     assert _names([s for _, _, s in errors], named), errors
     if damage == "slot":
         assert any(code in ("optimizer-slot-missing",) for _, code, _ in errors), errors
+    if damage == "slot" and not w.verify_sees_slot:
+        return  # the file is beside the sealed directory: verify proves its structure, which a re-save keeps
     verified = verify_checkpoint(str(ckpt))
     assert verified.status == "failed", verified.result.findings
     assert _names([f.subject for f in verified.result.findings if f.severity.value == "error"], named), verified.result.findings
+
+
+def test_a_torchtune_recipe_state_older_than_the_weights_fails_in_run_and_verify(copy_of, sqlite_url: str) -> None:
+    """The one recipe_state.pt is overwritten at each save: saved after epoch 0 beside epoch 1's
+    weights, a resume would pair new weights with an old optimizer and data position."""
+    run, ckpt = copy_of("torchtune")
+    _rewrite(lambda obj: obj.update(epochs_run=1))(run / "recipe_state" / "recipe_state.pt")
+    outcome = _drill(run, sqlite_url)
+    assert outcome.status == "failed" and ("integrity", "recipe-state-stale", "../recipe_state/recipe_state.pt") in _errors(outcome)
+    verified = verify_checkpoint(str(ckpt))
+    assert verified.status == "failed" and any(f.code == "recipe-state-stale" for f in verified.result.findings)
+
+
+def test_an_older_torchtune_epoch_is_weights_only_and_says_why(written, sqlite_url: str) -> None:
+    run = written("torchtune") / "output"
+    outcome = _drill(run, sqlite_url, str(run / "epoch_0"))
+    assert outcome.status == "passed", _errors(outcome)
+    notes = {str(f.subject): f.message for f in outcome.findings if f.code == "part-not-saved-by-layout"}
+    assert "optimizer" in notes and "overwritten" in notes["optimizer"]
+
+
+@pytest.mark.parametrize("kind", WRITERS)
+def test_the_memory_budget_binds_every_writers_checkpoint(written, kind: str, sqlite_url: str) -> None:
+    outcome = _drill(written(kind) / WRITERS[kind].root, sqlite_url, memory_budget=16)
+    assert outcome.status.value == "error" and "needs" in (outcome.message or "") and "16 B" in (outcome.message or ""), outcome.message
+
+
+@pytest.mark.parametrize("damaged", [False, True], ids=["clean", "truncated"])
+@pytest.mark.parametrize("kind", WRITERS)
+def test_run_verify_and_the_sdk_give_one_structural_verdict(copy_of, kind: str, damaged: bool, sqlite_url: str) -> None:
+    """The integrity check of ``drill run``, ``drill verify`` and ``drill.sdk.verified`` (and
+    ``drill.sdk.load`` for DCP, which it loads) agree on the same bytes."""
+    import drill.sdk
+
+    w = WRITERS[kind]
+    run, ckpt = copy_of(kind)
+    if damaged:
+        shard = sorted(ckpt.glob(w.shard))[0]
+        os.truncate(shard, shard.stat().st_size // 2)
+    integrity = next(c for c in _drill(run, sqlite_url).checks if c.name == "integrity")
+    verified = verify_checkpoint(str(ckpt))
+    assert integrity.status.value == verified.result.status.value == ("failed" if damaged else "passed"), (integrity.findings, verified.result.findings)
+    assert {f.subject for f in integrity.errors} == {f.subject for f in verified.result.errors}
+    if damaged:
+        with pytest.raises(drill.sdk.CheckpointCorrupt):
+            drill.sdk.verified(str(ckpt), record=False)
+    else:
+        assert drill.sdk.verified(str(ckpt), record=False) == str(ckpt)

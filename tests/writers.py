@@ -2,6 +2,8 @@
 
 - ``deepspeed-zero1`` / ``-zero2`` / ``-zero3``: DeepSpeed's ``engine.save_checkpoint`` after 3
   AdamW steps with a WarmupLR schedule on 2 data-parallel ranks (``latest`` + ``global_step3/``).
+- ``hf-deepspeed``: transformers' ``Trainer`` with DeepSpeed ZeRO-2 (``checkpoint-N/`` holding
+  DeepSpeed's ``global_stepN/`` with the optimizer and scheduler), 1 process.
 - ``accelerate``: ``Accelerator.save_state`` with automatic checkpoint naming, a stateful data
   loader (torchdata), a scheduler and a registered step counter (``checkpoints/checkpoint_0/``).
 - ``accelerate-fsdp``: the same on 2 ranks with FSDP2's sharded state dict
@@ -25,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-RANKS = {"deepspeed-zero1": 2, "deepspeed-zero2": 2, "deepspeed-zero3": 2, "accelerate": 1, "accelerate-fsdp": 2, "torchsnapshot": 1, "torchtune": 1, "dcp-app": 1, "dcp-hf": 1}
-NEEDS = {"deepspeed": "deepspeed", "accelerate": "accelerate", "torchsnapshot": "torchsnapshot", "torchtune": "torchtune"}
+RANKS = {"hf-deepspeed": 1, "deepspeed-zero1": 2, "deepspeed-zero2": 2, "deepspeed-zero3": 2, "accelerate": 1, "accelerate-fsdp": 2, "torchsnapshot": 1, "torchtune": 1, "dcp-app": 1, "dcp-hf": 1}
+NEEDS = {"hf": "transformers", "deepspeed": "deepspeed", "accelerate": "accelerate", "torchsnapshot": "torchsnapshot", "torchtune": "torchtune"}
 """Writer prefix → the module it needs (its tests skip where it does not install)."""
 
 
@@ -107,6 +109,24 @@ def deepspeed(stage: int, out: Path) -> None:
     _done()
 
 
+def hf_deepspeed(out: Path) -> None:
+    import deepspeed as ds
+    import deepspeed.comm.torch as ds_comm
+
+    ds_comm.build_shm_op = lambda *a, **k: None
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", ACCELERATE_USE_DEEPSPEED="true")  # read, never dialled: the group is up
+    ds.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, init_method=os.environ["WRITER_INIT"], rank=0, world_size=1)
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from tests.frameworks import _TokenDataset
+
+    config = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+              "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}}}  # fmt: skip
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    args = TrainingArguments(output_dir=str(out), max_steps=4, save_steps=2, per_device_train_batch_size=4, report_to=[], use_cpu=True, seed=7, disable_tqdm=True, deepspeed=config)
+    Trainer(model=model, args=args, train_dataset=_TokenDataset()).train()
+
+
 # -- accelerate --------------------------------------------------------------------------------
 class Counter:
     """A training-step counter registered for checkpointing, as accelerate's examples do."""
@@ -185,13 +205,116 @@ def torchsnapshot(out: Path) -> None:
     ts.Snapshot.take(path=str(out / "step-3"), app_state=app)
 
 
+# -- torchtune ---------------------------------------------------------------------------------
+TUNE = {"vocab_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "embed_dim": 32, "max_seq_len": 16}
+
+
+def torchtune(out: Path, epochs_saved: int = 2) -> None:
+    """``full_finetune_single_device``'s training state saved as the recipe saves it: the model
+    through torchtune's HF checkpointer after every epoch, with the recipe state (optimizer,
+    seed, epochs run, the stateful loader) while epochs remain."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+    from torchtune import training
+    from torchtune.models import convert_weights
+    from torchtune.models.llama3 import llama3
+    from torchtune.training.checkpointing import FullModelHFCheckpointer
+
+    torch.manual_seed(0)
+    model = llama3(**TUNE)
+    base = out / "base"
+    base.mkdir(parents=True)
+    config = {"num_attention_heads": TUNE["num_heads"], "num_key_value_heads": TUNE["num_kv_heads"], "hidden_size": TUNE["embed_dim"], "model_type": "llama"}
+    (base / "config.json").write_text(json.dumps(config))
+    hf = convert_weights.tune_to_hf(model.state_dict(), num_heads=TUNE["num_heads"], num_kv_heads=TUNE["num_kv_heads"], dim=TUNE["embed_dim"])
+    save_file({k: v.contiguous() for k, v in hf.items()}, str(base / "model.safetensors"))
+    ckpt = FullModelHFCheckpointer(checkpoint_dir=str(base), checkpoint_files=["model.safetensors"], model_type="LLAMA3", output_dir=str(out / "output"))
+    model.load_state_dict(ckpt.load_checkpoint()[training.MODEL_KEY])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, TUNE["vocab_size"], (24, TUNE["max_seq_len"]), generator=torch.Generator().manual_seed(5))
+    sampler = StatefulDistributedSampler(tokens, num_replicas=1, rank=0, shuffle=True, seed=11)
+    loader = StatefulDataLoader(tokens, batch_size=4, sampler=sampler, drop_last=True)
+    total_epochs = 3
+    for epoch in range(epochs_saved):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            logits = model(batch)
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, TUNE["vocab_size"]), batch[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        state = {training.MODEL_KEY: model.state_dict()}
+        if epoch + 1 < total_epochs:  # the recipe's save_checkpoint: recipe state while epochs remain
+            state.update({training.SEED_KEY: 11, training.EPOCHS_KEY: epoch + 1, training.TOTAL_EPOCHS_KEY: total_epochs,
+                          training.MAX_STEPS_KEY: None, training.DATALOADER_KEY: loader.state_dict(), training.OPT_KEY: opt.state_dict()})  # fmt: skip
+        ckpt.save_checkpoint(state, epoch=epoch, intermediate_checkpoint=epoch + 1 < total_epochs)
+
+
+# -- DCP's own variants ------------------------------------------------------------------------
+class AppState:
+    """The DCP tutorial's ``Stateful`` wrapping model and optimizer (``{"app": AppState(...)}``)."""
+
+    def __init__(self, model: Any, optimizer: Any) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optim = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optim": optim}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def dcp_app(out: Path) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for x, y in _batches(3):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    dcp.save({"app": AppState(model, opt)}, checkpoint_id=str(out / "step-3"), no_dist=True)
+
+
+def dcp_hf(out: Path) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for x, y in _batches(3):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    dcp.save(model.state_dict(), storage_writer=HuggingFaceStorageWriter(path=str(out / "step-3")), no_dist=True)
+
+
 def main(kind: str, out: Path) -> None:
-    if kind.startswith("deepspeed-zero"):
+    if kind == "hf-deepspeed":
+        hf_deepspeed(out)
+    elif kind.startswith("deepspeed-zero"):
         deepspeed(int(kind[-1]), out)
     elif kind in ("accelerate", "accelerate-fsdp"):
         accelerate(out, fsdp=kind.endswith("fsdp"))
     elif kind == "torchsnapshot":
         torchsnapshot(out)
+    elif kind == "torchtune":
+        torchtune(out)
+    elif kind == "dcp-app":
+        dcp_app(out)
+    elif kind == "dcp-hf":
+        dcp_hf(out)
     else:
         raise SystemExit(f"unknown writer {kind}")
 

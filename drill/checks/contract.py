@@ -128,7 +128,8 @@ def check_partitions(opt: Mapping[str, Any], layout: Layout) -> tuple[list[Findi
     for key, value in opt.items():
         if m := _PARTITION.match(key):
             held.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2)), {})[m.group(3)] = value
-    slots = ("exp_avg", "exp_avg_sq") if any("exp_avg" in g for r in held.values() for g in r.values()) else ()
+    adam = any("exp_avg" in g for r in held.values() for g in r.values()) or any(re.match(r"^param_groups\.\d+\.betas", k) for k in opt)
+    slots = ("exp_avg", "exp_avg_sq") if adam else ()
     groups = max(len(layout.flat_groups), 1 + max((g for r in held.values() for g in r), default=-1))
     findings: list[Finding] = []
     for rank in sorted(set(layout.saved_ranks) - set(held)):

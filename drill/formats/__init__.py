@@ -27,6 +27,8 @@ _REGISTRY = {
     "deepspeed": "drill.formats.deepspeed:DeepSpeed",
     "accelerate": "drill.formats.accelerate:Accelerate",
     "torchsnapshot": "drill.formats.torchsnapshot:TorchSnapshot",
+    "torchtune": "drill.formats.torchtune:TorchTune",
+    "safetensors": "drill.formats.safetensors_dir:SafetensorsDir",
     "dcp": "drill.formats.dcp:DCP",
     "torch-save": "drill.formats.torch_save:TorchSave",
     "lightning": "drill.formats.torch_save:Lightning",
@@ -81,6 +83,19 @@ def recognize_file(entry: Entry) -> CheckpointRef | None:
     return None
 
 
+def nested(storage: Storage, uri: str, entries: list[Entry], names: Any = None) -> list[tuple[str, Format]]:
+    """The checkpoints another format wrote inside the checkpoint at ``uri`` (accelerate's FSDP
+    directories, the Trainer's DeepSpeed ``global_stepN/``): (sub-directory, its format), for the
+    sub-directories ``names`` admits (a predicate; None: all). They are parts of the one checkpoint."""
+    out = []
+    for entry in entries:
+        if entry.is_dir and (names is None or names(entry.name)):
+            found = recognize(storage, entry.uri, entry.name, storage.list(entry.uri))
+            if found is not None and not hasattr(found, "reason"):
+                out.append((entry.name, get(found.format)))
+    return out
+
+
 def markers() -> str:
     """Every format's commit marker, for a save that has none of them."""
     return ", ".join(m for fmt in registered() if (m := getattr(fmt, "marker", "")))
@@ -113,4 +128,4 @@ def restore(storage: Storage, ref: CheckpointRef, device: Any, **context: Any) -
     return get(resolve_format(name, ref.format)).restore(storage, ref, RestoreContext(device=device, **context))
 
 
-__all__ = ["FORMATS", "get", "markers", "parse_format", "pointers", "recognize", "recognize_file", "registered", "resolve_format", "restore", "structure"]
+__all__ = ["FORMATS", "get", "markers", "nested", "parse_format", "pointers", "recognize", "recognize_file", "registered", "resolve_format", "restore", "structure"]

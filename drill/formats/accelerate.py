@@ -152,13 +152,7 @@ def _nested(storage: Storage, uri: str, listed: list[Entry] | None = None) -> li
     """The sharded sub-checkpoints (``pytorch_model_fsdp_0/``, ``optimizer_0/``): each in the format that recognizes it."""
     from drill import formats
 
-    out = []
-    for entry in listed if listed is not None else storage.list(uri):
-        if entry.is_dir and _SHARDED.match(entry.name):
-            found = formats.recognize(storage, entry.uri, entry.name, storage.list(entry.uri))
-            if isinstance(found, CheckpointRef):
-                out.append((entry.name, formats.get(found.format)))
-    return out
+    return formats.nested(storage, uri, listed if listed is not None else storage.list(uri), lambda name: _SHARDED.match(name) is not None)
 
 
 def _member(name: str, size: int = 0) -> Member | None:

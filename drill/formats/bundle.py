@@ -141,17 +141,18 @@ def restore_members(
     storage: Storage, uri: str, members: list[Member], ctx: RestoreContext, result: RestoreResult, canonical: Callable[[Loaded], dict[str, Any]]
 ) -> None:
     """Read the members, canonicalize what loaded (``canonical``: path → object becomes the
-    canonical view) and fill ``result``: state, inventory, structure, tallies, items per file."""
+    canonical view; it may add findings to ``result.structure``) and fill ``result``: state,
+    inventory, structure, tallies, items per file."""
     from drill.formats.base import tally
     from drill.formats.canonical import inventory
 
     loaded, findings = read_members(storage, uri, members, ctx, result)
+    result.structure = (findings, {"files": len(members)})  # ``canonical`` may add to it
     started = time.perf_counter()
     try:
         state = canonical(loaded)
     finally:
         result.load_seconds += time.perf_counter() - started
-    result.structure = (findings, {"files": len(members)})
     result.state = state
     ranks = {k: int(k.split(".")[1][len("rank_") :]) for k in state if k.split(".")[1:2] and k.split(".")[1].startswith("rank_") and k.split(".")[1][5:].isdigit()}
     result.inventory = inventory(state, ranks)

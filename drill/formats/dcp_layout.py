@@ -85,6 +85,9 @@ def _describe(result: RestoreResult, rec: Recognized, names: set[str]) -> None:
     layout.never_saved = dict(rec.never_saved)
     layout.loader_shuffles = rec.loader_shuffles
     layout.scheduler_per_step = rec.scheduler_per_step
+    if rec.required is not None:
+        layout.recommended = tuple(p for p in layout.required if p not in rec.required)
+        layout.required = rec.required
     layout.required = tuple(p for p in layout.required if p not in rec.never_saved)
     layout.params = frozenset(f"{parts.MODEL}.{p}" if not p.startswith(parts.MODEL + ".") else p for p in optimizer_params(result.state))
     layout.side_files = tuple(rec.side_files)

@@ -155,16 +155,23 @@ def _layout(ref: CheckpointRef, stage: int) -> Any:
     return layout
 
 
+def _zero_stage(states: Any) -> int | None:
+    config = states.get("ds_config") if isinstance(states, dict) else None
+    zero = config.get("zero_optimization") if isinstance(config, dict) else None
+    return _int(zero.get("stage")) if isinstance(zero, dict) else None
+
+
 def missing_partitions(states: Any, models: Mapping[int, str], optims: Mapping[int, str], *, check: str) -> list[Finding]:
-    """The files ``dp_world_size`` (in the model states) says every rank wrote, that are not there."""
+    """The files ``dp_world_size`` and the ZeRO stage (in the model states) say every rank wrote, that are not there."""
     world = _int(states.get("dp_world_size")) if isinstance(states, dict) else None
-    if not world or not optims and not any(r >= 0 for r in models):
+    partitioned = bool(optims) or (_zero_stage(states) or 0) >= 1
+    if not world or not partitioned and not any(r >= 0 for r in models):
         return []
     out = []
-    sample = next(iter(optims.values()), None)
+    sample = next(iter(optims.values()), "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     for rank in range(world):
-        if optims and rank not in optims:
-            name = re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{rank}_", sample)  # type: ignore[arg-type]
+        if partitioned and rank not in optims:
+            name = re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{rank}_", sample)
             out.append(_missing(check, name, rank, world, "its flat fp32 partition of every parameter and the optimizer moments for it"))
         if any(r >= 0 for r in models) and rank not in models:
             name = re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{rank}_", models[min(r for r in models if r >= 0)])
@@ -209,6 +216,8 @@ def _canonical(loaded: dict[str, Any], models: Mapping[int, str], optims: Mappin
     scheduled = state.pop(f"{parts.EXTRA}.lr_scheduler_steps", None)
     if scheduled is not None:
         layout.step_counters["lr_scheduler.last_batch_iteration + 1"] = scheduled
+    if (_zero_stage(first) or 0) >= 1:
+        layout.optimizer_keys = "flat"  # the ZeRO stage it was saved with, whatever files are left
     world = _int(first.get("dp_world_size"))
     layout.saved_ranks = list(range(world)) if world else sorted(optims)
     layout.missing_files = {f.subject: f.message.split(": ", 1)[1] for f in missing_partitions(first, models, optims, check="files") if f.subject}

@@ -20,7 +20,8 @@ from typing import Any
 from drill import parts
 from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave, step_of
 from drill.findings import Finding, Severity
-from drill.formats.base import Format, RestoreContext, Structure, check_budget, one_line, read_file, tally
+from drill import formats
+from drill.formats.base import Format, RestoreContext, Structure, check_budget, one_line, read_file, restore_nested, tally
 from drill.formats.canonical import Layout, flatten, inventory
 from drill.integrity.structure import safetensors_structure, zip_structure
 from drill.restore import ItemFailure, RestoreResult
@@ -32,6 +33,8 @@ EXPORT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 """What Hugging Face's ``save_model``/``save_state`` leave at the top of an output directory."""
 RESUME_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth")
 _RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
+_CHECKPOINT = re.compile(r"^checkpoint-\d+$")
+RNG_NEEDED = "the Trainer saves the RNG state with every checkpoint (rng_state.pth; rng_state_<rank>.pth with more processes) and restores it on resume"
 _PICKLED = (".pt", ".pth", ".bin")
 
 
@@ -70,7 +73,11 @@ class HFTrainer(Format):
 
     def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
         state = next((e for e in entries if e.name == TRAINER_STATE and e.is_file), None)
-        return CheckpointRef(uri=uri, name=name, step=step_of(name), format=self.name, mtime=state.mtime) if state is not None else None
+        if state is not None:
+            return CheckpointRef(uri=uri, name=name, step=step_of(name), format=self.name, mtime=state.mtime)
+        if _CHECKPOINT.match(name) and any(_part_of(e.name) or e.name == TRAINING_ARGS for e in entries):
+            return IncompleteSave(uri, name, step_of(name), f"the Trainer writes {TRAINER_STATE} after the weights, optimizer and RNG states, and it is missing: the save never finished")
+        return None
 
     def is_export(self, ref: CheckpointRef, entries: list[Entry]) -> bool:
         """trainer_state.json but no step in the name and none of the files a resume reads:
@@ -87,7 +94,20 @@ class HFTrainer(Format):
         return [("Hugging Face's get_last_checkpoint", max(named)[1])] if named else []
 
     def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
-        return structure(storage, uri, sizes, allow_classes)
+        from drill.formats.base import nested_structure
+
+        proof = structure(storage, uri, sizes, allow_classes)
+        subdirs = {p.split("/", 1)[0] for p in sizes if "/" in p}
+        if not any(_RNG.match(p) for p in sizes) and (set(sizes) & {"optimizer.pt", "scheduler.pt"} or subdirs):
+            from drill.integrity.structure import NAME
+
+            missing = Finding(check=NAME, code="file-missing", severity=Severity.ERROR, subject="rng_state.pth", message=f"rng_state.pth is missing: {RNG_NEEDED}")
+            proof = (proof[0] + [missing], proof[1]) if proof is not None else ([missing], {})
+        for subdir, fmt in formats.nested(storage, uri, [e for e in storage.list(uri) if e.name in subdirs]):
+            sub = nested_structure(fmt, storage, uri, subdir, sizes, allow_classes)
+            if sub is not None:
+                proof = (proof[0] + sub[0], {**proof[1], **sub[1]}) if proof is not None else sub
+        return proof
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
         """Read every file of the checkpoint once and load each part onto the device."""
@@ -118,12 +138,51 @@ class HFTrainer(Format):
                 result.load_seconds += time.perf_counter() - started
         _train_state(got)
         result.layout = _layout(ref, got)
+        if not any(_RNG.match(n) for n in entries) and (set(entries) & {"optimizer.pt", "scheduler.pt"} or storage_has_nested(storage, ref.uri)):
+            result.layout.missing_files["rng_state.pth"] = RNG_NEEDED
         result.structure = (got.structure, {"files": len(names)})
+        for subdir, fmt in formats.nested(storage, ref.uri, storage.list(ref.uri)):
+            _merge_nested(subdir, fmt, restore_nested(fmt, storage, ref, subdir, ctx, result), storage, got, result)
         result.state = got.state
         ranks = {k: int(k.split(".")[1][len("rank_") :]) for k in got.state if k.startswith(f"{parts.RNG}.rank_")}
         result.inventory = inventory(got.state, ranks)
         tally(result, got.state)
         return result
+
+
+def storage_has_nested(storage: Storage, uri: str) -> bool:
+    return any(e.is_dir for e in storage.list(uri))
+
+
+def _merge_nested(subdir: str, fmt: Format, sub: RestoreResult, storage: Storage, got: _Read, result: RestoreResult) -> None:
+    """A checkpoint the Trainer had another library write inside its own (DeepSpeed's
+    ``global_stepN/``: the optimizer's partitions and the scheduler, which the Trainer then does
+    not save as optimizer.pt and scheduler.pt): the parts the Trainer's files lack come from it."""
+    from dataclasses import replace
+
+    own = {k.split(".", 1)[0] for k in got.state}
+    for key, value in sub.state.items():
+        part = key.split(".", 1)[0]
+        took = part in (parts.OPTIMIZER, parts.LR_SCHEDULER, parts.MODEL) and part not in own
+        got.state[key if took else f"{parts.EXTRA}.{subdir}.{key}"] = value
+    layout, theirs = result.layout, sub.layout
+    if theirs is None:
+        return
+    if parts.OPTIMIZER not in own:
+        layout.optimizer_keys, layout.flat_groups = theirs.optimizer_keys, theirs.flat_groups
+        layout.saved_ranks = layout.saved_ranks or theirs.saved_ranks
+    if parts.MODEL not in own:
+        layout.params = theirs.params
+    layout.step_counters.update({f"{subdir} {k}": v for k, v in theirs.step_counters.items() if k != "directory name"})
+    step = sub.state.get(f"{parts.TRAIN_STATE}.step")
+    if isinstance(step, int):
+        layout.step_counters[f"{subdir} {fmt.label} step"] = step
+    layout.missing_files.update({f"{subdir}/{n}": why for n, why in theirs.missing_files.items()})
+    layout.notes += theirs.notes
+    proof = fmt.restored_structure(sub, storage, sub.uri, {f.relative_path[len(subdir) + 1 :]: f.size for f in sub.files if f.size is not None})
+    if proof is not None:
+        result.structure[0].extend(replace(f, subject=f"{subdir}/{f.subject}") if f.subject and "/" not in f.subject else f for f in proof[0])
+        result.structure[1][subdir] = proof[1]
 
 
 def _file_structure(name: str, view: memoryview) -> list[Finding]:

@@ -25,7 +25,7 @@ names in its state keys are the model's parameters; keys beside them are its buf
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,10 @@ class Recognized:
     side_files: tuple[str, ...] = ()
     """Files beside the shards that hold resume state (see :data:`SIDE_FILES`): read and checked like the shards."""
     scheduler_per_step: bool = True
+    required: tuple[str, ...] | None = None
+    """The parts a resume of this layout cannot do without (None: every canonical part)."""
+    items: Callable[[str, Any], Iterator[tuple[str, Any]]] = field(default=lambda key, value: iter([(key, value)]))
+    """How one raw entry becomes canonical (key, value) pairs in this layout."""
 
 
 def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
@@ -71,6 +75,7 @@ def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
             never_saved={parts.DATALOADER: "Megatron-LM rebuilds the data position from the iteration and args.consumed_train_samples"},
             side_files=("common.pt", "metadata.json"),
             scheduler_per_step=False,
+            items=_megatron,
         )
     if "meta.pt" in names or dirname.endswith(".ckpt") or any(_NUMBERED_OPT.match(k) for k in keys):
         return Recognized(
@@ -80,6 +85,7 @@ def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
             loader_shuffles=None,
             side_files=("meta.pt",),
             scheduler_per_step=False,  # Lightning steps schedulers once per epoch unless configured per step
+            items=_lightning,
         )
     top = {k for k in keys if k.split(".", 1)[0] not in KNOWN_HEADS}
     if top and any(f in top for f in optimizer_params(keys)):
@@ -88,8 +94,64 @@ def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
             "model weights at the top level, named by the optimizer's state (optimizer.state.<param>.<slot>)",
             never_saved={parts.RNG: "torchtitan does not checkpoint RNG state"},
             loader_shuffles=False,
+            items=_torchtitan,
+        )
+    nested = _nested_prefixes(keys)
+    if nested is not None:
+        model, optimizer = nested
+        return Recognized(
+            "nested DCP state",
+            f"the optimizer's state under {optimizer}. names the parameters of the model under {model}. (a Stateful such as the DCP tutorial's AppState)",
+            required=(parts.MODEL, parts.OPTIMIZER),  # the rest is what the trainer chose to wrap: warned about
+            items=lambda key, value: _nested(key, value, model, optimizer),
         )
     return Recognized("model-prefixed DCP", "parts saved under their names (model., optimizer., …)")
+
+
+_OPT_STATE = re.compile(r"^(.+?)\.state\.(.+)\.([^.]+)$")
+
+
+def _nested_prefixes(keys: set[str]) -> tuple[str, str] | None:
+    """(model prefix, optimizer prefix) when the state sits under keys of the trainer's own
+    choosing (``app.model.*``, ``app.optim.state.<fqn>.<slot>``): found by what the optimizer
+    names, as for torchtitan. None when the parts already sit under their canonical names."""
+    named: dict[str, set[str]] = {}
+    for key in keys:
+        m = _OPT_STATE.match(key)
+        if m and m.group(3) in SLOTS:
+            named.setdefault(m.group(1), set()).add(m.group(2))
+    for optimizer, fqns in sorted(named.items(), key=lambda kv: -len(kv[1])):
+        fqn = next(iter(sorted(fqns)))
+        for key in sorted(keys):
+            if key.endswith("." + fqn) and not key.startswith(optimizer + "."):
+                model = key[: -len(fqn) - 1]
+                if all(f"{model}.{f}" in keys for f in fqns) and (model, optimizer) != (parts.MODEL, parts.OPTIMIZER):
+                    return model, optimizer
+    return None
+
+
+_SIBLINGS = {
+    "lr_scheduler": parts.LR_SCHEDULER, "scheduler": parts.LR_SCHEDULER, "sched": parts.LR_SCHEDULER,
+    "dataloader": parts.DATALOADER, "data_loader": parts.DATALOADER, "loader": parts.DATALOADER,
+    "rng": parts.RNG, "rng_state": parts.RNG, "train_state": parts.TRAIN_STATE, "progress": parts.TRAIN_STATE,
+    "step": f"{parts.TRAIN_STATE}.step", "epoch": f"{parts.TRAIN_STATE}.epoch",
+}  # fmt: skip
+
+
+def _nested(key: str, value: Any, model: str, optimizer: str) -> Iterator[tuple[str, Any]]:
+    if key.startswith(model + "."):
+        yield f"{parts.MODEL}.{key[len(model) + 1 :]}", value
+    elif key.startswith(optimizer + "."):
+        yield f"{parts.OPTIMIZER}.{key[len(optimizer) + 1 :]}", value
+    else:
+        parent = model.rsplit(".", 1)[0] + "." if "." in model else ""
+        rest = key[len(parent) :] if parent and key.startswith(parent) else key
+        head, _, tail = rest.partition(".")
+        part = _SIBLINGS.get(head)
+        if part is not None:
+            yield (f"{part}.{tail}" if tail else part), value
+        else:
+            yield (key if key.split(".", 1)[0] in KNOWN_HEADS else f"{parts.EXTRA}.{key}"), value
 
 
 def _megatron_like(keys: set[str], names: set[str], dirname: str) -> bool:
@@ -117,14 +179,7 @@ def optimizer_params(keys: set[str] | dict[str, Any]) -> set[str]:
 # -- raw keys → canonical keys ---------------------------------------------------------------
 def canonical_items(key: str, value: Any, rec: Recognized) -> Iterator[tuple[str, Any]]:
     """The canonical (key, value) pairs one raw entry becomes."""
-    if rec.name == "Megatron torch_dist":
-        yield from _megatron(key, value)
-    elif rec.name == "Lightning FSDP sharded":
-        yield from _lightning(key, value)
-    elif rec.name == "torchtitan":
-        yield from _torchtitan(key, value)
-    else:
-        yield key, value
+    yield from rec.items(key, value)
 
 
 def _megatron(key: str, value: Any) -> Iterator[tuple[str, Any]]:
