@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from drill.formats import FORMATS
+
 from drill.cli.common import (
     AllowClassOption,
     CoverageDaysOption,
@@ -36,7 +38,7 @@ PolicyFile = Annotated[
     Path | None, typer.Option("--policy", help="Run the drill a policy file describes, isolated in a child process (quiet unless it fails).")
 ]
 Device = Annotated[str, typer.Option("--device", help="Restore onto auto (CUDA if present), cpu, cuda or cuda:N.")]
-Format = Annotated[str, typer.Option("--format", help="Force a format: auto, dcp, torch-save, lightning, hf-trainer.")]
+Format = Annotated[str, typer.Option("--format", help=f"Force a format: {', '.join(FORMATS)}.")]
 AllowMissing = Annotated[list[str] | None, typer.Option("--allow-missing", help="Accept a missing part (repeatable, or comma-separated), e.g. rng or rng,dataloader.")]
 FiniteScan = Annotated[str, typer.Option("--finite-scan", help="NaN/Inf scan of weights and moments: full, sampled or off.")]
 Replay = Annotated[str | None, typer.Option("--replay", help="Replay entrypoint module:function (default: the one the run's run.json names).")]
