@@ -2,7 +2,10 @@
 
 ``$DRILL_FAILPOINTS`` holds ``name=action`` pairs separated by commas, optionally for one
 rank: ``restored@1=kill`` kills rank 1 (SIGKILL) just before it reports its restore,
-``restored@1=hang`` stops it there for good. Unset — always, outside tests — every
+``restored@1=hang`` stops it there for good, ``restored=hold`` parks every rank there until
+the file ``$DRILL_FAILPOINTS_RELEASE`` exists (each leaves ``<that file>.<rank>`` on arrival,
+so a test can act while all of them are parked), ``restored@1:0=kill`` acts on attempt 0 of a
+restarted job only (``$TORCHELASTIC_RESTART_COUNT``). Unset — always, outside tests — every
 failpoint is one dictionary lookup that does nothing. (Like etcd's gofail or TiKV's fail-rs.)
 """
 
@@ -13,17 +16,23 @@ import signal
 import time
 
 ENV = "DRILL_FAILPOINTS"
+RELEASE_ENV = "DRILL_FAILPOINTS_RELEASE"
+
+
+def _rank() -> str:
+    return os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
 
 
 def _armed(name: str) -> str | None:
     spec = os.environ.get(ENV)
     if not spec:
         return None
-    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+    rank, attempt = _rank(), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     for pair in spec.split(","):
         where, _, action = pair.strip().partition("=")
         point, _, only = where.partition("@")
-        if point == name and (not only or only == rank):
+        only, _, on_attempt = only.partition(":")
+        if point == name and (not only or only == rank) and (not on_attempt or on_attempt == attempt):
             return action
     return None
 
@@ -35,8 +44,13 @@ def failpoint(name: str) -> None:
     elif action == "hang":
         while True:
             time.sleep(3600)
+    elif action == "hold":
+        release = os.environ[RELEASE_ENV]
+        open(f"{release}.{_rank()}", "w").close()
+        while not os.path.exists(release):
+            time.sleep(0.05)
     elif action == "raise":
         raise RuntimeError(f"failpoint {name}")
 
 
-__all__ = ["ENV", "failpoint"]
+__all__ = ["ENV", "RELEASE_ENV", "failpoint"]

@@ -96,23 +96,90 @@ def test_a_corrupt_shard_fails_the_distributed_drill_and_is_recorded_once(sharde
     assert recorded.status == "failed"
 
 
-def test_a_killed_rank_fails_the_drill_naming_it(sharded_run: Path, tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path / 'drill.db'}"
-    ranks = launch(2, ["--root", str(sharded_run), "--db", db, "-q", "--rank-timeout", "30"], tmp_path, env={"DRILL_FAILPOINTS": "restored@1=kill"})
-    assert ranks[1].returncode == -9 and ranks[0].returncode == 5
-    assert "drill: error: rank(s) 1 did not reach 'restored'" in ranks[0].stderr
-    (recorded,) = history(db=db)
-    assert recorded.status == "error" and "rank(s) 1" in (recorded.message or "")
+def _start(world: int, args: list[str], rdzv: Path, *, env: dict[str, str] | None = None, ranks: range | None = None) -> list[subprocess.Popen]:
+    procs = []
+    for rank in ranks if ranks is not None else range(world):
+        rank_env = {**os.environ, **(env or {}), "RANK": str(rank), "WORLD_SIZE": str(world), "DRILL_DIST_INIT": f"file://{rdzv}"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "drill", "run", *args], env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[subprocess.CompletedProcess]:
+    out = []
+    for p in procs:
+        o, e = p.communicate(timeout=timeout)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, o, e))
+    return out
+
+
+def test_a_rank_killed_mid_restore_is_named_and_recorded_once_every_time(sharded_run: Path, tmp_path: Path) -> None:
+    """10 tries, side by side: each ends at once (heartbeats, not the rank timeout) as one
+    `error` record naming rank 1, its host and pid, and that its process is gone."""
+    tries = []
+    for n in range(10):
+        db = f"sqlite:///{tmp_path / f'drill-{n}.db'}"
+        args = ["--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--lost-after", "5", "--rank-timeout", "300", "--verdict-file", str(tmp_path / f"v{n}.json")]
+        tries.append((db, n, _start(2, args, tmp_path / f"rdzv-{n}", env={"DRILL_FAILPOINTS": "restored@1=kill"})))
+    for db, n, procs in tries:
+        rank0, rank1 = _finish(procs)
+        assert rank1.returncode == -9 and rank0.returncode == 5, (n, rank0.stderr)
+        assert re.search(r"drill: error: rank 1 on \S+ \(pid \d+\) was lost at 'restored': no heartbeat for [\d.]+ s \(its process is gone: killed or crashed\)", rank0.stderr), rank0.stderr
+        (recorded,) = history(db=db)
+        assert recorded.status == "error" and "rank 1 on" in (recorded.message or "")
+        verdict = json.loads((tmp_path / f"v{n}.json").read_text())
+        assert (verdict["id"], verdict["status"], verdict["exit_code"]) == (recorded.id, "error", 5)
+        seconds = float(re.search(r"no heartbeat for ([\d.]+) s", rank0.stderr).group(1))  # type: ignore[union-attr]
+        assert seconds < 60  # the documented bound is --lost-after plus a heartbeat; far below the rank timeout
 
 
 def test_a_hung_rank_fails_the_drill_within_the_rank_timeout(sharded_run: Path, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     started = time.monotonic()
     ranks = launch(2, ["--root", str(sharded_run), "--db", db, "-q", "--rank-timeout", "8", "--timeout", "40"], tmp_path, env={"DRILL_FAILPOINTS": "restored@1=hang"})
-    assert ranks[0].returncode == 5 and "rank(s) 1 did not reach 'restored' within 8 s" in ranks[0].stderr
+    assert ranks[0].returncode == 5 and "rank 1 did not reach 'restored' within 8 s, though alive (hung)" in ranks[0].stderr, ranks[0].stderr
+    assert re.search(r"rank 1 on \S+ \(pid \d+\) last reached '", ranks[0].stderr)
     assert ranks[1].returncode == 5  # its own deadline ends the hung rank
     assert time.monotonic() - started < 90
     assert history(db=db)[0].status == "error"
+
+
+def test_a_rank_that_never_joins_is_named_and_recorded(sharded_run: Path, tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    rank0, rank1 = _finish(_start(3, ["--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--rank-timeout", "15"], tmp_path / "rdzv", ranks=range(0, 2)))
+    # rank 1 joined and was waited for; rank 2 was never started
+    assert rank0.returncode == rank1.returncode == 5 and "rank 2 never joined: no sign of it 15 s after this rank joined" in rank0.stderr, rank0.stderr
+    (recorded,) = history(db=db)
+    assert recorded.status == "error" and "rank 2 never joined" in (recorded.message or "")
+
+
+def test_a_rank_that_fails_early_is_heard_at_once(sharded_run: Path, tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    started = time.monotonic()
+    args = ["--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--rank-timeout", "600", "--lost-after", "600"]
+    rank0, rank1 = _finish(_start(2, args, tmp_path / "rdzv", env={"DRILL_FAILPOINTS": "restored@1=raise"}))
+    assert time.monotonic() - started < 120  # neither timeout was waited out
+    assert rank0.returncode == rank1.returncode == 5
+    assert re.search(r"rank 1 on \S+ \(pid \d+\) stopped before 'restored': .*failpoint restored", rank0.stderr), rank0.stderr
+    assert history(db=db)[0].status == "error"
+
+
+def test_when_rank_0_is_lost_rank_1_closes_its_record(sharded_run: Path, tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    verdict = tmp_path / "verdict.json"
+    args = ["--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--lost-after", "4", "--verdict-file", str(verdict)]
+    rank0, rank1 = _finish(_start(2, args, tmp_path / "rdzv", env={"DRILL_FAILPOINTS": "restored@0=kill"}))
+    assert rank0.returncode == -9 and rank1.returncode == 5
+    (recorded,) = history(db=db)
+    assert recorded.status == "error" and re.search(r"rank 0 on \S+ \(pid \d+\) was lost", recorded.message or ""), recorded.message
+    assert json.loads(verdict.read_text())["rank"] == 1
+    from typer.testing import CliRunner
+
+    from tests.conftest import invoke
+
+    res = invoke(CliRunner(), "verdict", str(verdict))
+    assert res.exit_code == 5 and f"drill #{recorded.id} error: rank 0 on" in res.stderr
+    res = invoke(CliRunner(), "verdict", str(tmp_path / "none.json"))
+    assert res.exit_code == 5 and "no verdict at" in res.stderr
 
 
 def test_the_contract_wants_rng_and_loader_state_from_every_saved_rank() -> None:
@@ -278,7 +345,7 @@ def test_the_scheduler_submits_a_slurm_policy(sharded_run: Path, tmp_path: Path,
 def test_on_a_gpu_node_each_rank_restores_onto_its_own_device(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from drill.cli.run import _local_device
+    from drill.cli.ranks import local_device as _local_device
     from drill.pipeline import DrillRequest
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

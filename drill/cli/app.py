@@ -113,6 +113,7 @@ app = _group(
         "metrics": ("reports", "metrics"),
         "goodput": ("reports", "goodput"),
         "submit": ("submit", "submit"),
+        "verdict": ("run", "verdict"),
     },
     name="drill",
     epilog=EXIT_CODES,

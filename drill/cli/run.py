@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -26,11 +24,12 @@ from drill.cli.common import (
     stderr,
     stdout,
 )
+from drill.cli.ending import leave_verdict, report
 from drill.errors import DrillError, ExitCode, UsageError
 from drill.verdict import DrillStatus
 
 if TYPE_CHECKING:
-    from drill.pipeline import DrillOutcome, DrillRequest
+    from drill.pipeline import DrillRequest
 
 Root = Annotated[str | None, typer.Option("--root", help="Run directory holding the checkpoints (step-N/, checkpoint-N/, *.pt).")]
 Checkpoint = Annotated[str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")]
@@ -52,6 +51,14 @@ Timeout = Annotated[float, typer.Option("--timeout", help="Seconds the whole dri
 Durable = Annotated[str | None, typer.Option("--durable", help="The run's copy on a durable tier (e.g. s3://bucket/run7): verify the drilled checkpoint's copy there too.")]
 RankTimeout = Annotated[
     float, typer.Option("--rank-timeout", help="Under torchrun/srun: seconds a rank may lag behind the others before it counts as dead or hung.")
+]
+LostAfter = Annotated[
+    float,
+    typer.Option("--lost-after", help="Under torchrun/srun: seconds without a heartbeat before a rank counts as lost (killed, crashed, node gone)."),
+]
+VerdictFileOption = Annotated[
+    str | None,
+    typer.Option("--verdict-file", envvar="DRILL_VERDICT_FILE", help="Also write the verdict (id, status, exit code) here as JSON, for a launcher: `drill verdict FILE` exits with its code."),
 ]
 Trigger = Annotated[str, typer.Option("--trigger", hidden=True)]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Say what would be drilled — the checkpoint chosen, its files, the replay — and record nothing.")]
@@ -80,6 +87,8 @@ def run(
     memory_budget: MemoryBudget = None,
     durable: Durable = None,
     rank_timeout: RankTimeout = 600.0,
+    lost_after: LostAfter = 15.0,
+    verdict_file: VerdictFileOption = None,
     trigger: Trigger = "manual",
     dry_run: DryRun = False,
     db: DbOption = None,
@@ -96,7 +105,9 @@ def run(
     phase and the time to first step are recorded in the database.
 
     Under torchrun or srun every rank runs this same command: each restores its share of the
-    files, and rank 0 checks, records and prints the drill.
+    files, and rank 0 checks, records and prints the drill. A rank that dies, hangs or never
+    joins ends the drill as an error naming it; torchrun reports every failure as exit 1, so
+    pass --verdict-file and exit with `drill verdict FILE` to keep drill's exit code.
 
     Example: drill run --root ./demo-run --checkpoint latest
     """
@@ -107,11 +118,13 @@ def run(
         request = policy_request(_only_policy(policy, root, checkpoint), "policy") if policy else build_request(locals())
         return show_plan(request, db=db, json=json)
     if policy is not None and not ranks:
-        return run_policy(_only_policy(policy, root, checkpoint), db=db, json=json, trigger="policy" if trigger == "manual" else trigger)
+        return run_policy(_only_policy(policy, root, checkpoint), db=db, json=json, trigger="policy" if trigger == "manual" else trigger, verdict_file=verdict_file)
     request = policy_request(_only_policy(policy, root, checkpoint), "policy" if trigger == "manual" else trigger) if policy else build_request(locals())
     if ranks:
-        return run_ranks(request, db=db, json=json, quiet=quiet, rank_timeout=rank_timeout)
-    run_one(request, db=db, json=json, quiet=quiet)
+        from drill.cli.ranks import run_ranks
+
+        return run_ranks(request, db=db, json=json, quiet=quiet, rank_timeout=rank_timeout, lost_after=lost_after, verdict_file=verdict_file)
+    run_one(request, db=db, json=json, quiet=quiet, verdict_file=verdict_file)
 
 
 def show_plan(request: DrillRequest, *, db: str | None, json: bool) -> None:
@@ -136,7 +149,7 @@ def show_plan(request: DrillRequest, *, db: str | None, json: bool) -> None:
     return None
 
 
-def run_one(request: DrillRequest, *, db: str | None, json: bool, quiet: bool) -> None:
+def run_one(request: DrillRequest, *, db: str | None, json: bool, quiet: bool, verdict_file: str | None = None) -> None:
     """One drill in this process, recorded and reported."""
     from drill.api import run_drill
     from drill.cli.progress import RichProgress
@@ -149,7 +162,24 @@ def run_one(request: DrillRequest, *, db: str | None, json: bool, quiet: bool) -
         prepare()  # the `drill` command: torch is imported and nothing has run yet, so the replay's child is forked now
     with RichProgress(quiet=quiet) as progress:
         outcome = run_drill(request, db=db, progress=progress)
+    leave_verdict(verdict_file, outcome.id, outcome.status.value, int(outcome.exit_code), outcome.message)
     report(outcome, json=json, where=where)
+
+
+def verdict(path: Annotated[str, typer.Argument(help="The file drill run --verdict-file wrote.")]) -> None:
+    """Exit with the exit code of the drill that wrote a verdict file (for launchers).
+
+    torchrun exits 1 whatever its ranks exited with; after it, this restores drill's own
+    code (0 passed, 1 failed, 5 error, 130/143 aborted, …) and says the verdict on stderr. No
+    verdict in the file (the drill ended before it decided): exit 5.
+
+    Example: torchrun --nproc-per-node 8 -m drill run --verdict-file v.json ...; drill verdict v.json
+    """
+    from drill.launch.verdict import read_verdict
+
+    found = read_verdict(path)
+    stderr().print(f"drill: {found.line}", markup=False)
+    raise exit_with(ExitCode(found.exit_code))
 
 
 def _only_policy(policy: Path, root: str | None, checkpoint: str) -> Path:
@@ -165,44 +195,6 @@ def policy_request(path: Path, trigger: str) -> DrillRequest:
     from drill.policy.request import request_from_policy
 
     return request_from_policy(load_policy_or_fail(path), trigger)
-
-
-def run_ranks(request: DrillRequest, *, db: str | None, json: bool, quiet: bool, rank_timeout: float) -> None:
-    """One rank of a distributed drill: rank 0 records and reports, the others only restore."""
-    from drill.api import run_drill
-    from drill.cli.progress import RichProgress
-    from drill.dist.context import connect
-    from drill.pipeline import NullRecorder
-    from drill.records.db import resolve_url, safe_url
-
-    if rank_timeout <= 0:
-        raise UsageError(f"--rank-timeout must be positive, not {rank_timeout:g}")
-    dist = connect(rank_timeout)
-    request = _local_device(request)
-    try:
-        if dist is None or dist.is_root:
-            with RichProgress(quiet=quiet) as progress:
-                outcome = run_drill(request, db=db, progress=progress, dist=dist)
-            return report(outcome, json=json, where=safe_url(resolve_url(db)))
-        outcome = run_drill(request, recorder=NullRecorder(), dist=dist)
-    finally:
-        if dist is not None:
-            dist.close()
-    if outcome.status is not DrillStatus.PASSED and outcome.message:
-        stderr().print(f"drill: rank {dist.rank}: {outcome.status.value}: {outcome.message}", markup=False)
-    raise exit_with(outcome.exit_code)
-
-
-def _local_device(request: DrillRequest) -> DrillRequest:
-    """On a GPU node each rank restores onto its own device: ``cuda:$LOCAL_RANK``."""
-    import dataclasses
-
-    local = os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID")
-    if request.device not in ("auto", "cuda") or local is None or not local.isdigit():
-        return request
-    import torch
-
-    return dataclasses.replace(request, device=f"cuda:{local}") if torch.cuda.is_available() else request
 
 
 def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
@@ -243,31 +235,7 @@ def split_list(values: list[str] | None) -> tuple[str, ...]:
     return tuple(v.strip() for value in values or () for v in value.split(",") if v.strip())
 
 
-def report(outcome: DrillOutcome, *, json: bool, where: str | None = None) -> None:
-    """The outcome on stdout; one line on stderr when it did not pass; the drill's exit code."""
-    from drill.cli.render import render_outcome
-
-    if json:
-        print_json(outcome.to_document())
-    else:
-        render_outcome(stdout(), outcome, where)
-    err = stderr()
-    if outcome.status is not DrillStatus.PASSED and outcome.message:
-        recorded = f" (drill #{outcome.id} recorded as {outcome.status.value})" if outcome.id is not None else " (nothing was recorded)"
-        tail = recorded if outcome.status is DrillStatus.ABORTED else ""
-        err.print(f"drill: {outcome.status.value}: {outcome.message}{tail}", markup=False)
-    if outcome.record_problem:
-        err.print(f"drill: warning: {outcome.record_problem}", markup=False)
-    if outcome.status is DrillStatus.ABORTED and sys.stdout is sys.__stdout__:
-        # Interrupted: the record is written; reads still in flight (a hung mount) must not
-        # hold the process, and interpreter shutdown would wait for them.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(int(outcome.exit_code))
-    raise exit_with(outcome.exit_code)
-
-
-def run_policy(path: Path, *, db: str | None, json: bool, trigger: str) -> None:
+def run_policy(path: Path, *, db: str | None, json: bool, trigger: str, verdict_file: str | None = None) -> None:
     """``drill run --policy``: the drill runs isolated in a child; quiet when it passes."""
     from drill.api import run_policy as run_isolated_policy
     from drill.cli.nightly import load_policy_or_fail
@@ -277,6 +245,7 @@ def run_policy(path: Path, *, db: str | None, json: bool, trigger: str) -> None:
         refused = DrillError(f"policy {path}: {result.message}")
         refused.exit_code = ExitCode(result.exit_code)
         raise refused
+    leave_verdict(verdict_file, result.drill_id, result.status.value, int(result.exit_code), result.message)
     if json:
         print_json(result.document)
     if result.status is not DrillStatus.PASSED:

@@ -1,38 +1,34 @@
-"""The drill's place in a distributed job: its rank, the world, and its own process group.
+"""The drill's place in a distributed job: its rank, the world, and a rank group that scales.
 
 drill runs as every rank of a job that torchrun, srun or a Kubernetes indexed Job started; it
 never launches ranks itself. The rank and world size come from the launcher's environment
-(``RANK``/``WORLD_SIZE`` from torchrun or a Job, ``SLURM_PROCID``/``SLURM_NTASKS`` from srun);
-the rendezvous is ``$DRILL_DIST_INIT`` (``file:///shared/path``: nothing listens on a port)
-or, without it, ``env://`` (``MASTER_ADDR``/``MASTER_PORT``).
+(``RANK``/``WORLD_SIZE`` from torchrun or a Job, ``SLURM_PROCID``/``SLURM_NTASKS`` from srun).
 
 drill's collectives move only small Python objects (per-rank reports, the plan, the verdict),
-so they run on a gloo group of drill's own — also on GPU nodes, and also when the process
-group of the trainer that embeds drill already exists.
+so they go through the rendezvous store (:mod:`~drill.dist.rendezvous`), never through a
+process group: a broadcast is one key rank 0 sets, a gather one key per rank that rank 0
+reads. N ranks hold N connections to the store, whatever N is. While a rank waits, it watches
+the ranks it waits for (:mod:`~drill.dist.liveness`): one that dies is named within
+``lost_after`` seconds, one that hangs at the rank timeout, one that never joined at the join
+timeout — each with its host and pid.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-from dataclasses import dataclass
+import time
+from collections import Counter
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from drill.errors import DrillError, ExitCode, UsageError
+from drill.dist.failure import RankFailure
+from drill.dist.liveness import DEFAULT_INTERVAL, DEFAULT_LOST_AFTER, Guarded, Heartbeat, Watch, publish_failure
+from drill.dist.rendezvous import INIT_ENV, attempt_prefix, open_store
+from drill.errors import UsageError
 
-INIT_ENV = "DRILL_DIST_INIT"
 DEFAULT_RANK_TIMEOUT = 600.0
-
-
-class RankFailure(DrillError):
-    """A rank did not take part in a collective, or failed its share: the drill is an ``error``."""
-
-    exit_code = ExitCode.ERROR
-
-    def __init__(self, message: str, ranks: list[int]) -> None:
-        super().__init__(message)
-        self.ranks = ranks
 
 
 def launched_world() -> tuple[int, int] | None:
@@ -56,11 +52,18 @@ def launched_world() -> tuple[int, int] | None:
 class DistContext:
     rank: int
     world: int
-    group: Any
-    store: Any
+    store: Guarded
     timeout: float
-    owns_default: bool
-    """drill initialized the default process group (and destroys it when done)."""
+    """Seconds a rank may lag behind the others (and to join) before it counts as hung."""
+    lost_after: float = DEFAULT_LOST_AFTER
+    heartbeat: Heartbeat | None = None
+    watch: Watch | None = None
+    hosts_store: bool = False
+    reported: bool = False
+    """This rank sent its share to rank 0."""
+    root_lost: str | None = None
+    """Why rank 0 is gone, when this rank found it lost (its record is left to close)."""
+    _calls: Counter[str] = field(default_factory=Counter)
 
     @property
     def is_root(self) -> bool:
@@ -68,83 +71,135 @@ class DistContext:
 
     # -- collectives ------------------------------------------------------------------------
     def broadcast(self, obj: Any, stage: str) -> Any:
-        """``obj`` from rank 0, on every rank; names the ranks that never reached ``stage``."""
-        import torch.distributed as dist
-
-        self.mark(stage)
-        box = [obj if self.is_root else None]
-        self._collective(stage, lambda: dist.broadcast_object_list(box, src=0, group=self.group))
-        return box[0]
+        """``obj`` from rank 0, on every rank; :class:`RankFailure` naming rank 0 if it is lost."""
+        key = self._key(stage)
+        if self.is_root:
+            self.store.set(key, pickle.dumps(obj))
+            return obj
+        self._await([0], key, stage)
+        return pickle.loads(self.store.get(key))  # noqa: S301 - written by rank 0 of this very attempt
 
     def gather(self, obj: Any, stage: str) -> list[Any] | None:
         """Every rank's ``obj`` on rank 0 (None elsewhere); names the ranks that never sent."""
-        import torch.distributed as dist
+        key = self._key(stage)
+        if not self.is_root:
+            self.store.set(f"{key}/{self.rank}", pickle.dumps(obj))
+            self.reported = True
+            if int(self.store.add(f"{key}/count", 1)) == self.world - 1:
+                self.store.set(f"{key}/all", "1")
+            return None
+        if self.world > 1:
+            self._await(list(range(1, self.world)), f"{key}/all", stage, arrived=lambda r: self.store.check([f"{key}/{r}"]))
+        others = self.store.multi_get([f"{key}/{r}" for r in range(1, self.world)]) if self.world > 1 else []
+        return [obj, *(pickle.loads(v) for v in others)]  # noqa: S301 - written by the ranks of this very attempt
 
-        self.mark(stage)
-        out: list[Any] | None = [None] * self.world if self.is_root else None
-        self._collective(stage, lambda: dist.gather_object(obj, out, dst=0, group=self.group))
-        return out
+    def _key(self, stage: str) -> str:
+        self._calls[stage] += 1
+        self.store.set(f"at/{self.rank}", stage)
+        return f"{stage}#{self._calls[stage]}"
 
-    def _collective(self, what: str, fn: Any) -> None:
+    def _await(self, ranks: list[int], key: str, stage: str, arrived: Any = None) -> None:
+        """Until ``key`` is set; :class:`RankFailure` as soon as one of ``ranks`` is lost or
+        failed, or when they have not all arrived within the rank timeout."""
+        assert self.watch is not None
+        poll = timedelta(seconds=min(0.5, self.watch_interval / 2))
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                self.store.wait([key], poll)
+                return
+            except Exception:  # noqa: BLE001 - a timed-out wait, or the store's host is gone
+                if not self._store_alive():
+                    self.root_lost = "the rendezvous store it hosted went away"
+                    raise RankFailure(f"rank 0 was lost while this rank waited at '{stage}': the rendezvous store it hosted went away", [0]) from None
+            waiting = [r for r in ranks if arrived is None or not arrived(r)] if time.monotonic() > deadline else ranks
+            lost = self.watch.lost(ranks, stage)
+            if arrived is not None and lost:
+                lost = [(r, why) for r, why in lost if not arrived(r)]
+            if lost:
+                if lost[0][0] == 0 and not self.is_root:
+                    self.root_lost = lost[0][1]
+                shown = "; ".join(why for _, why in lost[:20]) + (f"; and {len(lost) - 20} more ranks" if len(lost) > 20 else "")
+                raise RankFailure(shown, [r for r, _ in lost])
+            if time.monotonic() > deadline:
+                who = "; ".join(f"{self.watch.describe(r)} last reached '{self._at(r)}'" for r in waiting[:20])
+                raise RankFailure(f"{_ranks(waiting)} did not reach '{stage}' within {self.timeout:g} s, though alive (hung): {who}", waiting)
+
+    @property
+    def watch_interval(self) -> float:
+        return self.heartbeat.interval if self.heartbeat is not None else DEFAULT_INTERVAL
+
+    def _store_alive(self) -> bool:
         try:
-            fn()
-        except Exception as exc:  # noqa: BLE001 - gloo reports a dead or hung peer as a RuntimeError
-            missing = self.missing(what)
-            who = f"rank(s) {', '.join(map(str, missing))}" if missing else "a rank"
-            raise RankFailure(
-                f"{who} did not reach '{what}' within {self.timeout:g} s: died, hung or was killed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})",
-                missing,
-            ) from None
+            self.store.check(["joined"])
+            return True
+        except Exception:  # noqa: BLE001
+            return False
 
-    # -- the store: who got how far ---------------------------------------------------------
-    def mark(self, stage: str) -> None:
-        self.store.set(f"drill/{stage}/{self.rank}", "1")
+    def _at(self, rank: int) -> str:
+        return self.store.get(f"at/{rank}").decode(errors="replace") if self.store.check([f"at/{rank}"]) else "(nothing)"
 
-    def missing(self, stage: str) -> list[int]:
-        return [r for r in range(self.world) if not self.store.check([f"drill/{stage}/{r}"])]
-
+    # -- the verdict, and a rank's failure --------------------------------------------------
     def publish(self, key: str, value: Any) -> None:
-        self.store.set(f"drill/{key}", pickle.dumps(value))
+        self.store.set(f"published/{key}", pickle.dumps(value))
 
     def wait_for(self, key: str, timeout: float) -> Any:
-        """A value rank 0 published; RankFailure when it does not come within ``timeout``."""
+        """A value rank 0 published; :class:`RankFailure` when rank 0 is lost or silent past ``timeout``."""
+        saved, self.timeout = self.timeout, timeout
         try:
-            self.store.wait([f"drill/{key}"], timedelta(seconds=timeout))
-        except Exception:  # noqa: BLE001 - the store raises on timeout or when rank 0's store went away
-            raise RankFailure(f"rank 0 did not publish '{key}' within {timeout:g} s: it died or hung", [0]) from None
-        return pickle.loads(self.store.get(f"drill/{key}"))  # noqa: S301 - written by rank 0 of this very job
+            self._await([0], f"published/{key}", key)
+        finally:
+            self.timeout = saved
+        return pickle.loads(self.store.get(f"published/{key}"))  # noqa: S301 - written by rank 0 of this very attempt
+
+    def fail(self, cause: str) -> None:
+        """This rank stops early: the ranks waiting for it hear why at once."""
+        publish_failure(self.store, self.rank, cause)
 
     def close(self) -> None:
-        import torch.distributed as dist
+        """Leave the group. Rank 0, when it hosts the store, stays until every rank still
+        alive has read the verdict (a lost one is not waited for)."""
+        self.timeout = min(self.timeout, 60.0)
+        try:
+            if self.hosts_store or not self.is_root:
+                self.gather(None, "done")
+        except Exception:  # noqa: BLE001 - leaving: a lost rank or a gone store changes nothing now
+            pass
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
 
-        if self.owns_default and dist.is_initialized():
-            dist.destroy_process_group()
+
+def _ranks(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:20])) + (f" and {len(ranks) - 20} more" if len(ranks) > 20 else "")
+    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
 
 
-def connect(rank_timeout: float = DEFAULT_RANK_TIMEOUT) -> DistContext | None:
-    """Join the job this process is a rank of; None for a single-process drill."""
+def connect(rank_timeout: float = DEFAULT_RANK_TIMEOUT, *, lost_after: float = DEFAULT_LOST_AFTER, interval: float | None = None) -> DistContext | None:
+    """Join the job this process is a rank of; None for a single-process drill.
+
+    When the process group of a trainer that embeds drill already exists, drill meets in its
+    store (under a key space of its own); otherwise in the rendezvous the launcher names."""
     import torch.distributed as dist
 
-    launched = launched_world()
-    owns = False
-    if not dist.is_initialized():
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() <= 1:
+            return None
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        rank, world, hosts = dist.get_rank(), dist.get_world_size(), False
+        store = dist.PrefixStore(attempt_prefix() + "embedded/", _get_default_store())
+    else:
+        launched = launched_world()
         if launched is None:
             return None
         rank, world = launched
-        init = os.environ.get(INIT_ENV) or "env://"
-        if init == "env://" and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
-            raise UsageError(f"rank {rank} of {world}: set ${INIT_ENV} (file:///shared/dir/rendezvous) or MASTER_ADDR and MASTER_PORT")
-        kw: dict[str, Any] = {"backend": "gloo", "init_method": init, "timeout": timedelta(seconds=rank_timeout)}
-        if init != "env://":
-            kw.update(rank=rank, world_size=world)
-        dist.init_process_group(**kw)
-        owns = True
-    elif dist.get_world_size() <= 1:
-        return None
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=rank_timeout))
-    from torch.distributed.distributed_c10d import _get_default_store
-
-    return DistContext(dist.get_rank(), dist.get_world_size(), group, _get_default_store(), rank_timeout, owns)
+        store, hosts = open_store(rank, world, rank_timeout)
+    interval = interval or min(DEFAULT_INTERVAL, lost_after / 5)
+    guarded = Guarded(store)
+    ctx = DistContext(rank, world, guarded, rank_timeout, lost_after, hosts_store=hosts)
+    ctx.heartbeat = Heartbeat(guarded, rank, interval)
+    ctx.watch = Watch(guarded, world, lost_after, rank_timeout)
+    return ctx
 
 
 __all__ = ["DEFAULT_RANK_TIMEOUT", "INIT_ENV", "DistContext", "RankFailure", "connect", "launched_world"]

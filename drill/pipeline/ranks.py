@@ -20,13 +20,15 @@ if TYPE_CHECKING:
 
 
 def lead_discovery(d: Drill) -> None:
-    """Rank 0: every rank drills the checkpoint rank 0 chose (a random choice included)."""
-    d.dist.broadcast((d.inputs.ref, d.inputs.selection, d.stopped), "discover")
+    """Rank 0: every rank drills the checkpoint rank 0 chose (a random choice included), and
+    knows the record rank 0 keeps."""
+    d.dist.broadcast((d.inputs.ref, d.inputs.selection, d.stopped, d.outcome.id), "discover")
 
 
 def follow_discovery(d: Drill) -> list[CheckResult]:
-    ref, selection, stopped = d.dist.broadcast(None, "discover")
+    ref, selection, stopped, drill_id = d.dist.broadcast(None, "discover")
     d.inputs.ref, d.inputs.selection = ref, selection
+    d.outcome.id = drill_id  # rank 0's record: rank 1 closes it should rank 0 be lost
     if stopped:
         d.stop(stopped)
     return []
@@ -62,16 +64,20 @@ def restore_across_ranks(d: Drill, adapter: Any, ctx: RestoreContext) -> Restore
 
 
 def settle(d: Drill, outcome: DrillOutcome) -> DrillOutcome:
-    """Rank 0 publishes the verdict; every other rank takes it (and exits with its code)."""
+    """Rank 0 publishes the verdict; every other rank takes it (and exits with its code). A
+    rank that stopped before it sent its share says why first, so rank 0 does not wait for it."""
     from drill.errors import ExitCode
     from drill.verdict import DrillStatus
 
-    if d.dist.is_root:
-        d.dist.publish("verdict", (outcome.id, outcome.status.value, int(outcome.exit_code), outcome.message))
+    dist = d.dist
+    if dist.is_root:
+        dist.publish("verdict", (outcome.id, outcome.status.value, int(outcome.exit_code), outcome.message))
         return outcome
+    if outcome.status in (DrillStatus.ERROR, DrillStatus.ABORTED) and not dist.reported:
+        dist.fail(outcome.message or outcome.status.value)
     try:
         left = max(1.0, d.request.timeout - (time.perf_counter() - d.started))
-        outcome.id, status, code, outcome.message = d.dist.wait_for("verdict", left)
+        outcome.id, status, code, outcome.message = dist.wait_for("verdict", left)
         outcome.status, outcome.exit_code = DrillStatus(status), ExitCode(code)
     except Exception as exc:  # noqa: BLE001 - rank 0 is gone: this rank cannot know the verdict
         outcome.status, outcome.exit_code, outcome.message = DrillStatus.ERROR, ExitCode.ERROR, str(exc)

@@ -1,0 +1,62 @@
+"""The verdict file: where a drill leaves its verdict for a launcher to read.
+
+torchrun turns every exit code of its workers into 1, and a batch script's exit code is that
+of its last command: a launcher cannot tell ``failed`` from ``error`` from ``aborted`` by how
+its ranks exited. So ``drill run --verdict-file PATH`` (or ``$DRILL_VERDICT_FILE``) writes the
+verdict — the drill's id, status, exit code and message — as one JSON object, atomically, once
+it is recorded (rank 0; or the rank that closed rank 0's record when rank 0 was lost), and
+``drill verdict PATH`` exits with that code. The Slurm script ``drill submit`` writes does
+exactly that after ``srun``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from drill.errors import DrillError, ExitCode
+
+ENV = "DRILL_VERDICT_FILE"
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictFile:
+    drill_id: int | None
+    status: str
+    exit_code: int
+    message: str | None
+    rank: int | None = None
+
+    @property
+    def line(self) -> str:
+        drill = f"drill #{self.drill_id} " if self.drill_id is not None else "drill "
+        return f"{drill}{self.status}" + (f": {self.message}" if self.message and self.status != "passed" else "")
+
+
+def write_verdict(path: str, verdict: VerdictFile) -> None:
+    """Atomically: a launcher never reads half a verdict."""
+    doc: dict[str, Any] = {"id": verdict.drill_id, "status": verdict.status, "exit_code": verdict.exit_code, "message": verdict.message, "rank": verdict.rank}
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_verdict(path: str) -> VerdictFile:
+    """The verdict a drill left; :class:`DrillError` (exit 5) when there is none to read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        code = int(doc["exit_code"])
+        ExitCode(code)
+        return VerdictFile(doc.get("id"), str(doc["status"]), code, doc.get("message"), doc.get("rank"))
+    except FileNotFoundError:
+        raise DrillError(f"no verdict at {path}: the drill ended before it decided (see its output)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DrillError(f"{path} holds no drill verdict ({type(exc).__name__}): was it written by drill run --verdict-file?") from None
+
+
+__all__ = ["ENV", "VerdictFile", "read_verdict", "write_verdict"]
