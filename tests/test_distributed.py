@@ -182,6 +182,92 @@ def test_when_rank_0_is_lost_rank_1_closes_its_record(sharded_run: Path, tmp_pat
     assert res.exit_code == 5 and "no verdict at" in res.stderr
 
 
+def _tcp_connections(pids: list[int]) -> int:
+    """Established TCP connections with both ends in these processes (each counted once)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    ends = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            ends += fields[3] == "01" and fields[9] in inodes  # 01: ESTABLISHED
+    return ends // 2
+
+
+def test_32_ranks_hold_o_n_connections_and_a_lost_rank_is_found_within_the_bound(sharded_run: Path, tmp_path: Path) -> None:
+    """The scale test: 32 ranks on one host meeting through a TCPStore (env://). While every
+    rank is parked mid-drill, count the connections among them: one per rank to the store (a
+    gloo mesh would hold 32·31/2 = 496). Rank 7 was killed on arrival; once released, rank 0
+    names it within --lost-after plus a heartbeat."""
+    from tests.s3server import free_port
+
+    world, lost_after = 32, 10.0
+    release = tmp_path / "release"
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1",
+           "DRILL_FAILPOINTS": "restored@7=kill,restored=hold", "DRILL_FAILPOINTS_RELEASE": str(release)}  # fmt: skip
+    env.pop("DRILL_DIST_INIT", None)
+    args = ["--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--lost-after", str(lost_after), "--rank-timeout", "600", "--timeout", "900"]
+    procs = [subprocess.Popen([sys.executable, "-m", "drill", "run", *args], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    try:
+        deadline = time.monotonic() + 600
+        parked = [r for r in range(world) if r != 7]
+        while not all(Path(f"{release}.{r}").exists() for r in parked):
+            assert time.monotonic() < deadline and all(procs[r].poll() is None for r in parked), "the ranks did not all reach the failpoint"
+            time.sleep(0.2)
+        connections = _tcp_connections([p.pid for p in procs])
+        port = f"{int(env['MASTER_PORT']):04X}"
+        listening = {ln.split()[1] for t in ("/proc/net/tcp", "/proc/net/tcp6") for ln in Path(t).read_text().splitlines()[1:] if ln.split()[3] == "0A" and ln.split()[1].endswith(f":{port}")}
+        assert listening == {f"0100007F:{port}"}  # the store rank 0 hosts listens on MASTER_ADDR only
+        print(f"\n{world} ranks, {world - 1} alive: {connections} TCP connections among them (a gloo mesh: {world * (world - 1) // 2})")
+        assert connections <= 2 * world
+        release.touch()
+        results = _finish(procs, timeout=600)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert results[7].returncode == -9 and results[0].returncode == 5, results[0].stderr
+    assert all(r.returncode == 5 for i, r in enumerate(results) if i != 7)
+    found = re.search(r"rank 7 on \S+ \(pid \d+\) was lost at 'restored': no heartbeat for ([\d.]+) s", results[0].stderr)
+    assert found, results[0].stderr
+    print(f"rank 7 found lost after {found.group(1)} s without a heartbeat (bound: --lost-after {lost_after:g} s + one heartbeat)")
+    assert float(found.group(1)) < lost_after + 30  # generous on a loaded machine: the point is it is not the 600 s rank timeout
+    (recorded,) = history(db=db)
+    assert recorded.status == "error" and "rank 7 on" in (recorded.message or "")
+
+
+def test_torchrun_max_restarts_records_each_attempt_once_and_keeps_the_exit_code(sharded_run: Path, tmp_path: Path) -> None:
+    """torchrun restarts the group after rank 1 dies in attempt 0: attempt 0's record is closed
+    (never left running), attempt 1 meets in keys of its own and passes; torchrun's exit code is
+    its own, the verdict file keeps drill's. (In a network namespace of its own: torchrun's
+    stores bind every interface.)"""
+    import shutil
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare -n is not available: torchrun's stores would listen on every interface")
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    verdict = tmp_path / "v.json"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "-m", "drill", "run",
+                "--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--lost-after", "5", "--verdict-file", str(verdict)]  # fmt: skip
+    env = {**os.environ, "DRILL_FAILPOINTS": "restored@1:0=kill", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *torchrun], env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    drills = sorted(history(db=db), key=lambda d: d.id)
+    assert [d.status for d in drills][-1] == "passed" and all(d.status != "running" for d in drills), [(d.status, d.message) for d in drills]
+    assert len(drills) == 2 and drills[0].status in ("aborted", "error")
+    assert json.loads(verdict.read_text())["status"] == "passed"
+    res = subprocess.run([sys.executable, "-m", "drill", "verdict", str(verdict)], capture_output=True, text=True)
+    assert res.returncode == 0 and f"drill #{drills[1].id} passed" in res.stderr
+
+
 def test_the_contract_wants_rng_and_loader_state_from_every_saved_rank() -> None:
     import torch
 

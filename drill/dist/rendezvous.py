@@ -16,6 +16,7 @@ reuses a rendezvous path never reads what an earlier one left.
 from __future__ import annotations
 
 import os
+import socket
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -70,14 +71,36 @@ def _tcp_store(rank: int, world: int, timeout: float) -> tuple[Any, bool]:
         raise UsageError(f"rank {rank} of {world}: set ${INIT_ENV} (file:///shared/dir/rendezvous) or MASTER_ADDR and MASTER_PORT")
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"  # torchrun's agent hosts it
     hosts = rank == 0 and not agent
+    listener = _listen(addr, int(port)) if hosts else None
     try:
-        return dist.TCPStore(
-            addr, int(port), None, is_master=hosts, timeout=timedelta(seconds=timeout), wait_for_workers=False, multi_tenant=True
-        ), hosts  # fmt: skip
+        store = dist.TCPStore(
+            addr, int(port), None, is_master=hosts, timeout=timedelta(seconds=timeout), wait_for_workers=False, multi_tenant=True,
+            master_listen_fd=listener.fileno() if listener is not None else None,
+        )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - c10d raises RuntimeError subclasses for every socket problem
         who = "rank 0 (or torchrun's agent)" if rank != 0 or agent else "this rank"
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise RankFailure(f"rank {rank} could not reach the rendezvous at {addr}:{port} within {timeout:g} s: {who} never opened it ({first})", [0]) from None
+    _LISTENERS.append(listener)
+    return store, hosts
+
+
+_LISTENERS: list[Any] = []
+"""Sockets the store this process hosts listens on (kept open as long as the process lives)."""
+
+
+def _listen(addr: str, port: int) -> socket.socket:
+    """The store's listening socket, bound to ``MASTER_ADDR`` only — never every interface (c10d's
+    own default)."""
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(4096)
+        return sock
+    except OSError as exc:
+        raise UsageError(f"rank 0 cannot listen on MASTER_ADDR={addr} port {port} ({exc.strerror or exc}): is that an address of this node?") from None
 
 
 __all__ = ["INIT_ENV", "attempt_prefix", "open_store", "where"]
