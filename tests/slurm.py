@@ -53,6 +53,7 @@ KillWait=5
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=8 RealMemory=4000 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 PartitionName=drained Nodes=localhost Default=NO MaxTime=INFINITE State=DOWN
+PartitionName=short Nodes=localhost Default=NO MaxTime=1 State=UP
 """
 
 

@@ -298,9 +298,13 @@ def test_the_slurm_script_holds_the_allocation_and_no_password(sharded_run: Path
     res = invoke(CliRunner(), "submit", "--policy", str(policy), "--dry-run", "--db", "postgresql://drill@db.internal/drill")
     assert res.exit_code == 0, res.stderr
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu", "#SBATCH --account=ml",
-                 "#SBATCH --qos=low", "#SBATCH --time=15", f"#SBATCH --output={tmp_path}/drill-%j.out", 'DRILL_DIST_INIT="file:///shared/rdzv/drill-rdzv-$SLURM_JOB_ID"'):  # fmt: skip
+                 "#SBATCH --qos=low", "#SBATCH --time=15", f"#SBATCH --output={tmp_path}/drill-%j.out", 'export DRILL_DIST_INIT="file://$rdzv/store"',
+                 'rm -rf /shared/rdzv/drill-rdzv-"$SLURM_JOB_ID"-*', 'rdzv="$(mktemp -d /shared/rdzv/drill-rdzv-"$SLURM_JOB_ID"-"${SLURM_RESTART_COUNT:-0}"-XXXXXXXX)"',
+                 "trap 'rm -rf \"$rdzv\"; exit 143' TERM", f"export DRILL_VERDICT_FILE={tmp_path}/drill-\"$SLURM_JOB_ID\".verdict.json",
+                 f"-m drill verdict {tmp_path}/drill-\"$SLURM_JOB_ID\".verdict.json"):  # fmt: skip
         assert line in res.stdout, line
-    assert f"run --policy {policy} --trigger policy --quiet --db postgresql+psycopg://drill@db.internal/drill" in res.stdout
+    assert re.search(r'export DRILL_JOB_ID="slurm:\$SLURM_JOB_ID#[0-9a-f]{8}"', res.stdout)
+    assert f"run --policy {policy.resolve()} --trigger policy --quiet --db postgresql+psycopg://drill@db.internal/drill" in res.stdout
     res = invoke(CliRunner(), "submit", "--policy", str(policy), "--dry-run", "--db", "postgresql://drill:s3cret@db/drill")
     assert res.exit_code == 2 and "must not" in res.stderr and "s3cret" not in res.stderr + res.stdout
     monkeypatch.setenv("DRILL_DATABASE_URL", "postgresql://drill:s3cret@db/drill")
@@ -356,13 +360,75 @@ def _submit(policy: Path, db: str, monkeypatch: pytest.MonkeyPatch, slurm, *extr
 
 def test_a_real_slurm_job_drills_the_sharded_checkpoint_on_two_ranks(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  ranks_per_node: 2\n  partition: debug\n  log_dir: {tmp_path}\n")
-    res = _submit(policy, db, monkeypatch, slurm_cluster, "--json")
+    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  ranks_per_node: 2\n  partition: debug\n  log_dir: {tmp_path}\n  sbatch_args: ['--chdir=/']\n")
+    monkeypatch.chdir(tmp_path)  # a relative policy path, and a job that runs elsewhere
+    res = _submit(Path(policy.name), db, monkeypatch, slurm_cluster, "--json")
     assert res.exit_code == 0, res.stderr + res.stdout
     doc = json.loads(res.stdout)
-    assert doc["status"] == "passed" and doc["job_id"].startswith("slurm:") and doc["distributed"]["world_size"] == 2
+    assert doc["status"] == "passed" and re.fullmatch(r"slurm:\d+#[0-9a-f]{8}", doc["job_id"]) and doc["distributed"]["world_size"] == 2
     assert re.search(r"drill: submitted slurm job \d+ \(output: .*/drill-\d+\.out\)", res.stderr) and "running" in res.stderr
     assert get_drill(doc["id"], db=db).job_id == doc["job_id"]
+    slurm_id = doc["job_id"][6:].split("#")[0]
+    assert json.loads((tmp_path / f"drill-{slurm_id}.verdict.json").read_text())["id"] == doc["id"]
+    assert not list(Path("/tmp").glob(f"drill-rdzv-{slurm_id}-*"))  # the rendezvous is gone with the job
+
+
+def test_a_stale_rendezvous_or_record_of_a_reused_job_id_decides_nothing(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Job ids restart from 1 on a new cluster: every id this job could get already has a
+    rendezvous holding `aborted` and a record saying `passed`. The damaged checkpoint still
+    fails, recorded once, and drill submit exits 1."""
+    import pickle
+    import shutil
+    from datetime import datetime, timezone
+
+    import torch.distributed as dist
+
+    from drill.pipeline.recorder import DrillStart
+    from drill.records.db import open_database
+    from drill.records.store import Records
+    from drill.verdict import DrillStatus
+
+    run = tmp_path / "run"
+    shutil.copytree(sharded_run, run)
+    shard = run / "step-20" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    rdzv = tmp_path / "rdzv"
+    rdzv.mkdir()
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    database = open_database(db)
+    records = Records(database)
+    for job in range(1, 300):
+        for name in (f"drill-rdzv-{job}", f"drill-rdzv-{job}-0-stale/store"):
+            (rdzv / name).parent.mkdir(parents=True, exist_ok=True)
+            store = dist.FileStore(str(rdzv / name), -1)
+            for prefix in ("drill/", f"drill/{job}/0/"):
+                dist.PrefixStore(prefix, store).set("published/verdict", pickle.dumps((None, "aborted", 143, "stale")))
+        start = DrillStart(run_root=str(run), selector="latest", trigger="policy", device="cpu", policy="sharded", started_at=datetime.now(timezone.utc), versions={"drill": "0"}, job_id=f"slurm:{job}")
+        records.record_lost(start, status=DrillStatus.PASSED, exit_code=0, reason="a drill of another cluster")
+    database.close()
+    policy = _policy(tmp_path, run, f"  launcher: slurm\n  ranks_per_node: 2\n  rendezvous: {rdzv}\n  log_dir: {tmp_path}\n")
+    res = _submit(policy, db, monkeypatch, slurm_cluster)
+    assert res.exit_code == 1, res.stderr
+    mine = [d for d in history(db=db, limit=1000) if d.job_id and "#" in d.job_id]
+    assert [d.status for d in mine] == ["failed"] and "__1_0.distcp" in (mine[0].message or "") + res.stdout
+    assert all(d.status == "passed" for d in history(db=db, limit=1000) if d not in mine)
+
+
+def test_a_job_that_can_never_run_fails_within_a_minute(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  partition: short\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n")  # asks 15 min of a 1 min partition
+    started = time.monotonic()
+    res = _submit(policy, db, monkeypatch, slurm_cluster)
+    assert time.monotonic() - started < 60
+    assert res.exit_code == 5 and re.search(r"can never run as asked \(Slurm's reason: Partition(Config|TimeLimit)\)", res.stderr), res.stderr
+    (recorded,) = history(db=db)
+    assert recorded.status == "error" and "job output: " in (recorded.message or "")
+    from drill import __version__
+
+    versions = get_drill(recorded.id, db=db).versions
+    assert versions["drill"] == __version__ and versions["torch"]
 
 
 def test_slurm_refusing_the_job_is_recorded(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
@@ -409,6 +475,80 @@ def test_a_job_killed_under_the_drill_closes_its_record(sharded_run: Path, tmp_p
     (recorded,) = history(db=db)
     assert (res.exit_code, recorded.status) in ((143, "aborted"), (5, "error")), (res.exit_code, recorded.status, recorded.message)
     assert "SIGTERM" in (recorded.message or "") or "ended CANCELLED" in (recorded.message or "")
+
+
+def _submit_process(policy: Path, db: str, slurm, env: dict[str, str] | None = None) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    return subprocess.Popen([sys.executable, "-m", "drill", "submit", "--policy", str(policy), "--db", db], env={**os.environ, **slurm.env, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _queue(slurm) -> str:  # type: ignore[no-untyped-def]
+    return subprocess.run(["squeue", "-h", "-o", "%i %T"], env={**os.environ, **slurm.env}, capture_output=True, text=True).stdout
+
+
+def test_ctrl_c_on_submit_cancels_a_pending_job_and_records_it_aborted(sharded_run: Path, tmp_path: Path, slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+    import signal
+
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n")
+    proc = _submit_process(policy, db, slurm_cluster)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the event: drill submit says the job is pending
+        if ": pending" in line:
+            break
+    job = re.search(r"slurm job (\d+)", line).group(1)  # type: ignore[union-attr]
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    (recorded,) = history(db=db)
+    assert recorded.status == "aborted" and f"drill submit was interrupted (SIGINT): slurm job {job} was cancelled while pending" in (recorded.message or "")
+    assert job not in _queue(slurm_cluster)
+
+
+def test_ctrl_c_on_submit_cancels_a_running_job_whose_drill_records_itself_aborted(sharded_run: Path, tmp_path: Path, slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+    import signal
+
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  ranks_per_node: 2\n  log_dir: {tmp_path}\n")
+    proc = _submit_process(policy, db, slurm_cluster, env={"DRILL_FAILPOINTS": "restored@1=hang"})
+    deadline = time.monotonic() + 180
+    while not ((tmp_path / "drill.db").exists() and [d for d in history(db=db) if d.status == "running"]):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    (recorded,) = history(db=db)
+    assert recorded.status == "aborted", (recorded.status, recorded.message, err)
+    assert proc.returncode == recorded.exit_code and proc.returncode in (130, 143)
+    assert not _queue(slurm_cluster).strip()
+
+
+def test_a_scheduler_stopping_cancels_its_pending_job_and_records_it(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from drill.policy import load_policy
+    from drill.records.db import open_database
+    from drill.records.store import Records
+    from drill.scheduling.isolate import run_policy_drill
+
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = load_policy(_policy(tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n"))
+    stopping, results = threading.Event(), []
+    database = open_database(db)
+    worker = threading.Thread(target=lambda: results.append(run_policy_drill(policy, db, Records(database), trigger="scheduler", stopping=stopping)))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while "PENDING" not in _queue(slurm_cluster):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    stopping.set()  # what SIGTERM to the scheduler does
+    worker.join(120)
+    database.close()
+    (result,) = results
+    assert result.status == "aborted" and result.exit_code == 143 and "the scheduler stopped (SIGTERM) before the job started" in (result.message or "")
+    assert not _queue(slurm_cluster).strip()
+    assert [d.status for d in history(db=db)] == ["aborted"]
 
 
 def test_the_scheduler_submits_a_slurm_policy(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

@@ -24,8 +24,10 @@ def submit(
 
     Slurm: sbatch runs `srun drill run --policy FILE` on nodes × ranks_per_node tasks; drill
     follows the job (squeue, then scontrol or sacct) and exits with the drill's exit code. A
-    job Slurm refuses, one cancelled after allocation.queue_timeout in the queue, or one that
-    dies under the drill is recorded as an error. Kubernetes: prints an indexed Job, a
+    job Slurm refuses, one Slurm says can never run (a partition's limit, an unknown account:
+    cancelled at once), one cancelled after allocation.queue_timeout in the queue, or one
+    that dies under the drill is recorded as an error, naming the job's output file. Ctrl-C
+    (or SIGTERM) cancels the job and records the drill as aborted. Kubernetes: prints an indexed Job, a
     headless Service and a ConfigMap to kubectl apply.
 
     Example: drill submit --policy policies/sharded-slurm.yaml --launcher slurm
@@ -43,7 +45,12 @@ def submit(
         return _emit(render_k8s(loaded).text, output)
     if output is not None:
         raise UsageError("--output is for k8s manifests; a Slurm job's script prints with --dry-run")
-    sub = submit_slurm(loaded, db=db, dry_run=dry_run, on_state=_Progress(loaded))
+    from drill.launch.slurm import Interrupted
+
+    try:
+        sub = submit_slurm(loaded, db=db, dry_run=dry_run, on_state=_Progress(loaded))
+    except Interrupted as stopped:  # Ctrl-C or SIGTERM: the job was cancelled and the drill recorded aborted
+        sub = stopped.submission  # type: ignore[attr-defined]
     if dry_run:
         return _emit(sub.text, None)
     _report(sub, json=json)

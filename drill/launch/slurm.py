@@ -2,15 +2,23 @@
 
 The job runs ``srun drill run --policy FILE`` on ``nodes × ranks_per_node`` tasks; every task
 is one rank of the drill (``SLURM_PROCID``/``SLURM_NTASKS``), meeting through a ``file://``
-rendezvous in a directory every node sees, so nothing listens on a port. Rank 0 records the
-drill with ``job_id = slurm:<id>``; :func:`wait` follows the job with ``squeue`` and reads
-how it ended from ``scontrol`` (or ``sacct`` where accounting keeps it longer).
+rendezvous in a directory every node sees, so nothing listens on a port. The rendezvous is a
+fresh directory per attempt (job id, restart count and a random suffix; earlier ones of the
+same job id removed first, this one removed on exit, TERM and INT), so a stale one — a job
+killed before its trap ran, a job id reused by a new cluster — can never decide this job's
+verdict. Rank 0 records the drill with ``job_id = slurm:<id>#<nonce>`` (the nonce is the
+submission's: a reused job id never finds another job's record) and leaves its verdict next to
+the job's output; the script ends with ``drill verdict``, so the job exits with drill's code.
+:func:`wait` follows the job with ``squeue`` — cancelling it at once when Slurm says it can
+never run — and reads how it ended from ``scontrol`` (or ``sacct``).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
+import secrets
 import shlex
 import subprocess
 import sys
@@ -19,6 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from drill.policy.model import Policy
+
+NEVER_RUNS = {
+    "PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS", "DependencyNeverSatisfied",
+    "QOSMaxWallDurationPerJobLimit", "QOSMaxNodePerJobLimit", "QOSMaxCpuPerJobLimit", "QOSMaxGRESPerJob", "QOSMaxMemoryPerJob",
+    "AssocMaxWallDurationPerJobLimit", "AssocMaxNodesPerJobLimit", "AssocMaxCpuPerJobLimit", "AccountNotAllowed", "QOSNotAllowed",
+}  # fmt: skip
+"""Pending reasons that say the job as asked can never start (a limit it exceeds, a thing that
+does not exist): waiting out the queue timeout would only delay the error."""
 
 FINAL_STATES = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
@@ -31,11 +47,17 @@ class SubmitError(Exception):
 class JobEnd:
     job_id: str
     state: str
-    """Slurm's final state (COMPLETED, FAILED, TIMEOUT, …), or QUEUE_TIMEOUT when drill gave up waiting."""
+    """Slurm's final state (COMPLETED, FAILED, TIMEOUT, …); QUEUE_TIMEOUT when drill gave up
+    waiting, NEVER_RUNS when Slurm said the job can never start, CANCELLED when drill cancelled it."""
     exit_code: int | None
     reason: str
     pending_seconds: float
     seconds: float
+    host: str | None = None
+    """The node the batch script ran on, when Slurm still knows it."""
+    cancelled_by: str | None = None
+    """Why drill cancelled the job (an interrupt, a scheduler stopping), if it did."""
+    was_running: bool = False
 
 
 def time_limit_minutes(policy: Policy) -> int:
@@ -44,15 +66,28 @@ def time_limit_minutes(policy: Policy) -> int:
 
 
 def log_dir(policy: Policy) -> str:
-    import os
-
     return os.path.abspath(policy.allocation.log_dir or ".")
 
 
-def render(policy: Policy, *, db_url: str | None, trigger: str = "policy") -> str:
+def output_path(policy: Policy, job_id: str) -> str:
+    """The job's output file (``#SBATCH --output``)."""
+    return f"{log_dir(policy)}/drill-{job_id}.out"
+
+
+def verdict_path(policy: Policy, job_id: str) -> str:
+    """Where rank 0 leaves the drill's verdict, beside the job's output."""
+    return f"{log_dir(policy)}/drill-{job_id}.verdict.json"
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(4)
+
+
+def render(policy: Policy, *, db_url: str | None, trigger: str = "policy", nonce: str | None = None) -> str:
     """The batch script: ``#SBATCH`` lines from the policy's allocation, then ``srun`` of
-    ``drill run --policy`` on every task. ``db_url`` None: the job takes
-    ``$DRILL_DATABASE_URL`` from the submitting environment (never a password in the script)."""
+    ``drill run --policy`` on every task, then ``drill verdict`` (the job's exit code is
+    drill's). ``db_url`` None: the job takes ``$DRILL_DATABASE_URL`` from the submitting
+    environment (never a password in the script). ``nonce`` ties the record to this submission."""
     a = policy.allocation
     lines = [
         "#!/bin/bash",
@@ -66,16 +101,26 @@ def render(policy: Policy, *, db_url: str | None, trigger: str = "policy") -> st
         lines.append(f"#SBATCH --gpus-per-node={a.gpus_per_node}")
     lines += [f"#SBATCH --{k}={v}" for k, v in (("partition", a.partition), ("account", a.account)) if v]
     lines += [f"#SBATCH {arg}" for arg in a.sbatch_args]
-    rdzv = (a.rendezvous or "/tmp").rstrip("/")
-    drill = [sys.executable, "-m", "drill", "run", "--policy", policy.path, "--trigger", trigger, "--quiet"]
+    rdzv = shlex.quote((a.rendezvous or "/tmp").rstrip("/") or "/")
+    python = shlex.quote(sys.executable)
+    drill = [sys.executable, "-m", "drill", "run", "--policy", os.path.abspath(policy.path), "--trigger", trigger, "--quiet"]
     if db_url:
         drill += ["--db", db_url]
+    verdict = shlex.quote(log_dir(policy)) + '/drill-"$SLURM_JOB_ID".verdict.json'
     lines += [
-        "set -euo pipefail",
-        f'export DRILL_DIST_INIT="file://{rdzv}/drill-rdzv-$SLURM_JOB_ID"',
-        f'trap \'rm -f "{rdzv}/drill-rdzv-$SLURM_JOB_ID"\' EXIT',
+        "set -uo pipefail",
+        # A rendezvous of this attempt only; any an earlier job with this id left is removed first.
+        f'rm -rf {rdzv}/drill-rdzv-"$SLURM_JOB_ID"-* {verdict}',
+        f'rdzv="$(mktemp -d {rdzv}/drill-rdzv-"$SLURM_JOB_ID"-"${{SLURM_RESTART_COUNT:-0}}"-XXXXXXXX)" || exit 5',
+        "trap 'rm -rf \"$rdzv\"' EXIT",
+        "trap 'rm -rf \"$rdzv\"; exit 143' TERM",
+        "trap 'rm -rf \"$rdzv\"; exit 130' INT",
+        'export DRILL_DIST_INIT="file://$rdzv/store"',
+        f'export DRILL_JOB_ID="slurm:$SLURM_JOB_ID#{nonce or new_nonce()}"',
+        f"export DRILL_VERDICT_FILE={verdict}",
         # One failed rank ends the step: the others would only wait for it.
         "srun --kill-on-bad-exit=1 --overcommit " + shlex.join(drill),
+        f"{python} -m drill verdict {verdict}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -108,41 +153,74 @@ def state(job_id: str, env: dict[str, str] | None = None) -> tuple[str, str] | N
     return st, reason
 
 
-def final(job_id: str, env: dict[str, str] | None = None) -> tuple[str, int | None, str]:
-    """How the job ended: (state, exit code, reason), from scontrol, else sacct."""
+def final(job_id: str, env: dict[str, str] | None = None) -> tuple[str, int | None, str, str | None]:
+    """How the job ended: (state, exit code, reason, batch host), from scontrol, else sacct."""
     res = _run(["scontrol", "show", "job", "-o", job_id], env)
     if res.returncode == 0 and "JobState=" in res.stdout:
         fields = dict(re.findall(r"(\w+)=(\S*)", res.stdout))
         code = fields.get("ExitCode", "")
-        return fields.get("JobState", "UNKNOWN"), int(code.split(":")[0]) if code[:1].isdigit() else None, fields.get("Reason", "None")
-    res = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode"], env)
+        host = fields.get("BatchHost") or None
+        return fields.get("JobState", "UNKNOWN"), int(code.split(":")[0]) if code[:1].isdigit() else None, fields.get("Reason", "None"), host
+    res = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode,NodeList"], env)
     if res.returncode == 0 and res.stdout.strip():
-        st, _, code = res.stdout.strip().splitlines()[0].partition("|")
-        return st.split()[0], int(code.split(":")[0]) if code[:1].isdigit() else None, "None"
-    return "UNKNOWN", None, "the job left the queue and Slurm no longer knows how it ended"
+        st, code, nodes = (res.stdout.strip().splitlines()[0].split("|") + ["", ""])[:3]
+        return st.split()[0], int(code.split(":")[0]) if code[:1].isdigit() else None, "None", nodes or None
+    return "UNKNOWN", None, "the job left the queue and Slurm no longer knows how it ended", None
 
 
 def cancel(job_id: str, env: dict[str, str] | None = None) -> None:
     _run(["scancel", job_id], env)
 
 
-def wait(job_id: str, *, queue_timeout: float, env: dict[str, str] | None = None, poll: float = 1.0, on_state: Any = None) -> JobEnd:
-    """Follow the job to its end; cancel it if it waits in the queue past ``queue_timeout``."""
+def wait(
+    job_id: str, *, queue_timeout: float, env: dict[str, str] | None = None, poll: float = 1.0, on_state: Any = None, stop: Any = None
+) -> JobEnd:
+    """Follow the job to its end. Cancel it if it waits in the queue past ``queue_timeout``, at
+    once if Slurm says it can never run, and when ``stop(state)`` returns a reason (a
+    scheduler stopping); an interrupt (Ctrl-C, SIGTERM) cancels it too, then propagates."""
     started = time.monotonic()
-    pending_for, last = 0.0, None
-    while (now := state(job_id, env)) is not None:
-        st, reason = now
-        if st != last and on_state is not None:
-            on_state(st, reason)
-        last = st
-        if st == "PENDING":
-            pending_for = time.monotonic() - started
-            if pending_for > queue_timeout:
-                cancel(job_id, env)
-                return JobEnd(job_id, "QUEUE_TIMEOUT", None, f"still pending after {queue_timeout:g} s (Slurm's reason: {reason})", pending_for, pending_for)
-        time.sleep(poll)
-    st, code, reason = final(job_id, env)
-    return JobEnd(job_id, st, code, reason, pending_for, time.monotonic() - started)
+    pending_for, last, running = 0.0, None, False
+    try:
+        while (now := state(job_id, env)) is not None:
+            st, reason = now
+            if st != last and on_state is not None:
+                on_state(st, reason)
+            last, running = st, running or st not in ("PENDING", "CONFIGURING")
+            if st == "PENDING":
+                pending_for = time.monotonic() - started
+                if reason in NEVER_RUNS or pending_for > queue_timeout:
+                    cancel(job_id, env)
+                    why = "can never run as asked" if reason in NEVER_RUNS else f"still pending after {queue_timeout:g} s"
+                    return JobEnd(job_id, "NEVER_RUNS" if reason in NEVER_RUNS else "QUEUE_TIMEOUT", None, f"{why} (Slurm's reason: {reason})", pending_for, pending_for)
+            why = stop(st) if stop is not None else None
+            if why:
+                return _cancelled(job_id, why, started, pending_for, running, env)
+            time.sleep(poll)
+    except BaseException as exc:  # Ctrl-C, SIGTERM: the job must not outlive the one following it
+        if isinstance(exc, Exception):
+            raise
+        end = _cancelled(job_id, f"drill submit was {str(exc) or 'interrupted (SIGINT)'}", started, pending_for, running, env)
+        raise Interrupted(end, exc) from None
+    st, code, reason, host = final(job_id, env)
+    return JobEnd(job_id, st, code, reason, pending_for, time.monotonic() - started, host, was_running=running or st != "CANCELLED")
 
 
-__all__ = ["FINAL_STATES", "JobEnd", "SubmitError", "cancel", "final", "render", "state", "submit", "time_limit_minutes", "wait"]
+class Interrupted(Exception):
+    """drill submit was interrupted while it followed the job; the job was cancelled (``end``)."""
+
+    def __init__(self, end: JobEnd, cause: BaseException) -> None:
+        super().__init__(end.cancelled_by)
+        self.end, self.cause = end, cause
+
+
+def _cancelled(job_id: str, why: str, started: float, pending_for: float, running: bool, env: dict[str, str] | None) -> JobEnd:
+    """Cancel the job and follow it out of the queue (a minute at most)."""
+    cancel(job_id, env)
+    deadline = time.monotonic() + 60
+    while state(job_id, env) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    st, code, reason, host = final(job_id, env)
+    return JobEnd(job_id, st, code, reason, pending_for, time.monotonic() - started, host, cancelled_by=why, was_running=running)
+
+
+__all__ = ["FINAL_STATES", "NEVER_RUNS", "Interrupted", "JobEnd", "SubmitError", "cancel", "final", "new_nonce", "output_path", "render", "state", "submit", "time_limit_minutes", "verdict_path", "wait"]

@@ -49,8 +49,14 @@ def job_db_url(db: str | None) -> str | None:
     return None
 
 
-def submit_slurm(policy: Policy, *, db: str | None, dry_run: bool = False, env: dict[str, str] | None = None, trigger: str = "policy", on_state: Any = None) -> Submission:
-    script = slurm.render(policy, db_url=job_db_url(db), trigger=trigger)
+def submit_slurm(
+    policy: Policy, *, db: str | None, dry_run: bool = False, env: dict[str, str] | None = None, trigger: str = "policy", on_state: Any = None, stop: Any = None
+) -> Submission:
+    """Submit the policy's drill, follow the job to its end and make sure it is recorded once.
+    Interrupted (Ctrl-C, SIGTERM) while following: the job is cancelled, recorded ``aborted``,
+    and :class:`~drill.launch.slurm.Interrupted` carries the submission out."""
+    nonce = slurm.new_nonce()
+    script = slurm.render(policy, db_url=job_db_url(db), trigger=trigger, nonce=nonce)
     sub = Submission("slurm", script)
     if dry_run:
         return sub
@@ -67,8 +73,14 @@ def submit_slurm(policy: Policy, *, db: str | None, dry_run: bool = False, env: 
             return sub
         if on_state is not None:
             on_state("SUBMITTED", sub.job_id)
-        sub.end = slurm.wait(sub.job_id, queue_timeout=policy.allocation.queue_timeout, env=env, on_state=on_state)
-        sub.outcome = reconcile(records, policy, trigger, sub.end)
+        try:
+            sub.end = slurm.wait(sub.job_id, queue_timeout=policy.allocation.queue_timeout, env=env, on_state=on_state, stop=stop)
+        except slurm.Interrupted as stopped:
+            sub.end = stopped.end
+            sub.outcome = reconcile(records, policy, trigger, sub.end, nonce)
+            stopped.submission = sub  # type: ignore[attr-defined]
+            raise
+        sub.outcome = reconcile(records, policy, trigger, sub.end, nonce)
     finally:
         database.close()
     return sub
@@ -77,22 +89,58 @@ def submit_slurm(policy: Policy, *, db: str | None, dry_run: bool = False, env: 
 def _start(policy: Policy, trigger: str, job_id: str | None) -> DrillStart:
     return DrillStart(
         run_root=policy.checkpoints.root, selector=str(policy.selection), trigger=trigger, device=policy.device, policy=policy.name,
-        started_at=datetime.now(timezone.utc), versions={"drill": None, "torch": None}, job_id=job_id,
+        started_at=datetime.now(timezone.utc), versions=_versions(), job_id=job_id,
     )  # fmt: skip
 
 
-def reconcile(records: Any, policy: Policy, trigger: str, end: slurm.JobEnd) -> DrillOutcome:
-    """The drill the job recorded — closed as an error if the job died under it — or, when the
-    job never got as far as recording one, a record saying why."""
-    job = f"slurm:{end.job_id}"
+def _versions() -> dict[str, str | None]:
+    """drill's and torch's versions on this host (the job's are the same install, or the record
+    it wrote says otherwise)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from drill import __version__
+
+    try:
+        torch = version("torch")
+    except PackageNotFoundError:
+        torch = None
+    return {"drill": __version__, "torch": torch}
+
+
+def reconcile(records: Any, policy: Policy, trigger: str, end: slurm.JobEnd, nonce: str) -> DrillOutcome:
+    """The drill the job recorded — closed as an error (or ``aborted``, when drill cancelled the
+    job) if the job died under it — or, when the job never got as far as recording one, a
+    record saying why, on the job's node, with its output file and the cause it printed."""
+    job = f"slurm:{end.job_id}#{nonce}"
     drill_id = records.by_job(job)
+    status, code = DrillStatus.ERROR, ExitCode.ERROR
+    if end.cancelled_by is not None:
+        status, code = DrillStatus.ABORTED, ExitCode.TERMINATED if "SIGTERM" in end.cancelled_by or "stopp" in end.cancelled_by else ExitCode.INTERRUPTED
     why = f"slurm job {end.job_id} ended {end.state}" + (f" ({end.reason})" if end.reason and end.reason != "None" else "")
+    if end.cancelled_by is not None:
+        why = f"{end.cancelled_by}: slurm job {end.job_id} was cancelled while {'running' if end.was_running else 'pending'}"
+    elif end.state in ("QUEUE_TIMEOUT", "NEVER_RUNS"):
+        why = f"slurm job {end.job_id} was cancelled: {end.reason}"
+    output = slurm.output_path(policy, end.job_id)
     if drill_id is None:
-        reason = f"{why} before the drill recorded anything" if end.state != "QUEUE_TIMEOUT" else f"slurm job {end.job_id} was cancelled: {end.reason}"
-        drill_id = records.record_lost(_start(policy, trigger, job), status=DrillStatus.ERROR, exit_code=int(ExitCode.ERROR), reason=reason)
+        cause = last_words(output)
+        reason = f"{why}{' before the drill recorded anything' if end.was_running else ''}" + (f": {cause}" if cause else "") + f" (job output: {output})"
+        drill_id = records.record_lost(_start(policy, trigger, job), status=status, exit_code=int(code), reason=reason, host=end.host)
     else:
-        records.close_dead_drill(drill_id, status=DrillStatus.ERROR, exit_code=int(ExitCode.ERROR), reason=why)  # no-op when the drill closed itself
+        records.close_dead_drill(drill_id, status=status, exit_code=int(code), reason=f"{why} (job output: {output})")  # no-op when the drill closed itself
     return records.get(drill_id)
+
+
+def last_words(path: str) -> str | None:
+    """The last thing the job said: its last ``drill:`` line, else its last line (when this
+    host can read the output file)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [ln.strip() for ln in f.read()[-20000:].splitlines() if ln.strip()]
+    except OSError:
+        return None
+    picked = [ln for ln in lines if ln.startswith(("drill:", "srun: error", "slurmstepd: error"))] or lines
+    return picked[-1][:300] if picked else None
 
 
 def render_k8s(policy: Policy) -> Submission:
@@ -102,4 +150,4 @@ def render_k8s(policy: Policy) -> Submission:
     return Submission("k8s", render(policy))
 
 
-__all__ = ["Submission", "job_db_url", "reconcile", "render_k8s", "submit_slurm"]
+__all__ = ["Submission", "job_db_url", "last_words", "reconcile", "render_k8s", "submit_slurm"]

@@ -100,10 +100,11 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin):
             s.flush()
             return drill.id
 
-    def record_lost(self, start: DrillStart, *, status: DrillStatus, exit_code: int, reason: str) -> int:
+    def record_lost(self, start: DrillStart, *, status: DrillStatus, exit_code: int, reason: str, host: str | None = None) -> int:
         """A drill that ended before it could write a row of its own (its process died, its
-        batch job never started): it still goes on the record, and into the audit chain."""
-        drill_id = self.begin_drill(start)
+        batch job never started): it still goes on the record — on ``host``, where it ran,
+        when that is known — and into the audit chain."""
+        drill_id = self.begin_drill(start, host=host)
         self.close_dead_drill(drill_id, status=status, exit_code=exit_code, reason=reason)
         return drill_id
 

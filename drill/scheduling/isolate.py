@@ -165,7 +165,9 @@ def _alert(result: IsolatedResult, policy: Policy, records: Records) -> Isolated
 
 
 def stop_children(grace: float) -> None:
-    """Ask running drills to stop (SIGTERM: each records itself ``aborted``), then kill."""
+    """Ask running drills to stop (SIGTERM: each records itself ``aborted``), then kill; batch
+    jobs still followed are cancelled (see :func:`run_submitted`)."""
+    _STOP_JOBS.set()
     with _LOCK:
         procs = list(RUNNING.values())
     for p in procs:
@@ -178,19 +180,35 @@ def stop_children(grace: float) -> None:
             p.kill()
 
 
-def run_submitted(policy: Policy, db_url: str, records: Records, *, trigger: str) -> IsolatedResult:
+_STOP_JOBS = threading.Event()
+"""Set when the scheduler's grace is over: the batch jobs it follows are cancelled."""
+
+
+def follow_jobs() -> None:
+    """A scheduler starting: batch jobs are followed until :func:`stop_children`."""
+    _STOP_JOBS.clear()
+
+
+def run_submitted(policy: Policy, db_url: str, records: Records, *, trigger: str, stopping: threading.Event | None = None) -> IsolatedResult:
     """A policy whose allocation says ``launcher: slurm``: its drill runs as a batch job,
-    followed to its end (see :mod:`drill.launch.submit`); alerts as for a local drill."""
+    followed to its end (see :mod:`drill.launch.submit`); alerts as for a local drill. When the
+    scheduler stops, a job still pending is cancelled at once and recorded ``aborted``; a
+    running one gets the grace time, then is cancelled (its ranks record themselves aborted)."""
     from drill.launch.submit import submit_slurm
 
-    sub = submit_slurm(policy, db=db_url, trigger=trigger)
+    def stop(state: str) -> str | None:
+        if stopping is not None and stopping.is_set() and state == "PENDING":
+            return "the scheduler stopped (SIGTERM) before the job started"
+        return "the scheduler stopped (SIGTERM) and its grace time ran out" if _STOP_JOBS.is_set() else None
+
+    sub = submit_slurm(policy, db=db_url, trigger=trigger, stop=stop)
     o = sub.outcome
     assert o is not None
     return _alert(IsolatedResult(o.id, o.status, int(o.exit_code), o.message, o.to_document()), policy, records)
 
 
-def run_policy_drill(policy: Policy, db_url: str, records: Records, *, trigger: str) -> IsolatedResult:
+def run_policy_drill(policy: Policy, db_url: str, records: Records, *, trigger: str, stopping: threading.Event | None = None) -> IsolatedResult:
     """The policy's drill where its allocation says: an isolated child here, or a Slurm job."""
     if policy.allocation.launcher == "slurm":
-        return run_submitted(policy, db_url, records, trigger=trigger)
+        return run_submitted(policy, db_url, records, trigger=trigger, stopping=stopping)
     return run_isolated(policy, db_url, records, trigger=trigger)

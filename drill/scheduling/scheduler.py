@@ -68,7 +68,7 @@ def fire(policy_name: str) -> None:
             log.error("lost the scheduler lease; not firing %s", policy_name)
             records.scheduler_event(policy_name, "skipped", "this scheduler lost its lease: not started", holder=_CONTEXT.holder)
             return
-        result = run_policy_drill(policy, _CONTEXT.db_url, records, trigger="scheduler")
+        result = run_policy_drill(policy, _CONTEXT.db_url, records, trigger="scheduler", stopping=_CONTEXT.stopping)
         log.info("policy %s: drill #%s %s", policy_name, result.drill_id, result.status or f"not started: {result.message}")
         if result.status is None:  # refused before a record was opened (the run gone, the storage refusing)
             records.scheduler_event(policy_name, "refused", result.message or "refused", exit_code=result.exit_code, holder=_CONTEXT.holder)
@@ -144,6 +144,9 @@ class DrillScheduler:
                 hint=f"stop it first; if it died, its lease lapses at {other['expires_at']}",
             )
         DatabaseRecorder(db).reconcile()  # spooled verdicts first, then drills a dead process left
+        from drill.scheduling.isolate import follow_jobs
+
+        follow_jobs()
         _CONTEXT.db_url, _CONTEXT.holder = self.db_url, self.holder
         _CONTEXT.policies = {p.name: p for p in self.policies}
         _CONTEXT.stopping = self.stop_event
