@@ -315,28 +315,64 @@ def test_the_slurm_script_holds_the_allocation_and_no_password(sharded_run: Path
     assert res.exit_code == 2 and "allocation.rendezvous: required for more than one node" in res.stderr
 
 
-def test_the_kubernetes_manifests_validate_against_the_api_schema(sharded_run: Path, tmp_path: Path) -> None:
+K8S_VERSIONS = ("1.28.0", "1.30.0", "1.33.0")
+
+
+def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_path: Path) -> None:
+    """Every manifest — Job and CronJob, PVC and hostPath, S3 — validates against the API schema
+    of each supported version, strict (no field the API does not know), and the pods pass the
+    restricted Pod Security level (hostPath alone cannot: the checker says so)."""
     import yaml
     from typer.testing import CliRunner
 
     from tests.conftest import invoke
+    from tests.pss import restricted_violations
 
     kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed (pip install '.[dev]')")
-    policy = _policy(tmp_path, sharded_run, "  launcher: k8s\n  nodes: 4\n  ranks_per_node: 8\n  gpus_per_node: 8\n  image: registry.internal/drill:0.3\n  namespace: training\n")
-    res = invoke(CliRunner(), "submit", "--policy", str(policy))
-    assert res.exit_code == 0, res.stderr
-    docs = list(yaml.safe_load_all(res.stdout))
-    assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Job"]
-    for doc in docs:
-        kv.validate(doc, "1.30.0", strict=True)  # raises on any field the API does not know
-    job = docs[2]["spec"]
-    assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"] == 4
-    pod = job["template"]["spec"]
+    base = "  launcher: k8s\n  nodes: 4\n  ranks_per_node: 8\n  gpus_per_node: 8\n  image: registry.internal/drill:0.3\n  namespace: training\n"
+    pvc = _policy(tmp_path, sharded_run, base + "  volume_claim: checkpoints\n  memory: 64GiB\n", name="Sharded_Run")
+    text = pvc.read_text() + "schedule: {cron: '0 3 * * *', timezone: Europe/Paris}\n"
+    pvc.write_text(text)
+    s3 = tmp_path / "s3.yaml"
+    s3.write_text(f"name: s3run\ncheckpoints: {{root: s3://bucket/run7, format: dcp}}\nreplay: {{enabled: false}}\nallocation:\n{base}  s3_secret: drill-s3\n")
+    host = _policy(tmp_path, sharded_run, base + "  host_path: /mnt/checkpoints\n", name="hostpath")
+    streams = {}
+    for label, policy, extra in (("job", pvc, ()), ("cron", pvc, ("--cron",)), ("s3", s3, ()), ("hostpath", host, ())):
+        res = invoke(CliRunner(), "submit", "--policy", str(policy), *extra)
+        assert res.exit_code == 0, res.stderr
+        assert "&id" not in res.stdout and "*id" not in res.stdout  # plain YAML: no anchors
+        streams[label] = list(yaml.safe_load_all(res.stdout))
+        for doc in streams[label]:
+            for version in K8S_VERSIONS:
+                kv.validate(doc, version, strict=True)  # raises on any field the API does not know
+    config, service, job = streams["job"]
+    assert [config["kind"], service["kind"], job["kind"]] == ["ConfigMap", "Service", "Job"] and config["data"]["policy.yaml"] == text
+    assert re.fullmatch(r"drill-sharded-run-[0-9a-f]{6}", job["metadata"]["name"]) and job["metadata"]["namespace"] == "training"
+    again = yaml.safe_load_all(invoke(CliRunner(), "submit", "--policy", str(pvc)).stdout)
+    assert list(again)[2]["metadata"]["name"] != job["metadata"]["name"]  # tonight's Job never blocks tomorrow's
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 4 and "activeDeadlineSeconds" not in spec
+    pod = spec["template"]["spec"]
+    assert restricted_violations(pod) == []
     (container,) = pod["containers"]
-    assert pod["subdomain"] == docs[1]["metadata"]["name"] and container["resources"]["limits"]["nvidia.com/gpu"] == 8
-    assert "--node-rank=$(JOB_COMPLETION_INDEX)" in container["command"] and "--nproc-per-node=8" in container["command"]
+    assert pod["activeDeadlineSeconds"] == 900 and pod["subdomain"] == service["metadata"]["name"] == "drill-sharded-run"
+    assert container["resources"] == {"requests": {"cpu": "8", "memory": "65536Mi"}, "limits": {"memory": "65536Mi", "nvidia.com/gpu": "8"}}
+    assert "--node-rank=$(JOB_COMPLETION_INDEX)" in container["command"] and "--master-addr=$(JOB_NAME)-0.drill-sharded-run" in container["command"]
     assert {"name": "DRILL_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "drill-database", "key": "url"}}} in container["env"]
-    assert docs[0]["data"]["policy.yaml"] == policy.read_text()
+    assert {"name": "checkpoints", "mountPath": str(sharded_run), "readOnly": True} in container["volumeMounts"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "checkpoints", "readOnly": True}} in pod["volumes"]
+    cron = streams["cron"][2]
+    assert cron["kind"] == "CronJob" and cron["spec"]["schedule"] == "0 3 * * *" and cron["spec"]["timeZone"] == "Europe/Paris"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid" and restricted_violations(cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]) == []
+    s3_pod = streams["s3"][2]["spec"]["template"]["spec"]
+    assert s3_pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "drill-s3"}}] and restricted_violations(s3_pod) == []
+    assert restricted_violations(streams["hostpath"][2]["spec"]["template"]["spec"]) == ["volume checkpoints: hostPath is not allowed"]
+    # what a cluster would refuse is refused here first
+    for bad, why in ((base, "allocation.volume_claim: required for k8s with a filesystem root"), (base + "  run_as_user: 0\n", "run_as_user: must be a non-root uid")):
+        res = invoke(CliRunner(), "policy", "check", str(_policy(tmp_path, sharded_run, bad, name="bad")))
+        assert res.exit_code == 2 and why in res.stderr, res.stderr
+    res = invoke(CliRunner(), "submit", "--policy", str(s3), "--cron")
+    assert res.exit_code == 2 and "has no schedule" in res.stderr
 
 
 @pytest.fixture(scope="module")

@@ -90,6 +90,9 @@ def scheduler_start(
     if not heartbeat > 0 or not grace >= 0:
         raise UsageError("--heartbeat must be positive and --grace not negative")
     loaded = [load_policy_or_fail(p) for p in policies]
+    k8s = [p.name for p in loaded if p.allocation.launcher == "k8s"]
+    if k8s:
+        raise UsageError(f"policy {k8s[0]} runs on Kubernetes, whose own CronJob schedules it: drill submit --policy FILE --cron | kubectl apply -f -")
     names = [p.name for p in loaded]
     if len(set(names)) != len(names):
         raise UsageError(f"two policies share a name: {', '.join(sorted(n for n in names if names.count(n) > 1))}")

@@ -16,6 +16,7 @@ def submit(
     launcher: Annotated[str | None, typer.Option("--launcher", help="slurm or k8s (default: the policy's allocation.launcher).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script (or manifests) without submitting.")] = False,
     output: Annotated[str | None, typer.Option("--output", "-o", help="k8s: write the manifests here instead of stdout.")] = None,
+    cron: Annotated[bool, typer.Option("--cron", help="k8s: a CronJob on the policy's schedule instead of a Job for now.")] = False,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -27,8 +28,9 @@ def submit(
     job Slurm refuses, one Slurm says can never run (a partition's limit, an unknown account:
     cancelled at once), one cancelled after allocation.queue_timeout in the queue, or one
     that dies under the drill is recorded as an error, naming the job's output file. Ctrl-C
-    (or SIGTERM) cancels the job and records the drill as aborted. Kubernetes: prints an indexed Job, a
-    headless Service and a ConfigMap to kubectl apply.
+    (or SIGTERM) cancels the job and records the drill as aborted. Kubernetes: prints an
+    indexed Job (uniquely named; --cron: a CronJob on the policy's schedule), a headless
+    Service and a ConfigMap to kubectl apply, ready for the restricted Pod Security level.
 
     Example: drill submit --policy policies/sharded-slurm.yaml --launcher slurm
     """
@@ -42,9 +44,9 @@ def submit(
     if kind == "k8s":
         if not loaded.allocation.image:
             raise UsageError(f"policy {policy}: allocation.image is required for k8s (the image with drill installed)")
-        return _emit(render_k8s(loaded).text, output)
-    if output is not None:
-        raise UsageError("--output is for k8s manifests; a Slurm job's script prints with --dry-run")
+        return _emit(render_k8s(loaded, cron=cron).text, output)
+    if output is not None or cron:
+        raise UsageError("--output and --cron are for k8s manifests; a Slurm job's script prints with --dry-run, and the scheduler runs Slurm policies nightly")
     from drill.launch.slurm import Interrupted
 
     try:

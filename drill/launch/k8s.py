@@ -1,4 +1,4 @@
-"""A policy's drill as Kubernetes manifests for a cluster admin to ``kubectl apply``.
+"""A policy's drill as Kubernetes manifests: a Job for tonight, or a CronJob for every night.
 
 An **Indexed Job** (``batch/v1``, ``completionMode: Indexed``) with one pod per node and a
 headless Service: built into Kubernetes since 1.24, nothing to install. (A JobSet or a
@@ -6,12 +6,20 @@ Kubeflow PyTorchJob would add gang scheduling and restart policies, but each nee
 controller running in the cluster; an Indexed Job runs anywhere.) Each pod runs ``torchrun``
 with ``--node-rank`` = its completion index and pod 0 — stable DNS name
 ``<job>-0.<service>`` — as the rendezvous host; torchrun starts ``ranks_per_node`` ranks of
-``drill run --policy`` (mounted from a ConfigMap). The record database URL comes from the
-Secret ``drill-database`` (key ``url``), never from the manifest.
+``drill run --policy`` (mounted from a ConfigMap).
+
+What a real cluster asks of the pods, they have: the ``restricted`` Pod Security level (non-root
+user, no privilege escalation, every capability dropped, the runtime's seccomp profile); CPU
+and memory requests (and a memory limit); the checkpoint root mounted read-only from the
+policy's PersistentVolumeClaim (or hostPath); S3 credentials and the database URL from named
+Secrets, never from the manifest. Every Job has a name of its own (a CronJob's are the
+controller's), so tonight's Job never blocks tomorrow's; the time limit counts from the pod's
+start (``activeDeadlineSeconds`` on the pod), not from the time it spent pending.
 """
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +29,21 @@ from drill.launch.slurm import time_limit_minutes
 from drill.policy.model import Policy
 
 PORT = 29500
-SECRET = "drill-database"
+POLICY_DIR = "/etc/drill"
 
 
-def manifests(policy: Policy) -> list[dict[str, Any]]:
+def base_name(policy: Policy) -> str:
+    """``drill-<policy>`` as a DNS label (lower case, ``-``), short enough for a CronJob's name."""
+    cleaned = "".join(c if c.isalnum() else "-" for c in policy.name.lower()).strip("-")
+    return f"drill-{cleaned}"[:40].rstrip("-")
+
+
+def manifests(policy: Policy, *, cron: bool = False, suffix: str | None = None) -> list[dict[str, Any]]:
+    """The ConfigMap with the policy, the headless Service the ranks meet through, and the Job
+    (named ``drill-<policy>-<suffix>``, a random suffix by default) or, with ``cron``, a CronJob
+    on the policy's schedule."""
     a = policy.allocation
-    name = f"drill-{policy.name.lower().replace('_', '-').replace('.', '-')}"[:52]
+    name = base_name(policy)
     labels = {"app.kubernetes.io/name": "drill", "drill/policy": name}
     config = {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-policy", "labels": labels},
@@ -34,58 +51,104 @@ def manifests(policy: Policy) -> list[dict[str, Any]]:
     }  # fmt: skip
     service = {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
-        "spec": {"clusterIP": "None", "selector": {"job-name": name}, "ports": [{"name": "rendezvous", "port": PORT}]},
+        "spec": {"clusterIP": "None", "selector": {"drill/policy": name}, "ports": [{"name": "rendezvous", "port": PORT}]},
     }  # fmt: skip
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": a.nodes,
-            "parallelism": a.nodes,
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": time_limit_minutes(policy) * 60,
-            "template": {"metadata": {"labels": labels}, "spec": _pod(policy, name)},
-        },
+    job_spec = {
+        "completionMode": "Indexed",
+        "completions": a.nodes,
+        "parallelism": a.nodes,
+        "backoffLimit": 0,
+        "template": {"metadata": {"labels": labels}, "spec": _pod(policy, name)},
     }
-    for doc in (config, service, job):
+    if cron:
+        workload = _cronjob(policy, name, labels, job_spec)
+    else:
+        workload = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{name}-{suffix or secrets.token_hex(3)}", "labels": labels}, "spec": job_spec}
+    docs = [config, service, workload]
+    for doc in docs:
         if a.namespace:
             doc["metadata"]["namespace"] = a.namespace  # type: ignore[index]
-    return [config, service, job]
+    return docs
+
+
+def _cronjob(policy: Policy, name: str, labels: dict[str, str], job_spec: dict[str, Any]) -> dict[str, Any]:
+    if policy.schedule is None:
+        from drill.errors import UsageError
+
+        raise UsageError(f"policy {policy.name} has no schedule: a CronJob needs schedule.cron")
+    spec: dict[str, Any] = {
+        "schedule": policy.schedule.cron,
+        "timeZone": policy.schedule.timezone,
+        "concurrencyPolicy": "Forbid",  # a drill still running is not doubled
+        "startingDeadlineSeconds": int(policy.schedule.start_window),
+        "successfulJobsHistoryLimit": 3,
+        "failedJobsHistoryLimit": 7,
+        "jobTemplate": {"metadata": {"labels": labels}, "spec": job_spec},
+    }
+    return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name, "labels": labels}, "spec": spec}
 
 
 def _pod(policy: Policy, name: str) -> dict[str, Any]:
     a = policy.allocation
     command = [
         "torchrun", f"--nnodes={a.nodes}", f"--nproc-per-node={a.ranks_per_node}", "--node-rank=$(JOB_COMPLETION_INDEX)",
-        f"--master-addr={name}-0.{name}", f"--master-port={PORT}", "-m", "drill", "run", "--policy", "/etc/drill/policy.yaml", "--quiet",
+        f"--master-addr=$(JOB_NAME)-0.{name}", f"--master-port={PORT}", "-m", "drill", "run", "--policy", f"{POLICY_DIR}/policy.yaml", "--quiet",
     ]  # fmt: skip
     container: dict[str, Any] = {
         "name": "drill",
         "image": a.image,
         "command": command,
-        "env": [
-            {"name": "DRILL_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": SECRET, "key": "url"}}},
-            {"name": "DRILL_JOB_ID", "value": f"k8s:{name}"},
-        ],
+        "env": _env(a),
         "ports": [{"containerPort": PORT, "name": "rendezvous"}],
-        "volumeMounts": [{"name": "policy", "mountPath": "/etc/drill", "readOnly": True}],
+        "resources": _resources(policy),
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True},
+        "volumeMounts": [{"name": "policy", "mountPath": POLICY_DIR, "readOnly": True}],
     }
-    if a.gpus_per_node:
-        container["resources"] = {"limits": {"nvidia.com/gpu": a.gpus_per_node}}
+    if a.s3_secret:
+        container["envFrom"] = [{"secretRef": {"name": a.s3_secret}}]
+    volumes: list[dict[str, Any]] = [{"name": "policy", "configMap": {"name": f"{name}-policy"}}]
+    if a.volume_claim or a.host_path:
+        source = {"persistentVolumeClaim": {"claimName": a.volume_claim, "readOnly": True}} if a.volume_claim else {"hostPath": {"path": a.host_path, "type": "Directory"}}
+        volumes.append({"name": "checkpoints", **source})
+        container["volumeMounts"].append({"name": "checkpoints", "mountPath": policy.checkpoints.root, "readOnly": True})
     return {
         "subdomain": name,
         "restartPolicy": "Never",
+        "activeDeadlineSeconds": time_limit_minutes(policy) * 60,  # from the pod's start: time pending does not count
+        "securityContext": {"runAsNonRoot": True, "runAsUser": a.run_as_user, "runAsGroup": a.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
-        "volumes": [{"name": "policy", "configMap": {"name": f"{name}-policy"}}],
+        "volumes": volumes,
     }
 
 
-def render(policy: Policy, *, db_url: str | None = None) -> str:
-    """The manifests as one multi-document YAML stream (``db_url`` is never written: the pods
-    read the Secret)."""
-    return yaml.safe_dump_all(manifests(policy), sort_keys=False)
+def _env(a: Any) -> list[dict[str, Any]]:
+    return [
+        {"name": "JOB_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['job-name']"}}},
+        {"name": "DRILL_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": a.database_secret, "key": "url"}}},
+        {"name": "DRILL_JOB_ID", "value": "k8s:$(JOB_NAME)"},
+    ]
 
 
-__all__ = ["PORT", "SECRET", "manifests", "render"]
+def _resources(policy: Policy) -> dict[str, Any]:
+    a = policy.allocation
+    memory = f"{(a.memory or policy.limits.memory or 4 << 30) >> 20}Mi"
+    cpu = f"{a.cpu if a.cpu is not None else a.ranks_per_node:g}"
+    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
+    if a.gpus_per_node:
+        resources["limits"]["nvidia.com/gpu"] = str(a.gpus_per_node)  # a quantity: a string
+    return resources
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """No anchors and aliases (``&id001``): every manifest reads on its own."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render(policy: Policy, *, cron: bool = False, suffix: str | None = None) -> str:
+    """The manifests as one multi-document YAML stream."""
+    return yaml.dump_all(manifests(policy, cron=cron, suffix=suffix), Dumper=_PlainDumper, sort_keys=False)
+
+
+__all__ = ["PORT", "base_name", "manifests", "render"]

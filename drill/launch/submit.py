@@ -4,8 +4,8 @@ Slurm: the job is submitted and followed; rank 0 inside it records the drill wit
 id. Whatever happens to the job — refused at submission (a bad partition), cancelled after
 waiting too long in the queue, killed at its time limit, its node lost — the drill is on the
 record: the one the job wrote, closed as an ``error`` if the job died under it, or a new one
-saying why no drill ran. Kubernetes: the manifests are rendered for an admin to apply (no
-cluster is contacted).
+saying why no drill ran. Kubernetes: the manifests (a Job, or a CronJob for nightly drills)
+are rendered for an admin to apply; no cluster is contacted.
 """
 
 from __future__ import annotations
@@ -143,11 +143,12 @@ def last_words(path: str) -> str | None:
     return picked[-1][:300] if picked else None
 
 
-def render_k8s(policy: Policy) -> Submission:
-    """Manifests only: the pods read the database URL from a Secret, and no cluster is contacted."""
+def render_k8s(policy: Policy, *, cron: bool = False) -> Submission:
+    """Manifests only — a Job, or with ``cron`` a CronJob on the policy's schedule: the pods read
+    the database URL from a Secret, and no cluster is contacted."""
     from drill.launch.k8s import render
 
-    return Submission("k8s", render(policy))
+    return Submission("k8s", render(policy, cron=cron))
 
 
 __all__ = ["Submission", "job_db_url", "last_words", "reconcile", "render_k8s", "submit_slurm"]

@@ -115,6 +115,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "allocation": {
         "launcher": STR, "nodes": INT, "ranks_per_node": INT, "gpus_per_node": INT, "partition": STR, "account": STR,
         "time_limit": _duration, "queue_timeout": _duration, "rendezvous": STR, "log_dir": STR, "sbatch_args": _str_list, "image": STR, "namespace": STR,
+        "volume_claim": STR, "host_path": STR, "s3_secret": STR, "database_secret": STR, "cpu": NUM, "memory": _size, "run_as_user": INT,
     },
 }  # fmt: skip
 def _device(value: Any) -> str:

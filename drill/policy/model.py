@@ -243,6 +243,23 @@ class Allocation:
     image: str | None = None
     """Kubernetes: the container image with drill installed."""
     namespace: str | None = None
+    volume_claim: str | None = None
+    """Kubernetes: the PersistentVolumeClaim holding the checkpoint root, mounted read-only at
+    ``checkpoints.root`` (allowed at the ``restricted`` Pod Security level)."""
+    host_path: str | None = None
+    """Kubernetes: a node directory mounted read-only at ``checkpoints.root`` instead (needs a
+    namespace at the ``privileged`` Pod Security level: prefer ``volume_claim``)."""
+    s3_secret: str | None = None
+    """Kubernetes: a Secret whose keys (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, …)
+    become the pods' environment, for an ``s3://`` root."""
+    database_secret: str = "drill-database"
+    """Kubernetes: the Secret holding the record database's URL under the key ``url``."""
+    cpu: float | None = None
+    """Kubernetes: CPUs each pod requests; default one per rank."""
+    memory: int | None = None
+    """Kubernetes: memory each pod requests and is limited to; default ``limits.memory``, else 4 GiB."""
+    run_as_user: int = 1000
+    """Kubernetes: the non-root user the pods run as."""
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -258,6 +275,12 @@ class Allocation:
             raise FieldError("rendezvous", "required for more than one node: a directory on a filesystem every node mounts")
         if self.launcher == "k8s" and not self.image:
             raise FieldError("image", "required for k8s: the container image with drill installed")
+        if self.volume_claim and self.host_path:
+            raise FieldError("host_path", "give volume_claim or host_path, not both")
+        _positive("cpu", self.cpu)
+        _positive("memory", self.memory)
+        if self.run_as_user < 1:
+            raise FieldError("run_as_user", f"must be a non-root uid (1 or more), got {self.run_as_user}")
         bad = [a for a in self.sbatch_args if not a.startswith("--")]
         if bad:
             raise FieldError("sbatch_args", f"{bad[0]!r}: give long options, e.g. --qos=low")
@@ -294,3 +317,8 @@ class Policy:
             parse_device(self.device)
         except ValueError as exc:
             raise FieldError("device", str(exc)) from None
+        a = self.allocation
+        if a.launcher == "k8s" and "://" not in self.checkpoints.root and not (a.volume_claim or a.host_path):
+            raise FieldError("allocation.volume_claim", "required for k8s with a filesystem root: the claim holding it (or allocation.host_path)")
+        if a.launcher == "k8s" and "://" not in self.checkpoints.root and not self.checkpoints.root.startswith("/"):
+            raise FieldError("checkpoints.root", "must be an absolute path for k8s: the volume is mounted there")
