@@ -73,6 +73,8 @@ def test_a_4_rank_checkpoint_drilled_by_fewer_ranks_reads_every_byte_once(sharde
     assert all(read[f]["bytes_read"] == files[f] for f in files)
     assert checks["integrity"]["evidence"]["bytes_verified"] == checks["integrity"]["evidence"]["bytes_listed"]
     assert checks["contract"]["status"] == "passed" and checks["contract"]["evidence"]["ranks"] == [0, 1, 2, 3]
+    (finding,) = checks["replay"]["findings"]  # said plainly: a 4-rank run's steps cannot be replayed in one process
+    assert "saved by 4 ranks" in finding["message"] and "multi-rank replay is not supported" in finding["message"] and "--replay" not in finding["hint"]
     if world == 2:
         assert doc["distributed"]["balance"] <= 1.1 and max(per_rank) / min(per_rank) <= 1.1
     (recorded,) = history(db=db)

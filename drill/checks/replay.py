@@ -55,7 +55,7 @@ def check_replay(inputs: CheckInputs) -> CheckResult:
             severity=Severity.INFO,
             subject=None,
             message=f"not replayable: {outcome.reason}",
-            hint="log steps with drill.sdk.StepLog and name a replay entrypoint (--replay module:function)",
+            hint=outcome.hint or "log steps with drill.sdk.StepLog and name a replay entrypoint (--replay module:function)",
         )
         return CheckResult(
             name=NAME, summary=f"not replayable — a gap in the evidence, not a pass: {outcome.reason}", findings=[finding], evidence=evidence, skipped=True

@@ -448,6 +448,14 @@ def _replay(d: Drill) -> ReplayOutcome:
     broken = [d.results[n] for n in LOADING_CHECKS if n in d.results and d.results[n].status is CheckStatus.FAILED]
     if broken:
         return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"{broken[0].name} failed: {broken[0].summary}")
+    saved = restore.layout.saved_ranks if restore.layout is not None else []
+    if len(saved) > 1:
+        return ReplayOutcome(
+            verdict=NOT_REPLAYABLE,
+            reason=f"saved by {len(saved)} ranks, each with its own data shard, loader position and RNG streams: drill replays in one process, "
+            "which cannot take those steps as the run did (multi-rank replay is not supported)",
+            hint="the drill proves the restore and the state's consistency across ranks; pass --no-replay to say so, or replay a single-rank run",
+        )
     if not formats.get(ref.format).replays_through_dcp and request.replay.entrypoint is None:
         return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"no replay entrypoint for this {formats.get(ref.format).label} checkpoint: pass --replay module:function")
     return run_replay(

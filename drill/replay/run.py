@@ -45,6 +45,8 @@ class ReplayOutcome:
     """The ``module:function`` that built the training objects (None: none was found)."""
     entrypoint_source: str | None = None
     """Who named it: ``--replay`` (or a policy's ``replay.entrypoint``), or the run's ``run.json``."""
+    hint: str | None = None
+    """What would make it replayable, when something would."""
 
 
 def entrypoint_for(run_dir: str, spec: ReplaySpec, storage: Storage | None = None) -> tuple[str | None, bool]:
