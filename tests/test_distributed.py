@@ -499,7 +499,7 @@ def test_a_job_killed_under_the_drill_closes_its_record(sharded_run: Path, tmp_p
         while time.monotonic() < deadline:
             running = [d for d in history(db=db) if d.status == "running"] if (tmp_path / "drill.db").exists() else []
             if running:
-                subprocess.run(["scancel", running[0].job_id.split(":")[1]], env={**os.environ, **slurm_cluster.env}, check=False)  # type: ignore[union-attr]
+                subprocess.run(["scancel", running[0].job_id.split(":")[1].split("#")[0]], env={**os.environ, **slurm_cluster.env}, check=False)  # type: ignore[union-attr]
                 return
             time.sleep(0.5)
 

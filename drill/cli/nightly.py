@@ -92,7 +92,13 @@ def scheduler_start(
     loaded = [load_policy_or_fail(p) for p in policies]
     k8s = [p.name for p in loaded if p.allocation.launcher == "k8s"]
     if k8s:
-        raise UsageError(f"policy {k8s[0]} runs on Kubernetes, whose own CronJob schedules it: drill submit --policy FILE --cron | kubectl apply -f -")
+        from drill.launch.k8s_api import configured_api
+
+        if configured_api() is None:
+            raise UsageError(
+                f"policy {k8s[0]} runs on Kubernetes, and no cluster is configured here (a service account, $KUBECONFIG or ~/.kube/config): "
+                "configure one, or let a CronJob schedule it (drill submit --policy FILE --cron | kubectl apply -f -)"
+            )
     names = [p.name for p in loaded]
     if len(set(names)) != len(names):
         raise UsageError(f"two policies share a name: {', '.join(sorted(n for n in names if names.count(n) > 1))}")

@@ -146,9 +146,14 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
+def render_docs(docs: list[dict[str, Any]]) -> str:
+    """Manifests as one multi-document YAML stream."""
+    return yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False)
+
+
 def render(policy: Policy, *, cron: bool = False, suffix: str | None = None) -> str:
-    """The manifests as one multi-document YAML stream."""
-    return yaml.dump_all(manifests(policy, cron=cron, suffix=suffix), Dumper=_PlainDumper, sort_keys=False)
+    """The policy's manifests as one multi-document YAML stream."""
+    return render_docs(manifests(policy, cron=cron, suffix=suffix))
 
 
-__all__ = ["PORT", "base_name", "manifests", "render"]
+__all__ = ["PORT", "base_name", "manifests", "render", "render_docs"]

@@ -19,13 +19,13 @@ import math
 import os
 import re
 import secrets
+from dataclasses import dataclass
 import shlex
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from typing import Any
 
+from drill.launch.jobs import Interrupted, JobEnd, follow
 from drill.policy.model import Policy
 
 NEVER_RUNS = {
@@ -41,23 +41,6 @@ FINAL_STATES = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT
 
 class SubmitError(Exception):
     """Slurm refused the job, or could not be asked; the message is Slurm's own."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobEnd:
-    job_id: str
-    state: str
-    """Slurm's final state (COMPLETED, FAILED, TIMEOUT, …); QUEUE_TIMEOUT when drill gave up
-    waiting, NEVER_RUNS when Slurm said the job can never start, CANCELLED when drill cancelled it."""
-    exit_code: int | None
-    reason: str
-    pending_seconds: float
-    seconds: float
-    host: str | None = None
-    """The node the batch script ran on, when Slurm still knows it."""
-    cancelled_by: str | None = None
-    """Why drill cancelled the job (an interrupt, a scheduler stopping), if it did."""
-    was_running: bool = False
 
 
 def time_limit_minutes(policy: Policy) -> int:
@@ -172,55 +155,33 @@ def cancel(job_id: str, env: dict[str, str] | None = None) -> None:
     _run(["scancel", job_id], env)
 
 
-def wait(
-    job_id: str, *, queue_timeout: float, env: dict[str, str] | None = None, poll: float = 1.0, on_state: Any = None, stop: Any = None
-) -> JobEnd:
-    """Follow the job to its end. Cancel it if it waits in the queue past ``queue_timeout``, at
-    once if Slurm says it can never run, and when ``stop(state)`` returns a reason (a
-    scheduler stopping); an interrupt (Ctrl-C, SIGTERM) cancels it too, then propagates."""
-    started = time.monotonic()
-    pending_for, last, running = 0.0, None, False
-    try:
-        while (now := state(job_id, env)) is not None:
-            st, reason = now
-            if st != last and on_state is not None:
-                on_state(st, reason)
-            last, running = st, running or st not in ("PENDING", "CONFIGURING")
-            if st == "PENDING":
-                pending_for = time.monotonic() - started
-                if reason in NEVER_RUNS or pending_for > queue_timeout:
-                    cancel(job_id, env)
-                    why = "can never run as asked" if reason in NEVER_RUNS else f"still pending after {queue_timeout:g} s"
-                    return JobEnd(job_id, "NEVER_RUNS" if reason in NEVER_RUNS else "QUEUE_TIMEOUT", None, f"{why} (Slurm's reason: {reason})", pending_for, pending_for)
-            why = stop(st) if stop is not None else None
-            if why:
-                return _cancelled(job_id, why, started, pending_for, running, env)
-            time.sleep(poll)
-    except BaseException as exc:  # Ctrl-C, SIGTERM: the job must not outlive the one following it
-        if isinstance(exc, Exception):
-            raise
-        end = _cancelled(job_id, f"drill submit was {str(exc) or 'interrupted (SIGINT)'}", started, pending_for, running, env)
-        raise Interrupted(end, exc) from None
-    st, code, reason, host = final(job_id, env)
-    return JobEnd(job_id, st, code, reason, pending_for, time.monotonic() - started, host, was_running=running or st != "CANCELLED")
+@dataclass(slots=True)
+class SlurmJob:
+    """A submitted job, for :func:`~drill.launch.jobs.follow`."""
+
+    job_id: str
+    env: dict[str, str] | None = None
+    kind: str = "slurm job"
+
+    def state(self) -> tuple[str, str] | None:
+        now = state(self.job_id, self.env)
+        if now is None:
+            return None
+        return now[0], f"Slurm's reason: {now[1]}" if now[1] and now[1] != "None" else ""
+
+    def never_runs(self, reason: str) -> bool:
+        return reason.removeprefix("Slurm's reason: ") in NEVER_RUNS
+
+    def cancel(self) -> None:
+        cancel(self.job_id, self.env)
+
+    def final(self) -> tuple[str, int | None, str, str | None]:
+        return final(self.job_id, self.env)
 
 
-class Interrupted(Exception):
-    """drill submit was interrupted while it followed the job; the job was cancelled (``end``)."""
-
-    def __init__(self, end: JobEnd, cause: BaseException) -> None:
-        super().__init__(end.cancelled_by)
-        self.end, self.cause = end, cause
+def wait(job_id: str, *, queue_timeout: float, env: dict[str, str] | None = None, poll: float = 1.0, on_state: Any = None, stop: Any = None) -> JobEnd:
+    """Follow the job to its end (see :func:`~drill.launch.jobs.follow`)."""
+    return follow(SlurmJob(job_id, env), queue_timeout=queue_timeout, poll=poll, on_state=on_state, stop=stop)
 
 
-def _cancelled(job_id: str, why: str, started: float, pending_for: float, running: bool, env: dict[str, str] | None) -> JobEnd:
-    """Cancel the job and follow it out of the queue (a minute at most)."""
-    cancel(job_id, env)
-    deadline = time.monotonic() + 60
-    while state(job_id, env) is not None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    st, code, reason, host = final(job_id, env)
-    return JobEnd(job_id, st, code, reason, pending_for, time.monotonic() - started, host, cancelled_by=why, was_running=running)
-
-
-__all__ = ["FINAL_STATES", "NEVER_RUNS", "Interrupted", "JobEnd", "SubmitError", "cancel", "final", "new_nonce", "output_path", "render", "state", "submit", "time_limit_minutes", "verdict_path", "wait"]
+__all__ = ["FINAL_STATES", "NEVER_RUNS", "Interrupted", "JobEnd", "SlurmJob", "SubmitError", "cancel", "final", "new_nonce", "output_path", "render", "state", "submit", "time_limit_minutes", "verdict_path", "wait"]

@@ -4,8 +4,9 @@ Slurm: the job is submitted and followed; rank 0 inside it records the drill wit
 id. Whatever happens to the job — refused at submission (a bad partition), cancelled after
 waiting too long in the queue, killed at its time limit, its node lost — the drill is on the
 record: the one the job wrote, closed as an ``error`` if the job died under it, or a new one
-saying why no drill ran. Kubernetes: the manifests (a Job, or a CronJob for nightly drills)
-are rendered for an admin to apply; no cluster is contacted.
+saying why no drill ran. Kubernetes: with a cluster configured, the Job is applied through
+the API and followed the same way (:mod:`~drill.launch.k8s_api`); without one — or for a
+CronJob — the manifests are rendered for an admin to apply.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from drill.errors import ExitCode, UsageError
 from drill.launch import slurm
+from drill.launch.jobs import Interrupted, JobEnd
 from drill.pipeline.outcome import DrillOutcome
 from drill.pipeline.recorder import DrillStart
 from drill.policy.model import Policy
@@ -28,8 +30,10 @@ class Submission:
     text: str
     """The batch script or the manifests."""
     job_id: str | None = None
-    end: slurm.JobEnd | None = None
+    end: JobEnd | None = None
     outcome: DrillOutcome | None = None
+    output: str | None = None
+    """Where the job's output is: Slurm's output file, or the ``kubectl logs`` command."""
 
 
 def job_db_url(db: str | None) -> str | None:
@@ -54,7 +58,7 @@ def submit_slurm(
 ) -> Submission:
     """Submit the policy's drill, follow the job to its end and make sure it is recorded once.
     Interrupted (Ctrl-C, SIGTERM) while following: the job is cancelled, recorded ``aborted``,
-    and :class:`~drill.launch.slurm.Interrupted` carries the submission out."""
+    and :class:`~drill.launch.jobs.Interrupted` carries the submission out."""
     nonce = slurm.new_nonce()
     script = slurm.render(policy, db_url=job_db_url(db), trigger=trigger, nonce=nonce)
     sub = Submission("slurm", script)
@@ -71,19 +75,65 @@ def submit_slurm(
         except slurm.SubmitError as exc:
             sub.outcome = records.get(records.record_lost(_start(policy, trigger, None), status=DrillStatus.ERROR, exit_code=int(ExitCode.ERROR), reason=str(exc)))
             return sub
-        if on_state is not None:
-            on_state("SUBMITTED", sub.job_id)
-        try:
-            sub.end = slurm.wait(sub.job_id, queue_timeout=policy.allocation.queue_timeout, env=env, on_state=on_state, stop=stop)
-        except slurm.Interrupted as stopped:
-            sub.end = stopped.end
-            sub.outcome = reconcile(records, policy, trigger, sub.end, nonce)
-            stopped.submission = sub  # type: ignore[attr-defined]
-            raise
-        sub.outcome = reconcile(records, policy, trigger, sub.end, nonce)
+        sub.output = slurm.output_path(policy, sub.job_id)
+        _follow(sub, records, policy, trigger, f"slurm:{sub.job_id}#{nonce}", slurm.SlurmJob(sub.job_id, env), on_state=on_state, stop=stop)
     finally:
         database.close()
     return sub
+
+
+def submit_k8s(policy: Policy, api: Any, *, db: str | None, trigger: str = "policy", on_state: Any = None, stop: Any = None) -> Submission:
+    """Apply the policy's Job to the configured cluster and follow it like a Slurm job; the pods
+    record the drill as ``k8s:<job name>`` (a name of this run only)."""
+    from drill.launch import k8s
+    from drill.launch.k8s_api import KubeJob, apply
+    from drill.records.db import open_database
+    from drill.records.store import Records
+
+    docs = k8s.manifests(policy)
+    name, namespace = docs[2]["metadata"]["name"], policy.allocation.namespace or "default"
+    sub = Submission("k8s", k8s.render_docs(docs), job_id=name, output=f"kubectl logs -n {namespace} job/{name}")
+    database = open_database(db)
+    try:
+        records = Records(database)
+        try:
+            apply(api, docs, namespace)
+        except Exception as exc:  # noqa: BLE001 - the API refused (RBAC, quota, validation): the drill is still on the record
+            reason = f"kubernetes refused the Job: {_api_reason(exc)}"
+            sub.outcome = records.get(records.record_lost(_start(policy, trigger, None), status=DrillStatus.ERROR, exit_code=int(ExitCode.ERROR), reason=reason))
+            return sub
+        _follow(sub, records, policy, trigger, f"k8s:{name}", KubeJob(api, name, namespace), on_state=on_state, stop=stop)
+    finally:
+        database.close()
+    return sub
+
+
+def _api_reason(exc: Exception) -> str:
+    body = getattr(exc, "body", None)
+    if body:
+        import json
+
+        try:
+            return str(json.loads(body).get("message", body))[:300]
+        except (ValueError, AttributeError):
+            return str(body)[:300]
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+
+
+def _follow(sub: Submission, records: Any, policy: Policy, trigger: str, record_job: str, job: Any, *, on_state: Any, stop: Any) -> None:
+    """Follow the job to its end and reconcile its record; interrupted, the same, then re-raised."""
+    from drill.launch.jobs import follow
+
+    if on_state is not None:
+        on_state("SUBMITTED", job.job_id)
+    try:
+        sub.end = follow(job, queue_timeout=policy.allocation.queue_timeout, on_state=on_state, stop=stop)
+    except Interrupted as stopped:
+        sub.end = stopped.end
+        sub.outcome = reconcile(records, policy, trigger, sub.end, record_job, sub.output)
+        stopped.submission = sub
+        raise
+    sub.outcome = reconcile(records, policy, trigger, sub.end, record_job, sub.output)
 
 
 def _start(policy: Policy, trigger: str, job_id: str | None) -> DrillStart:
@@ -107,23 +157,21 @@ def _versions() -> dict[str, str | None]:
     return {"drill": __version__, "torch": torch}
 
 
-def reconcile(records: Any, policy: Policy, trigger: str, end: slurm.JobEnd, nonce: str) -> DrillOutcome:
-    """The drill the job recorded — closed as an error (or ``aborted``, when drill cancelled the
-    job) if the job died under it — or, when the job never got as far as recording one, a
-    record saying why, on the job's node, with its output file and the cause it printed."""
-    job = f"slurm:{end.job_id}#{nonce}"
+def reconcile(records: Any, policy: Policy, trigger: str, end: JobEnd, job: str, output: str | None) -> DrillOutcome:
+    """The drill the job recorded (as ``job``) — closed as an error (or ``aborted``, when drill
+    cancelled the job) if the job died under it — or, when the job never got as far as
+    recording one, a record saying why, on the job's node, with its output and the cause it printed."""
     drill_id = records.by_job(job)
     status, code = DrillStatus.ERROR, ExitCode.ERROR
     if end.cancelled_by is not None:
         status, code = DrillStatus.ABORTED, ExitCode.TERMINATED if "SIGTERM" in end.cancelled_by or "stopp" in end.cancelled_by else ExitCode.INTERRUPTED
-    why = f"slurm job {end.job_id} ended {end.state}" + (f" ({end.reason})" if end.reason and end.reason != "None" else "")
+    why = f"{end.name} ended {end.state}" + (f" ({end.reason})" if end.reason and end.reason != "None" else "")
     if end.cancelled_by is not None:
-        why = f"{end.cancelled_by}: slurm job {end.job_id} was cancelled while {'running' if end.was_running else 'pending'}"
+        why = f"{end.cancelled_by}: {end.name} was cancelled while {'running' if end.was_running else 'pending'}"
     elif end.state in ("QUEUE_TIMEOUT", "NEVER_RUNS"):
-        why = f"slurm job {end.job_id} was cancelled: {end.reason}"
-    output = slurm.output_path(policy, end.job_id)
+        why = f"{end.name} was cancelled: {end.reason}"
     if drill_id is None:
-        cause = last_words(output)
+        cause = last_words(output) if output else None
         reason = f"{why}{' before the drill recorded anything' if end.was_running else ''}" + (f": {cause}" if cause else "") + f" (job output: {output})"
         drill_id = records.record_lost(_start(policy, trigger, job), status=status, exit_code=int(code), reason=reason, host=end.host)
     else:
@@ -151,4 +199,4 @@ def render_k8s(policy: Policy, *, cron: bool = False) -> Submission:
     return Submission("k8s", render(policy, cron=cron))
 
 
-__all__ = ["Submission", "job_db_url", "last_words", "reconcile", "render_k8s", "submit_slurm"]
+__all__ = ["Submission", "job_db_url", "last_words", "reconcile", "render_k8s", "submit_k8s", "submit_slurm"]

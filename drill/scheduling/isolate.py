@@ -190,18 +190,26 @@ def follow_jobs() -> None:
 
 
 def run_submitted(policy: Policy, db_url: str, records: Records, *, trigger: str, stopping: threading.Event | None = None) -> IsolatedResult:
-    """A policy whose allocation says ``launcher: slurm``: its drill runs as a batch job,
-    followed to its end (see :mod:`drill.launch.submit`); alerts as for a local drill. When the
+    """A policy whose allocation says ``launcher: slurm`` or ``k8s``: its drill runs as a batch
+    job (a Kubernetes Job on the configured cluster), followed to its end (see :mod:`drill.launch.submit`); alerts as for a local drill. When the
     scheduler stops, a job still pending is cancelled at once and recorded ``aborted``; a
     running one gets the grace time, then is cancelled (its ranks record themselves aborted)."""
-    from drill.launch.submit import submit_slurm
+    from drill.launch.submit import submit_k8s, submit_slurm
 
     def stop(state: str) -> str | None:
         if stopping is not None and stopping.is_set() and state == "PENDING":
             return "the scheduler stopped (SIGTERM) before the job started"
         return "the scheduler stopped (SIGTERM) and its grace time ran out" if _STOP_JOBS.is_set() else None
 
-    sub = submit_slurm(policy, db=db_url, trigger=trigger, stop=stop)
+    if policy.allocation.launcher == "k8s":
+        from drill.launch.k8s_api import configured_api
+
+        api = configured_api()
+        if api is None:
+            raise DrillError(f"policy {policy.name}: no Kubernetes cluster is configured to run its Job")
+        sub = submit_k8s(policy, api, db=db_url, trigger=trigger, stop=stop)
+    else:
+        sub = submit_slurm(policy, db=db_url, trigger=trigger, stop=stop)
     o = sub.outcome
     assert o is not None
     return _alert(IsolatedResult(o.id, o.status, int(o.exit_code), o.message, o.to_document()), policy, records)
@@ -209,6 +217,6 @@ def run_submitted(policy: Policy, db_url: str, records: Records, *, trigger: str
 
 def run_policy_drill(policy: Policy, db_url: str, records: Records, *, trigger: str, stopping: threading.Event | None = None) -> IsolatedResult:
     """The policy's drill where its allocation says: an isolated child here, or a Slurm job."""
-    if policy.allocation.launcher == "slurm":
+    if policy.allocation.launcher in ("slurm", "k8s"):
         return run_submitted(policy, db_url, records, trigger=trigger, stopping=stopping)
     return run_isolated(policy, db_url, records, trigger=trigger)
