@@ -3,8 +3,9 @@ data-loader state, saved with DCP as a genuinely sharded checkpoint (``__<rank>_
 
 ``drill demo DIR --ranks N`` starts N processes of this module (gloo, a ``file://``
 rendezvous: nothing listens on a port). Each rank trains its slice of every global batch;
-rank 0 logs the global loss and the global batch's fingerprint, seals each checkpoint and
-applies retention.
+rank 0 logs the global loss and the global batch's fingerprint and applies retention. Each
+checkpoint is sealed as it is saved (``drill.sdk.save``: every rank hashes what it writes,
+rank 0 writes the manifest before it commits ``.metadata``).
 """
 
 from __future__ import annotations
@@ -132,17 +133,14 @@ def _state(o: dict[str, Any], rank: int) -> dict[str, Any]:
 
 def _save(o: dict[str, Any], run_dir: Path, cfg: DemoConfig, rank: int) -> None:
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
 
     from drill.demo.train import apply_retention, checkpoint_dir
     from drill.integrity.keys import load_key
-    from drill.integrity.manifest import seal
+    from drill.sdk.sealed import save
 
     path = checkpoint_dir(run_dir, o["step"])
-    dcp.save(_state(o, rank), storage_writer=dcp.FileSystemWriter(str(path), thread_count=1))
-    dist.barrier()
+    save(_state(o, rank), str(path), key=load_key(), thread_count=1)  # every rank hashes what it writes; rank 0 seals
     if rank == 0:
-        seal(path, step=o["step"], key=load_key())
         apply_retention(run_dir, cfg.keep)
     dist.barrier()
 

@@ -26,7 +26,6 @@ from drill.demo.model import TinyGPT
 from drill.demo.state import ModelState, OptimizerState, RNGState, TrainState, WarmupCosine
 from drill.checkpoints import step_of
 from drill.integrity.keys import load_key
-from drill.integrity.manifest import seal
 from drill.runlog import StepLog, StepRecord
 
 
@@ -125,15 +124,14 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(objs: TrainingObjects, run_dir: Path) -> Path:
-    import torch.distributed.checkpoint as dcp
+    """Sealed as it is written (drill.sdk.save): keyed when $DRILL_SEAL_KEY_FILE names a key."""
+    from drill.sdk.sealed import save
 
     path = checkpoint_dir(run_dir, objs.train_state.step)
     # Two writer threads give two shard files per rank, as a real multi-threaded save does.
-    writer = dcp.FileSystemWriter(str(path), thread_count=2)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(objs.stateful(), storage_writer=writer, no_dist=True)
-    seal(path, step=objs.train_state.step, key=load_key())  # keyed when $DRILL_SEAL_KEY_FILE names a key
+        save(objs.stateful(), str(path), key=load_key(), no_dist=True, thread_count=2)
     return path
 
 

@@ -283,7 +283,8 @@ def _is_temp(name: str) -> bool:
     return name.startswith(f".{MANIFEST_NAME}.") and name.endswith(".tmp")
 
 
-def _frameworks() -> dict[str, str]:
+def frameworks() -> dict[str, str]:
+    """The versions a manifest names: drill, Python and torch."""
     from drill import __version__
 
     versions = {"drill": __version__, "python": platform.python_version()}
@@ -345,7 +346,7 @@ def seal(
         if isinstance(h, OSError):
             raise SealConflict(f"cannot seal {checkpoint}: {rel}: {h.strerror or h}")
         entries.append(FileEntry(rel, h.size, h.digest, tuple(h.chunk_hex)))
-    manifest = Manifest(step=step, chunk_size=chunk_size, files=entries, frameworks=_frameworks())
+    manifest = Manifest(step=step, chunk_size=chunk_size, files=entries, frameworks=frameworks())
     try:
         existing, _ = read_manifest(storage, checkpoint)
     except ManifestInvalid as exc:

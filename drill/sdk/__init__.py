@@ -6,6 +6,11 @@ Resuming through drill — a verified ``dcp.load`` that records the resume as a 
     drill.sdk.load(state, checkpoint_id=ckpt_dir)            # raises CheckpointCorrupt on damage
     # fall back: drill.sdk.last_good(run_dir, before=ckpt_dir)
 
+Saving sealed — every rank hashes what it writes, nothing is read back (``dcp.save`` and
+``dcp.async_save``, same arguments):
+
+    drill.sdk.save(state, checkpoint_id=ckpt_dir, key=load_key())       # or async_save(...)
+
 Writing what drill checks:
 
     from drill.sdk import StepLog, seal
@@ -23,7 +28,21 @@ from drill.integrity.keys import load_key
 from drill.integrity.manifest import SealConflict, SealResult, seal
 from drill.errors import StorageProblem
 from drill.sdk.resume import CheckpointCorrupt, LoadReport, last_good, load, verified
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """``save``, ``async_save``, ``SealingWriter``, ``SealReport``: imported on first use (they import torch)."""
+    if name in ("save", "async_save", "SealingWriter", "SealReport"):
+        import importlib
+
+        return getattr(importlib.import_module("drill.sdk.sealed"), name)
+    raise AttributeError(f"module 'drill.sdk' has no attribute {name!r}")
+
+
 from drill.runlog.runfiles import read_run_file
 from drill.runlog.steplog import STEP_LOG, StepLog, StepRecord, read_step_log
 
-__all__ = ["STEP_LOG", "CheckpointCorrupt", "LoadReport", "SealConflict", "SealResult", "StepLog", "StepRecord", "StorageProblem", "last_good", "load", "load_key", "read_run_file", "read_step_log", "seal", "verified"]
+__all__ = [
+    "STEP_LOG", "CheckpointCorrupt", "LoadReport", "SealConflict", "SealReport", "SealResult", "SealingWriter", "StepLog", "StepRecord", "StorageProblem",
+    "async_save", "last_good", "load", "load_key", "read_run_file", "read_step_log", "save", "seal", "verified",
+]  # fmt: skip
