@@ -22,7 +22,7 @@ class _TokenDataset(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
-def hf_trainer_run(out: Path, *, finish: bool = False) -> Path:
+def hf_trainer_run(out: Path, *, finish: bool = False, callbacks: list | None = None) -> Path:  # type: ignore[type-arg]
     """A tiny GPT-2 built from a config (no download), trained 4 steps by transformers' Trainer;
     ``finish``: then ``save_model()`` and ``save_state()``, as HF's example scripts end."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,7 +40,7 @@ def hf_trainer_run(out: Path, *, finish: bool = False) -> Path:
         disable_tqdm=True,
         logging_steps=1,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset())
+    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset(), callbacks=callbacks)
     trainer.train()
     if finish:
         trainer.save_model()
@@ -58,7 +58,7 @@ def hf_trainer_resume(out: Path, checkpoint: str) -> int:
     args = TrainingArguments(
         output_dir=str(out), max_steps=6, save_steps=100, per_device_train_batch_size=4, report_to=[], use_cpu=True, seed=7, disable_tqdm=True
     )
-    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset())
+    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset(), callbacks=callbacks)
     trainer.train(resume_from_checkpoint=checkpoint)
     return trainer.state.global_step
 

@@ -125,3 +125,29 @@ def test_every_writer_thread_count_seals_the_same_bytes_drill_seal_reads(tmp_pat
     (twin / "drill-manifest.json").unlink()
     seal(twin)
     assert _files(ckpt / "drill-manifest.json") == _files(twin / "drill-manifest.json")
+
+
+def test_the_trainer_callback_seals_every_checkpoint_as_it_is_saved(tmp_path: Path) -> None:
+    """transformers' own Trainer, with DrillSealCallback: each checkpoint-N is sealed (keyed)
+    right after the save; drill run proves every byte, and a flipped byte is caught."""
+    pytest.importorskip("transformers")
+    from drill import history
+    from drill.integrations.hf import DrillSealCallback
+    from tests.frameworks import hf_trainer_run
+
+    callback = DrillSealCallback(key=KEY)
+    run = hf_trainer_run(tmp_path / "run", callbacks=[callback])
+    assert [r.files > 0 and r.manifest for r in callback.reports] == [str(run / f"checkpoint-{s}" / "drill-manifest.json") for s in (2, 4)]
+    key = tmp_path / "seal.key"
+    key.write_bytes(KEY)
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    res = subprocess.run([sys.executable, "-m", "drill", "run", "--root", str(run), "--db", db, "-q", "--no-replay", "--key-file", str(key), "--json"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr
+    assert json.loads(res.stdout)["evidence_level"] == "authenticated"
+    weights = run / "checkpoint-4" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0x01
+    weights.write_bytes(bytes(data))
+    res = _verify(run / "checkpoint-4", "--key-file", str(key))
+    assert res.returncode == 1 and "digest-mismatch [model.safetensors]" in res.stdout
+    assert history(db=db)[0].status == "passed"
