@@ -238,6 +238,11 @@ def _write_manifest(checkpoint: Path, files: dict[str, FileHashes], key: bytes |
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, target)
+    directory = os.open(checkpoint, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself is durable before .metadata commits the checkpoint
+    finally:
+        os.close(directory)
     return str(target)
 
 
