@@ -79,7 +79,7 @@ def test_the_markdown_report_escapes_what_it_did_not_write(history_db: tuple[str
     assert heading.endswith("/run &lt;script&gt;alert(1)&lt;/script&gt; \\| \\`tick\\` \\*star\\* \\[x\\](y)")
     for line in md.splitlines():
         if line.startswith("| ") and "step-" in line and "step-" in line.split("|")[1]:  # every checkpoint row keeps its columns
-            header_cols = 10
+            header_cols = 11
             assert len(re.findall(r"(?<!\\)\|", line)) == header_cols + 1, line
     assert "drill run --checkpoint" in md and "### What your measured restore time costs" in md
     assert re.search(r"head `[0-9a-f]{64}` \(entry 5, drill #5\)", md)

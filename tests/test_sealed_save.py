@@ -151,3 +151,45 @@ def test_the_trainer_callback_seals_every_checkpoint_as_it_is_saved(tmp_path: Pa
     res = _verify(run / "checkpoint-4", "--key-file", str(key))
     assert res.returncode == 1 and "digest-mismatch [model.safetensors]" in res.stdout
     assert history(db=db)[0].status == "passed"
+
+
+def test_a_sealed_save_is_recorded_and_the_report_shows_what_the_seal_cost(tmp_path: Path) -> None:
+    from drill.records.db import open_database
+    from drill.records.store import Records
+    from tests.conftest import invoke
+    from typer.testing import CliRunner
+
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    ckpt = tmp_path / "run" / "step-10"
+    report = save(_state(), ckpt, key=KEY, no_dist=True, db=db)
+    report.recorder.join()
+    database = open_database(db)
+    (row,) = Records(database).saves()
+    database.close()
+    assert (row["checkpoint"], row["step"], row["method"], row["files"], row["bytes"], row["keyed"], row["bytes_read_back"]) == (str(ckpt), 10, "writer", report.files, report.bytes, True, 0) and report.files >= 2
+    res = invoke(CliRunner(), "report", "--db", db, "--root", str(tmp_path / "run"), "-f", "md")
+    assert res.exit_code == 0, res.stderr
+    assert "| sealed at save |" in res.stdout and "yes (hashing " in res.stdout and ", keyed)" in res.stdout
+
+
+def test_a_save_whose_database_is_away_is_spooled_and_delivered_later_never_failing_the_save(tmp_path: Path) -> None:
+    from drill.records.db import open_database
+    from drill.records.store import Records
+    from tests.conftest import invoke
+    from typer.testing import CliRunner
+
+    away = tmp_path / "not-yet"
+    db = f"sqlite:///{away / 'drill.db'}"
+    report = save(_state(), tmp_path / "run" / "step-10", no_dist=True, db=db)  # the save itself never notices
+    report.recorder.join()
+    assert (tmp_path / "run" / "step-10" / "drill-manifest.json").exists()
+    away.mkdir()
+    res = invoke(CliRunner(), "db", "flush", "--db", db)
+    assert res.exit_code == 0, res.stderr
+    database = open_database(db)
+    assert [s["method"] for s in Records(database).saves()] == ["writer"]
+    database.close()
+    res = invoke(CliRunner(), "db", "flush", "--db", db)  # delivered once
+    database = open_database(db)
+    assert len(Records(database).saves()) == 1
+    database.close()

@@ -19,19 +19,23 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from drill.integrity.sealing import SealReport, seal_across_ranks
+from drill.sdk.sealed import record_save
 
 
 class DrillSealCallback(TrainerCallback):  # type: ignore[misc]
-    """Seal each ``checkpoint-N`` in ``on_save``; :attr:`reports` keeps what each seal cost."""
+    """Seal each ``checkpoint-N`` in ``on_save``; :attr:`reports` keeps what each seal cost,
+    and with ``db`` (or ``$DRILL_DATABASE_URL``) each is recorded as a save."""
 
-    def __init__(self, key: bytes | None = None) -> None:
-        self.key = key
+    def __init__(self, key: bytes | None = None, db: str | None = None) -> None:
+        self.key, self.db = key, db
         self.reports: list[SealReport] = []
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         checkpoint = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         if os.path.isdir(checkpoint):
-            self.reports.append(seal_across_ranks(checkpoint, key=self.key))
+            report = seal_across_ranks(checkpoint, key=self.key)
+            report.recorder = record_save(report, checkpoint, "after-save", self.db)
+            self.reports.append(report)
 
 
 __all__ = ["DrillSealCallback"]

@@ -56,6 +56,9 @@ class SealReport:
     bytes_read_back: int = 0
     """Bytes the seal had to read again (a stream written out of order): 0 for DCP's writers."""
     manifest: str | None = None
+    keyed: bool = False
+    recorder: Any = None
+    """The background thread recording this save in the database, when one is (join it to wait)."""
 
 
 @dataclass(slots=True)
@@ -213,7 +216,7 @@ class SealingWriter(FileSystemWriter):
             with self.fs.lock:
                 files.update(self.fs.digests.files)  # .metadata, written by this coordinator
             report.manifest = _write_manifest(Path(self.path), files, self.key, self.fs.chunk_size)
-            report.files, report.bytes = len(files), sum(h.size for h in files.values())
+            report.files, report.bytes, report.keyed = len(files), sum(h.size for h in files.values()), self.key is not None
 
         self.fs.before_commit = seal_now
         try:
@@ -292,7 +295,7 @@ def seal_across_ranks(path: str | os.PathLike, *, key: bytes | None = None, proc
                     raise OSError(h.errno, f"cannot seal {checkpoint}: {rel}: {h.strerror or h}")
                 files[rel] = h
         report.manifest = _write_manifest(Path(checkpoint), files, key, chunk_size)
-        report.files, report.bytes = len(files), sum(h.size for h in files.values())
+        report.files, report.bytes, report.keyed = len(files), sum(h.size for h in files.values()), key is not None
         report.bytes_read_back = report.bytes
     if distributed:
         dist.barrier(group=process_group)  # nobody moves on (rotates, resumes) before the seal exists

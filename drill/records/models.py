@@ -233,6 +233,32 @@ class SchedulerEvent(Base):
     holder: Mapped[str | None] = mapped_column(Str(255))
 
 
+class Save(Base):
+    """A checkpoint sealed at save (or right after it, on every rank): what the seal cost. Not a
+    drill — nothing was restored — but the evidence that every checkpoint of a run was sealed
+    where it was written, and at what price."""
+
+    __tablename__ = "saves"
+    __table_args__ = (UniqueConstraint("host", "pid", "saved_at", "checkpoint_uri", name="uq_saves_origin"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    checkpoint_uri: Mapped[str] = mapped_column(LongText, index=True)
+    run_root: Mapped[str] = mapped_column(LongText, index=True)
+    step: Mapped[int | None] = mapped_column(Integer)
+    method: Mapped[str] = mapped_column(Str(16))
+    """``writer`` (hashed as written: SealingWriter) or ``after-save`` (every rank re-read its share)."""
+    files: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    hash_seconds: Mapped[float] = mapped_column(Float)
+    save_seconds: Mapped[float] = mapped_column(Float)
+    bytes_read_back: Mapped[int] = mapped_column(BigInteger)
+    keyed: Mapped[bool] = mapped_column(Boolean)
+    host: Mapped[str] = mapped_column(Str(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    saved_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    drill_version: Mapped[str] = mapped_column(Str(64))
+
+
 class AuditEntry(Base):
     """One link of the tamper-evident drill log (see :mod:`drill.records.audit`).
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from drill.errors import DatabaseError, UnreadableRecord
 from drill.findings import CheckResult
@@ -24,6 +24,7 @@ from drill.integrity.coverage import CoverageUpdate
 from drill.pipeline.outcome import CheckpointInfo, DrillOutcome
 from drill.pipeline.recorder import DrillStart
 from drill.records.db import Database, safe_url
+from drill.records.saves import is_save
 from drill.records.spool import Spool
 from drill.records.store import Records
 
@@ -137,6 +138,11 @@ class DatabaseRecorder:
         pending = self.spool.pending()
         result.rejected = {str(p): why for p, why in pending.rejected.items()}
         for i, (path, doc) in enumerate(pending.documents):
+            if is_save(doc):
+                if not self._deliver_save(path, doc, result):
+                    result.waiting = len(pending.documents) - i
+                    return result
+                continue
             try:
                 outcome = DrillOutcome.from_document(doc)
             except Exception as exc:  # noqa: BLE001 - any shape that is not an outcome document
@@ -158,6 +164,21 @@ class DatabaseRecorder:
             log.warning("spooled verdicts that cannot be delivered: %s", result.rejected)
             self.problem = self.problem or f"{len(result.rejected)} spooled file(s) in {self.spool.directory} cannot be delivered: drill db flush names them"
         return result
+
+    def _deliver_save(self, path: Any, doc: dict[str, Any], result: FlushResult) -> bool:
+        """A spooled save onto the database (once); False when the database is still away."""
+        claimed = self.spool.claim(path)
+        if claimed is None:
+            return True
+        try:
+            if self.records.record_save(doc):
+                result.delivered += 1
+            self.spool.done(claimed)
+        except (ValueError, TypeError, UnreadableRecord) as exc:
+            result.rejected[str(claimed)] = f"not a save document ({exc})"
+        except DatabaseError:
+            return False
+        return True
 
     def _exists(self, drill_id: int) -> bool:
         try:

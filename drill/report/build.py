@@ -105,6 +105,11 @@ def _section(records: Any, root: str, drills: list[DrillOutcome], opts: ReportOp
     ledger = records.ledger(root) if records else {}
     retained, source, note = _retained(root, known, opts.list_storage, opts.listing_timeout)
     rows = _checkpoint_rows(retained, known, latest, ledger, drills, opts.since, opts.until)
+    saved = {}
+    for save in reversed(records.saves(root)) if records else []:
+        saved[save["checkpoint"]] = save  # the newest save of each checkpoint wins
+    for row in rows:
+        row.sealed_at_save = saved.get(row.uri)
     cover = coverage(
         Retained(r.name, r.bytes_on_storage, r.drills_in_window > 0, r.bytes_verified_in_window) for r in rows if r.retained is not False
     )

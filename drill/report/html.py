@@ -191,10 +191,10 @@ def _checkpoints(rows: list[CheckpointRow]) -> str:
          '<b style="color:var(--ok)">proven</b>' if k.proven else '<b style="color:var(--bad)">not proven</b>',
          (f"#{k.last_drill_id} " + _badge(k.last_status) + f" {t.when(k.last_drilled_at)}") if k.last_drill_id else _badge(None),
          escape(k.evidence_level or "–"), escape(k.proof.replay if k.proof else "–"), escape(t.size(k.bytes_on_storage)),
-         escape(t.size(k.bytes_verified)), escape(t.when(k.verified_at)), str(k.drills_in_window)]
+         escape(t.size(k.bytes_verified)), escape(t.when(k.verified_at)), str(k.drills_in_window), escape(t.sealed_at_save(k.sealed_at_save))]
         for k in rows
     ]  # fmt: skip
-    return _table(["checkpoint", "step", "retained", "restorable", "last drill", "evidence", "replay", "on storage", "bytes verified", "verified", "drills"], body, {1, 7, 8, 10})
+    return _table(["checkpoint", "step", "retained", "restorable", "last drill", "evidence", "replay", "on storage", "bytes verified", "verified", "drills", "sealed at save"], body, {1, 7, 8, 10})
 
 
 def _failure(d: DrillEntry) -> str:

@@ -49,6 +49,8 @@ class CheckpointRow:
     bytes_verified_in_window: int = 0
     verified_at: datetime | None = None
     drills_in_window: int = 0
+    sealed_at_save: dict[str, Any] | None = None
+    """The recorded save that sealed it (method, bytes, hashing seconds, save seconds, keyed), if any."""
 
     @property
     def evidence_level(self) -> str | None:
@@ -61,7 +63,7 @@ class CheckpointRow:
             "last_drill_id": self.last_drill_id, "last_status": self.last_status, "last_drilled_at": _iso(self.last_drilled_at),
             "evidence_level": self.evidence_level, "proof": self.proof.to_dict() if self.proof else None,
             "bytes_verified": self.bytes_verified, "bytes_verified_in_window": self.bytes_verified_in_window,
-            "verified_at": _iso(self.verified_at), "drills_in_window": self.drills_in_window,
+            "verified_at": _iso(self.verified_at), "drills_in_window": self.drills_in_window, "sealed_at_save": self.sealed_at_save,
         }  # fmt: skip
 
 

@@ -41,4 +41,13 @@ def loss(v: object) -> str:
     return f"{v:.6g}" if isinstance(v, float) else ("–" if v is None else str(v))
 
 
-__all__ = ["loss", "money", "rate", "seconds", "share", "size", "when", "window"]
+__all__ = ["loss", "money", "rate", "sealed_at_save", "seconds", "share", "size", "when", "window"]
+
+
+def sealed_at_save(save: dict | None) -> str:  # type: ignore[type-arg]
+    """``yes (hashing 0.41 s of a 3.2 s save, keyed)``, ``after the save (…)``, or ``no``."""
+    if not save:
+        return "no"
+    how = "yes" if save.get("method") == "writer" else "after the save"
+    keyed = ", keyed" if save.get("keyed") else ""
+    return f"{how} (hashing {human_seconds(save['hash_seconds'])} of a {human_seconds(save['save_seconds'])} save{keyed})"

@@ -14,9 +14,14 @@ persist thread.
 from __future__ import annotations
 
 import os
+import socket
+import threading
+from datetime import datetime, timezone
 from typing import Any
 
 from drill.integrity.sealing import SealingWriter, SealReport
+
+DATABASE_ENV = "DRILL_DATABASE_URL"
 
 
 def _writer(checkpoint_id: str | os.PathLike, key: bytes | None, writer_options: dict[str, Any]) -> SealingWriter:
@@ -39,9 +44,11 @@ def save(
     the rest to ``FileSystemWriter`` (``thread_count``, ``sync_files``, …)."""
     import torch.distributed.checkpoint as dcp
 
+    db = kwargs.pop("db", None)
     dcp_kwargs, writer_options = _split(dcp.save, kwargs)
     writer = _writer(checkpoint_id, key, writer_options)
     dcp.save(state_dict, checkpoint_id=checkpoint_id, storage_writer=writer, planner=planner, process_group=process_group, **dcp_kwargs)
+    writer.report.recorder = record_save(writer.report, checkpoint_id, "writer", db)
     return writer.report
 
 
@@ -54,9 +61,69 @@ def async_save(
     ``async_stager``, ``no_dist``, …) go to it; the rest to ``FileSystemWriter``."""
     import torch.distributed.checkpoint as dcp
 
+    db = kwargs.pop("db", None)
     dcp_kwargs, writer_options = _split(dcp.async_save, kwargs)
     writer = _writer(checkpoint_id, key, writer_options)
-    return dcp.async_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=writer, planner=planner, process_group=process_group, **dcp_kwargs)
+    pending = dcp.async_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=writer, planner=planner, process_group=process_group, **dcp_kwargs)
+    done = getattr(pending, "upload_completion", pending)
+
+    def recorded(future: Any) -> None:
+        if future.exception() is None:
+            writer.report.recorder = record_save(writer.report, checkpoint_id, "writer", db)
+
+    done.add_done_callback(recorded)
+    return pending
 
 
-__all__ = ["SealReport", "SealingWriter", "async_save", "save"]
+def record_save(report: SealReport, checkpoint_id: str | os.PathLike, method: str, db: str | None) -> threading.Thread | None:
+    """Record the save (on the coordinator, when a database is named: ``db``, else
+    ``$DRILL_DATABASE_URL``) on a background thread that never raises into the trainer: when
+    the database is away the record goes to the local spool and the next drill (or ``drill db
+    flush``) delivers it. Returns the thread (None: nothing to record)."""
+    url = db or os.environ.get(DATABASE_ENV)
+    if not url or report.manifest is None:
+        return None
+    doc = _document(report, os.fspath(checkpoint_id), method)
+    thread = threading.Thread(target=_write, args=(doc, url), name="drill-record-save")  # not a daemon: an exiting trainer still records
+    thread.start()
+    return thread
+
+
+def _document(report: SealReport, checkpoint: str, method: str) -> dict[str, Any]:
+    from drill import __version__
+    from drill.checkpoints import step_of
+    from drill.records.saves import KIND
+    from drill.storage import normalize
+
+    uri = normalize(checkpoint)
+    return {
+        "kind": KIND, "checkpoint": uri, "run_root": normalize(os.path.dirname(uri.rstrip("/"))), "step": step_of(os.path.basename(uri.rstrip("/"))),
+        "method": method, "files": report.files, "bytes": report.bytes, "hash_seconds": round(report.hash_seconds, 6),
+        "save_seconds": round(report.save_seconds, 6), "bytes_read_back": report.bytes_read_back, "keyed": report.keyed,
+        "host": socket.gethostname(), "pid": os.getpid(), "saved_at": datetime.now(timezone.utc).isoformat(), "drill_version": __version__,
+    }  # fmt: skip
+
+
+def _write(doc: dict[str, Any], url: str) -> None:
+    try:
+        from drill.records.db import open_database
+        from drill.records.store import Records
+
+        database = open_database(url)
+        try:
+            Records(database).record_save(doc)
+            return
+        finally:
+            database.close()
+    except Exception:  # noqa: BLE001 - the database is away or refused: spool it, never raise into the trainer
+        pass
+    try:
+        from drill.records.db import resolve_url, safe_url
+        from drill.records.spool import Spool
+
+        Spool(safe_url(resolve_url(url))).put(doc)
+    except Exception:  # noqa: BLE001 - nothing may reach the trainer from here
+        pass
+
+
+__all__ = ["SealReport", "SealingWriter", "async_save", "record_save", "save"]
