@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import os
+import queue
 import threading
 import time
 from collections.abc import Generator
@@ -70,7 +71,12 @@ class _RankDigests:
 
 
 class _HashingStream(io.RawIOBase):
-    """A file being written: every byte goes to the file and, in order, to the hasher."""
+    """A file being written: every byte goes to the file and, in order, to the hasher — on a
+    thread of its own, so hashing a piece overlaps writing the next (xxhash releases the GIL).
+    Small writes are copied (the writer may reuse its buffer); large ones — tensor storage that
+    lives until the file is done — are hashed in place. ``close`` waits for the hasher."""
+
+    COPY_BELOW = 4 << 20
 
     def __init__(self, raw: Any, hasher: ChunkHasher) -> None:
         super().__init__()
@@ -78,6 +84,22 @@ class _HashingStream(io.RawIOBase):
         self.position = 0
         self.hash_seconds = 0.0
         self.out_of_order = False
+        self._pieces: queue.Queue[Any] = queue.Queue(maxsize=64)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._hash, name="drill-seal-hash", daemon=True)
+        self._thread.start()
+
+    def _hash(self) -> None:
+        while (piece := self._pieces.get()) is not None:
+            if self._error is None and not self.out_of_order:
+                started = time.perf_counter()
+                try:
+                    self.hasher.update(piece)
+                except BaseException as exc:  # noqa: BLE001 - handed to the writing thread at close
+                    self._error = exc
+                self.hash_seconds += time.perf_counter() - started
+            if isinstance(piece, memoryview):
+                piece.release()
 
     def writable(self) -> bool:
         return True
@@ -87,9 +109,8 @@ class _HashingStream(io.RawIOBase):
         written = self.raw.write(view)
         written = len(view) if written is None else written
         if not self.out_of_order:
-            started = time.perf_counter()
-            self.hasher.update(view[:written])
-            self.hash_seconds += time.perf_counter() - started
+            piece = view[:written]
+            self._pieces.put(bytes(piece) if written < self.COPY_BELOW else piece)
         self.position += written
         return written
 
@@ -110,7 +131,11 @@ class _HashingStream(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
+            self._pieces.put(None)
+            self._thread.join()
             self.raw.flush()
+            if self._error is not None:
+                raise self._error
         super().close()
 
 
