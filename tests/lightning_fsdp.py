@@ -19,12 +19,15 @@ import torch
 STEPS = 4
 
 
-def spawn(out: Path, ranks: int = 2, timeout: float = 300) -> Path:
-    """Train and checkpoint with ``ranks`` CPU processes; returns the run's checkpoint directory."""
+def spawn(out: Path, ranks: int = 2, timeout: float = 300, *, seal: bool = False) -> Path:
+    """Train and checkpoint with ``ranks`` CPU processes; returns the run's checkpoint directory.
+    ``seal``: the strategy seals each checkpoint after saving it (drill.integrations.lightning)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks), "PYTHONWARNINGS": "ignore"}
+    if seal:
+        env["DRILL_TEST_SEAL_AFTER_SAVE"] = "1"
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.lightning_fsdp", str(out)],
@@ -46,7 +49,11 @@ def main(out: Path) -> None:
     from lightning.pytorch.strategies import FSDPStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    class CPUFSDP(FSDPStrategy):
+    from drill.integrations.lightning import SealAfterSave
+
+    bases = (SealAfterSave, FSDPStrategy) if os.environ.get("DRILL_TEST_SEAL_AFTER_SAVE") else (FSDPStrategy,)
+
+    class CPUFSDP(*bases):  # type: ignore[misc]
         def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
             return FullyShardedDataParallel(module=model, device_id=torch.device("cpu"), use_orig_params=True, sharding_strategy=self.sharding_strategy)
 

@@ -193,3 +193,19 @@ def test_a_save_whose_database_is_away_is_spooled_and_delivered_later_never_fail
     database = open_database(db)
     assert len(Records(database).saves()) == 1
     database.close()
+
+
+def test_lightning_fsdp_checkpoints_are_sealed_after_the_strategy_saves_them(tmp_path: Path) -> None:
+    """Lightning's own FSDP strategy on 2 CPU ranks, with SealAfterSave mixed in: each sharded
+    *.ckpt/ directory (DCP shards and meta.pt) is sealed; drill verify proves every byte."""
+    pytest.importorskip("lightning")
+    from tests import lightning_fsdp
+
+    checkpoints = lightning_fsdp.spawn(tmp_path / "pl", ranks=2, seal=True)
+    dirs = sorted(p for p in checkpoints.iterdir() if p.is_dir())
+    assert dirs
+    for ckpt in dirs:
+        listed = {f["path"] for f in _files(ckpt / "drill-manifest.json")}
+        assert "meta.pt" in listed and ".metadata" in listed and any(p.endswith(".distcp") for p in listed)
+        res = _verify(ckpt)
+        assert res.returncode == 0 and "sealed, unauthenticated: every byte matches" in res.stdout, res.stdout + res.stderr
