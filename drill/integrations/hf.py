@@ -3,7 +3,7 @@
 The Trainer writes its checkpoints through ``torch.save`` and safetensors, which drill cannot
 wrap; so :class:`DrillSealCallback` seals each one in ``on_save``, on every rank at once: each
 hashes its share of the files (balanced by bytes) and rank 0 writes ``drill-manifest.json``
-(:func:`~drill.integrity.sealing.seal_across_ranks`). Then ``drill run``, ``drill verify`` and
+(:func:`~drill.sdk.sealed.seal_across_ranks`). Then ``drill run``, ``drill verify`` and
 ``drill.sdk.load`` prove every byte of it, and the keyed seal authenticates it.
 
     from drill.integrations.hf import DrillSealCallback
@@ -18,8 +18,8 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from drill.integrity.sealing import SealReport, seal_across_ranks
-from drill.sdk.sealed import record_save
+from drill.integrity.sealing import SealReport
+from drill.sdk.sealed import record_save, seal_across_ranks
 
 
 class DrillSealCallback(TrainerCallback):  # type: ignore[misc]

@@ -4,7 +4,7 @@ sealed right after the strategy saved it.
 Lightning's FSDP strategy writes its shards through DCP itself, past any ``CheckpointIO``
 plugin; so :class:`SealAfterSave` goes on the strategy: once ``save_checkpoint`` returns,
 every rank hashes its share of the directory's files and rank 0 writes
-``drill-manifest.json`` (:func:`~drill.integrity.sealing.seal_across_ranks`: a second read,
+``drill-manifest.json`` (:func:`~drill.sdk.sealed.seal_across_ranks`: a second read,
 split over the ranks). A single-file ``.ckpt`` is one ``torch.save`` zip whose entries carry
 CRC-32s: drill proves it structurally, and seals directories only.
 
@@ -19,8 +19,8 @@ import os
 from typing import Any
 
 from drill.integrity.keys import load_key
-from drill.integrity.sealing import SealReport, seal_across_ranks
-from drill.sdk.sealed import record_save
+from drill.integrity.sealing import SealReport
+from drill.sdk.sealed import record_save, seal_across_ranks
 
 
 class SealAfterSave:

@@ -16,10 +16,13 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
-from drill.integrity.sealing import SealingWriter, SealReport
+from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
+from drill.integrity.sealing import SealingWriter, SealReport, write_manifest
 
 DATABASE_ENV = "DRILL_DATABASE_URL"
 
@@ -75,6 +78,61 @@ def async_save(
     return pending
 
 
+def seal_across_ranks(path: str | os.PathLike, *, key: bytes | None = None, process_group: Any = None, chunk_size: int = DEFAULT_CHUNK_SIZE) -> SealReport:
+    """Seal a checkpoint a writer drill cannot wrap (transformers' Trainer saves through
+    ``torch.save``), right after it was saved: every rank of the job hashes its share of the
+    files — balanced by bytes — in parallel, and rank 0 writes the manifest; a second read of
+    each byte, split over the ranks. Called on every rank (a collective when a process group
+    exists); returns the cost, ``bytes_read_back`` included."""
+    import torch.distributed as dist
+
+    from drill.integrity.hashing import FileHashes
+    from drill.integrity.manifest import MANIFEST_NAME, list_files
+    from drill.integrity.parallel import hash_files
+    from drill.restore.partition import assign
+    from drill.storage import storage_for
+
+    started = time.perf_counter()
+    checkpoint = os.fspath(path)
+    storage = storage_for(checkpoint)
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(process_group), dist.get_world_size(process_group)) if distributed else (0, 1)
+    if distributed:
+        dist.barrier(group=process_group)  # every rank's files are on storage
+    box = [None]
+    if rank == 0:
+        box = [{rel: size for rel, size in list_files(storage, checkpoint).files.items() if rel != MANIFEST_NAME}]
+    if distributed:
+        dist.broadcast_object_list(box, src=dist.get_global_rank(process_group, 0) if process_group is not None else 0, group=process_group)
+    sizes: dict[str, int] = box[0]  # type: ignore[assignment]
+    share = assign(sizes, world)[rank] if world > 1 else sorted(sizes)
+    t = time.perf_counter()
+    mine = hash_files(storage, checkpoint, {rel: sizes[rel] for rel in share}, chunk_size)
+    hashed = (mine, time.perf_counter() - t)
+    gathered = [None] * world if rank == 0 else None
+    if distributed:
+        dist.gather_object(hashed, gathered, dst=dist.get_global_rank(process_group, 0) if process_group is not None else 0, group=process_group)
+    else:
+        gathered = [hashed]
+    report = SealReport()
+    if rank == 0:
+        assert gathered is not None
+        files: dict[str, FileHashes] = {}
+        for part, seconds in gathered:  # type: ignore[misc]
+            report.hash_seconds += seconds
+            for rel, h in part.items():
+                if isinstance(h, OSError):
+                    raise OSError(h.errno, f"cannot seal {checkpoint}: {rel}: {h.strerror or h}")
+                files[rel] = h
+        report.manifest = write_manifest(Path(checkpoint), files, key, chunk_size)
+        report.files, report.bytes, report.keyed = len(files), sum(h.size for h in files.values()), key is not None
+        report.bytes_read_back = report.bytes
+    if distributed:
+        dist.barrier(group=process_group)  # nobody moves on (rotates, resumes) before the seal exists
+    report.save_seconds = time.perf_counter() - started
+    return report
+
+
 def record_save(report: SealReport, checkpoint_id: str | os.PathLike, method: str, db: str | None) -> threading.Thread | None:
     """Record the save (on the coordinator, when a database is named: ``db``, else
     ``$DRILL_DATABASE_URL``) on a background thread that never raises into the trainer: when
@@ -126,4 +184,4 @@ def _write(doc: dict[str, Any], url: str) -> None:
         pass
 
 
-__all__ = ["SealReport", "SealingWriter", "async_save", "record_save", "save"]
+__all__ = ["SealReport", "SealingWriter", "async_save", "record_save", "save", "seal_across_ranks"]
