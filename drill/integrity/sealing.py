@@ -32,7 +32,7 @@ from typing import Any
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import MetadataIndex
-from torch.distributed.checkpoint.storage import WriteResult
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
 from drill.failpoints import failpoint
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, ChunkHasher, FileHashes
@@ -139,84 +139,124 @@ class _HashingStream(io.RawIOBase):
         super().close()
 
 
-class _SealingFileSystem(FileSystem):
-    """DCP's local file system, hashing what it writes and sealing just before the commit."""
+class _SealingFileSystem:
+    """A DCP file system (local, or any other — s3torchconnector's S3 one) wrapped: what it
+    writes is hashed, and the seal is written through it just before the commit."""
 
-    def __init__(self, chunk_size: int) -> None:
-        super().__init__()
+    def __init__(self, inner: Any, chunk_size: int) -> None:
+        self.inner = inner
         self.chunk_size = chunk_size
         self.digests = _RankDigests()
         self.lock = threading.Lock()
         self.before_commit: Any = None
 
     def __getstate__(self) -> dict[str, Any]:  # DCP's process-based async save pickles the writer
-        return {"chunk_size": self.chunk_size}
+        return {"inner": self.inner, "chunk_size": self.chunk_size}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["chunk_size"])  # type: ignore[misc]
+        self.__init__(state["inner"], state["chunk_size"])  # type: ignore[misc]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)  # concat_path, init_path, mkdir, exists, rm_file, …
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         if "w" not in mode:
-            with super().create_stream(path, mode) as raw:
+            with self.inner.create_stream(path, mode) as raw:
                 yield raw
             return
-        with super().create_stream(path, mode) as raw:
+        with self.inner.create_stream(path, mode) as raw:
             stream = _HashingStream(raw, ChunkHasher(self.chunk_size))
             yield stream  # type: ignore[misc]
             stream.close()
-        self._keep(Path(path), stream)
+        self._keep(path, stream)
 
-    def _keep(self, path: Path, stream: _HashingStream) -> None:
+    def _keep(self, path: str | os.PathLike, stream: _HashingStream) -> None:
         failpoint("sealed-file")
         hashes, read_back = stream.hasher.finish(), 0
         if stream.out_of_order:
-            hashes = _hash_file(path, self.chunk_size)
+            hashes = self._hash_file(path)
             read_back = hashes.size
         with self.lock:
-            self.digests.files[path.name] = hashes
+            self.digests.files[_name(path)] = hashes
             self.digests.hash_seconds += stream.hash_seconds
             self.digests.bytes_read_back += read_back
 
+    def _hash_file(self, path: str | os.PathLike) -> FileHashes:
+        hasher = ChunkHasher(self.chunk_size)
+        with self.inner.create_stream(path, "rb") as f:
+            while piece := f.read(self.chunk_size):
+                hasher.update(piece)
+        return hasher.finish()
+
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
-        old, new = Path(path), Path(new_path)
+        old, new = _name(path), _name(new_path)
         with self.lock:
-            if old.name in self.digests.files:
-                self.digests.files[new.name] = self.digests.files.pop(old.name)
-        if new.name == METADATA and self.before_commit is not None:
-            self.before_commit()  # the seal is on disk before the checkpoint is committed
-        super().rename(path, new_path)
+            if old in self.digests.files:
+                self.digests.files[new] = self.digests.files.pop(old)
+        if new == METADATA and self.before_commit is not None:
+            self.before_commit()  # the seal is on storage before the checkpoint is committed
+        self.inner.rename(path, new_path)
+
+    def write_manifest(self, checkpoint: str | os.PathLike, files: dict[str, FileHashes], key: bytes | None) -> str:
+        """``drill-manifest.json`` through the wrapped file system, atomically where it can be
+        (a temporary name drill's listings skip, fsynced, renamed, the directory fsynced)."""
+        data = manifest_bytes(_name(checkpoint), files, key, self.chunk_size)
+        tmp = self.inner.concat_path(checkpoint, f".{MANIFEST_NAME}.{os.getpid()}.tmp")
+        target = self.inner.concat_path(checkpoint, MANIFEST_NAME)
+        with self.inner.create_stream(tmp, "wb") as f:
+            f.write(data)
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            except (AttributeError, OSError, io.UnsupportedOperation):
+                pass  # an object store: the upload completes when the stream closes
+        if self.inner.exists(target):
+            self.inner.rm_file(target)
+        self.inner.rename(tmp, target)
+        if os.path.isdir(os.fspath(checkpoint)):
+            directory = os.open(os.fspath(checkpoint), os.O_RDONLY)
+            try:
+                os.fsync(directory)  # the rename itself is durable before .metadata commits the checkpoint
+            finally:
+                os.close(directory)
+        return str(target)
 
 
-def _hash_file(path: Path, chunk_size: int) -> FileHashes:
-    hasher = ChunkHasher(chunk_size)
-    with open(path, "rb") as f:
-        while piece := f.read(chunk_size):
-            hasher.update(piece)
-    return hasher.finish()
+def _name(path: str | os.PathLike) -> str:
+    return os.fspath(path).rstrip("/").rsplit("/", 1)[-1]
 
 
-class SealingWriter(FileSystemWriter):
-    """``FileSystemWriter`` that seals the checkpoint as it writes it (see the module).
+class _Sealing:
+    """What makes a ``FileSystemWriter`` (or a subclass: s3torchconnector's ``S3StorageWriter``)
+    seal as it writes: its file system wrapped, its digests carried to the coordinator, the
+    manifest written before ``.metadata`` commits."""
 
-    ``key``: the seal key (bytes, see :func:`drill.integrity.keys.load_key`) for a keyed seal.
-    Every other argument is ``FileSystemWriter``'s."""
+    fs: Any
+    path: Any
+    key: bytes | None
+    report: SealReport
 
-    def __init__(self, path: str | os.PathLike, *args: Any, key: bytes | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE, **kwargs: Any) -> None:
-        super().__init__(path, *args, **kwargs)
-        self.fs = _SealingFileSystem(chunk_size)
+    def _init_sealing(self, key: bytes | None, chunk_size: int) -> None:
+        self.fs = _SealingFileSystem(self.fs, chunk_size)
         self.key = key
         self.report = SealReport()
 
+    def _base_reset(self, checkpoint_id: Any) -> None: ...
+    def _base_write_data(self, plan: Any, planner: Any) -> Any: ...
+    def _base_finish(self, metadata: Any, results: Any) -> None: ...
+
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        super().reset(checkpoint_id)
+        self._base_reset(checkpoint_id)
         self.fs.digests = _RankDigests(started=time.perf_counter())
         self.report = SealReport()
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         if not self.fs.digests.started:
             self.fs.digests.started = time.perf_counter()
-        future = super().write_data(plan, planner)
+        future = self._base_write_data(plan, planner)
         results = list(future.value())
         with self.fs.lock:
             mine = self.fs.digests
@@ -240,38 +280,107 @@ class SealingWriter(FileSystemWriter):
         def seal_now() -> None:
             with self.fs.lock:
                 files.update(self.fs.digests.files)  # .metadata, written by this coordinator
-            report.manifest = write_manifest(Path(self.path), files, self.key, self.fs.chunk_size)
+            report.manifest = self.fs.write_manifest(self.path, files, self.key)
             report.files, report.bytes, report.keyed = len(files), sum(h.size for h in files.values()), self.key is not None
 
         self.fs.before_commit = seal_now
         try:
-            super().finish(metadata, clean)
+            self._base_finish(metadata, clean)
         finally:
             self.fs.before_commit = None
         report.hash_seconds += self.fs.digests.hash_seconds
         report.save_seconds = time.perf_counter() - started
 
 
-def write_manifest(checkpoint: Path, files: dict[str, FileHashes], key: bytes | None, chunk_size: int) -> str:
-    """``drill-manifest.json``, atomically (a temporary name drill's listings skip, then a rename)."""
+class SealingWriter(_Sealing, FileSystemWriter):
+    """``FileSystemWriter`` that seals the checkpoint as it writes it (see the module).
+
+    ``key``: the seal key (bytes, see :func:`drill.integrity.keys.load_key`) for a keyed seal.
+    Every other argument is ``FileSystemWriter``'s."""
+
+    def __init__(self, path: str | os.PathLike, *args: Any, key: bytes | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        self._init_sealing(key, chunk_size)
+
+    _base_reset = FileSystemWriter.reset
+    _base_write_data = FileSystemWriter.write_data
+    _base_finish = FileSystemWriter.finish
+
+
+class _SealedWriter(_Sealing, StorageWriter):
+    """Another ``FileSystemWriter`` (s3torchconnector's ``S3StorageWriter``…) sealing as it
+    writes: every call goes to it, its file system wrapped (see :func:`sealing`)."""
+
+    def __init__(self, inner: Any, key: bytes | None, chunk_size: int) -> None:
+        self.inner = inner
+        self._init_sealing(key, chunk_size)
+
+    @property
+    def fs(self) -> Any:  # type: ignore[override]
+        return self.inner.fs
+
+    @fs.setter
+    def fs(self, value: Any) -> None:
+        self.inner.fs = value
+
+    @property
+    def path(self) -> Any:  # type: ignore[override]
+        return self.inner.path
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)  # stage, storage_meta, checkpoint_id, … (DCP's async staging included)
+
+    def _base_reset(self, checkpoint_id: Any) -> None:
+        self.inner.reset(checkpoint_id)
+
+    def _base_write_data(self, plan: Any, planner: Any) -> Any:
+        return self.inner.write_data(plan, planner)
+
+    def _base_finish(self, metadata: Any, results: Any) -> None:
+        self.inner.finish(metadata, results)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.inner.set_up_storage_writer(is_coordinator, *args, **kwargs)
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        return self.inner.prepare_local_plan(plan)
+
+    def prepare_global_plan(self, plans: Any) -> Any:
+        return self.inner.prepare_global_plan(plans)
+
+    def storage_meta(self) -> Any:
+        return self.inner.storage_meta()
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return True  # the wrapped writer's own check runs in its reset
+
+
+def sealing(writer: Any, *, key: bytes | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Any:
+    """A ``FileSystemWriter`` of any kind — s3torchconnector's ``S3StorageWriter``, writing
+    straight to S3, included — sealing as it writes: hand DCP the writer this returns."""
+    if isinstance(writer, _Sealing):
+        return writer
+    if not isinstance(writer, FileSystemWriter):
+        raise TypeError(f"{type(writer).__name__} is not a FileSystemWriter: drill seals what DCP's file-system writers write")
+    return _SealedWriter(writer, key, chunk_size)
+
+
+def manifest_bytes(name: str, files: dict[str, FileHashes], key: bytes | None, chunk_size: int) -> bytes:
+    """The manifest of these files, as ``drill seal`` writes it."""
     from drill.checkpoints import step_of
 
-    entries = [FileEntry(name, h.size, h.digest, tuple(h.chunk_hex)) for name, h in sorted(files.items())]
-    manifest = Manifest(step=step_of(checkpoint.name), chunk_size=chunk_size, files=entries, frameworks=frameworks())
+    entries = [FileEntry(rel, h.size, h.digest, tuple(h.chunk_hex)) for rel, h in sorted(files.items())]
+    manifest = Manifest(step=step_of(name), chunk_size=chunk_size, files=entries, frameworks=frameworks())
     manifest.key_id = key_id(key) if key is not None else None
-    target = checkpoint / MANIFEST_NAME
-    tmp = checkpoint / f".{MANIFEST_NAME}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(manifest.to_json(key))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    directory = os.open(checkpoint, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself is durable before .metadata commits the checkpoint
-    finally:
-        os.close(directory)
-    return str(target)
+    return manifest.to_json(key)
 
 
-__all__ = ["SealReport", "SealingWriter", "write_manifest"]
+def write_manifest(checkpoint: Path, files: dict[str, FileHashes], key: bytes | None, chunk_size: int) -> str:
+    """``drill-manifest.json`` into a local checkpoint directory, atomically."""
+    return _SealingFileSystem(FileSystem(), chunk_size).write_manifest(checkpoint, files, key)
+
+
+__all__ = ["SealReport", "SealingWriter", "manifest_bytes", "sealing", "write_manifest"]

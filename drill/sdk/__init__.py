@@ -31,8 +31,8 @@ from drill.sdk.resume import CheckpointCorrupt, LoadReport, last_good, load, ver
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
-    """``save``, ``async_save``, ``SealingWriter``, ``SealReport``: imported on first use (they import torch)."""
-    if name in ("save", "async_save", "SealingWriter", "SealReport"):
+    """``save``, ``async_save``, ``SealingWriter``, ``sealing``, ``SealReport``: imported on first use (they import torch)."""
+    if name in ("save", "async_save", "SealingWriter", "SealReport", "sealing"):
         import importlib
 
         return getattr(importlib.import_module("drill.sdk.sealed"), name)
@@ -44,5 +44,5 @@ from drill.runlog.steplog import STEP_LOG, StepLog, StepRecord, read_step_log
 
 __all__ = [
     "STEP_LOG", "CheckpointCorrupt", "LoadReport", "SealConflict", "SealReport", "SealResult", "SealingWriter", "StepLog", "StepRecord", "StorageProblem",
-    "async_save", "last_good", "load", "load_key", "read_run_file", "read_step_log", "save", "seal", "verified",
+    "async_save", "last_good", "load", "load_key", "read_run_file", "read_step_log", "save", "seal", "sealing", "verified",
 ]  # fmt: skip

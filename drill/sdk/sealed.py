@@ -22,12 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
-from drill.integrity.sealing import SealingWriter, SealReport, write_manifest
+from drill.integrity.sealing import SealingWriter, SealReport, sealing, write_manifest
 
 DATABASE_ENV = "DRILL_DATABASE_URL"
 
 
-def _writer(checkpoint_id: str | os.PathLike, key: bytes | None, writer_options: dict[str, Any]) -> SealingWriter:
+def _writer(checkpoint_id: str | os.PathLike, key: bytes | None, writer_options: dict[str, Any]) -> Any:
+    """A SealingWriter; or, given ``storage_writer`` (s3torchconnector's ``S3StorageWriter``…), that writer sealing as it writes."""
+    if "storage_writer" in writer_options:
+        return sealing(writer_options.pop("storage_writer"), key=key)
     return SealingWriter(checkpoint_id, key=key, **writer_options)
 
 
@@ -44,12 +47,15 @@ def save(
 ) -> SealReport:
     """``dcp.save`` sealed at write time. Returns what the seal cost (on the coordinator; other
     ranks get an empty report). Keyword arguments ``dcp.save`` knows (``no_dist``, …) go to it;
-    the rest to ``FileSystemWriter`` (``thread_count``, ``sync_files``, …)."""
+    the rest to ``FileSystemWriter`` (``thread_count``, ``sync_files``, …). ``storage_writer``:
+    another file-system writer to seal through — s3torchconnector's ``S3StorageWriter`` writes
+    straight to S3."""
     import torch.distributed.checkpoint as dcp
 
     db = kwargs.pop("db", None)
+    inner = kwargs.pop("storage_writer", None)
     dcp_kwargs, writer_options = _split(dcp.save, kwargs)
-    writer = _writer(checkpoint_id, key, writer_options)
+    writer = _writer(checkpoint_id, key, writer_options if inner is None else {"storage_writer": inner})
     dcp.save(state_dict, checkpoint_id=checkpoint_id, storage_writer=writer, planner=planner, process_group=process_group, **dcp_kwargs)
     writer.report.recorder = record_save(writer.report, checkpoint_id, "writer", db)
     return writer.report
@@ -65,8 +71,9 @@ def async_save(
     import torch.distributed.checkpoint as dcp
 
     db = kwargs.pop("db", None)
+    inner = kwargs.pop("storage_writer", None)
     dcp_kwargs, writer_options = _split(dcp.async_save, kwargs)
-    writer = _writer(checkpoint_id, key, writer_options)
+    writer = _writer(checkpoint_id, key, writer_options if inner is None else {"storage_writer": inner})
     pending = dcp.async_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=writer, planner=planner, process_group=process_group, **dcp_kwargs)
     done = getattr(pending, "upload_completion", pending)
 
@@ -184,4 +191,4 @@ def _write(doc: dict[str, Any], url: str) -> None:
         pass
 
 
-__all__ = ["SealReport", "SealingWriter", "async_save", "record_save", "save", "seal_across_ranks"]
+__all__ = ["SealReport", "SealingWriter", "async_save", "record_save", "save", "seal_across_ranks", "sealing"]
