@@ -51,12 +51,24 @@ class GoodputRow:
     """τ/2M: work redone after failures."""
     restart_fraction: float
     """R/M: time restarting — what restore latency costs."""
-    idle_gpu_hours_per_day: float
-    stall_gpu_hours_per_day: float
-    """The restart share alone."""
-    stall_cost_per_day: float | None
+    wasted_gpu_hours_per_day: float
+    """Every part together: GPU-hours a day spent not training."""
+    checkpoint_stall_gpu_hours_per_day: float
+    """The C/τ part: GPUs idle while the blocking save runs."""
+    rework_gpu_hours_per_day: float
+    restart_gpu_hours_per_day: float
+    """The R/M part: what restore latency costs."""
+    checkpoint_stall_cost_per_day: float | None
+    """The blocking saves' idle GPUs, priced (16,384 GPUs at $2.35/GPU-h, 60 s every 15 min: ≈$61.6K)."""
+    checkpoint_stall_cost_per_year: float | None
+    rework_cost_per_day: float | None
+    restart_cost_per_day: float | None
     total_waste_cost_per_day: float | None
     total_waste_cost_per_year: float | None
+
+    @property
+    def checkpoints_per_day(self) -> float:
+        return 86400 / self.interval_s
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -109,9 +121,14 @@ def goodput(
         checkpoint_fraction=save,
         rework_fraction=rework,
         restart_fraction=restart,
-        idle_gpu_hours_per_day=waste * gpu_hours_per_day,
-        stall_gpu_hours_per_day=restart * gpu_hours_per_day,
-        stall_cost_per_day=cost(restart),
+        wasted_gpu_hours_per_day=waste * gpu_hours_per_day,
+        checkpoint_stall_gpu_hours_per_day=save * gpu_hours_per_day,
+        rework_gpu_hours_per_day=rework * gpu_hours_per_day,
+        restart_gpu_hours_per_day=restart * gpu_hours_per_day,
+        checkpoint_stall_cost_per_day=cost(save),
+        checkpoint_stall_cost_per_year=None if cost(save) is None else cost(save) * 365,  # type: ignore[operator]
+        rework_cost_per_day=cost(rework),
+        restart_cost_per_day=cost(restart),
         total_waste_cost_per_day=total_day,
         total_waste_cost_per_year=None if total_day is None else total_day * 365,
     )

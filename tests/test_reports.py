@@ -217,7 +217,7 @@ def test_goodput_follows_young_daly() -> None:
     assert row.interval_s == pytest.approx(tau) and row.mtbf_hours == pytest.approx(m / 3600)
     assert row.waste_fraction == pytest.approx(60 / tau + (tau / 2 + 600) / m)
     assert row.total_waste_cost_per_day == pytest.approx(row.waste_fraction * 16384 * 24 * 2.0)
-    assert row.stall_cost_per_day == pytest.approx(600 / m * 16384 * 24 * 2.0)
+    assert row.restart_cost_per_day == pytest.approx(600 / m * 16384 * 24 * 2.0)
     assert goodput(gpus=4096, blocking_s=60, restart_s=0).mtbf_hours == pytest.approx(4 * m / 3600)  # 1/N
     fixed = goodput(gpus=16384, blocking_s=60, restart_s=600, interval_s=3600)
     assert not fixed.optimal_interval and fixed.waste_fraction > row.waste_fraction  # τ* is the optimum
@@ -227,10 +227,10 @@ def test_goodput_cli_table_json_and_errors() -> None:
     res = invoke(CliRunner(), "goodput", "--json", "--gpus", "4096", "--gpus", "16384", "--gpus", "65536", "--blocking-s", "30", "--restart-s", "300", "--restart-s", "900")
     rows = json.loads(res.stdout)["rows"]
     assert [(r["gpus"], r["restart_s"]) for r in rows] == [(4096, 300), (4096, 900), (16384, 300), (16384, 900), (65536, 300), (65536, 900)]
-    assert {"gpus", "mtbf_hours", "blocking_s", "restart_s", "interval_s", "waste_fraction", "stall_cost_per_day", "total_waste_cost_per_day"} <= set(rows[0])
-    assert rows[0]["stall_cost_per_day"] is None  # no price, no cost
+    assert {"gpus", "mtbf_hours", "blocking_s", "restart_s", "interval_s", "waste_fraction", "checkpoint_stall_cost_per_day", "restart_cost_per_day", "total_waste_cost_per_day"} <= set(rows[0])
+    assert rows[0]["restart_cost_per_day"] is None and rows[0]["checkpoint_stall_cost_per_day"] is None  # no price, no cost
     table = invoke(CliRunner(), "goodput", "--price-per-gpu-hour", "2")
-    assert table.exit_code == 0 and "65,536" in table.stdout and "waste $/year" in table.stdout
+    assert table.exit_code == 0 and "65,536" in table.stdout and "$/year" in table.stdout and "ckpt stall" in table.stdout
     for args, message in (
         (["--gpus", "-8"], "--gpus must be a whole number"),
         (["--mtbf-hours", "0"], "--mtbf-hours must be a positive number"),
@@ -297,3 +297,19 @@ def test_a_run_with_one_drill_gets_a_sentence_not_a_chart_of_one_dot(demo_run: P
     _drill(demo_run, sqlite_url)
     html = _report(sqlite_url, "-f", "html")
     assert 'class="chart"' not in html and "One drill in the window" in html and 'class="strip"' in html
+
+
+def test_goodput_prices_the_checkpoint_stall_apart_from_restarts_and_rework(cli) -> None:  # type: ignore[no-untyped-def]
+    """The model's own source figure: 16,384 GPUs at $2.35/GPU-h, a 60 s blocking save every
+    15 min: 96 stalls a day, ≈$61.6K/day and ≈$22.5M/year of idle GPUs — apart from restarts."""
+    from tests.conftest import invoke
+
+    args = ["goodput", "--gpus", "16384", "--interval-s", "900", "--blocking-s", "60", "--price-per-gpu-hour", "2.35"]
+    res = invoke(cli, *args, "--json")
+    (row,) = json.loads(res.stdout)["rows"]
+    assert row["checkpoint_stall_cost_per_day"] == pytest.approx(16384 * 2.35 * 96 * 60 / 3600)  # $61,604
+    assert row["checkpoint_stall_cost_per_year"] == pytest.approx(row["checkpoint_stall_cost_per_day"] * 365)
+    parts = row["checkpoint_stall_cost_per_day"] + row["rework_cost_per_day"] + row["restart_cost_per_day"]
+    assert parts == pytest.approx(row["total_waste_cost_per_day"])
+    res = invoke(cli, *args)
+    assert res.exit_code == 0 and "$61.6K" in res.stdout and "$22.5M" in res.stdout and "ckpt stall" in res.stdout

@@ -282,25 +282,31 @@ def render_scheduler(console: Console, state: dict[str, Any]) -> None:
 
 
 def render_goodput(console: Console, rows: list, *, priced: bool) -> None:  # type: ignore[type-arg]
-    """``drill goodput``'s table: one row per combination of GPUs, C and R."""
+    """``drill goodput``'s table: one row per combination of GPUs, C and R; priced, each part of
+    the waste apart — the blocking saves' stall, the rework, the restarts — and their total."""
     table = _table(header_style="bold")
-    cols = ["GPUs", "MTBF", "C", "R", "interval", "waste", "restart share", "idle GPU-h/day"]
+    cols = ["GPUs", "MTBF", "C", "R", "interval", "saves/day", "waste", "restart share", "wasted GPU-h/day"]
     if priced:
-        cols += ["restart $/day", "waste $/day", "waste $/year"]
+        cols += ["ckpt stall $/day", "ckpt stall $/year", "rework $/day", "restart $/day", "waste $/day", "waste $/year"]
     for col in cols:
         table.add_column(col, justify="right")
     for r in rows:
         cells = [
             f"{r.gpus:,}", f"{r.mtbf_hours:.2f} h", human_seconds(r.blocking_s), human_seconds(r.restart_s),
-            human_seconds(r.interval_s) + ("" if r.optimal_interval else " (fixed)"), f"{100 * r.waste_fraction:.2f}%",
-            f"{100 * r.restart_fraction:.2f}%", f"{r.idle_gpu_hours_per_day:,.0f}",
+            human_seconds(r.interval_s) + ("" if r.optimal_interval else " (fixed)"), f"{r.checkpoints_per_day:,.0f}",
+            f"{100 * r.waste_fraction:.2f}%", f"{100 * r.restart_fraction:.2f}%", f"{r.wasted_gpu_hours_per_day:,.0f}",
         ]  # fmt: skip
         if priced:
-            cells += [f"${r.stall_cost_per_day:,.0f}", f"${r.total_waste_cost_per_day:,.0f}", f"${r.total_waste_cost_per_year:,.0f}"]
+            cells += [_usd(v) for v in (r.checkpoint_stall_cost_per_day, r.checkpoint_stall_cost_per_year, r.rework_cost_per_day,
+                                        r.restart_cost_per_day, r.total_waste_cost_per_day, r.total_waste_cost_per_year)]  # fmt: skip
         table.add_row(*cells)
     console.print(table)
     if any(not r.valid for r in rows):
         console.print("note: rows where the interval reaches the MTBF or waste reaches 100% are outside the first-order model", markup=False, style="dim")
+
+
+def _usd(v: float) -> str:
+    return f"${v / 1e6:,.1f}M" if v >= 1e6 else f"${v / 1e3:,.1f}K" if v >= 1e4 else f"${v:,.0f}"
 
 
 def _age(t: Any) -> str:

@@ -14,7 +14,7 @@ from drill.errors import UsageError
 Since = Annotated[str, typer.Option("--since", help="Start of the window: a date (2026-11-01), a time (2026-11-01T06:00Z), a duration back from now (30d, 12h), or 'all'.")]
 Until = Annotated[str | None, typer.Option("--until", help="End of the window (exclusive; a date means the end of that day), as --since takes it. Default: now.")]
 GpusOption = Annotated[list[int] | None, typer.Option("--gpus", help="Job size in GPUs (repeatable). Default: 4096, 16384, 65536.")]
-PriceOption = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Adds idle GPU cost per day and per year.")]
+PriceOption = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Prices each part: the blocking saves' stall, rework, restarts, and their total, per day and per year.")]
 NoListOption = Annotated[bool, typer.Option("--no-list", help="Do not list run roots on storage: take retained checkpoints from the record.")]
 ListTimeout = Annotated[float, typer.Option("--timeout", help="Seconds each run's storage listing may take before the report falls back to the record for it.")]
 SUFFIXES = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json", ".csv": "csv"}

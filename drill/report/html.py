@@ -237,14 +237,14 @@ def _goodput(g: GoodputSection) -> str:
     r = g.restart
     rows = [
         [f"{row.gpus:,}", f"{row.mtbf_hours:.2f} h", t.seconds(row.interval_s), f"{100 * row.waste_fraction:.2f}%", f"{100 * row.restart_fraction:.2f}%",
-         f"{row.idle_gpu_hours_per_day:,.0f}", f"{row.stall_gpu_hours_per_day:,.0f}", t.money(row.stall_cost_per_day), t.money(row.total_waste_cost_per_day)]
+         f"{row.wasted_gpu_hours_per_day:,.0f}", f"{row.restart_gpu_hours_per_day:,.0f}", t.money(row.restart_cost_per_day), t.money(row.total_waste_cost_per_day)]
         for row in g.rows
     ]  # fmt: skip
     return (
         "<h3>What your measured restore time costs</h3>"
         f"<p>R = <b>{r.restart_s:.1f} s</b> ({escape(r.how)}); blocking checkpoint C = {g.blocking_s:g} s; failures at Llama 3 405B's rate "
         "(419 interruptions in 54 days on 16,384 GPUs) scaled to each size; checkpoint interval at Young/Daly's optimum τ* = √(2CM).</p>"
-        + _table(["GPUs", "MTBF", "τ*", "waste", "restart share", "idle GPU-h/day", "restart GPU-h/day", "restart $/day", "waste $/day"],
+        + _table(["GPUs", "MTBF", "τ*", "waste", "restart share", "wasted GPU-h/day", "restart GPU-h/day", "restart $/day", "waste $/day"],
                  [[escape(c) for c in row] for row in rows], set(range(9)))
     )  # fmt: skip
 

@@ -136,9 +136,9 @@ def _goodput(g: GoodputSection) -> list[str]:
         "",
     ]
     return lines + _table(
-        ["GPUs", "MTBF", "interval τ*", "waste", "restart share", "idle GPU-h/day", "restart stall $/day", "total waste $/day"],
+        ["GPUs", "MTBF", "interval τ*", "waste", "restart share", "wasted GPU-h/day", "restart $/day", "total waste $/day"],
         [[f"{row.gpus:,}", f"{row.mtbf_hours:.2f} h", t.seconds(row.interval_s), f"{100 * row.waste_fraction:.2f}%",
-          f"{100 * row.restart_fraction:.2f}%", f"{row.idle_gpu_hours_per_day:,.0f}", t.money(row.stall_cost_per_day),
+          f"{100 * row.restart_fraction:.2f}%", f"{row.wasted_gpu_hours_per_day:,.0f}", t.money(row.restart_cost_per_day),
           t.money(row.total_waste_cost_per_day)] for row in g.rows],
     )  # fmt: skip
 
