@@ -115,3 +115,32 @@ def test_symlink_leading_out_is_refused(demo_run: Path, tmp_path: Path) -> None:
     shard.symlink_to(outside)
     result = restore(LocalStorage(), ref, torch.device("cpu"))
     assert [f.relative_path for f in result.files if f.error_kind == "escapes"] == ["__0_0.distcp"]
+
+
+def test_a_cold_drill_drops_the_checkpoint_from_the_page_cache_and_says_so(demo_run, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--cold: every file of the checkpoint is dropped from the page cache before the restore
+    (mincore says none of it is resident), so the restore reads from the disk — and afterwards
+    it is resident again, read by the drill. A warm drill says how much was cached."""
+    import json as _json
+    import subprocess as _sp
+    import sys as _sys
+
+    from drill.storage.pagecache import resident_bytes
+
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    ckpt = sorted(p for p in demo_run.iterdir() if p.name.startswith("step-"))[-1]
+    files = [p for p in ckpt.iterdir() if p.is_file() and p.name != "drill-manifest.json"]
+    for p in files:
+        p.read_bytes()  # warm
+    assert sum(resident_bytes(str(p)) for p in files) > 0
+    res = _sp.run([_sys.executable, "-m", "drill", "run", "--root", str(demo_run), "--db", db, "--no-replay", "--cold", "--json", "-q"], capture_output=True, text=True)
+    doc = _json.loads(res.stdout)
+    assert doc["status"] == "passed" and "--cold" in doc["options"]["flags"] and doc["options"]["cold"] is True
+    cache = doc["page_cache"]
+    assert cache["cold"] is True and cache["resident"] == 0 and cache["bytes"] == sum(p.stat().st_size for p in files)
+    assert sum(resident_bytes(str(p)) for p in files) > 0  # the drill's own read brought them back
+    res = _sp.run([_sys.executable, "-m", "drill", "run", "--root", str(demo_run), "--db", db, "--no-replay", "--json", "-q"], capture_output=True, text=True)
+    warm = _json.loads(res.stdout)["page_cache"]
+    assert warm["cold"] is False and warm["resident"] > 0
+    show = _sp.run([_sys.executable, "-m", "drill", "show", str(doc["id"]), "--db", db], capture_output=True, text=True).stdout
+    assert "read from" in show and "cold: 0 B (0%)" in show

@@ -152,6 +152,21 @@ def render_history(console: Console, drills: list[DrillOutcome]) -> None:
     console.print(table)
 
 
+def describe_cache(cache: dict[str, Any] | None) -> str:
+    """``cold: 0 B of 1.1 GB cached after the drop (…)``, ``warm: 100% of 1.1 GB cached (…)``."""
+    if not cache:
+        return "-"
+    kind = "cold" if cache.get("cold") else "warm"
+    if "error" in cache:
+        return f"{kind} asked; the cache could not be read: {cache['error']}"
+    if cache.get("resident") is None:
+        return f"{kind}: {cache.get('how')}"
+    total, resident = cache.get("bytes") or 0, cache["resident"]
+    share = f"{100 * resident / total:.0f}%" if total else "0%"
+    when = "after the drop" if cache.get("cold") else "when the restore began"
+    return f"{kind}: {human_bytes(resident)} ({share}) of {human_bytes(total)} cached {when} ({cache.get('how')})"
+
+
 def render_drill(console: Console, o: DrillOutcome) -> None:
     """What ``drill show`` prints: the record in full — evidence, replay steps, alerts."""
     ck = o.checkpoint
@@ -169,6 +184,7 @@ def render_drill(console: Console, o: DrillOutcome) -> None:
         ("checks / replay", f"{human_seconds(o.timings.checks)} / {human_seconds(o.timings.replay)}"),
         ("first step", f"{human_seconds(o.timings.ttfs)} (replay {o.replay.verdict if o.replay else 'not run'})"),
         ("read", f"{human_bytes(o.bytes_read)} at {human_rate(o.throughput_bps)}"),
+        ("read from", describe_cache(o.page_cache)),
         ("proof", proof_of(o).describe()),
         ("SLO", _slo(o)),
         ("versions", ", ".join(f"{k} {v}" for k, v in o.versions.items())),

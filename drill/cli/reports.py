@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from datetime import datetime, timezone
 from typing import Annotated
@@ -191,11 +192,17 @@ def _measured(policy: str, since: datetime | None, checkpoint_bytes: str | None,
 
     size = flag("--checkpoint-bytes", parse_size, checkpoint_bytes) if checkpoint_bytes else None
     rate = flag("--restore-bandwidth", parse_size, bandwidth.removesuffix("/s")) if bandwidth else None
-    drills = history(db=db, policy=policy, since=since, limit=100_000)
-    samples = [(d.timings.ttfs, d.timings.restore) for d in drills if d.timings.ttfs is not None]
-    if not samples:
+    drills = [d for d in history(db=db, policy=policy, since=since, limit=100_000) if d.timings.ttfs is not None]
+    if not drills:
         raise UsageError(f"--policy {policy}: no drill of it has a time to first step in the window (run one with its replay enabled)")
+    cold = [d for d in drills if d.page_cache and d.page_cache.get("cold")]
+    samples = [(d.timings.ttfs, d.timings.restore) for d in cold or drills]
     try:
-        return measured_restart(samples, checkpoint_bytes=size, bandwidth=rate)  # type: ignore[arg-type]
+        measured = measured_restart(samples, checkpoint_bytes=size, bandwidth=rate)  # type: ignore[arg-type]
     except GoodputError as exc:
         raise UsageError(str(exc)) from None
+    if cold:
+        return dataclasses.replace(measured, how=f"{measured.how}, from its {len(cold)} cold drill(s) (page cache dropped first, as a restart reads)")
+    return dataclasses.replace(
+        measured, how=f"{measured.how} — warm: these drills read from the page cache, a restart reads cold; run cold ones (drill run --cold, checkpoints.cold: true)"
+    )

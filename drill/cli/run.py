@@ -48,6 +48,7 @@ Atol = Annotated[float | None, typer.Option("--atol", help="Absolute tolerance f
 NoReplay = Annotated[bool, typer.Option("--no-replay", help="Skip the replay (the drill then proves restore only).")]
 MemoryBudget = Annotated[str | None, typer.Option("--memory-budget", help="Most the restored state may occupy (e.g. 16GiB); default: what the device has free.")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds the whole drill may take before it ends as an error (a hung mount).")]
+Cold = Annotated[bool, typer.Option("--cold", help="Drop the checkpoint's pages from the page cache first: a cold restore from the storage, as a restart's.")]
 Durable = Annotated[str | None, typer.Option("--durable", help="The run's copy on a durable tier (e.g. s3://bucket/run7): verify the drilled checkpoint's copy there too.")]
 RankTimeout = Annotated[
     float, typer.Option("--rank-timeout", help="Under torchrun/srun: seconds a rank may lag behind the others before it counts as dead or hung.")
@@ -86,6 +87,7 @@ def run(
     timeout: Timeout = 3600.0,
     memory_budget: MemoryBudget = None,
     durable: Durable = None,
+    cold: Cold = False,
     rank_timeout: RankTimeout = 600.0,
     lost_after: LostAfter = 15.0,
     verdict_file: VerdictFileOption = None,
@@ -227,6 +229,7 @@ def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
         timeout=opts["timeout"],
         memory_budget=opts["memory_budget"],
         durable=opts["durable"],
+        cold=opts["cold"],
     )
 
 

@@ -109,6 +109,10 @@ class DrillOutcome:
     distributed: dict[str, Any] | None = None
     """A drill run by many ranks: world size, per-rank files, bytes and seconds, the byte
     balance, the slowest rank and why (see :func:`drill.dist.restore.figures`)."""
+    page_cache: dict[str, Any] | None = None
+    """Where the restore read from: ``{"cold": bool, "bytes", "resident", "how"}`` — the bytes
+    of the checkpoint this host held cached when the restore began (after the drop, for a cold
+    drill; None for object storage, which caches nothing here)."""
     job_id: str | None = None
     """The batch job that ran the drill (``slurm:1234``), when ``drill submit`` launched it."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -162,6 +166,7 @@ class DrillOutcome:
             "versions": self.versions,
             "alerts": self.alerts,
             "distributed": self.distributed,
+            "page_cache": self.page_cache,
             "job_id": self.job_id,
             "options": self.options,
             "proof": proof_of(self).to_dict(),
@@ -204,6 +209,7 @@ class DrillOutcome:
             versions=dict(doc.get("versions") or {}),
             alerts=list(doc.get("alerts") or []),
             distributed=doc.get("distributed"),
+            page_cache=doc.get("page_cache"),
             job_id=doc.get("job_id"),
             options=dict(doc.get("options") or {}),
         )

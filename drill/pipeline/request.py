@@ -44,6 +44,9 @@ class DrillRequest:
     storage_options: dict[str, Any] = field(default_factory=dict)
     """Object-store settings (``endpoint_url``, ``region``, ``profile``, ``addressing_style``,
     ``concurrency``, ``part_size``); the environment fills in the rest."""
+    cold: bool = False
+    """Drop the checkpoint's files from this host's page cache before restoring them: the
+    restore reads from the storage, as a restart does (the record says cold or warm)."""
     durable: str | None = None
     """The run root's copy on a durable tier (``s3://bucket/run7``): the drilled checkpoint's
     copy there is verified against the same manifest (did the drain finish?)."""
@@ -136,6 +139,8 @@ class DrillRequest:
         out += [a for name in self.allow_classes for a in ("--allow-class", name)]
         if self.require_sealed:
             out.append("--require-sealed")
+        if self.cold:
+            out.append("--cold")
         return out + _replay_flags(self.replay, d.replay)
 
     def options(self) -> dict[str, Any]:
@@ -148,6 +153,7 @@ class DrillRequest:
             "required_parts": list(self.expectations.required_parts) if self.expectations.required_parts is not None else None,
             "replay": self.replay.enabled,
             "slo": self.slo.to_dict() if self.slo is not None else None,
+            "cold": self.cold,
         }
 
 

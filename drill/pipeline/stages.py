@@ -30,7 +30,7 @@ from drill.checks.replay import replay_rows
 from drill.claims import evidence_of
 from drill.device import resolve_device
 from drill.discover import discover
-from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError
+from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError, one_line
 from drill.findings import CheckResult, CheckStatus, not_run
 from drill import formats
 from drill.formats import resolve_format
@@ -383,6 +383,7 @@ def restore_stage(d: Drill) -> list[CheckResult]:
         allow_classes=d.request.allow_classes,
         memory_budget=d.request.memory_budget,
     )
+    d.outcome.page_cache = _page_cache(d, ref)  # off the clock: dropping pages is not the restore
     started = time.perf_counter()
     result = adapter.restore(d.storage, ref, ctx) if d.dist is None else ranks.restore_across_ranks(d, adapter, ctx)
     if result is None:  # a rank other than 0: its share is done
@@ -461,6 +462,20 @@ def _replay(d: Drill) -> ReplayOutcome:
     return run_replay(
         spec=request.replay, run_dir=replay_dir(d), checkpoint=ref.uri, step=d.restored_step, device=str(d.device), storage_options=request.storage_options
     )
+
+
+def _page_cache(d: Drill, ref: CheckpointRef) -> dict[str, Any]:
+    """Cold: drop the checkpoint's pages from this host's cache first; warm: say how much of it
+    is cached. Either way the record says where the restore read from; a host that cannot say
+    (no mincore, a file that vanished) records why, and the drill goes on."""
+    try:
+        plan = d.inputs.plan
+        sizes = plan.on_storage if plan is not None else list_files(d.storage, ref.uri).files
+        uris = [d.storage.child(ref.uri, rel) for rel in sorted(sizes)]
+        state = d.storage.evict(uris) if d.request.cold else d.storage.cached(uris)
+        return {"cold": d.request.cold, **state.to_dict()}
+    except (OSError, ValueError) as exc:
+        return {"cold": d.request.cold, "error": one_line(exc)}
 
 
 def _restored_step(state: dict, fallback: int | None) -> int | None:  # type: ignore[type-arg]

@@ -103,7 +103,7 @@ STR, INT, BOOL, NUM = _typed(str, "a string"), _typed(int, "an integer"), _typed
 # section → {key: converter}: the value's type and units. What a value may be is the
 # dataclass's business (its __post_init__), so the rules live in one place.
 SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
-    "checkpoints": {"root": STR, "format": STR, "keep_last": INT, "durable": STR, "scratch": STR, "s3": _mapping_value},
+    "checkpoints": {"root": STR, "format": STR, "keep_last": INT, "durable": STR, "scratch": STR, "s3": _mapping_value, "cold": BOOL},
     "selection": {"strategy": STR, "step": INT, "window": _duration, "settle": _duration, "seed": INT},
     "schedule": {"cron": STR, "timezone": STR, "start_window": _duration},
     "contract": {"allow_missing": _parts_list, "require": _parts_list, "finite_scan": STR, "allow_classes": _str_list},

@@ -50,6 +50,9 @@ class Checkpoints:
     durable: str | None = None
     """The run's copy on a durable tier (``s3://bucket/run7``), verified against the same
     manifest as the drilled checkpoint: did the drain finish, is the copy identical?"""
+    cold: bool = False
+    """Drop the checkpoint's pages from the page cache before the restore: a cold read from
+    the storage, as a restart's (R for goodput comes from cold drills)."""
     scratch: str | None = None
     """A local directory: a remote checkpoint is copied there first, and the copy is verified
     and loaded (removed afterwards). None: read the object store directly, no temporary file."""

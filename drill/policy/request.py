@@ -15,6 +15,7 @@ def request_from_policy(policy: Policy, trigger: str) -> DrillRequest:
         root=policy.checkpoints.root,
         storage_options=dict(policy.checkpoints.s3),
         durable=policy.checkpoints.durable,
+        cold=policy.checkpoints.cold,
         scratch=policy.checkpoints.scratch,
         device=policy.device,
         trigger=trigger,

@@ -122,6 +122,8 @@ class Drill(Base):
     slo_breaches: Mapped[dict[str, Any] | None]
     distributed: Mapped[dict[str, Any] | None]
     """A drill run by many ranks: per-rank figures, balance, the slowest rank."""
+    page_cache: Mapped[dict[str, Any] | None]
+    """Cold or warm: how much of the checkpoint this host had cached when the restore began."""
     job_id: Mapped[str | None] = mapped_column(Str(128), index=True)
     """The batch job that ran it (``slurm:1234``)."""
     options: Mapped[dict[str, Any] | None]

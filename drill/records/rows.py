@@ -57,6 +57,7 @@ def write_outcome(s: Session, d: Drill, o: DrillOutcome) -> None:
     d.load_seconds, d.checks_seconds, d.replay_seconds, d.ttfs_seconds = t.load, t.checks, t.replay, t.ttfs
     d.bytes_read, d.throughput_bps = o.bytes_read, o.throughput_bps
     d.distributed, d.job_id = jsonable(o.distributed) if o.distributed else None, o.job_id
+    d.page_cache = jsonable(o.page_cache) if o.page_cache else None
     d.options = jsonable(o.options) if o.options else None
     d.replay_verdict = o.replay.verdict if o.replay else None
     d.replay_reason = o.replay.reason if o.replay else None
@@ -99,6 +100,7 @@ def outcome_from_row(d: Drill, *, with_checks: bool) -> DrillOutcome:
         error=d.error,
         versions={"drill": d.drill_version, "torch": d.torch_version},
         distributed=dict(d.distributed) if d.distributed else None,
+        page_cache=dict(d.page_cache) if d.page_cache else None,
         job_id=d.job_id,
         options=dict(d.options) if d.options else {},
         alerts=[{"channel": a.channel, "target": a.target, "delivered": a.delivered, "attempts": a.attempts, "error": a.error} for a in d.alerts],

@@ -60,6 +60,19 @@ class Entry:
         return self.kind is EntryKind.FILE
 
 
+@dataclass(frozen=True, slots=True)
+class CacheState:
+    """Where a read of some files will come from: how much of them this host has cached."""
+
+    bytes: int
+    resident: int | None
+    """Bytes in this host's page cache (None: the storage keeps no local cache)."""
+    how: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"bytes": self.bytes, "resident": self.resident, "how": self.how}
+
+
 class Storage(Protocol):
     positioned_reads: bool
     """Whether many threads may read one file at their own offsets through ``open(uri).fileno()``
@@ -90,4 +103,13 @@ class Storage(Protocol):
 
     def normalize(self, uri: str) -> str:
         """The canonical spelling of ``uri`` that records key on (an absolute path locally)."""
+        ...
+
+    def cached(self, uris: list[str]) -> CacheState:
+        """How much of these files this host holds cached (a read of them is that warm)."""
+        ...
+
+    def evict(self, uris: list[str]) -> CacheState:
+        """Drop what this host caches of these files, so the next read comes from the storage
+        itself (a cold read, as a restart's); returns what is still cached after."""
         ...

@@ -14,7 +14,7 @@ import stat as stat_mod
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
-from drill.storage.base import Entry, EntryKind, NotARegularFile, PathEscapesCheckpoint
+from drill.storage.base import CacheState, Entry, EntryKind, NotARegularFile, PathEscapesCheckpoint
 
 
 def _path(uri: str) -> str:
@@ -120,3 +120,16 @@ class LocalStorage:
 
     def normalize(self, uri: str) -> str:
         return os.path.abspath(_path(uri))
+
+    def cached(self, uris: list[str]) -> CacheState:
+        from drill.storage.pagecache import resident_bytes
+
+        paths = [_path(u) for u in uris]
+        return CacheState(sum(os.path.getsize(p) for p in paths), sum(resident_bytes(p) for p in paths), "the page cache (mincore)")
+
+    def evict(self, uris: list[str]) -> CacheState:
+        from drill.storage.pagecache import drop
+
+        drop(_path(u) for u in uris)
+        after = self.cached(uris)
+        return CacheState(after.bytes, after.resident, "written back and dropped from the page cache (posix_fadvise DONTNEED)")

@@ -32,7 +32,7 @@ from pathlib import PurePosixPath
 from typing import Any, BinaryIO
 
 from drill.errors import one_line
-from drill.storage.base import Entry, EntryKind, FileChanged, PathEscapesCheckpoint, StorageError, StorageUnavailable
+from drill.storage.base import CacheState, Entry, EntryKind, FileChanged, PathEscapesCheckpoint, StorageError, StorageUnavailable
 from drill.units import parse_size
 
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
@@ -210,6 +210,12 @@ class S3Storage:
     def normalize(self, uri: str) -> str:
         bucket, key = split(uri)
         return f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
+
+    def cached(self, uris: list[str]) -> CacheState:
+        return CacheState(sum(self.stat(u).size for u in uris), None, "object storage: nothing is cached on this host, every read is cold")
+
+    def evict(self, uris: list[str]) -> CacheState:
+        return self.cached(uris)
 
     def _head(self, bucket: str, key: str, fresh: bool = True) -> dict[str, Any]:
         cached = self._heads.get(f"{bucket}/{key}")
