@@ -45,7 +45,7 @@ def test_unknown_selection() -> None:
 def test_typos_are_not_ignored() -> None:
     problems = _problems("name: p\ncheckpoints:\n  root: /r\n  keep_lst: 3\nshedule: {cron: '0 3 * * *'}\n")
     assert problems == [
-        "p.yaml:4: checkpoints.keep_lst: unknown key (did you mean 'keep_last'?); expected one of root, format, keep_last, durable, scratch, s3",
+        "p.yaml:4: checkpoints.keep_lst: unknown key (did you mean 'keep_last'?); expected one of root, format, keep_last, durable, scratch, s3, cold",
         "p.yaml:5: shedule: unknown key (did you mean 'schedule'?); expected one of name, device, checkpoints, "
         "selection, schedule, contract, integrity, replay, slo, alerts, limits, allocation",
     ]
