@@ -74,6 +74,32 @@ class FaultProxy:
     upstream_port: int
     rules: list[Rule] = field(default_factory=list)
     requests: int = 0
+    total_bps: float | None = None
+    """Throttle: bytes per second of response bodies, all connections together (a storage's ceiling)."""
+    request_bps: float | None = None
+    """Throttle: bytes per second of each response body (one reader's link)."""
+
+    def __post_init__(self) -> None:
+        self._pace_lock = threading.Lock()
+        self._next_free = 0.0
+
+    def send_paced(self, wfile, data: bytes) -> None:  # type: ignore[no-untyped-def]
+        """Write ``data`` no faster than the throttles allow (a virtual clock per response and one shared)."""
+        if self.total_bps is None and self.request_bps is None:
+            wfile.write(data)
+            return
+        mine = time.monotonic()
+        for i in range(0, len(data), 64 << 10):
+            piece = data[i : i + (64 << 10)]
+            now = time.monotonic()
+            with self._pace_lock:
+                shared = max(now, self._next_free) + (len(piece) / self.total_bps if self.total_bps else 0.0)
+                self._next_free = shared
+            mine = max(now, mine) + (len(piece) / self.request_bps if self.request_bps else 0.0)
+            wait = max(shared, mine) - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)  # the throttle itself: pacing bytes, not waiting on an event
+            wfile.write(piece)
 
     def start(self) -> FaultProxy:
         proxy = self
@@ -123,7 +149,7 @@ class FaultProxy:
                     self.wfile.write(data[: len(data) - 7])
                     self.close_connection = True
                     return
-                self.wfile.write(data)
+                proxy.send_paced(self.wfile, data)
 
             do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _any
 

@@ -112,6 +112,7 @@ app = _group(
         "report": ("reports", "report"),
         "metrics": ("reports", "metrics"),
         "goodput": ("reports", "goodput"),
+        "burst": ("burst", "burst"),
         "submit": ("submit", "submit"),
         "verdict": ("run", "verdict"),
     },

@@ -147,6 +147,7 @@ def goodput(
     interval_s: Annotated[float | None, typer.Option("--interval-s", help="A fixed checkpoint interval instead of the optimum.")] = None,
     price: PriceOption = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Take R from this policy's drills: p95 time to first step.")] = None,
+    root: Annotated[str | None, typer.Option("--root", help="Take R from this run's latest drill burst (drill burst), for each --gpus as that many readers.")] = None,
     since: Since = "30d",
     checkpoint_bytes: Annotated[str | None, typer.Option("--checkpoint-bytes", help="With --policy: full checkpoint size (e.g. 2TB) to scale the restore to.")] = None,
     restore_bandwidth: Annotated[str | None, typer.Option("--restore-bandwidth", help="With --checkpoint-bytes: aggregate restore bandwidth, e.g. 200GB/s.")] = None,
@@ -164,6 +165,10 @@ def goodput(
     from drill.goodput import GoodputError, table
 
     measured = None
+    if root is not None:
+        if policy or restart_s or restore_bandwidth:
+            raise UsageError("--root takes R from the run's latest burst: drop --policy, --restart-s and --restore-bandwidth")
+        return _goodput_from_burst(root, gpus or [4096, 16384, 65536], blocking_s or [60.0], mtbf_hours, interval_s, price, checkpoint_bytes, db, json)
     if policy is not None:
         if restart_s:
             raise UsageError("--restart-s and --policy both set R: give one")
@@ -183,6 +188,49 @@ def goodput(
     if measured is not None:
         stderr().print(f"R = {measured.restart_s:.1f} s: {measured.how} of policy {policy}", markup=False)
     render_goodput(stdout(), rows, priced=price is not None)
+
+
+def _goodput_from_burst(root: str, gpus: list[int], blocking: list[float], mtbf: float | None, interval: float | None, price: float | None,
+                        checkpoint_bytes: str | None, db: str | None, json: bool) -> None:  # fmt: skip
+    """R per GPU count from the run's latest burst: every GPU's rank reads its share at once."""
+    from drill.burst import BurstResult, restart_estimate
+    from drill.cli.render import render_goodput
+    from drill.goodput import GoodputError, table
+    from drill.records.db import read_database
+    from drill.records.store import Records
+    from drill.storage import normalize
+    from drill.units import parse_size
+
+    database = read_database(db)
+    found = Records(database).bursts(normalize(root), limit=1) if database is not None else []
+    if database is not None:
+        database.close()
+    if not found:
+        raise UsageError(f"--root {root}: no drill burst of this run is recorded (run drill burst --root {root} first)")
+    doc = found[0]
+    result = BurstResult.from_dict(doc)
+    size = flag("--checkpoint-bytes", parse_size, checkpoint_bytes) if checkpoint_bytes else None
+    rows, estimates = [], []
+    try:
+        for n in gpus:
+            est = restart_estimate(result, job_bytes=size, job_readers=n)
+            estimates.append((n, est))
+            rows += table(gpus=[n], blocking_s=blocking, restart_s=[est.restart_s], mtbf_hours=mtbf, interval_s=interval, price_per_gpu_hour=price)
+    except (GoodputError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    source = f"burst #{doc['id']} of {doc['checkpoint']} on {doc['host']} at {doc['started_at']} ({'cold' if doc['cold'] else 'warm'})"
+    if json:
+        print_json({"rows": [r.to_dict() for r in rows], "restart": {"source": source, "per_gpus": {str(n): e.to_dict() for n, e in estimates}}})
+        return
+    render_goodput(stdout(), rows, priced=price is not None)
+    out = stdout()
+    out.print(f"R from {source}:", markup=False)
+    for n, est in estimates:
+        out.print(f"  {n:,} GPUs: R = {est.restart_s:,.1f} s", markup=False)
+        for line in est.explanation:
+            out.print(f"    {line}", markup=False)
+    for w in sorted({w for _, est in estimates for w in est.warnings}):
+        stderr().print(f"drill: warning: {w}", markup=False)
 
 
 def _measured(policy: str, since: datetime | None, checkpoint_bytes: str | None, bandwidth: str | None, db: str | None):  # type: ignore[no-untyped-def]

@@ -261,6 +261,27 @@ class Save(Base):
     drill_version: Mapped[str] = mapped_column(Str(64))
 
 
+class Burst(Base):
+    """A restore burst (``drill burst``): N readers restoring one checkpoint at once, swept over
+    N, with the storage's ceiling. Not a drill — nothing was checked — but R's evidence."""
+
+    __tablename__ = "bursts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_root: Mapped[str] = mapped_column(LongText, index=True)
+    checkpoint_uri: Mapped[str] = mapped_column(LongText)
+    started_at: Mapped[datetime] = mapped_column(index=True)
+    host: Mapped[str] = mapped_column(Str(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    cold: Mapped[bool] = mapped_column(Boolean)
+    replicated: Mapped[bool] = mapped_column(Boolean)
+    max_readers: Mapped[int] = mapped_column(Integer)
+    ceiling_bps: Mapped[float | None] = mapped_column(Float)
+    ceiling_readers: Mapped[int | None] = mapped_column(Integer)
+    document: Mapped[dict[str, Any]]
+    drill_version: Mapped[str] = mapped_column(Str(64))
+
+
 class AuditEntry(Base):
     """One link of the tamper-evident drill log (see :mod:`drill.records.audit`).
 

@@ -30,6 +30,7 @@ from drill.records.db import Database, _reason, safe_url
 from drill.records.lease import LeaseMixin
 from drill.records.ledger import LedgerMixin
 from drill.records.models import Alert, Checkpoint, CheckRecord, Drill, ReplayStep
+from drill.records.bursts import BurstsMixin
 from drill.records.saves import SavesMixin
 from drill.records.reporting import ReportingMixin
 from drill.records.rows import check_row, outcome_from_row, replay_rows, write_outcome
@@ -42,7 +43,7 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin):
+class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
     """The one place that reads and writes drill's tables."""
 
     def __init__(self, db: Database) -> None:

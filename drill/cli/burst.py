@@ -1,0 +1,133 @@
+"""``drill burst``: what a restart of the whole job costs — readers restoring one checkpoint at once."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from drill.cli.common import DbOption, DebugOption, JsonOption, print_json, stderr, stdout
+from drill.errors import UsageError
+
+
+def burst(
+    root: Annotated[str, typer.Option("--root", help="Run directory (or s3:// prefix) holding the checkpoints.")],
+    checkpoint: Annotated[str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a path.")] = "latest",
+    readers: Annotated[str, typer.Option("--readers", help="Reader counts to sweep, comma-separated (default: 1,2,4 and on, doubling, to twice the cores).")] = "",
+    warm: Annotated[bool, typer.Option("--warm", help="Read from the page cache as it is (default: drop the checkpoint first, a restart's cold read).")] = False,
+    replicated: Annotated[bool, typer.Option("--replicated", help="Every reader reads every file (replicated state), not its share.")] = False,
+    job_bytes: Annotated[str | None, typer.Option("--job-bytes", help="R for a job whose checkpoint is this big (e.g. 5.7TB); default: this checkpoint.")] = None,
+    job_readers: Annotated[int | None, typer.Option("--job-readers", help="R for a job of this many reading ranks; default: the sweep's largest.")] = None,
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Measure a restore burst: N readers restoring one checkpoint at the same moment, swept.
+
+    For each reader count, that many processes on this host are released together from one
+    barrier, each reading and hashing its share of the checkpoint's files (dropped from the
+    page cache first, unless --warm). Prints per step the aggregate bandwidth, the slowest
+    reader, the tail and time to first byte; the ceiling (where more readers stop adding
+    bandwidth); and R for the job (fixed costs + bytes / min(per-reader × readers, ceiling) ×
+    tail), with its arithmetic. Recorded; drill goodput --root takes R from it.
+
+    Example: drill burst --root /lustre/runs/llama --readers 1,2,4,8,16 --job-bytes 5.7TB --job-readers 16384
+    """
+    from drill.burst import burst as run_burst
+    from drill.burst import restart_estimate
+    from drill.discover import discover
+    from drill.select import parse_selector, select
+    from drill.storage import normalize, storage_for
+    from drill.units import parse_size
+
+    counts = _counts(readers)
+    size = _size(job_bytes, parse_size)
+    if job_readers is not None and job_readers < 1:
+        raise UsageError(f"--job-readers must be at least 1, not {job_readers}")
+    try:
+        selector = parse_selector(checkpoint)
+    except ValueError as exc:
+        raise UsageError(f"--checkpoint: {exc}") from None
+    storage = storage_for(root)
+    ref = select(discover(storage, root), selector).ref
+    err = stderr()
+    err.print(f"drill: burst of {ref.uri}: {', '.join(map(str, counts))} readers, {'warm' if warm else 'cold'}", markup=False)
+    result = run_burst(ref.uri, readers=counts, cold=not warm, replicated=replicated,
+                       on_step=lambda st: err.print(f"drill: {st.readers} reader(s): {_rate(st.aggregate_bps)}", markup=False))  # fmt: skip
+    estimate = restart_estimate(result, job_bytes=size, job_readers=job_readers)
+    document = {**result.to_dict(), "restart": estimate.to_dict()}
+    burst_id = _record(normalize(root), document, db)
+    if json:
+        return print_json({"id": burst_id, **document})
+    _render(result, estimate, burst_id)
+
+
+def _counts(text: str) -> list[int]:
+    if not text.strip():
+        import os
+
+        limit, out = 2 * (os.cpu_count() or 1), [1]
+        while out[-1] * 2 <= max(4, limit):
+            out.append(out[-1] * 2)
+        return out
+    try:
+        counts = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--readers {text!r}: give reader counts, comma-separated, e.g. 1,2,4,8") from None
+    if not counts or any(c < 1 or c > 4096 for c in counts):
+        raise UsageError(f"--readers {text!r}: each count must be between 1 and 4096")
+    return sorted(set(counts))
+
+
+def _size(text: str | None, parse) -> int | None:  # type: ignore[no-untyped-def]
+    if text is None:
+        return None
+    try:
+        return int(parse(text))
+    except ValueError as exc:
+        raise UsageError(f"--job-bytes {text!r}: {exc}") from None
+
+
+def _record(run_root: str, document: dict, db: str | None) -> int | None:  # type: ignore[type-arg]
+    from drill.errors import DrillError
+    from drill.records.db import open_database
+    from drill.records.store import Records
+
+    try:
+        database = open_database(db)
+        try:
+            return Records(database).record_burst(run_root, document)
+        finally:
+            database.close()
+    except DrillError as exc:
+        stderr().print(f"drill: warning: the burst could not be recorded ({exc.message})", markup=False)
+        return None
+
+
+def _rate(bps: float | None) -> str:
+    from drill.units import human_rate
+
+    return human_rate(bps) if bps is not None else "-"
+
+
+def _render(result, estimate, burst_id) -> None:  # type: ignore[no-untyped-def]
+    from drill.cli.render import _table
+    from drill.units import human_bytes, human_seconds
+
+    out = stdout()
+    out.print(f"burst #{burst_id if burst_id is not None else '-'} of {result.checkpoint}: {human_bytes(result.bytes)} in {result.files} files, "
+              f"{'cold' if result.cold else 'warm'}{', replicated' if result.replicated else ''}", markup=False)  # fmt: skip
+    table = _table(header_style="bold")
+    for col in ("readers", "aggregate", "per reader", "slowest", "tail", "first byte", "start-up"):
+        table.add_column(col, justify="right")
+    for st in result.steps:
+        table.add_row(str(st.readers), _rate(st.aggregate_bps), _rate((st.aggregate_bps or 0) / st.readers), human_seconds(st.slowest_seconds),
+                      f"{st.tail:.2f}", human_seconds(st.ttfb_seconds) if st.ttfb_seconds is not None else "-", human_seconds(st.startup_seconds))  # fmt: skip
+    out.print(table)
+    bps, at = result.ceiling
+    out.print(f"ceiling: {_rate(bps)} at {at} readers" if at is not None else f"no ceiling within {result.steps[-1].readers} readers (best {_rate(bps)})", markup=False)
+    out.print(f"R = {estimate.restart_s:,.1f} s", markup=False)
+    for line in estimate.explanation:
+        out.print(f"  {line}", markup=False)
+    for w in estimate.warnings:
+        stderr().print(f"drill: warning: {w}", markup=False)

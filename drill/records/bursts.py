@@ -1,0 +1,43 @@
+"""Restore bursts on the record: one row per ``drill burst``, its sweep kept whole."""
+
+from __future__ import annotations
+
+import socket
+from contextlib import AbstractContextManager
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from drill.records.models import Burst
+
+
+class BurstsMixin:
+    def _session(self) -> AbstractContextManager[Session]: ...  # provided by Records
+
+    def record_burst(self, run_root: str, document: dict[str, Any], started_at: datetime | None = None) -> int:
+        """Keep a burst's document (:meth:`drill.burst.BurstResult.to_dict`); returns its id."""
+        from drill import __version__
+
+        with self._session() as s:
+            row = Burst(
+                run_root=run_root, checkpoint_uri=document["checkpoint"], started_at=started_at or datetime.now(timezone.utc),
+                host=socket.gethostname(), bytes=int(document["bytes"]), cold=bool(document["cold"]), replicated=bool(document["replicated"]),
+                max_readers=max((st["readers"] for st in document["steps"]), default=0), ceiling_bps=document.get("ceiling_bps"),
+                ceiling_readers=document.get("ceiling_readers"), document=document, drill_version=__version__,
+            )  # fmt: skip
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def bursts(self, run_root: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Recorded bursts, newest first: their documents, with id, run root, host and time."""
+        with self._session() as s:
+            query = select(Burst).order_by(Burst.started_at.desc(), Burst.id.desc()).limit(limit)
+            if run_root is not None:
+                query = query.where(Burst.run_root == run_root)
+            return [{"id": b.id, "run_root": b.run_root, "host": b.host, "started_at": b.started_at.isoformat(), **b.document} for b in s.scalars(query)]
+
+
+__all__ = ["BurstsMixin"]

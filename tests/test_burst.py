@@ -1,0 +1,83 @@
+"""The restore burst (drill burst): readers released together from one barrier, swept over
+their count, against a storage whose bandwidth is capped — the suite's S3 server behind a
+throttling proxy on 127.0.0.1 (each response at most 4 MB/s, all together at most 8 MB/s).
+The sweep must find the 8 MB/s ceiling within 15%, and each step's readers must add up to the
+checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.s3server import FaultProxy, MotoServer
+
+MB = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def throttled() -> Iterator[tuple[str, dict[str, str]]]:
+    pytest.importorskip("moto", reason="moto[server] is not installed: no S3 server to test against")
+    import boto3
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    server = MotoServer().start()
+    proxy = FaultProxy(server.port, total_bps=8 * MB, request_bps=4 * MB).start()
+    try:
+        env = {"AWS_ACCESS_KEY_ID": "drill-test", "AWS_SECRET_ACCESS_KEY": "not-a-secret", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_ENDPOINT_URL": proxy.url, "DRILL_S3_ADDRESSING_STYLE": "path", "DRILL_S3_CONCURRENCY": "1", "DRILL_S3_PART_SIZE": "1MiB"}  # fmt: skip
+        bucket = f"burst-{uuid.uuid4().hex[:8]}"
+        client = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="drill-test", aws_secret_access_key="not-a-secret")
+        client.create_bucket(Bucket=bucket)
+        local = Path(os.environ.get("TMPDIR", "/tmp")) / f"drill-burst-{uuid.uuid4().hex[:8]}" / "step-1"
+        state = {f"w{i}": torch.full((1 << 20,), float(i)) for i in range(6)}  # 6 × 4 MiB
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(local), thread_count=6), no_dist=True)
+        for f in local.iterdir():
+            client.upload_file(str(f), bucket, f"run/step-1/{f.name}")
+        yield f"s3://{bucket}/run", env
+    finally:
+        proxy.server.shutdown()
+        server.stop()
+
+
+def test_the_burst_finds_the_storage_ceiling_and_its_readers_add_up(throttled: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    root, env = throttled
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    res = subprocess.run([sys.executable, "-m", "drill", "burst", "--root", root, "--readers", "1,2,4", "--db", db, "--json"],
+                         env={**os.environ, **env}, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    steps = {s["readers"]: s for s in doc["steps"]}
+    for s in doc["steps"]:
+        assert sum(r["bytes"] for r in s["per_reader"]) == s["bytes"] == doc["bytes"]  # every byte once per step
+        assert all(r["error"] is None for r in s["per_reader"])
+    one, two, four = (steps[n]["aggregate_bps"] for n in (1, 2, 4))
+    assert one == pytest.approx(4 * MB, rel=0.15) and two == pytest.approx(8 * MB, rel=0.15) and four == pytest.approx(8 * MB, rel=0.15), (one, two, four)
+    assert doc["ceiling_readers"] == 2 and doc["ceiling_bps"] == pytest.approx(8 * MB, rel=0.15)
+    assert doc["restart"]["explanation"] and doc["id"] is not None
+
+
+def test_goodput_takes_r_from_the_burst_and_explains_it(throttled: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    root, env = throttled
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    res = subprocess.run([sys.executable, "-m", "drill", "burst", "--root", root, "--readers", "1,2,4", "--db", db, "--json"],
+                         env={**os.environ, **env}, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    ceiling = json.loads(res.stdout)["ceiling_bps"]
+    res = subprocess.run([sys.executable, "-m", "drill", "goodput", "--root", root, "--gpus", "1024", "--checkpoint-bytes", "100GB", "--db", db, "--json"],
+                         env={**os.environ, **env}, capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    est = doc["restart"]["per_gpus"]["1024"]
+    assert est["bandwidth_bps"] == pytest.approx(ceiling) and est["restart_s"] == pytest.approx(est["fixed_s"] + est["read_s"])
+    assert est["read_s"] >= 100e9 / ceiling and doc["rows"][0]["restart_s"] == pytest.approx(est["restart_s"])
+    assert any("extrapolates" in w for w in est["warnings"]) and "burst #" in doc["restart"]["source"]
+    res = subprocess.run([sys.executable, "-m", "drill", "goodput", "--root", "/nowhere", "--db", db], capture_output=True, text=True)
+    assert res.returncode == 2 and "no drill burst of this run is recorded" in res.stderr
