@@ -39,6 +39,7 @@ def build_registry(db: str | None = None, *, coverage_days: float = 7.0, list_st
     _per_run(registry, report)
     registry.register(_Counts(counts))
     _scheduler(registry, counts.get("scheduler") or {})
+    _bursts(registry, counts.get("bursts") or {})
     chain = report.chain
     _gauge(registry, "drill_audit_chain_intact", "1 when the tamper-evident drill log verifies end to end.", []).set(1 if chain.get("intact") else 0)
     _gauge(registry, "drill_audit_chain_entries", "Records sealed into the drill log.", []).set(chain.get("entries", 0))
@@ -57,7 +58,7 @@ def _read(db: str | None, coverage_days: float, list_storage: bool) -> tuple[dic
         return {}, report, {}
     try:
         records = Records(database)
-        counts = {"drills": records.drill_counts(), "events": records.scheduler_event_counts(), "scheduler": records.scheduler_state()}
+        counts = {"drills": records.drill_counts(), "events": records.scheduler_event_counts(), "scheduler": records.scheduler_state(), "bursts": records.latest_bursts()}
         return records.latest_per_source(), report, counts
     finally:
         database.close()
@@ -82,6 +83,27 @@ class _Counts:
         for (policy, kind), n in sorted((self.counts.get("events") or {}).items()):
             events.add_metric([policy, kind], n)
         yield events
+
+
+def _bursts(registry: Any, latest: dict[str, dict[str, Any]]) -> None:
+    """The latest restore burst of each run: its ceiling, each step's aggregate, its R."""
+    if not latest:
+        return
+    g = {
+        "ceiling": _gauge(registry, "drill_burst_ceiling_bytes_per_second", "Best aggregate read bandwidth of the run's latest burst (the ceiling when one was reached).", ["run_root"]),
+        "step": _gauge(registry, "drill_burst_aggregate_bytes_per_second", "Aggregate read bandwidth of each step of the run's latest burst.", ["run_root", "readers"]),
+        "restart": _gauge(registry, "drill_burst_restart_seconds", "R computed from the run's latest burst (for the job size it was asked).", ["run_root"]),
+        "at": _gauge(registry, "drill_burst_timestamp_seconds", "When the run's latest burst ran.", ["run_root"]),
+    }
+    for root, doc in sorted(latest.items()):
+        if doc.get("ceiling_bps") is not None:
+            g["ceiling"].labels(root).set(doc["ceiling_bps"])
+        for st in doc["steps"]:
+            if st.get("aggregate_bps") is not None:
+                g["step"].labels(root, str(st["readers"])).set(st["aggregate_bps"])
+        if (doc.get("restart") or {}).get("restart_s") is not None:
+            g["restart"].labels(root).set(doc["restart"]["restart_s"])
+        g["at"].labels(root).set(datetime.fromisoformat(doc["started_at"]).timestamp())
 
 
 def _scheduler(registry: Any, state: dict[str, Any]) -> None:

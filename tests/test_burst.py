@@ -81,3 +81,27 @@ def test_goodput_takes_r_from_the_burst_and_explains_it(throttled: tuple[str, di
     assert any("extrapolates" in w for w in est["warnings"]) and "burst #" in doc["restart"]["source"]
     res = subprocess.run([sys.executable, "-m", "drill", "goodput", "--root", "/nowhere", "--db", db], capture_output=True, text=True)
     assert res.returncode == 2 and "no drill burst of this run is recorded" in res.stderr
+
+
+def test_a_recorded_burst_is_listed_shown_reported_and_exported(throttled: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    root, env = throttled
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    full = {**os.environ, **env}
+    res = subprocess.run([sys.executable, "-m", "drill", "burst", "--root", root, "--readers", "1,2", "--db", db], env=full, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "burst #1 of " in res.stdout and "R = " in res.stdout, res.stderr
+    listed = subprocess.run([sys.executable, "-m", "drill", "history", "--bursts", "--db", db], capture_output=True, text=True)
+    assert listed.returncode == 0 and "#1" in listed.stdout and "cold" in listed.stdout
+    shown = subprocess.run([sys.executable, "-m", "drill", "show", "1", "--burst", "--db", db, "--json"], capture_output=True, text=True)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == 1
+    missing = subprocess.run([sys.executable, "-m", "drill", "show", "7", "--burst", "--db", db], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no burst #7" in missing.stderr
+    prom = tmp_path / "drill.prom"
+    res = subprocess.run([sys.executable, "-m", "drill", "metrics", "--textfile", str(prom), "--no-list", "--db", db], env=full, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    text = prom.read_text()
+    assert f'drill_burst_aggregate_bytes_per_second{{readers="2",run_root="{root}"}}' in text and "drill_burst_restart_seconds{" in text
+    report = tmp_path / "r.html"
+    res = subprocess.run([sys.executable, "-m", "drill", "report", "--root", root, "--db", db, "-f", "html", "-o", str(report), "--no-list"], env=full, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    html = report.read_text()
+    assert "Restore burst #1: aggregate read bandwidth" in html and "R = " in html

@@ -59,7 +59,11 @@ def burst(
     burst_id = _record(normalize(root), document, db)
     if json:
         return print_json({"id": burst_id, **document})
-    _render(result, estimate, burst_id)
+    from drill.cli.render import render_burst
+
+    render_burst(stdout(), {"id": burst_id, **document})
+    for w in estimate.warnings:
+        err.print(f"drill: warning: {w}", markup=False)
 
 
 def _counts(text: str) -> list[int]:
@@ -108,26 +112,3 @@ def _rate(bps: float | None) -> str:
     from drill.units import human_rate
 
     return human_rate(bps) if bps is not None else "-"
-
-
-def _render(result, estimate, burst_id) -> None:  # type: ignore[no-untyped-def]
-    from drill.cli.render import _table
-    from drill.units import human_bytes, human_seconds
-
-    out = stdout()
-    out.print(f"burst #{burst_id if burst_id is not None else '-'} of {result.checkpoint}: {human_bytes(result.bytes)} in {result.files} files, "
-              f"{'cold' if result.cold else 'warm'}{', replicated' if result.replicated else ''}", markup=False)  # fmt: skip
-    table = _table(header_style="bold")
-    for col in ("readers", "aggregate", "per reader", "slowest", "tail", "first byte", "start-up"):
-        table.add_column(col, justify="right")
-    for st in result.steps:
-        table.add_row(str(st.readers), _rate(st.aggregate_bps), _rate((st.aggregate_bps or 0) / st.readers), human_seconds(st.slowest_seconds),
-                      f"{st.tail:.2f}", human_seconds(st.ttfb_seconds) if st.ttfb_seconds is not None else "-", human_seconds(st.startup_seconds))  # fmt: skip
-    out.print(table)
-    bps, at = result.ceiling
-    out.print(f"ceiling: {_rate(bps)} at {at} readers" if at is not None else f"no ceiling within {result.steps[-1].readers} readers (best {_rate(bps)})", markup=False)
-    out.print(f"R = {estimate.restart_s:,.1f} s", markup=False)
-    for line in estimate.explanation:
-        out.print(f"  {line}", markup=False)
-    for w in estimate.warnings:
-        stderr().print(f"drill: warning: {w}", markup=False)

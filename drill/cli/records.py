@@ -21,6 +21,7 @@ def history(
     status: Status = None,
     policy: Policy = None,
     limit: Annotated[int, typer.Option(help="Show at most this many drills, newest first.")] = 50,
+    bursts: Annotated[bool, typer.Option("--bursts", help="List recorded restore bursts (drill burst) instead of drills.")] = False,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -29,6 +30,8 @@ def history(
 
     Example: drill history --root ./demo-run --since 7d --status failed
     """
+    if bursts:
+        return _bursts(root, limit, db, json)
     from drill.api import history as recorded
     from drill.units import parse_duration
     from drill.verdict import DrillStatus
@@ -51,8 +54,29 @@ def history(
         render_history(stdout(), drills)
 
 
+def _bursts(root: str | None, limit: int, db: str | None, json: bool) -> None:
+    from drill.records.db import read_database
+    from drill.records.store import Records
+    from drill.storage import normalize
+
+    database = read_database(db)
+    docs = Records(database).bursts(normalize(root) if root else None, limit=limit) if database is not None else []
+    if database is not None:
+        database.close()
+    if json:
+        return print_json(docs)
+    if not docs:
+        stderr().print("no bursts recorded" + (" for this run" if root else ""), markup=False)
+        return None
+    from drill.cli.render import render_bursts
+
+    render_bursts(stdout(), docs)
+    return None
+
+
 def show(
-    drill_id: Annotated[int, typer.Argument(help="The drill's id, as `drill history` lists it.")],
+    drill_id: Annotated[int, typer.Argument(help="The drill's id, as `drill history` lists it (with --burst: a burst's).")],
+    burst: Annotated[bool, typer.Option("--burst", help="The id is a restore burst's (drill history --bursts).")] = False,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -63,6 +87,8 @@ def show(
     """
     from drill.api import get_drill
 
+    if burst:
+        return _show_burst(drill_id, db, json)
     outcome = get_drill(drill_id, db=db)
     if json:
         print_json(outcome.to_document())
@@ -70,6 +96,26 @@ def show(
         from drill.cli.render import render_drill
 
         render_drill(stdout(), outcome)
+
+
+def _show_burst(burst_id: int, db: str | None, json: bool) -> None:
+    from drill.errors import NotFound
+    from drill.records.db import read_database
+    from drill.records.store import Records
+
+    database = read_database(db)
+    if database is None:
+        raise NotFound(f"no burst #{burst_id}: the database holds no records yet")
+    try:
+        doc = Records(database).burst(burst_id)
+    finally:
+        database.close()
+    if json:
+        return print_json(doc)
+    from drill.cli.render import render_burst
+
+    render_burst(stdout(), doc)
+    return None
 
 
 def db_upgrade(db: DbOption = None, debug: DebugOption = False) -> None:

@@ -167,6 +167,44 @@ def describe_cache(cache: dict[str, Any] | None) -> str:
     return f"{kind}: {human_bytes(resident)} ({share}) of {human_bytes(total)} cached {when} ({cache.get('how')})"
 
 
+def render_burst(console: Console, doc: dict[str, Any]) -> None:
+    """A burst's document (``drill burst``, ``drill show --burst``): the sweep, the ceiling, R."""
+    head = f"burst #{doc.get('id') if doc.get('id') is not None else '-'} of {doc['checkpoint']}: {human_bytes(doc['bytes'])} in {doc['files']} files, "
+    extra = f" on {doc['host']} at {doc['started_at']}" if doc.get("host") else ""
+    console.print(head + ("cold" if doc["cold"] else "warm") + (", replicated" if doc["replicated"] else "") + extra, markup=False)
+    table = _table(header_style="bold")
+    for col in ("readers", "aggregate", "per reader", "slowest", "tail", "first byte", "start-up"):
+        table.add_column(col, justify="right")
+    for st in doc["steps"]:
+        agg = st["aggregate_bps"]
+        table.add_row(str(st["readers"]), human_rate(agg), human_rate((agg or 0) / st["readers"]), human_seconds(st["slowest_seconds"]), f"{st['tail']:.2f}",
+                      human_seconds(st["ttfb_seconds"]) if st["ttfb_seconds"] is not None else "-", human_seconds(st["startup_seconds"]))  # fmt: skip
+    console.print(table)
+    last = doc["steps"][-1]["readers"] if doc["steps"] else 0
+    console.print(f"ceiling: {human_rate(doc['ceiling_bps'])} at {doc['ceiling_readers']} readers" if doc["ceiling_readers"] else f"no ceiling within {last} readers (best {human_rate(doc['ceiling_bps'])})", markup=False)
+    restart = doc.get("restart")
+    if restart:
+        console.print(f"R = {restart['restart_s']:,.1f} s", markup=False)
+        for line in restart["explanation"]:
+            console.print(f"  {line}", markup=False)
+        for w in restart["warnings"]:
+            console.print(f"  warning: {w}", markup=False, style="yellow")
+
+
+def render_bursts(console: Console, docs: list[dict[str, Any]]) -> None:
+    """``drill history --bursts``: one line per recorded burst, newest first."""
+    table = _table(header_style="bold")
+    for col in ("burst", "started", "checkpoint", "read", "readers", "ceiling", "R"):
+        table.add_column(col)
+    for d in docs:
+        readers = ",".join(str(st["readers"]) for st in d["steps"])
+        ceiling = f"{human_rate(d['ceiling_bps'])} at {d['ceiling_readers']}" if d["ceiling_readers"] else f"none ({human_rate(d['ceiling_bps'])} best)"
+        r = (d.get("restart") or {}).get("restart_s")
+        table.add_row(f"#{d['id']}", d["started_at"][:16].replace("T", " "), escape(d["checkpoint"]), "cold" if d["cold"] else "warm", readers, ceiling,
+                      f"{r:,.1f} s" if r is not None else "-")  # fmt: skip
+    console.print(table)
+
+
 def render_drill(console: Console, o: DrillOutcome) -> None:
     """What ``drill show`` prints: the record in full — evidence, replay steps, alerts."""
     ck = o.checkpoint

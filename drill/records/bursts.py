@@ -40,4 +40,22 @@ class BurstsMixin:
             return [{"id": b.id, "run_root": b.run_root, "host": b.host, "started_at": b.started_at.isoformat(), **b.document} for b in s.scalars(query)]
 
 
+    def burst(self, burst_id: int) -> dict[str, Any]:
+        """One recorded burst; :class:`~drill.errors.NotFound` when there is none."""
+        from drill.errors import NotFound
+
+        with self._session() as s:
+            b = s.get(Burst, burst_id)
+            if b is None:
+                raise NotFound(f"no burst #{burst_id} in this database (drill history --bursts lists them)")
+            return {"id": b.id, "run_root": b.run_root, "host": b.host, "started_at": b.started_at.isoformat(), **b.document}
+
+    def latest_bursts(self) -> dict[str, dict[str, Any]]:
+        """The newest burst of every run root."""
+        out: dict[str, dict[str, Any]] = {}
+        for doc in reversed(self.bursts(limit=10_000)):
+            out[doc["run_root"]] = doc
+        return out
+
+
 __all__ = ["BurstsMixin"]

@@ -126,6 +126,7 @@ def _section(records: Any, root: str, drills: list[DrillOutcome], opts: ReportOp
         throughput=summarize([d.throughput_bps for d in drills]),
         drills=[drill_entry(d, database) for d in drills],
         goodput=_goodput(drills, opts),
+        burst=(records.bursts(root, limit=1) or [None])[0] if records else None,
     )
 
 

@@ -125,3 +125,26 @@ def share_bar(parts: Sequence[tuple[float, str, str]], *, width: int = 240, heig
 
 
 __all__ = ["STATUS_COLORS", "Point", "Series", "line_chart", "share_bar", "status_strip"]
+
+
+def bars(title: str, values: Sequence[tuple[str, float]], fmt: Callable[[float], str], *, mark: float | None = None, width: int = 720, height: int = 200) -> str:
+    """One bar per label (e.g. aggregate bandwidth per reader count), ``mark`` a dashed line (a ceiling)."""
+    if not values:
+        return ""
+    left, right, top, bottom = 64, 16, 34, 30
+    ymax = _nice_max(max([v for _, v in values] + [mark or 0]) * 1.05)
+    y = lambda v: top + (1 - v / ymax) * (height - top - bottom)  # noqa: E731
+    slot = (width - left - right) / len(values)
+    out = [f'<svg class="chart" role="img" aria-label="{escape(title)}" viewBox="0 0 {width} {height}" width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">',
+           f'<text x="{left}" y="18" class="ct">{escape(title)}</text>',
+           f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#9ca3af"/>',
+           f'<text x="{left - 6}" y="{y(ymax) + 4:.1f}" text-anchor="end" class="ax">{escape(fmt(ymax))}</text>']  # fmt: skip
+    for i, (label, v) in enumerate(values):
+        x0 = left + i * slot + slot * 0.2
+        out.append(f'<rect x="{x0:.1f}" y="{y(v):.1f}" width="{slot * 0.6:.1f}" height="{height - bottom - y(v):.1f}" fill="#2563eb"><title>{escape(label)}: {escape(fmt(v))}</title></rect>')
+        out.append(f'<text x="{x0 + slot * 0.3:.1f}" y="{height - bottom + 16}" text-anchor="middle" class="ax">{escape(label)}</text>')
+    if mark is not None:
+        out.append(f'<line x1="{left}" y1="{y(mark):.1f}" x2="{width - right}" y2="{y(mark):.1f}" stroke="#dc2626" stroke-dasharray="5 4"><title>ceiling {escape(fmt(mark))}</title></line>')
+    out.append("</svg>")
+    return "".join(out)
+

@@ -145,9 +145,24 @@ def _run(run: RunSection, index: int = 0) -> str:
         parts.append("<h3>Failures</h3>" + "".join(_failure(d) for d in reversed(run.failures)))
     if run.drills:
         parts.append("<h3>Every drill in the window</h3>" + _drills(run.drills))
+    if run.burst:
+        parts.append(_burst(run.burst))
     if run.goodput:
         parts.append(_goodput(run.goodput))
     return "\n".join(parts)
+
+
+def _burst(doc: dict) -> str:  # type: ignore[type-arg]
+    """The run's latest restore burst: aggregate bandwidth per reader count, the ceiling dashed, R explained."""
+    from drill.report.charts import bars
+
+    chart = bars(f"Restore burst #{doc['id']}: aggregate read bandwidth (MB/s) by readers ({'cold' if doc['cold'] else 'warm'})",
+                 [(str(st["readers"]), (st["aggregate_bps"] or 0) / 1e6) for st in doc["steps"]], lambda v: f"{v:.3g}",
+                 mark=doc["ceiling_bps"] / 1e6 if doc["ceiling_readers"] and doc["ceiling_bps"] else None)  # fmt: skip
+    restart = doc.get("restart") or {}
+    lines = "".join(f"<li>{escape(line)}</li>" for line in restart.get("explanation", [])) + "".join(f'<li class="note">warning: {escape(w)}</li>' for w in restart.get("warnings", []))
+    r = f"<p>R = {restart['restart_s']:,.1f} s</p><ul>{lines}</ul>" if restart else ""
+    return f"<h3>Restore burst</h3>{chart}{r}"
 
 
 def _coverage(run: RunSection) -> str:

@@ -106,6 +106,8 @@ def _run(run: RunSection) -> list[str]:
         [[name, s.n, f(s.p50), f(s.p95), f(s.max), f(s.last)] for name, s, f in (
             ("restore latency", run.restore, t.seconds), ("time to first step", run.ttfs, t.seconds), ("read throughput", run.throughput, t.rate))],
     )  # fmt: skip
+    if run.burst:
+        lines += ["", "### Restore burst", ""] + _burst(run.burst)
     lines += ["", "### Drills", ""]
     lines += _table(
         ["drill", "started", "checkpoint", "verdict", "restore", "first step", "evidence", "replay"],
@@ -152,4 +154,20 @@ def _finding_line(f: dict) -> str:  # type: ignore[type-arg]
 
 
 __all__ = ["cell", "fenced", "render_markdown"]
+
+
+def _burst(doc: dict) -> list[str]:  # type: ignore[type-arg]
+    """The latest burst: each step's aggregate bandwidth, the ceiling, and R with its arithmetic."""
+    where = f"burst #{doc['id']} of {cell(doc['checkpoint'])} ({'cold' if doc['cold'] else 'warm'}, {t.when_iso(doc['started_at'])})"
+    lines = [where + ":", ""]
+    lines += _table(
+        ["readers", "aggregate", "slowest reader", "tail"],
+        [[st["readers"], t.rate(st["aggregate_bps"]), t.seconds(st["slowest_seconds"]), f"{st['tail']:.2f}"] for st in doc["steps"]],
+    )
+    ceiling = f"{t.rate(doc['ceiling_bps'])} at {doc['ceiling_readers']} readers" if doc["ceiling_readers"] else f"none within the sweep (best {t.rate(doc['ceiling_bps'])})"
+    lines += ["", f"Ceiling: {ceiling}."]
+    restart = doc.get("restart")
+    if restart:
+        lines += [f"R = {restart['restart_s']:,.1f} s:", ""] + [f"- {cell(line)}" for line in restart["explanation"]] + [f"- _warning: {cell(w)}_" for w in restart["warnings"]]
+    return lines
 

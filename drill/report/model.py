@@ -142,6 +142,8 @@ class RunSection:
     drills: list[DrillEntry]
     """Oldest first."""
     goodput: GoodputSection | None = None
+    burst: dict[str, Any] | None = None
+    """The run's latest restore burst (``drill burst``'s document), if any."""
 
     @property
     def slo_breaches(self) -> list[DrillEntry]:
@@ -168,6 +170,7 @@ class RunSection:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "burst": self.burst,
             "run_root": self.run_root, "policies": self.policies, "retention": self.retention, "retention_note": self.retention_note,
             "checkpoints": [c.to_dict() for c in self.checkpoints], "coverage": self.coverage.to_dict(), "counts": self.counts,
             "restore_seconds": self.restore.to_dict(), "ttfs_seconds": self.ttfs.to_dict(), "throughput_bps": self.throughput.to_dict(),

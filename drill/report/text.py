@@ -11,6 +11,10 @@ def when(t: datetime | None) -> str:
     return t.strftime("%Y-%m-%d %H:%M UTC") if t is not None else "–"
 
 
+def when_iso(v: str | None) -> str:
+    return when(datetime.fromisoformat(v)) if v else "–"
+
+
 def seconds(v: float | None) -> str:
     return human_seconds(v) if v is not None else "–"
 
@@ -41,7 +45,7 @@ def loss(v: object) -> str:
     return f"{v:.6g}" if isinstance(v, float) else ("–" if v is None else str(v))
 
 
-__all__ = ["loss", "money", "rate", "sealed_at_save", "seconds", "share", "size", "when", "window"]
+__all__ = ["loss", "money", "rate", "sealed_at_save", "seconds", "share", "size", "when", "when_iso", "window"]
 
 
 def sealed_at_save(save: dict | None) -> str:  # type: ignore[type-arg]
