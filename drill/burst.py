@@ -142,25 +142,12 @@ def _reader(n: int, checkpoint: str, files: list[tuple[str, int]], options: dict
     """One reader process: open the storage, wait for the others, read and hash its files."""
     import torch  # noqa: F401 - what a restarting rank imports before it can restore: part of the fixed cost
 
-    from drill.integrity.reading import hash_stream
     from drill.storage import storage_for
 
-    storage = storage_for(checkpoint, options)
-    first: list[float] = []
-
-    def seen(nbytes: int) -> None:
-        if not first:
-            first.append(time.monotonic())
-
+    storage_for(checkpoint, options)
     ready.put((n, time.monotonic()))
     barrier.wait()
-    started, done, error = time.monotonic(), 0, None
-    try:
-        for rel, size in files:
-            done += hash_stream(storage, storage.child(checkpoint, rel), size, on_bytes=seen).size
-    except OSError as exc:
-        error = f"{rel}: {exc.strerror or exc}"
-    out.put(ReaderFigures(n, done, started, time.monotonic(), first[0] if first else None, len(files), error))
+    out.put(_read_share(checkpoint, files, options, n))
 
 
 def _shares(sizes: dict[str, int], readers: int, replicated: bool) -> list[list[tuple[str, int]]]:
@@ -196,8 +183,55 @@ def run_step(checkpoint: str, sizes: dict[str, int], readers: int, *, cold: bool
     return Step(readers, figures, startups[len(startups) // 2])
 
 
-def burst(checkpoint: str, *, readers: list[int], cold: bool = True, replicated: bool = False, options: dict[str, Any] | None = None, on_step: Any = None) -> BurstResult:
-    """Sweep the reader counts over one checkpoint (see the module)."""
+def _read_share(checkpoint: str, files: list[tuple[str, int]], options: dict[str, Any] | None, n: int) -> ReaderFigures:
+    from drill.integrity.reading import hash_stream
+    from drill.storage import storage_for
+
+    storage = storage_for(checkpoint, options)
+    first: list[float] = []
+
+    def seen(nbytes: int) -> None:
+        if not first:
+            first.append(time.monotonic())
+
+    started, done, error = time.monotonic(), 0, None
+    for rel, size in files:
+        try:
+            done += hash_stream(storage, storage.child(checkpoint, rel), size, on_bytes=seen).size
+        except OSError as exc:
+            error = f"{rel}: {exc.strerror or exc}"
+            break
+    return ReaderFigures(n, done, started, time.monotonic(), first[0] if first else None, len(files), error)
+
+
+def run_step_on_ranks(dist: Any, checkpoint: str, sizes: dict[str, int], readers: int, *, cold: bool, replicated: bool, options: dict[str, Any] | None = None) -> Step | None:
+    """One step of the sweep as ranks of a job (torchrun, srun, an indexed Job): ranks below
+    ``readers`` each read their share, released together through the rank group; rank 0 gets
+    the step (others None). Start-up is the job's own, measured by the launcher, so it is 0 here."""
+    from drill.storage import storage_for
+
+    reading = dist.rank < readers
+    share = _shares(sizes, readers, replicated)[dist.rank] if reading else []
+    if cold and reading:
+        storage = storage_for(checkpoint, options)
+        storage.evict([storage.child(checkpoint, rel) for rel, _ in share])  # this node's page cache
+    dist.gather(None, f"burst-ready-{readers}")
+    dist.broadcast(None, f"burst-go-{readers}")  # the barrier: every reader starts now
+    figures = _read_share(checkpoint, share, options, dist.rank) if reading else None
+    gathered = dist.gather(figures, f"burst-done-{readers}")
+    if gathered is None:
+        return None
+    wall = [f for f in gathered if f is not None]
+    # monotonic clocks of different nodes do not compare: each reader's window is its own
+    step = Step(readers, sorted(wall, key=lambda r: r.reader), 0.0, recorded_window=max(r.seconds for r in wall))
+    return step
+
+
+def burst(checkpoint: str, *, readers: list[int], cold: bool = True, replicated: bool = False, options: dict[str, Any] | None = None, on_step: Any = None,
+          dist: Any = None) -> BurstResult | None:  # fmt: skip
+    """Sweep the reader counts over one checkpoint (see the module). With ``dist`` (a rank
+    group, :func:`drill.dist.context.connect`) the readers are the job's ranks, on their own
+    nodes; rank 0 gets the result, the others None."""
     from drill.integrity.manifest import MANIFEST_NAME, list_files
     from drill.storage import storage_for
 
@@ -208,11 +242,16 @@ def burst(checkpoint: str, *, readers: list[int], cold: bool = True, replicated:
     result = BurstResult(checkpoint, sum(sizes.values()), len(sizes), cold, replicated)
     result.index_seconds = _index_seconds(storage, checkpoint, sizes, cold)
     for n in readers:
-        step = run_step(checkpoint, sizes, n, cold=cold, replicated=replicated, options=options)
+        if dist is not None:
+            step = run_step_on_ranks(dist, checkpoint, sizes, n, cold=cold, replicated=replicated, options=options)
+            if step is None:
+                continue
+        else:
+            step = run_step(checkpoint, sizes, n, cold=cold, replicated=replicated, options=options)
         result.steps.append(step)
         if on_step is not None:
             on_step(step)
-    return result
+    return result if dist is None or dist.is_root else None
 
 
 def _index_seconds(storage: Any, checkpoint: str, sizes: dict[str, int], cold: bool) -> float:

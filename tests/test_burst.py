@@ -105,3 +105,25 @@ def test_a_recorded_burst_is_listed_shown_reported_and_exported(throttled: tuple
     assert res.returncode == 0, res.stderr
     html = report.read_text()
     assert "Restore burst #1: aggregate read bandwidth" in html and "R = " in html
+
+
+def test_the_burst_runs_as_the_ranks_of_a_job(tmp_path: Path) -> None:
+    """As srun would start them (RANK/WORLD_SIZE, a file:// rendezvous): 3 ranks, the sweep
+    1 → 2 → 3 readers over a local checkpoint; rank 0 records and prints, each step's readers
+    add up to the checkpoint."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    run = tmp_path / "run"
+    dcp.save({f"w{i}": torch.full((1 << 18,), float(i)) for i in range(6)}, storage_writer=dcp.FileSystemWriter(str(run / "step-1"), thread_count=3), no_dist=True)
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    procs = [subprocess.Popen([sys.executable, "-m", "drill", "burst", "--root", str(run), "--db", db, "--json"],
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "3", "DRILL_DIST_INIT": f"file://{tmp_path}/rdzv"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]  # fmt: skip
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [e for _, e in outs]
+    assert outs[1][0] == outs[2][0] == ""  # only rank 0 reports
+    doc = json.loads(outs[0][0])
+    assert [s["readers"] for s in doc["steps"]] == [1, 2, 3]
+    for s in doc["steps"]:
+        assert sum(r["bytes"] for r in s["per_reader"]) == doc["bytes"] and len(s["per_reader"]) == s["readers"]

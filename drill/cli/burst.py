@@ -29,7 +29,8 @@ def burst(
     page cache first, unless --warm). Prints per step the aggregate bandwidth, the slowest
     reader, the tail and time to first byte; the ceiling (where more readers stop adding
     bandwidth); and R for the job (fixed costs + bytes / min(per-reader × readers, ceiling) ×
-    tail), with its arithmetic. Recorded; drill goodput --root takes R from it.
+    tail), with its arithmetic. Recorded; drill goodput --root takes R from it. Under
+    torchrun, srun or an indexed Job the readers are the job's ranks, on their own nodes.
 
     Example: drill burst --root /lustre/runs/llama --readers 1,2,4,8,16 --job-bytes 5.7TB --job-readers 16384
     """
@@ -40,7 +41,10 @@ def burst(
     from drill.storage import normalize, storage_for
     from drill.units import parse_size
 
-    counts = _counts(readers)
+    from drill.dist.context import connect, launched_world
+
+    world = launched_world()
+    counts = _counts(readers, world[1] if world else None)
     size = _size(job_bytes, parse_size)
     if job_readers is not None and job_readers < 1:
         raise UsageError(f"--job-readers must be at least 1, not {job_readers}")
@@ -51,9 +55,17 @@ def burst(
     storage = storage_for(root)
     ref = select(discover(storage, root), selector).ref
     err = stderr()
-    err.print(f"drill: burst of {ref.uri}: {', '.join(map(str, counts))} readers, {'warm' if warm else 'cold'}", markup=False)
-    result = run_burst(ref.uri, readers=counts, cold=not warm, replicated=replicated,
-                       on_step=lambda st: err.print(f"drill: {st.readers} reader(s): {_rate(st.aggregate_bps)}", markup=False))  # fmt: skip
+    dist = connect() if world else None
+    try:
+        if dist is None or dist.is_root:
+            err.print(f"drill: burst of {ref.uri}: {', '.join(map(str, counts))} readers{' (ranks)' if dist else ''}, {'warm' if warm else 'cold'}", markup=False)
+        result = run_burst(ref.uri, readers=counts, cold=not warm, replicated=replicated, dist=dist,
+                           on_step=lambda st: err.print(f"drill: {st.readers} reader(s): {_rate(st.aggregate_bps)}", markup=False))  # fmt: skip
+    finally:
+        if dist is not None:
+            dist.close()
+    if result is None:  # a rank other than 0: it read its share; rank 0 records and reports
+        return None
     estimate = restart_estimate(result, job_bytes=size, job_readers=job_readers)
     document = {**result.to_dict(), "restart": estimate.to_dict()}
     burst_id = _record(normalize(root), document, db)
@@ -66,20 +78,22 @@ def burst(
         err.print(f"drill: warning: {w}", markup=False)
 
 
-def _counts(text: str) -> list[int]:
+def _counts(text: str, world: int | None = None) -> list[int]:
+    """The sweep: as given, else 1, 2, 4, … up to twice the cores (or, as ranks, the world)."""
     if not text.strip():
         import os
 
-        limit, out = 2 * (os.cpu_count() or 1), [1]
-        while out[-1] * 2 <= max(4, limit):
+        limit, out = world or max(4, 2 * (os.cpu_count() or 1)), [1]
+        while out[-1] * 2 <= limit:
             out.append(out[-1] * 2)
-        return out
+        return out if out[-1] == limit or world is None else [*out, limit]
     try:
         counts = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise UsageError(f"--readers {text!r}: give reader counts, comma-separated, e.g. 1,2,4,8") from None
-    if not counts or any(c < 1 or c > 4096 for c in counts):
-        raise UsageError(f"--readers {text!r}: each count must be between 1 and 4096")
+    top = world or 4096
+    if not counts or any(c < 1 or c > top for c in counts):
+        raise UsageError(f"--readers {text!r}: each count must be between 1 and {top}" + (" (the job's ranks)" if world else ""))
     return sorted(set(counts))
 
 
