@@ -249,7 +249,11 @@ def test_goodput_takes_r_from_a_policys_drills(demo_run: Path, sqlite_url: str) 
     doc = json.loads(res.stdout)
     ttfs = doc["restart"]["restart_s"]
     assert res.exit_code == 0 and ttfs > 0 and doc["rows"][0]["restart_s"] == ttfs and "p95 time to first step of 1 drill" in doc["restart"]["how"]
-    scaled = json.loads(invoke(CliRunner(), "goodput", "--json", "--policy", "nightly", "--checkpoint-bytes", "2TB", "--restore-bandwidth", "100GB/s", "--db", sqlite_url).stdout)
+    assert "warm: these drills read from the page cache" in doc["restart"]["how"]  # no cold drill: said plainly
+    assert "applied to 16,384 GPUs as it is" in res.stderr  # a one-process drill stretched to a big job: said
+    res = invoke(CliRunner(), "goodput", "--json", "--policy", "nightly", "--checkpoint-bytes", "2TB", "--restore-bandwidth", "100GB/s", "--db", sqlite_url)
+    assert "R extrapolates" in res.stderr and "× the" in res.stderr
+    scaled = json.loads(res.stdout)
     t = measured.timings
     assert scaled["restart"]["restart_s"] == pytest.approx(t.ttfs - t.restore + 20)  # the restore replaced by 2 TB at 100 GB/s
     res = invoke(CliRunner(), "goodput", "--policy", "other", "--db", sqlite_url)

@@ -172,8 +172,10 @@ def goodput(
     if policy is not None:
         if restart_s:
             raise UsageError("--restart-s and --policy both set R: give one")
-        measured = _measured(policy, _window(since, None)[0], checkpoint_bytes, restore_bandwidth, db)
+        measured, read = _measured(policy, _window(since, None)[0], checkpoint_bytes, restore_bandwidth, db)
         restart_s = [measured.restart_s]
+        for w in _extrapolation(read, checkpoint_bytes, gpus or [4096, 16384, 65536]):
+            stderr().print(f"drill: warning: {w}", markup=False)
     elif checkpoint_bytes or restore_bandwidth:
         raise UsageError("--checkpoint-bytes and --restore-bandwidth scale a policy's measured restore: add --policy")
     try:
@@ -234,6 +236,7 @@ def _goodput_from_burst(root: str, gpus: list[int], blocking: list[float], mtbf:
 
 
 def _measured(policy: str, since: datetime | None, checkpoint_bytes: str | None, bandwidth: str | None, db: str | None):  # type: ignore[no-untyped-def]
+    """R from the policy's drills (cold ones when there are any), and the bytes a drill read (median)."""
     from drill.api import history
     from drill.goodput import GoodputError, measured_restart
     from drill.units import parse_size
@@ -249,8 +252,25 @@ def _measured(policy: str, since: datetime | None, checkpoint_bytes: str | None,
         measured = measured_restart(samples, checkpoint_bytes=size, bandwidth=rate)  # type: ignore[arg-type]
     except GoodputError as exc:
         raise UsageError(str(exc)) from None
+    used = cold or drills
+    read = sorted(d.bytes_read or 0 for d in used)[len(used) // 2]
     if cold:
-        return dataclasses.replace(measured, how=f"{measured.how}, from its {len(cold)} cold drill(s) (page cache dropped first, as a restart reads)")
+        return dataclasses.replace(measured, how=f"{measured.how}, from its {len(cold)} cold drill(s) (page cache dropped first, as a restart reads)"), read
     return dataclasses.replace(
         measured, how=f"{measured.how} — warm: these drills read from the page cache, a restart reads cold; run cold ones (drill run --cold, checkpoints.cold: true)"
-    )
+    ), read
+
+
+def _extrapolation(read: int, checkpoint_bytes: str | None, gpus: list[int]) -> list[str]:
+    """What R from a policy's drills is being stretched to: more than 10× the bytes one drill
+    read, or GPU counts no single-process drill can speak for."""
+    from drill.units import human_bytes, parse_size
+
+    out = []
+    target = parse_size(checkpoint_bytes) if checkpoint_bytes else None
+    if target is not None and read and target > 10 * read:
+        out.append(f"R extrapolates {target / read:,.0f}× the {human_bytes(read)} these drills read")
+    if target is None and max(gpus) > 1:
+        out.append(f"R is what a drill of a {human_bytes(read)} checkpoint took in one process, applied to {max(gpus):,} GPUs as it is: "
+                   "give --checkpoint-bytes, or measure a restore burst (drill burst; drill goodput --root)")  # fmt: skip
+    return out
