@@ -34,36 +34,18 @@ def burst(
 
     Example: drill burst --root /lustre/runs/llama --readers 1,2,4,8,16 --job-bytes 5.7TB --job-readers 16384
     """
-    from drill.burst import burst as run_burst
     from drill.burst import restart_estimate
-    from drill.discover import discover
-    from drill.select import parse_selector, select
-    from drill.storage import normalize, storage_for
+    from drill.dist.context import launched_world
+    from drill.storage import normalize
     from drill.units import parse_size
-
-    from drill.dist.context import connect, launched_world
 
     world = launched_world()
     counts = _counts(readers, world[1] if world else None)
     size = _size(job_bytes, parse_size)
     if job_readers is not None and job_readers < 1:
         raise UsageError(f"--job-readers must be at least 1, not {job_readers}")
-    try:
-        selector = parse_selector(checkpoint)
-    except ValueError as exc:
-        raise UsageError(f"--checkpoint: {exc}") from None
-    storage = storage_for(root)
-    ref = select(discover(storage, root), selector).ref
-    err = stderr()
-    dist = connect() if world else None
-    try:
-        if dist is None or dist.is_root:
-            err.print(f"drill: burst of {ref.uri}: {', '.join(map(str, counts))} readers{' (ranks)' if dist else ''}, {'warm' if warm else 'cold'}", markup=False)
-        result = run_burst(ref.uri, readers=counts, cold=not warm, replicated=replicated, dist=dist,
-                           on_step=lambda st: err.print(f"drill: {st.readers} reader(s): {_rate(st.aggregate_bps)}", markup=False))  # fmt: skip
-    finally:
-        if dist is not None:
-            dist.close()
+    uri = _checkpoint(root, checkpoint)
+    result = _sweep(uri, counts, cold=not warm, replicated=replicated, as_ranks=world is not None)
     if result is None:  # a rank other than 0: it read its share; rank 0 records and reports
         return None
     estimate = restart_estimate(result, job_bytes=size, job_readers=job_readers)
@@ -75,7 +57,38 @@ def burst(
 
     render_burst(stdout(), {"id": burst_id, **document})
     for w in estimate.warnings:
-        err.print(f"drill: warning: {w}", markup=False)
+        stderr().print(f"drill: warning: {w}", markup=False)
+    return None
+
+
+def _checkpoint(root: str, checkpoint: str) -> str:
+    """The checkpoint ``--checkpoint`` names under ``--root`` (as ``drill run`` chooses it)."""
+    from drill.discover import discover
+    from drill.select import parse_selector, select
+    from drill.storage import storage_for
+
+    try:
+        selector = parse_selector(checkpoint)
+    except ValueError as exc:
+        raise UsageError(f"--checkpoint: {exc}") from None
+    return select(discover(storage_for(root), root), selector).ref.uri
+
+
+def _sweep(uri: str, counts: list[int], *, cold: bool, replicated: bool, as_ranks: bool):  # type: ignore[no-untyped-def]
+    """The sweep, here or as the ranks of the job this process is one of (None on ranks but 0)."""
+    from drill.burst import burst as run_burst
+    from drill.dist.context import connect
+
+    err = stderr()
+    dist = connect() if as_ranks else None
+    try:
+        if dist is None or dist.is_root:
+            err.print(f"drill: burst of {uri}: {', '.join(map(str, counts))} readers{' (ranks)' if dist else ''}, {'cold' if cold else 'warm'}", markup=False)
+        return run_burst(uri, readers=counts, cold=cold, replicated=replicated, dist=dist,
+                         on_step=lambda st: err.print(f"drill: {st.readers} reader(s): {_rate(st.aggregate_bps)}", markup=False))  # fmt: skip
+    finally:
+        if dist is not None:
+            dist.close()
 
 
 def _counts(text: str, world: int | None = None) -> list[int]:

@@ -467,7 +467,7 @@ def _replay(d: Drill) -> ReplayOutcome:
 def _page_cache(d: Drill, ref: CheckpointRef) -> dict[str, Any]:
     """Cold: drop the checkpoint's pages from this host's cache first; warm: say how much of it
     is cached. Either way the record says where the restore read from; a host that cannot say
-    (no mincore, a file that vanished) records why, and the drill goes on."""
+    (a file that vanished; a kernel without cachestat records the count as unknown) records why, and the drill goes on."""
     try:
         plan = d.inputs.plan
         sizes = plan.on_storage if plan is not None else list_files(d.storage, ref.uri).files

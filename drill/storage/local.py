@@ -125,7 +125,10 @@ class LocalStorage:
         from drill.storage.pagecache import resident_bytes
 
         paths = [_path(u) for u in uris]
-        return CacheState(sum(os.path.getsize(p) for p in paths), sum(resident_bytes(p) for p in paths), "the page cache (mincore)")
+        counts = [resident_bytes(p) for p in paths]
+        resident = None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+        how = "the page cache (cachestat)" if resident is not None else "the page cache (this kernel cannot count it: no cachestat)"
+        return CacheState(sum(os.path.getsize(p) for p in paths), resident, how)
 
     def evict(self, uris: list[str]) -> CacheState:
         from drill.storage.pagecache import drop
