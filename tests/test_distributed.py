@@ -619,3 +619,21 @@ def test_on_a_gpu_node_each_rank_restores_onto_its_own_device(monkeypatch: pytes
     monkeypatch.delenv("LOCAL_RANK")
     monkeypatch.setenv("SLURM_LOCALID", "1")
     assert _local_device(DrillRequest(root="/r", device="cuda")).device == "cuda:1"
+
+
+def test_a_large_job_on_a_file_rendezvous_beats_less_often(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every FileStore operation reads what all ranks appended since: above 64 ranks the
+    heartbeat slows to world/64 s and a rank counts as lost after 5 missed beats (env:// — a
+    TCPStore — keeps the 1 s beat at any width)."""
+    from drill.dist.context import connect
+
+    monkeypatch.setenv("DRILL_DIST_INIT", f"file://{tmp_path}/store")
+    for world, interval, lost in ((32, 1.0, 15.0), (1024, 16.0, 80.0)):
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        ctx = connect(600, lost_after=15.0)
+        assert ctx is not None
+        try:
+            assert (ctx.heartbeat.interval, ctx.lost_after, ctx.watch.lost_after) == (interval, lost, lost)  # type: ignore[union-attr]
+        finally:
+            ctx.close()

@@ -187,9 +187,9 @@ def goodput(
         return
     from drill.cli.render import render_goodput
 
-    if measured is not None:
-        stderr().print(f"R = {measured.restart_s:.1f} s: {measured.how} of policy {policy}", markup=False)
     render_goodput(stdout(), rows, priced=price is not None)
+    if measured is not None:  # the explanation of R belongs with the table it decides
+        stdout().print(f"R = {measured.restart_s:.1f} s: {measured.how} of policy {policy}", markup=False)
 
 
 def _goodput_from_burst(root: str, gpus: list[int], blocking: list[float], mtbf: float | None, interval: float | None, price: float | None,

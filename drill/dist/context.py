@@ -29,6 +29,15 @@ from drill.dist.rendezvous import INIT_ENV, attempt_prefix, open_store
 from drill.errors import UsageError
 
 DEFAULT_RANK_TIMEOUT = 600.0
+FILE_STORE_RANKS = 64
+"""Above this many ranks a ``file://`` rendezvous beats every ``world / 64`` seconds."""
+
+
+def _is_file_store(store: Any) -> bool:
+    import torch.distributed as dist
+
+    inner = getattr(store, "underlying_store", store)
+    return isinstance(inner, dist.FileStore)
 
 
 def launched_world() -> tuple[int, int] | None:
@@ -195,6 +204,12 @@ def connect(rank_timeout: float = DEFAULT_RANK_TIMEOUT, *, lost_after: float = D
         rank, world = launched
         store, hosts = open_store(rank, world, rank_timeout)
     interval = interval or min(DEFAULT_INTERVAL, lost_after / 5)
+    if _is_file_store(store) and world > FILE_STORE_RANKS:
+        # Every FileStore operation reads what every rank appended since: N ranks beating every
+        # second read O(N²) bytes a second from the shared filesystem. Beat less often, and allow
+        # a lost rank as many missed beats as before (env:// — a TCPStore — has no such cost).
+        interval = max(interval, world / FILE_STORE_RANKS)
+        lost_after = max(lost_after, 5 * interval)
     guarded = Guarded(store)
     ctx = DistContext(rank, world, guarded, rank_timeout, lost_after, hosts_store=hosts)
     ctx.heartbeat = Heartbeat(guarded, rank, interval)
