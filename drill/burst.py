@@ -109,6 +109,8 @@ class BurstResult:
     steps: list[Step] = field(default_factory=list)
     index_seconds: float | None = None
     """Reading the checkpoint's index (``.metadata``, or its smallest file), as every restore does first."""
+    rendezvous_seconds: float | None = None
+    """As the ranks of a job: joining the rank group (None for reader processes on one host)."""
 
     @property
     def ceiling(self) -> tuple[float | None, int | None]:
@@ -128,13 +130,13 @@ class BurstResult:
             figures = [ReaderFigures(r["reader"], r["bytes"], 0.0, r["seconds"], None if r["ttfb_seconds"] is None else r["ttfb_seconds"], r["files"], r["error"])
                        for r in st["per_reader"]]  # fmt: skip
             steps.append(Step(st["readers"], figures, st["startup_seconds"], st["window_seconds"]))
-        return cls(doc["checkpoint"], doc["bytes"], doc["files"], doc["cold"], doc["replicated"], steps, doc.get("index_seconds"))
+        return cls(doc["checkpoint"], doc["bytes"], doc["files"], doc["cold"], doc["replicated"], steps, doc.get("index_seconds"), doc.get("rendezvous_seconds"))
 
     def to_dict(self) -> dict[str, Any]:
         bps, readers = self.ceiling
         return {
             "checkpoint": self.checkpoint, "bytes": self.bytes, "files": self.files, "cold": self.cold, "replicated": self.replicated,
-            "index_seconds": self.index_seconds, "ceiling_bps": bps, "ceiling_readers": readers, "steps": [s.to_dict() for s in self.steps],
+            "index_seconds": self.index_seconds, "rendezvous_seconds": self.rendezvous_seconds, "ceiling_bps": bps, "ceiling_readers": readers, "steps": [s.to_dict() for s in self.steps],
         }  # fmt: skip
 
 
@@ -204,10 +206,12 @@ def _read_share(checkpoint: str, files: list[tuple[str, int]], options: dict[str
     return ReaderFigures(n, done, started, time.monotonic(), first[0] if first else None, len(files), error)
 
 
-def run_step_on_ranks(dist: Any, checkpoint: str, sizes: dict[str, int], readers: int, *, cold: bool, replicated: bool, options: dict[str, Any] | None = None) -> Step | None:
+def run_step_on_ranks(
+    dist: Any, checkpoint: str, sizes: dict[str, int], readers: int, *, cold: bool, replicated: bool, options: dict[str, Any] | None = None, startup: float = 0.0
+) -> Step | None:
     """One step of the sweep as ranks of a job (torchrun, srun, an indexed Job): ranks below
     ``readers`` each read their share, released together through the rank group; rank 0 gets
-    the step (others None). Start-up is the job's own, measured by the launcher, so it is 0 here."""
+    the step (others None). Start-up is rank 0's: its process's age when it joined."""
     from drill.storage import storage_for
 
     reading = dist.rank < readers
@@ -223,15 +227,15 @@ def run_step_on_ranks(dist: Any, checkpoint: str, sizes: dict[str, int], readers
         return None
     wall = [f for f in gathered if f is not None]
     # monotonic clocks of different nodes do not compare: each reader's window is its own
-    step = Step(readers, sorted(wall, key=lambda r: r.reader), 0.0, recorded_window=max(r.seconds for r in wall))
-    return step
+    return Step(readers, sorted(wall, key=lambda r: r.reader), startup, recorded_window=max(r.seconds for r in wall))
 
 
 def burst(checkpoint: str, *, readers: list[int], cold: bool = True, replicated: bool = False, options: dict[str, Any] | None = None, on_step: Any = None,
-          dist: Any = None) -> BurstResult | None:  # fmt: skip
+          dist: Any = None, joining: tuple[float, float] | None = None) -> BurstResult | None:  # fmt: skip
     """Sweep the reader counts over one checkpoint (see the module). With ``dist`` (a rank
     group, :func:`drill.dist.context.connect`) the readers are the job's ranks, on their own
-    nodes; rank 0 gets the result, the others None."""
+    nodes; rank 0 gets the result, the others None. ``joining``: (seconds from the process's
+    start to joining, seconds the rendezvous took), measured by the caller around ``connect``."""
     from drill.integrity.manifest import MANIFEST_NAME, list_files
     from drill.storage import storage_for
 
@@ -241,9 +245,11 @@ def burst(checkpoint: str, *, readers: list[int], cold: bool = True, replicated:
         raise ValueError(f"{checkpoint}: no files to read")
     result = BurstResult(checkpoint, sum(sizes.values()), len(sizes), cold, replicated)
     result.index_seconds = _index_seconds(storage, checkpoint, sizes, cold)
+    if joining is not None:
+        result.rendezvous_seconds = joining[1]
     for n in readers:
         if dist is not None:
-            step = run_step_on_ranks(dist, checkpoint, sizes, n, cold=cold, replicated=replicated, options=options)
+            step = run_step_on_ranks(dist, checkpoint, sizes, n, cold=cold, replicated=replicated, options=options, startup=joining[0] if joining else 0.0)
             if step is None:
                 continue
         else:
@@ -294,12 +300,15 @@ def restart_estimate(result: BurstResult, *, job_bytes: int | None = None, job_r
     job_readers = job_readers or top.readers
     cap = ceiling if at is not None and ceiling else float("inf")
     bandwidth = min(per_reader * job_readers, cap)
-    fixed = top.startup_seconds + (result.index_seconds or 0.0)
+    joining = result.rendezvous_seconds or 0.0
+    fixed = top.startup_seconds + joining + (result.index_seconds or 0.0)
     tail = top.tail
     read = job_bytes / bandwidth * tail if bandwidth > 0 else float("inf")
     g = 1e9
     why = [
-        f"fixed: {top.startup_seconds:.2f} s to start a reader (interpreter, imports, storage) + {(result.index_seconds or 0.0):.3f} s to read the index = {fixed:.2f} s",
+        f"fixed: {top.startup_seconds:.2f} s to start a reader (interpreter, imports, storage)"
+        + (f" + {joining:.2f} s to join the rank group" if result.rendezvous_seconds is not None else "")
+        + f" + {(result.index_seconds or 0.0):.3f} s to read the index = {fixed:.2f} s",
         f"per-reader bandwidth {per_reader / g:.3f} GB/s (measured alone){'' if at is None else f'; ceiling {ceiling / g:.3f} GB/s, reached at {at} readers'}"
         + ("" if at is not None else f"; no ceiling within {top.readers} readers (best {ceiling / g:.3f} GB/s)" if ceiling else ""),
         f"aggregate for {job_readers:,} readers: min({per_reader / g:.3f} × {job_readers:,}, {'∞' if at is None else f'{ceiling / g:.3f}'}) = {bandwidth / g:.3f} GB/s",

@@ -125,5 +125,7 @@ def test_the_burst_runs_as_the_ranks_of_a_job(tmp_path: Path) -> None:
     assert outs[1][0] == outs[2][0] == ""  # only rank 0 reports
     doc = json.loads(outs[0][0])
     assert [s["readers"] for s in doc["steps"]] == [1, 2, 3]
+    assert doc["rendezvous_seconds"] is not None and all(s["startup_seconds"] > 0 for s in doc["steps"])  # measured, not guessed
+    assert "to join the rank group" in doc["restart"]["explanation"][0]
     for s in doc["steps"]:
         assert sum(r["bytes"] for r in s["per_reader"]) == doc["bytes"] and len(s["per_reader"]) == s["readers"]

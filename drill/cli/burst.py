@@ -80,15 +80,33 @@ def _sweep(uri: str, counts: list[int], *, cold: bool, replicated: bool, as_rank
     from drill.dist.context import connect
 
     err = stderr()
-    dist = connect() if as_ranks else None
+    dist, joining = None, None
+    if as_ranks:
+        import time
+
+        age = _process_age()
+        started = time.perf_counter()
+        dist = connect()
+        joining = (age, time.perf_counter() - started)
     try:
         if dist is None or dist.is_root:
             err.print(f"drill: burst of {uri}: {', '.join(map(str, counts))} readers{' (ranks)' if dist else ''}, {'cold' if cold else 'warm'}", markup=False)
-        return run_burst(uri, readers=counts, cold=cold, replicated=replicated, dist=dist,
+        return run_burst(uri, readers=counts, cold=cold, replicated=replicated, dist=dist, joining=joining,
                          on_step=lambda st: err.print(f"drill: {st.readers} reader(s): {_rate(st.aggregate_bps)}", markup=False))  # fmt: skip
     finally:
         if dist is not None:
             dist.close()
+
+
+def _process_age() -> float:
+    """Seconds since this process started (its interpreter and imports, before it joins)."""
+    with open("/proc/self/stat", encoding="ascii") as f:
+        start_ticks = int(f.read().rpartition(")")[2].split()[19])
+    with open("/proc/uptime", encoding="ascii") as f:
+        uptime = float(f.read().split()[0])
+    import os
+
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def _counts(text: str, world: int | None = None) -> list[int]:
