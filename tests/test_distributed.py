@@ -137,7 +137,7 @@ def test_a_rank_killed_mid_restore_is_named_and_recorded_once_every_time(sharded
 def test_a_hung_rank_fails_the_drill_within_the_rank_timeout(sharded_run: Path, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     started = time.monotonic()
-    ranks = launch(2, ["--root", str(sharded_run), "--db", db, "-q", "--rank-timeout", "8", "--timeout", "40"], tmp_path, env={"DRILL_FAILPOINTS": "restored@1=hang"})
+    ranks = launch(2, ["--root", str(sharded_run), "--db", db, "-q", "--rank-timeout", "8", "--timeout", "20"], tmp_path, env={"DRILL_FAILPOINTS": "restored@1=hang"})
     assert ranks[0].returncode == 5 and "rank 1 did not reach 'restored' within 8 s, though alive (hung)" in ranks[0].stderr, ranks[0].stderr
     assert re.search(r"rank 1 on \S+ \(pid \d+\) last reached '", ranks[0].stderr)
     assert ranks[1].returncode == 5  # its own deadline ends the hung rank
