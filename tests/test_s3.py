@@ -272,8 +272,10 @@ def test_a_second_real_implementation_ceph_radosgw(demo_run: Path, sqlite_url: s
         bad = drill(root, sqlite_url)
         found = {(f.check, f.code, f.subject) for f in bad.findings}
         assert {("integrity", "digest-mismatch", "__0_1.distcp"), ("files", "file-missing", "__0_0.distcp")} <= found, found
-        missing = drill("s3://no-such-bucket/run", sqlite_url)
-        assert "no such bucket" in missing.message
+        from drill.errors import NothingToDrill
+
+        with pytest.raises(NothingToDrill, match="no such bucket"):  # refused before a record is opened (exit 3)
+            drill("s3://no-such-bucket/run", sqlite_url)
 
 
 def test_scratch_copies_go_on_every_exit_path(demo_run: Path, s3, sqlite_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
