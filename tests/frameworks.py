@@ -58,7 +58,7 @@ def hf_trainer_resume(out: Path, checkpoint: str) -> int:
     args = TrainingArguments(
         output_dir=str(out), max_steps=6, save_steps=100, per_device_train_batch_size=4, report_to=[], use_cpu=True, seed=7, disable_tqdm=True
     )
-    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset(), callbacks=callbacks)
+    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset())
     trainer.train(resume_from_checkpoint=checkpoint)
     return trainer.state.global_step
 

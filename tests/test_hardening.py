@@ -235,3 +235,24 @@ def test_scratch_space_is_cleaned_on_every_exit_path(demo_run: Path, sqlite_url:
     _drill(demo_run, sqlite_url, replay=ReplaySpec(enabled=True, steps=1))
     _drill(demo_run, sqlite_url, replay=ReplaySpec(enabled=True, steps=1, entrypoint="tests.replay_targets:raising"))
     assert list(scratch.iterdir()) == []
+
+
+def test_a_spooled_file_claimed_by_another_flush_while_listed_is_not_rejected(private_spool: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four flushes at once: one lists a file another has just claimed (renamed). That file is
+    not "unreadable" — it is someone else's delivery — and must not turn the flush into exit 1."""
+    import os as _os
+
+    from drill.records.spool import Spool
+
+    spool = Spool("sqlite:///x.db")
+    path = spool.put({"id": None, "pid": 1})
+    real = _os.lstat
+
+    def claimed_meanwhile(p, *a, **k):  # type: ignore[no-untyped-def]
+        if str(p) == str(path) and path.exists():
+            path.rename(str(path) + ".claimed-424242")  # the other flush's claim, between listing and examining
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(_os, "lstat", claimed_meanwhile)
+    pending = spool.pending()
+    assert str(path) not in {str(p) for p in pending.rejected}

@@ -107,21 +107,19 @@ def run(
     phase and the time to first step are recorded in the database.
 
     Under torchrun or srun every rank runs this same command: each restores its share of the
-    files, and rank 0 checks, records and prints the drill. A rank that dies, hangs or never
-    joins ends the drill as an error naming it; torchrun reports every failure as exit 1, so
-    pass --verdict-file and exit with `drill verdict FILE` to keep drill's exit code.
+    files, and rank 0 checks, records and prints the drill; a rank that dies, hangs or never
+    joins ends it as an error naming it. torchrun exits 1 for every failure: use --verdict-file.
 
     Example: drill run --root ./demo-run --checkpoint latest
     """
     from drill.dist.context import launched_world
 
-    ranks = launched_world() is not None
+    ranks, as_trigger = launched_world() is not None, "policy" if trigger == "manual" or dry_run else trigger
+    if policy is not None and not ranks and not dry_run:
+        return run_policy(_only_policy(policy, root, checkpoint), db=db, json=json, trigger=as_trigger, verdict_file=verdict_file)
+    request = policy_request(_only_policy(policy, root, checkpoint), as_trigger) if policy else build_request(locals())
     if dry_run:
-        request = policy_request(_only_policy(policy, root, checkpoint), "policy") if policy else build_request(locals())
         return show_plan(request, db=db, json=json)
-    if policy is not None and not ranks:
-        return run_policy(_only_policy(policy, root, checkpoint), db=db, json=json, trigger="policy" if trigger == "manual" else trigger, verdict_file=verdict_file)
-    request = policy_request(_only_policy(policy, root, checkpoint), "policy" if trigger == "manual" else trigger) if policy else build_request(locals())
     if ranks:
         from drill.cli.ranks import run_ranks
 

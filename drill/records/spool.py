@@ -88,6 +88,8 @@ class Spool:
                     problem = None if isinstance(doc, dict) else "not an outcome document (not a JSON object)"
                 except (OSError, UnicodeDecodeError, ValueError) as exc:
                     problem = f"not readable as JSON ({type(exc).__name__})"
+            if problem is not None and not os.path.lexists(path):
+                continue  # claimed (renamed) by a concurrent flush since it was listed: not ours to judge
             if problem is None:
                 out.documents.append((path, doc))
             else:
