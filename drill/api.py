@@ -161,6 +161,36 @@ def get_drill(drill_id: int, *, db: str | None = None) -> DrillOutcome:
         database.close()
 
 
+def bursts(*, db: str | None = None, root: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """Recorded restore bursts (``drill burst``), newest first: their documents."""
+    from drill.records.db import read_database
+    from drill.records.store import Records
+    from drill.storage import normalize
+
+    database = read_database(db)
+    if database is None:
+        return []
+    try:
+        return Records(database).bursts(normalize(root) if root else None, limit=limit)
+    finally:
+        database.close()
+
+
+def get_burst(burst_id: int, *, db: str | None = None) -> dict[str, Any]:
+    """One recorded restore burst; :class:`~drill.errors.NotFound` if none."""
+    from drill.errors import NotFound
+    from drill.records.db import read_database
+    from drill.records.store import Records
+
+    database = read_database(db)
+    if database is None:
+        raise NotFound(f"no burst #{burst_id}: the database holds no records yet")
+    try:
+        return Records(database).burst(burst_id)
+    finally:
+        database.close()
+
+
 def last_good(
     root: str, *, db: str | None = None, min_evidence: str = "structural", require_replay: bool = False, timeout: float | None = 300.0
 ) -> DrillOutcome | None:
@@ -249,4 +279,4 @@ def _no_database_for(head: str) -> ChainReport:
     return ChainReport(problems=[problem])
 
 
-__all__ = ["dry_run", "get_drill", "history", "last_good", "list_run", "run_drill", "run_policy", "verify_audit_chain"]
+__all__ = ["bursts", "dry_run", "get_burst", "get_drill", "history", "last_good", "list_run", "run_drill", "run_policy", "verify_audit_chain"]

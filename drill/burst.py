@@ -166,7 +166,7 @@ def run_step(checkpoint: str, sizes: dict[str, int], readers: int, *, cold: bool
 
     storage = storage_for(checkpoint, options)
     if cold:
-        storage.evict([storage.child(checkpoint, rel) for rel in sizes])
+        storage.evict({storage.child(checkpoint, rel): size for rel, size in sizes.items()})
     ctx = multiprocessing.get_context("spawn")  # torch-free children: nothing inherited, nothing forked mid-thread
     ready, out, barrier = ctx.Queue(), ctx.Queue(), ctx.Barrier(readers)
     procs = [ctx.Process(target=_reader, args=(n, checkpoint, share, options, ready, barrier, out), daemon=True)
@@ -218,7 +218,7 @@ def run_step_on_ranks(
     share = _shares(sizes, readers, replicated)[dist.rank] if reading else []
     if cold and reading:
         storage = storage_for(checkpoint, options)
-        storage.evict([storage.child(checkpoint, rel) for rel, _ in share])  # this node's page cache
+        storage.evict({storage.child(checkpoint, rel): size for rel, size in share})  # this node's page cache
     dist.gather(None, f"burst-ready-{readers}")
     dist.broadcast(None, f"burst-go-{readers}")  # the barrier: every reader starts now
     figures = _read_share(checkpoint, share, options, dist.rank) if reading else None
@@ -266,7 +266,7 @@ def _index_seconds(storage: Any, checkpoint: str, sizes: dict[str, int], cold: b
     index = ".metadata" if ".metadata" in sizes else min(sizes, key=lambda rel: (sizes[rel], rel))
     uri = storage.child(checkpoint, index)
     if cold:
-        storage.evict([uri])
+        storage.evict({uri: sizes[index]})
     started = time.perf_counter()
     hash_stream(storage, uri, sizes[index])
     return time.perf_counter() - started

@@ -78,6 +78,7 @@ def _sweep(uri: str, counts: list[int], *, cold: bool, replicated: bool, as_rank
     """The sweep, here or as the ranks of the job this process is one of (None on ranks but 0)."""
     from drill.burst import burst as run_burst
     from drill.dist.context import connect
+    from drill.units import human_rate
 
     err = stderr()
     dist, joining = None, None
@@ -92,7 +93,7 @@ def _sweep(uri: str, counts: list[int], *, cold: bool, replicated: bool, as_rank
         if dist is None or dist.is_root:
             err.print(f"drill: burst of {uri}: {', '.join(map(str, counts))} readers{' (ranks)' if dist else ''}, {'cold' if cold else 'warm'}", markup=False)
         return run_burst(uri, readers=counts, cold=cold, replicated=replicated, dist=dist, joining=joining,
-                         on_step=lambda st: err.print(f"drill: {st.readers} reader(s): {_rate(st.aggregate_bps)}", markup=False))  # fmt: skip
+                         on_step=lambda st: err.print(f"drill: {st.readers} reader(s): {human_rate(st.aggregate_bps)}", markup=False))  # fmt: skip
     finally:
         if dist is not None:
             dist.close()
@@ -153,7 +154,3 @@ def _record(run_root: str, document: dict, db: str | None) -> int | None:  # typ
         return None
 
 
-def _rate(bps: float | None) -> str:
-    from drill.units import human_rate
-
-    return human_rate(bps) if bps is not None else "-"

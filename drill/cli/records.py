@@ -55,14 +55,9 @@ def history(
 
 
 def _bursts(root: str | None, limit: int, db: str | None, json: bool) -> None:
-    from drill.records.db import read_database
-    from drill.records.store import Records
-    from drill.storage import normalize
+    from drill.api import bursts
 
-    database = read_database(db)
-    docs = Records(database).bursts(normalize(root) if root else None, limit=limit) if database is not None else []
-    if database is not None:
-        database.close()
+    docs = bursts(db=db, root=root, limit=limit)
     if json:
         return print_json(docs)
     if not docs:
@@ -99,17 +94,9 @@ def show(
 
 
 def _show_burst(burst_id: int, db: str | None, json: bool) -> None:
-    from drill.errors import NotFound
-    from drill.records.db import read_database
-    from drill.records.store import Records
+    from drill.api import get_burst
 
-    database = read_database(db)
-    if database is None:
-        raise NotFound(f"no burst #{burst_id}: the database holds no records yet")
-    try:
-        doc = Records(database).burst(burst_id)
-    finally:
-        database.close()
+    doc = get_burst(burst_id, db=db)
     if json:
         return print_json(doc)
     from drill.cli.render import render_burst

@@ -195,18 +195,13 @@ def goodput(
 def _goodput_from_burst(root: str, gpus: list[int], blocking: list[float], mtbf: float | None, interval: float | None, price: float | None,
                         checkpoint_bytes: str | None, db: str | None, json: bool) -> None:  # fmt: skip
     """R per GPU count from the run's latest burst: every GPU's rank reads its share at once."""
+    from drill.api import bursts
     from drill.burst import BurstResult, restart_estimate
     from drill.cli.render import render_goodput
     from drill.goodput import GoodputError, table
-    from drill.records.db import read_database
-    from drill.records.store import Records
-    from drill.storage import normalize
     from drill.units import parse_size
 
-    database = read_database(db)
-    found = Records(database).bursts(normalize(root), limit=1) if database is not None else []
-    if database is not None:
-        database.close()
+    found = bursts(db=db, root=root, limit=1)
     if not found:
         raise UsageError(f"--root {root}: no drill burst of this run is recorded (run drill burst --root {root} first)")
     doc = found[0]

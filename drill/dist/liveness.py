@@ -91,7 +91,8 @@ class Watch:
             if beat != count:
                 self.seen[r] = (beat, now)
             elif now - since > self.lost_after:
-                found.append((r, f"{self.describe(r)} was lost at '{stage}': no heartbeat for {now - since:.1f} s{self._gone(r)}"))
+                host, pid = self._who(r) or ("?", "")
+                found.append((r, f"rank {r} on {host} (pid {pid}) was lost at '{stage}': no heartbeat for {now - since:.1f} s{_how_gone(host, pid)}"))
         return found
 
     def _failed(self, ranks: list[int], stage: str) -> list[tuple[int, str]]:
@@ -99,18 +100,25 @@ class Watch:
             return []
         return [(r, f"{self.describe(r)} stopped before '{stage}': {self.store.get(f'fail/{r}').decode(errors='replace')}") for r in ranks if self.store.check([f"fail/{r}"])]
 
+    def _who(self, rank: int) -> tuple[str, str] | None:
+        """(host, pid) as the rank announced itself; None before it did."""
+        if not self.store.check([f"who/{rank}"]):
+            return None
+        host, _, pid = self.store.get(f"who/{rank}").decode(errors="replace").partition(" ")
+        return host, pid
+
     def describe(self, rank: int) -> str:
         """``rank 1 on node7 (pid 4242)``, as far as it announced itself."""
-        if not self.store.check([f"who/{rank}"]):
-            return f"rank {rank}"
-        host, _, pid = self.store.get(f"who/{rank}").decode(errors="replace").partition(" ")
-        return f"rank {rank} on {host} (pid {pid})"
+        who = self._who(rank)
+        return f"rank {rank}" if who is None else f"rank {rank} on {who[0]} (pid {who[1]})"
 
-    def _gone(self, rank: int) -> str:
-        host, _, pid = self.store.get(f"who/{rank}").decode(errors="replace").partition(" ")
-        if host != socket.gethostname() or not pid.isdigit():
-            return " (killed, crashed, or its node was lost)"
-        return " (its process is gone: killed or crashed)" if not _alive(int(pid)) else " (its process is alive but silent: stopped or starved)"
+
+def _how_gone(host: str, pid: str) -> str:
+    """What this host can tell of a silent rank: its process gone, or alive but silent (on this
+    host only); elsewhere, what silence means."""
+    if host != socket.gethostname() or not pid.isdigit():
+        return " (killed, crashed, or its node was lost)"
+    return " (its process is gone: killed or crashed)" if not _alive(int(pid)) else " (its process is alive but silent: stopped or starved)"
 
 
 def _alive(pid: int) -> bool:

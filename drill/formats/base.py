@@ -26,6 +26,7 @@ a run and ``drill verify`` of a sealed checkpoint never import torch).
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,8 +64,9 @@ Structure = tuple[list["Finding"], dict[str, Any]]
 """A structural proof: its findings (empty when consistent) and the evidence it examined."""
 
 
-class Format:
-    """One kind of checkpoint (see the module's docstring); the defaults say "not mine"."""
+class Format(ABC):
+    """One kind of checkpoint (see the module's docstring); the defaults say "not mine", and
+    :meth:`restore` — what makes a format one — every format must write."""
 
     name: str = ""
     """The ``--format`` name, and the ``format`` a :class:`CheckpointRef` carries."""
@@ -107,9 +109,9 @@ class Format:
         """The ranks that wrote the checkpoint, where its file names say (empty: they do not)."""
         return []
 
+    @abstractmethod
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
         """Read and load ``ref``; every problem is recorded in the result, never raised."""
-        raise NotImplementedError(self.name)
 
     def restored_structure(self, result: RestoreResult, storage: Storage, uri: str, sizes: dict[str, int]) -> Structure | None:
         """The structural proof of a checkpoint once :meth:`restore` has read it (the same

@@ -3,8 +3,9 @@
 A save is ``<tag>/`` (``global_stepN/`` unless the trainer names it) beside a ``latest`` file
 that DeepSpeed writes once the save is done and that ``load_checkpoint`` follows:
 
-- ``mp_rank_00_model_states.pt`` — the module's weights (ZeRO-3: empty placeholders, one such
-  file per data-parallel rank, ``zero_pp_rank_<r>_mp_rank_00_model_states.pt``), the LR
+- ``mp_rank_00_model_states.pt`` — the module's weights (ZeRO-3 partitions them, so it holds
+  zero-size tensors, one such file per data-parallel rank,
+  ``zero_pp_rank_<r>_mp_rank_00_model_states.pt``), the LR
   scheduler, ``global_steps``, ``dp_world_size``, ``param_shapes`` and the trainer's
   ``client_state``;
 - ``zero_pp_rank_<r>_mp_rank_00_optim_states.pt`` per data-parallel rank (``bf16_`` first with

@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
@@ -25,7 +26,7 @@ from typing import Any
 
 import xxhash
 
-from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
+from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
 from drill.integrity.parallel import hash_files
 from drill.integrity.reading import describe_read_error
 from drill.storage import EntryKind, PathEscapesCheckpoint, Storage
@@ -301,6 +302,12 @@ def frameworks() -> dict[str, str]:
     return versions
 
 
+def manifest_of(hashes: Mapping[str, FileHashes], *, step: int | None, chunk_size: int) -> Manifest:
+    """The manifest of these files' digests (relative path → hashes), as every seal writes it."""
+    entries = [FileEntry(rel, h.size, h.digest, tuple(h.chunk_hex)) for rel, h in sorted(hashes.items())]
+    return Manifest(step=step, chunk_size=chunk_size, files=entries, frameworks=frameworks())
+
+
 @dataclass(slots=True)
 class SealResult:
     manifest: Manifest
@@ -341,12 +348,11 @@ def seal(
     if listing.odd:
         rel, kind = sorted(listing.odd.items())[0]
         raise SealConflict(f"{rel} in {checkpoint} is not a regular file ({kind}); a checkpoint holding it is not sealed")
-    entries = []
-    for rel, h in hash_files(storage, checkpoint, listing.files, chunk_size).items():
+    hashes = hash_files(storage, checkpoint, listing.files, chunk_size)
+    for rel, h in hashes.items():
         if isinstance(h, OSError):
             raise SealConflict(f"cannot seal {checkpoint}: {rel}: {h.strerror or h}")
-        entries.append(FileEntry(rel, h.size, h.digest, tuple(h.chunk_hex)))
-    manifest = Manifest(step=step, chunk_size=chunk_size, files=entries, frameworks=frameworks())
+    manifest = manifest_of(hashes, step=step, chunk_size=chunk_size)  # type: ignore[arg-type]
     try:
         existing, _ = read_manifest(storage, checkpoint)
     except ManifestInvalid as exc:
@@ -378,6 +384,7 @@ __all__ = [
     "SealConflict",
     "SealResult",
     "list_files",
+    "manifest_of",
     "parse_manifest",
     "read_manifest",
     "seal",

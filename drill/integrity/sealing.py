@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
 from drill.failpoints import failpoint
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, ChunkHasher, FileHashes
-from drill.integrity.manifest import MANIFEST_NAME, FileEntry, Manifest, frameworks, key_id
+from drill.integrity.manifest import MANIFEST_NAME, key_id, manifest_of
 
 METADATA = ".metadata"
 _SEAL_FQN = "__drill_seal__"
@@ -372,8 +372,7 @@ def manifest_bytes(name: str, files: dict[str, FileHashes], key: bytes | None, c
     """The manifest of these files, as ``drill seal`` writes it."""
     from drill.checkpoints import step_of
 
-    entries = [FileEntry(rel, h.size, h.digest, tuple(h.chunk_hex)) for rel, h in sorted(files.items())]
-    manifest = Manifest(step=step_of(name), chunk_size=chunk_size, files=entries, frameworks=frameworks())
+    manifest = manifest_of(files, step=step_of(name), chunk_size=chunk_size)
     manifest.key_id = key_id(key) if key is not None else None
     return manifest.to_json(key)
 

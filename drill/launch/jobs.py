@@ -3,6 +3,7 @@ cancelled it. Shared by the Slurm and Kubernetes launchers."""
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,6 +24,8 @@ class JobEnd:
     """The node the job ran on, when the batch system still knows it."""
     cancelled_by: str | None = None
     """Why drill cancelled the job (an interrupt, a scheduler stopping), if it did."""
+    cancelled_on: int | None = None
+    """The signal that made drill cancel it: SIGINT (Ctrl-C) or SIGTERM (a stop)."""
     was_running: bool = False
     kind: str = "slurm job"
     """How messages name the job: ``slurm job 12``, ``kubernetes Job drill-x-ab12cd``."""
@@ -84,25 +87,26 @@ def follow(job: Job, *, queue_timeout: float, poll: float = 1.0, on_state: Any =
                     return JobEnd(job.job_id, "NEVER_RUNS" if never else "QUEUE_TIMEOUT", None, f"{why} ({reason})", pending_for, pending_for, kind=job.kind)
             why = stop(st) if stop is not None else None
             if why:
-                return _cancelled(job, why, started, pending_for, running)
+                return _cancelled(job, why, signal.SIGTERM, started, pending_for, running)  # a scheduler stopping
             time.sleep(poll)
     except BaseException as exc:  # Ctrl-C, SIGTERM: the job must not outlive the one following it
         if isinstance(exc, Exception):
             raise
-        end = _cancelled(job, f"drill submit was {str(exc) or 'interrupted (SIGINT)'}", started, pending_for, running)
+        signum = signal.SIGTERM if "SIGTERM" in str(exc) else signal.SIGINT  # the CLI's Terminated says so; a bare KeyboardInterrupt is Ctrl-C
+        end = _cancelled(job, f"drill submit was {str(exc) or 'interrupted (SIGINT)'}", signum, started, pending_for, running)
         raise Interrupted(end, exc) from None
     st, code, reason, host = job.final()
     return JobEnd(job.job_id, st, code, reason, pending_for, time.monotonic() - started, host, was_running=running or st != "CANCELLED", kind=job.kind)
 
 
-def _cancelled(job: Job, why: str, started: float, pending_for: float, running: bool) -> JobEnd:
+def _cancelled(job: Job, why: str, signum: int, started: float, pending_for: float, running: bool) -> JobEnd:
     """Cancel the job and follow it out of the queue (a minute at most)."""
     job.cancel()
     deadline = time.monotonic() + 60
     while job.state() is not None and time.monotonic() < deadline:
         time.sleep(0.5)
     st, code, reason, host = job.final()
-    return JobEnd(job.job_id, st, code, reason, pending_for, time.monotonic() - started, host, cancelled_by=why, was_running=running, kind=job.kind)
+    return JobEnd(job.job_id, st, code, reason, pending_for, time.monotonic() - started, host, cancelled_by=why, cancelled_on=signum, was_running=running, kind=job.kind)
 
 
 __all__ = ["Interrupted", "Job", "JobEnd", "follow"]

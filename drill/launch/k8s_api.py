@@ -60,6 +60,19 @@ def apply(api: Any, docs: list[dict[str, Any]], namespace: str) -> None:
                 core.replace_namespaced_config_map(name, namespace, doc)
 
 
+def refusal(exc: Exception) -> str:
+    """The API server's own message for a refused request (its ``Status`` body), in one line."""
+    body = getattr(exc, "body", None)
+    if body:
+        import json
+
+        try:
+            return str(json.loads(body).get("message", body))[:300]
+        except (ValueError, AttributeError):
+            return str(body)[:300]
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+
+
 @dataclass(slots=True)
 class KubeJob:
     """A Job in the cluster, for :func:`~drill.launch.jobs.follow`."""
@@ -146,4 +159,4 @@ def _exit_code(pods: list[Any]) -> int | None:
     return None
 
 
-__all__ = ["KubeJob", "apply", "configured_api"]
+__all__ = ["KubeJob", "apply", "configured_api", "refusal"]

@@ -21,7 +21,7 @@ from drill.launch.jobs import Interrupted, JobEnd
 from drill.pipeline.outcome import DrillOutcome
 from drill.pipeline.recorder import DrillStart
 from drill.policy.model import Policy
-from drill.verdict import DrillStatus
+from drill.verdict import DrillStatus, exit_code_for
 
 
 @dataclass(slots=True)
@@ -86,7 +86,7 @@ def submit_k8s(policy: Policy, api: Any, *, db: str | None, trigger: str = "poli
     """Apply the policy's Job to the configured cluster and follow it like a Slurm job; the pods
     record the drill as ``k8s:<job name>`` (a name of this run only)."""
     from drill.launch import k8s
-    from drill.launch.k8s_api import KubeJob, apply
+    from drill.launch.k8s_api import KubeJob, apply, refusal
     from drill.records.db import open_database
     from drill.records.store import Records
 
@@ -99,25 +99,13 @@ def submit_k8s(policy: Policy, api: Any, *, db: str | None, trigger: str = "poli
         try:
             apply(api, docs, namespace)
         except Exception as exc:  # noqa: BLE001 - the API refused (RBAC, quota, validation): the drill is still on the record
-            reason = f"kubernetes refused the Job: {_api_reason(exc)}"
+            reason = f"kubernetes refused the Job: {refusal(exc)}"
             sub.outcome = records.get(records.record_lost(_start(policy, trigger, None), status=DrillStatus.ERROR, exit_code=int(ExitCode.ERROR), reason=reason))
             return sub
         _follow(sub, records, policy, trigger, f"k8s:{name}", KubeJob(api, name, namespace), on_state=on_state, stop=stop)
     finally:
         database.close()
     return sub
-
-
-def _api_reason(exc: Exception) -> str:
-    body = getattr(exc, "body", None)
-    if body:
-        import json
-
-        try:
-            return str(json.loads(body).get("message", body))[:300]
-        except (ValueError, AttributeError):
-            return str(body)[:300]
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
 
 
 def _follow(sub: Submission, records: Any, policy: Policy, trigger: str, record_job: str, job: Any, *, on_state: Any, stop: Any) -> None:
@@ -164,7 +152,7 @@ def reconcile(records: Any, policy: Policy, trigger: str, end: JobEnd, job: str,
     drill_id = records.by_job(job)
     status, code = DrillStatus.ERROR, ExitCode.ERROR
     if end.cancelled_by is not None:
-        status, code = DrillStatus.ABORTED, ExitCode.TERMINATED if "SIGTERM" in end.cancelled_by or "stopp" in end.cancelled_by else ExitCode.INTERRUPTED
+        status, code = DrillStatus.ABORTED, exit_code_for(DrillStatus.ABORTED, signum=end.cancelled_on)
     why = f"{end.name} ended {end.state}" + (f" ({end.reason})" if end.reason and end.reason != "None" else "")
     if end.cancelled_by is not None:
         why = f"{end.cancelled_by}: {end.name} was cancelled while {'running' if end.was_running else 'pending'}"

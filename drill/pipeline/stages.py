@@ -471,8 +471,8 @@ def _page_cache(d: Drill, ref: CheckpointRef) -> dict[str, Any]:
     try:
         plan = d.inputs.plan
         sizes = plan.on_storage if plan is not None else list_files(d.storage, ref.uri).files
-        uris = [d.storage.child(ref.uri, rel) for rel in sorted(sizes)]
-        state = d.storage.evict(uris) if d.request.cold else d.storage.cached(uris)
+        files = {d.storage.child(ref.uri, rel): size for rel, size in sorted(sizes.items())}
+        state = d.storage.evict(files) if d.request.cold else d.storage.cached(files)
         return {"cold": d.request.cold, **state.to_dict()}
     except (OSError, ValueError) as exc:
         return {"cold": d.request.cold, "error": one_line(exc)}

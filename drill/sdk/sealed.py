@@ -27,11 +27,14 @@ from drill.integrity.sealing import SealingWriter, SealReport, sealing, write_ma
 DATABASE_ENV = "DRILL_DATABASE_URL"
 
 
-def _writer(checkpoint_id: str | os.PathLike, key: bytes | None, writer_options: dict[str, Any]) -> Any:
-    """A SealingWriter; or, given ``storage_writer`` (s3torchconnector's ``S3StorageWriter``…), that writer sealing as it writes."""
-    if "storage_writer" in writer_options:
-        return sealing(writer_options.pop("storage_writer"), key=key)
-    return SealingWriter(checkpoint_id, key=key, **writer_options)
+def _prepare(fn: Any, checkpoint_id: str | os.PathLike, key: bytes | None, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any], str | None]:
+    """(the sealing writer, what DCP's ``fn`` takes of ``kwargs``, the database to record in).
+    Given ``storage_writer`` (s3torchconnector's ``S3StorageWriter``…), that writer sealing as it
+    writes; else a SealingWriter taking the keyword arguments DCP does not."""
+    db, inner = kwargs.pop("db", None), kwargs.pop("storage_writer", None)
+    dcp_kwargs, writer_options = _split(fn, kwargs)
+    writer = sealing(inner, key=key) if inner is not None else SealingWriter(checkpoint_id, key=key, **writer_options)
+    return writer, dcp_kwargs, db
 
 
 def _split(fn: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -52,10 +55,7 @@ def save(
     straight to S3."""
     import torch.distributed.checkpoint as dcp
 
-    db = kwargs.pop("db", None)
-    inner = kwargs.pop("storage_writer", None)
-    dcp_kwargs, writer_options = _split(dcp.save, kwargs)
-    writer = _writer(checkpoint_id, key, writer_options if inner is None else {"storage_writer": inner})
+    writer, dcp_kwargs, db = _prepare(dcp.save, checkpoint_id, key, kwargs)
     dcp.save(state_dict, checkpoint_id=checkpoint_id, storage_writer=writer, planner=planner, process_group=process_group, **dcp_kwargs)
     writer.report.recorder = record_save(writer.report, checkpoint_id, "writer", db)
     return writer.report
@@ -70,10 +70,7 @@ def async_save(
     ``async_stager``, ``no_dist``, …) go to it; the rest to ``FileSystemWriter``."""
     import torch.distributed.checkpoint as dcp
 
-    db = kwargs.pop("db", None)
-    inner = kwargs.pop("storage_writer", None)
-    dcp_kwargs, writer_options = _split(dcp.async_save, kwargs)
-    writer = _writer(checkpoint_id, key, writer_options if inner is None else {"storage_writer": inner})
+    writer, dcp_kwargs, db = _prepare(dcp.async_save, checkpoint_id, key, kwargs)
     pending = dcp.async_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=writer, planner=planner, process_group=process_group, **dcp_kwargs)
     done = getattr(pending, "upload_completion", pending)
 

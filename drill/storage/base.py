@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from collections.abc import Mapping
 from typing import BinaryIO, Protocol
 
 
@@ -105,11 +106,12 @@ class Storage(Protocol):
         """The canonical spelling of ``uri`` that records key on (an absolute path locally)."""
         ...
 
-    def cached(self, uris: list[str]) -> CacheState:
-        """How much of these files this host holds cached (a read of them is that warm)."""
+    def cached(self, sizes: Mapping[str, int]) -> CacheState:
+        """How much of these files (URI → size, as listed) this host holds cached: a read of
+        them is that warm. Nothing is read, and nothing is asked of a remote store."""
         ...
 
-    def evict(self, uris: list[str]) -> CacheState:
+    def evict(self, sizes: Mapping[str, int]) -> CacheState:
         """Drop what this host caches of these files, so the next read comes from the storage
         itself (a cold read, as a restart's); returns what is still cached after."""
         ...

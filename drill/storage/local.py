@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat as stat_mod
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
@@ -121,18 +122,17 @@ class LocalStorage:
     def normalize(self, uri: str) -> str:
         return os.path.abspath(_path(uri))
 
-    def cached(self, uris: list[str]) -> CacheState:
+    def cached(self, sizes: Mapping[str, int]) -> CacheState:
         from drill.storage.pagecache import resident_bytes
 
-        paths = [_path(u) for u in uris]
-        counts = [resident_bytes(p) for p in paths]
+        counts = [resident_bytes(_path(u)) for u in sizes]
         resident = None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
         how = "the page cache (cachestat)" if resident is not None else "the page cache (this kernel cannot count it: no cachestat)"
-        return CacheState(sum(os.path.getsize(p) for p in paths), resident, how)
+        return CacheState(sum(sizes.values()), resident, how)
 
-    def evict(self, uris: list[str]) -> CacheState:
+    def evict(self, sizes: Mapping[str, int]) -> CacheState:
         from drill.storage.pagecache import drop
 
-        drop(_path(u) for u in uris)
-        after = self.cached(uris)
+        drop(_path(u) for u in sizes)
+        after = self.cached(sizes)
         return CacheState(after.bytes, after.resident, "written back and dropped from the page cache (posix_fadvise DONTNEED)")

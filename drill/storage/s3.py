@@ -26,6 +26,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
@@ -211,11 +212,11 @@ class S3Storage:
         bucket, key = split(uri)
         return f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
 
-    def cached(self, uris: list[str]) -> CacheState:
-        return CacheState(sum(self.stat(u).size for u in uris), None, "object storage: nothing is cached on this host, every read is cold")
+    def cached(self, sizes: Mapping[str, int]) -> CacheState:
+        return CacheState(sum(sizes.values()), None, "object storage: nothing is cached on this host, every read is cold")
 
-    def evict(self, uris: list[str]) -> CacheState:
-        return self.cached(uris)
+    def evict(self, sizes: Mapping[str, int]) -> CacheState:
+        return self.cached(sizes)
 
     def _head(self, bucket: str, key: str, fresh: bool = True) -> dict[str, Any]:
         cached = self._heads.get(f"{bucket}/{key}")
