@@ -422,3 +422,52 @@ def test_a_sparse_terabyte_beside_a_sealed_checkpoint_is_unlisted_unread(demo_ru
     assert outcome.bytes_read is not None and outcome.bytes_read < 1 << 30
     assert ("file-unlisted", "huge.bin") in [(f.code, f.subject) for f in verified.result.findings]
     assert verified.bytes_hashed < 1 << 30
+
+
+@pytest.mark.parametrize("size", [0, 1, (1 << 20) - 1, 1 << 20, (4 << 20) + 3, (17 << 20) + 5])
+@pytest.mark.parametrize("lane", [False, True])
+def test_one_pass_read_hashes_and_crcs_exactly_what_two_passes_would(tmp_path: Path, size: int, lane: bool) -> None:
+    """A tensor's bytes are hashed and CRC'd piece by piece as they land (on the CRC lane for
+    large entries): the chunk digests and the CRC-32 equal those of the whole buffer taken
+    afterwards, whatever the size against the piece, batch and chunk boundaries."""
+    import zlib
+
+    from drill.integrity.hashing import ChunkHasher
+    from drill.integrity.reading import Crc, CrcLane, SequentialReader
+
+    data = os.urandom(size + 7)
+    (tmp_path / "f").write_bytes(data)
+    target = memoryview(bytearray(size))
+    running = CrcLane() if lane else Crc()
+    with open(tmp_path / "f", "rb", buffering=0) as f:
+        reader = SequentialReader(f, len(data), ChunkHasher(chunk_size=1 << 20))
+        reader.skip_to(7)
+        reader.read_into(target, running.begin() if isinstance(running, CrcLane) else running)
+        got = running.value()
+        hashes = reader.finish()
+    if isinstance(running, CrcLane):
+        running.close()
+    whole = ChunkHasher(chunk_size=1 << 20)
+    whole.update(data)
+    assert bytes(target) == data[7:]
+    assert got == zlib.crc32(data[7:])
+    assert hashes is not None and hashes.chunks == whole.finish().chunks
+
+
+def test_a_flip_in_a_large_tensor_is_caught_by_the_crc_lane(tmp_path: Path) -> None:
+    """An entry large enough for the CRC lane, damaged and resealed: the CRC-32 taken beside
+    the read still names it."""
+    from drill import sdk
+    from drill.integrity.reading import LANE_MIN
+
+    ckpt = tmp_path / "ckpt"
+    state = {"big": torch.randn(LANE_MIN // 4 + 1000), "small": torch.randn(10)}
+    dcp.save(state, checkpoint_id=str(ckpt), no_dist=True)
+    shard = ckpt / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    seal(str(ckpt))
+    targets = {"big": torch.zeros_like(state["big"]), "small": torch.zeros_like(state["small"])}
+    with pytest.raises(sdk.CheckpointCorrupt, match="CRC"):
+        sdk.load(targets, str(ckpt), record=False)

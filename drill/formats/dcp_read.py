@@ -19,7 +19,6 @@ import io
 import math
 import struct
 import time
-import zlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future as CFuture
@@ -38,8 +37,8 @@ from drill.formats.dcp_layout import apply_layout
 from drill.formats.dcp_entries import DIRECT_MIN_BYTES, TAIL_BYTES, TensorSpec, data_start, local_header_end, records, tensor_spec
 from drill.formats.dcp_types import check_metadata, is_byte_io, is_bytes, is_tensor, load_metadata, narrow, read_items
 from drill.formats.safeload import load_failure, numpy_arrays
-from drill.integrity.hashing import ChunkHasher
-from drill.integrity.reading import ATTEMPTS, TRANSIENT, SequentialReader, describe_read_error, read_whole
+from drill.integrity.hashing import ChunkHasher, crc32
+from drill.integrity.reading import ATTEMPTS, LANE_MIN, TRANSIENT, Crc, CrcLane, SequentialReader, describe_read_error, read_whole
 from drill.restore import FileRead, ItemFailure, RestoreResult, TensorInfo
 from drill.restore.staging import Stagers, byte_view
 from drill.safe_pickle import with_classes
@@ -97,6 +96,8 @@ class _FileOutcome:
     tensor_bytes: int = 0
     stagers: Stagers = field(default_factory=Stagers)
     """Host buffers towards targets the reader cannot write itself (a GPU's)."""
+    lane: CrcLane = field(default_factory=CrcLane)
+    """Where large entries' CRC-32s are taken, beside the read."""
 
 
 class DrillReader:
@@ -233,6 +234,7 @@ class DrillReader:
                     self._entry(reader, item, planner, outcome)
             finally:
                 outcome.stagers.finish()  # the copies in flight land before the file counts as read
+                outcome.lane.close()
             record.hashes = reader.finish()
             record.retries += getattr(f, "retries", 0)  # an object store's retried requests
         record.bytes_read = reader.pos
@@ -266,7 +268,7 @@ class DrillReader:
         head = b""
         if end - start >= DIRECT_MIN_BYTES:
             try:
-                head = _read_in_place(reader, item, end - start, planner, outcome.stagers, crc)
+                head = _read_in_place(reader, item, end - start, planner, outcome, crc)
             except CrcMismatch as exc:
                 outcome.failures.append(ItemFailure(fqn, path, str(exc), code="crc-mismatch"))
                 return
@@ -306,8 +308,8 @@ def _crc_problem(entry: memoryview) -> str | None:
     return findings[0].message.replace("the entry: ", "", 1) if findings else None
 
 
-def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: Any, stagers: Stagers, crc: bool = False) -> memoryview | None:
-    """Read one tensor entry's raw bytes straight into its target (through ``stagers``' host
+def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: Any, outcome: _FileOutcome, crc: bool = False) -> memoryview | None:
+    """Read one tensor entry's raw bytes straight into its target (through ``outcome.stagers``' host
     buffers when the target is on a GPU); None when done, else the head bytes consumed before
     finding that this entry cannot be read in place. With ``crc``, the bytes are checked
     against the record's CRC-32 as they land (:class:`CrcMismatch`)."""
@@ -328,11 +330,12 @@ def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: An
     if spec is None or not _fits(spec, data[0], item, target):
         return view
     if target.device.type == "cpu" and target.is_contiguous():
-        reader.read_into(byte_view(target))
-        got = zlib.crc32(byte_view(target)) if crc else None
+        running = (outcome.lane.begin() if length >= LANE_MIN else Crc()) if crc else None
+        reader.read_into(byte_view(target), running)
+        got = running.value() if running is not None else None
     else:
-        got = stagers(target.device).copy(reader, target, crc)
-    if crc and (got != data[0].crc or zlib.crc32(view[pkl_at : pkl_at + pkl.size]) != pkl.crc):  # type: ignore[index,operator]
+        got = outcome.stagers(target.device).copy(reader, target, crc)
+    if crc and (got != data[0].crc or crc32(view[pkl_at : pkl_at + pkl.size]) != pkl.crc):  # type: ignore[index,operator]
         raise CrcMismatch(f"the bytes of this tensor fail their CRC-32 (stored {data[0].crc:08x}, computed {got:08x}): damaged on storage")
     planner.commit_tensor(item, target)
     reader.skip_to(start + length)

@@ -11,10 +11,11 @@ is not contiguous).
 
 from __future__ import annotations
 
-import zlib
 from typing import Any, Protocol
 
 import torch
+
+from drill.integrity.reading import Crc
 
 PIECE_BYTES = 16 << 20
 """Per copy: large enough for full host-to-device bandwidth, small enough to overlap well."""
@@ -23,7 +24,7 @@ DEPTH = 4
 
 
 class PieceSource(Protocol):
-    def read_into(self, view: memoryview) -> None: ...
+    def read_into(self, view: memoryview, crc: Crc | None = None) -> None: ...
 
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
@@ -71,20 +72,18 @@ class Stager:
         flat = flat if flat is not None else flat_bytes(dense)
         if flat is None:
             raise TypeError(f"a {target.dtype} tensor cannot be viewed as bytes")
-        crc_value = 0
+        running = Crc() if crc else None
         for start in range(0, flat.numel(), self.piece):
             n = min(self.piece, flat.numel() - start)
             slot = self._take()
             buf = self._buffers[slot][:n]
-            source.read_into(byte_view(buf))
-            if crc:
-                crc_value = zlib.crc32(byte_view(buf), crc_value)
+            source.read_into(byte_view(buf), running)  # inline: the ring reuses the buffer
             self._send(slot, flat[start : start + n], buf)
         if dense is not target:
             self._run(lambda: target.copy_(dense, non_blocking=self.cuda))
             if self._stream is not None:
                 self._stream.synchronize()  # before the temporary's memory can be handed out again
-        return crc_value if crc else None
+        return running.value() if running is not None else None
 
     def finish(self) -> None:
         """Wait until every copy has landed: the targets are then complete for any stream."""
