@@ -234,13 +234,16 @@ def list_run(root: str, timeout: float | None = 300.0, storage_options: dict | N
         raise storage_unavailable(key, exc) from None
 
 
-def verify_audit_chain(*, db: str | None = None, head: str | None = None, keyed_from: int | None = None) -> ChainReport:
+def verify_audit_chain(*, db: str | None = None, head: str | None = None, keyed_from: int | None = None, full: bool = False) -> ChainReport:
     """Check the tamper-evident drill log: every link, every entry, every closed record's
     digest, and — with ``head`` (a chain head an auditor pinned) — that the log still reaches
     it. The audit key, when ``$DRILL_AUDIT_KEY_FILE``/``$DRILL_AUDIT_KEY`` holds one, must have
     sealed every entry (from entry ``keyed_from`` on, when the key was introduced later).
-    Raises :class:`~drill.errors.UsageError` when that key cannot be used."""
-    from drill.records.audit import ChainReport, verify_chain
+
+    Incremental unless ``full``: from the head the last intact pass verified (a full pass when
+    there is none), and an intact pass records its head for the next one (where the database
+    can be written). Raises :class:`~drill.errors.UsageError` when the key cannot be used."""
+    from drill.records.audit import ChainReport, remember_head, verified_head, verify_chain
     from drill.records.db import read_database
     from drill.records.store import Records
 
@@ -253,7 +256,31 @@ def verify_audit_chain(*, db: str | None = None, head: str | None = None, keyed_
         return report
     try:
         with Records(database)._session() as session:
-            return verify_chain(session, key=key, head=head, keyed_from=keyed_from)
+            since = None if full else verified_head(session, key)
+            report = verify_chain(session, key=key, head=head, keyed_from=keyed_from, since=since)
+    finally:
+        database.close()
+    if report.intact and report.head is not None:
+        _remember_head(db, lambda s: remember_head(s, report, key, full=since is None))
+    return report
+
+
+def _remember_head(db: str | None, write: Any) -> None:
+    """Record the verified head where the database can be written (a read-only replica or
+    file keeps none: the next pass there is a full one)."""
+    from drill.errors import DatabaseError
+    from drill.records.db import open_database
+    from drill.records.store import Records
+
+    try:
+        database = open_database(db)
+    except DatabaseError:
+        return
+    try:
+        with Records(database)._session() as s:
+            write(s)
+    except DatabaseError:
+        pass
     finally:
         database.close()
 

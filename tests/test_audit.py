@@ -53,8 +53,10 @@ def test_an_untouched_log_is_intact_and_names_its_head(three_drills: str) -> Non
     code, doc = _verify(three_drills)
     assert code == 0 and doc["intact"] and doc["entries"] == 3 and doc["records"] == 3
     assert doc["head"]["seq"] == 3 and doc["head"]["drill_id"] == 3 and len(doc["head"]["hash"]) == 64
-    res = invoke(CliRunner(), "audit", "verify", "--db", three_drills)
+    res = invoke(CliRunner(), "audit", "verify", "--db", three_drills, "--full")
     assert res.exit_code == 0 and res.stdout.startswith(f"audit chain intact: 3 entries, 3 records match; head {doc['head']['hash']}")
+    res = invoke(CliRunner(), "audit", "verify", "--db", three_drills)  # goes on from the head just verified
+    assert res.exit_code == 0 and res.stdout.startswith("audit chain intact: 3 entries, 0 records match since entry 3 (verified ")
 
 
 @pytest.mark.parametrize(
@@ -121,7 +123,9 @@ def test_truncating_the_newest_records_is_caught_by_a_pinned_head(three_drills: 
     _, before = _verify(three_drills)
     pinned = before["head"]["hash"]
     _sql(three_drills, "DELETE FROM check_results WHERE drill_id = 3", "DELETE FROM drills WHERE id = 3", "DELETE FROM audit_log WHERE seq = 3")
-    code, doc = _verify(three_drills)
+    code, doc = _verify(three_drills)  # the head the last pass verified is a pin of its own
+    assert code == 1 and _codes(doc) == [("verified-head-missing", "entry 3")]
+    code, doc = _verify(three_drills, "--full")
     assert code == 0 and doc["entries"] == 2  # consistent on its own: that is what the pin is for
     code, doc = _verify(three_drills, "--head", pinned)
     assert code == 1 and _codes(doc) == [("head-missing", pinned)]
@@ -159,9 +163,11 @@ def test_with_an_audit_key_a_recomputed_chain_is_a_forgery(demo_run: Path, db_ur
 
     _rewrite_chain(db_url)
     code, doc = _verify(db_url)
+    assert code == 1 and ("verified-head-missing", "entry 2") in _codes(doc)
+    code, doc = _verify(db_url, "--full")
     assert code == 1 and ("entry-forged", "entry 2 (drill #2)") in _codes(doc)
     monkeypatch.delenv("DRILL_AUDIT_KEY_FILE")
-    assert _verify(db_url)[0] == 0  # without the key a rewrite is consistent: the key (or a pinned head) is what catches it
+    assert _verify(db_url, "--full")[0] == 0  # without the key a rewrite is consistent: the key (or a pinned head) is what catches it
 
 
 def test_an_unusable_audit_key_is_a_usage_error(sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -324,3 +330,26 @@ def test_a_configured_audit_key_that_cannot_be_read_records_nothing_unsealed(dem
     assert res.exit_code == 2 and "audit key" in res.stderr
     monkeypatch.delenv("DRILL_AUDIT_KEY_FILE")
     assert history(db=sqlite_url) == []
+
+
+def test_an_incremental_pass_checks_what_came_after_the_verified_head(demo_run: Path, db_url: str) -> None:
+    """After an intact pass, the next one recomputes only the entries and records after the
+    head it verified — a new record edited is caught, an older one only by --full — and the
+    verified prefix must still be whole."""
+    assert drill(demo_run, db_url).status == "passed"
+    code, doc = _verify(db_url)
+    assert code == 0 and doc["incremental_from"] is None and doc["records"] == 1
+    assert drill(demo_run, db_url, "step:20").status == "passed"
+    assert drill(demo_run, db_url, "step:10").status == "passed"
+    code, doc = _verify(db_url)
+    assert code == 0 and doc["incremental_from"]["seq"] == 1 and doc["records"] == 2 and doc["head"]["seq"] == 3
+    _sql(db_url, "UPDATE drills SET message = 'edited' WHERE id = 1")  # before the verified head
+    assert drill(demo_run, db_url).status == "passed"
+    _sql(db_url, "UPDATE drills SET message = 'edited' WHERE id = 4")  # after it
+    code, doc = _verify(db_url)
+    assert code == 1 and _codes(doc) == [("record-edited", "drill #4")]
+    code, doc = _verify(db_url, "--full")
+    assert code == 1 and sorted(_codes(doc)) == [("record-edited", "drill #1"), ("record-edited", "drill #4")]
+    _sql(db_url, "DELETE FROM audit_log WHERE seq = 2")
+    code, doc = _verify(db_url)
+    assert code == 1 and ("entries-missing", "entries 1..3") in _codes(doc)

@@ -18,6 +18,10 @@ def audit_verify(
         int | None,
         typer.Option("--keyed-from", help="With an audit key introduced on an existing log: the first entry it sealed; earlier entries may lack its HMAC."),
     ] = None,
+    full: Annotated[
+        bool,
+        typer.Option("--full", help="Recompute every entry and every record, not only what came after the head the last intact pass verified."),
+    ] = False,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -26,14 +30,17 @@ def audit_verify(
 
     Every closed drill record is sealed into a hash chain when it closes (with an HMAC when
     $DRILL_AUDIT_KEY_FILE or $DRILL_AUDIT_KEY holds a key). Every entry is checked; with a
-    key, every entry must carry its HMAC. Exit 0: intact; 1: not; 4: the database cannot be
-    read (a missing schema revision included).
+    key, every entry must carry its HMAC. A pass goes on from the head the last intact pass
+    verified (checking that everything up to it is still there, unchanged at its end); --full
+    recomputes the whole log, which is what finds an older record edited in place: run it
+    weekly. Exit 0: intact; 1: not; 4: the database cannot be read (a missing schema revision
+    included).
 
     Example: drill audit verify --head 674e016f49d9f5ce9b43ce43342448635adf8ef038351de13c1b005e9bfb3062
     """
     from drill.api import verify_audit_chain
 
-    report = verify_audit_chain(db=db, head=head, keyed_from=keyed_from)
+    report = verify_audit_chain(db=db, head=head, keyed_from=keyed_from, full=full)
     if json:
         print_json(report.to_dict())
     else:
@@ -56,7 +63,9 @@ def _summary(report) -> str:  # type: ignore[no-untyped-def]
     auth = f", {report.authenticated} authenticated" if report.authenticated else ""
     auth += f", {report.unkeyed_before} sealed before the key" if report.unkeyed_before else ""
     before = f"; {report.before_chain} older record(s) predate the chain" if report.before_chain else ""
+    since = report.verified_from
+    scope = f" since entry {since.seq} (verified {since.verified_at.isoformat()[:19]}Z; --full for all)" if since else ""
     return (
-        f"audit chain {state}: {report.entries} entries, {report.records} records match{auth}{before}; "
+        f"audit chain {state}: {report.entries} entries, {report.records} records match{scope}{auth}{before}; "
         f"head {h.hash} (entry {h.seq}, drill #{h.drill_id}, sealed {h.sealed_at.isoformat()[:19]}Z)"
     )

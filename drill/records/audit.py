@@ -38,12 +38,12 @@ import hashlib
 import hmac
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from drill.errors import one_line
@@ -153,33 +153,52 @@ class _Contents:
 def seal_drill(s: Session, drill_id: int, key: bytes | None, closed_by: str = "drill") -> AuditEntry:
     """Append the closed drill ``drill_id`` to the chain, in the caller's transaction;
     ``closed_by`` says who closed it (one of :data:`CLOSERS`)."""
+    seq, prev = _chain_end(s, closed_by)
+    supersedes = s.scalar(select(AuditEntry.seq).where(AuditEntry.drill_id == drill_id).order_by(AuditEntry.seq.desc()).limit(1))
+    content = _Contents(s, [drill_id]).digest(drill_id)
+    assert content is not None
+    entry = AuditEntry(**_entry(seq + 1, prev, drill_id, content, key, closed_by, supersedes))
+    s.add(entry)
+    s.flush()
+    return entry
+
+
+def seal_drills(s: Session, drill_ids: list[int], key: bytes | None, closed_by: str = "drill") -> int:
+    """Append many closed drills, none sealed yet, to the chain in the order given, in one
+    pass (records imported in bulk: one read of their contents, one insert)."""
+    seq, prev = _chain_end(s, closed_by)
+    contents = _Contents(s, drill_ids)
+    rows = []
+    for drill_id in drill_ids:
+        content = contents.digest(drill_id)
+        assert content is not None, drill_id
+        seq += 1
+        rows.append(_entry(seq, prev, drill_id, content, key, closed_by, None))
+        prev = rows[-1]["hash"]
+    if rows:
+        s.execute(AuditEntry.__table__.insert(), rows)
+    return len(rows)
+
+
+def _chain_end(s: Session, closed_by: str) -> tuple[int, str]:
+    """(seq, hash) of the chain's last entry, with appends serialized for this transaction."""
     assert closed_by in CLOSERS, closed_by
     s.flush()
     if s.get_bind().dialect.name == "postgresql":
         s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
     # On SQLite the flush above already holds the database's write lock: appends are serial.
     last = s.execute(select(AuditEntry.seq, AuditEntry.hash).order_by(AuditEntry.seq.desc()).limit(1)).first()
-    seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
-    supersedes = s.scalar(select(AuditEntry.seq).where(AuditEntry.drill_id == drill_id).order_by(AuditEntry.seq.desc()).limit(1))
-    content = _Contents(s, [drill_id]).digest(drill_id)
-    assert content is not None
+    return (last[0], last[1]) if last else (0, GENESIS)
+
+
+def _entry(seq: int, prev: str, drill_id: int, content: str, key: bytes | None, closed_by: str, supersedes: int | None) -> dict[str, Any]:
     sealed_at = datetime.now(timezone.utc)
     message = _message(seq, drill_id, content, sealed_at, prev, closed_by, supersedes)
-    entry = AuditEntry(
-        seq=seq,
-        drill_id=drill_id,
-        content_sha256=content,
-        prev_hash=prev,
-        hash=_hash(message),
-        mac=hmac.new(key, message, hashlib.sha256).hexdigest() if key else None,
-        key_id=key_id(key) if key else None,
-        sealed_at=sealed_at,
-        closed_by=closed_by,
-        supersedes=supersedes,
-    )
-    s.add(entry)
-    s.flush()
-    return entry
+    return {
+        "seq": seq, "drill_id": drill_id, "content_sha256": content, "prev_hash": prev, "hash": _hash(message),
+        "mac": hmac.new(key, message, hashlib.sha256).hexdigest() if key else None, "key_id": key_id(key) if key else None,
+        "sealed_at": sealed_at, "closed_by": closed_by, "supersedes": supersedes,
+    }  # fmt: skip
 
 
 # -- verifying ------------------------------------------------------------------------------
@@ -209,6 +228,8 @@ class ChainReport:
     before_chain: int = 0
     """Closed records older than the chain's first entry (recorded before drill kept one)."""
     problems: list[Finding] = field(default_factory=list)
+    verified_from: VerifiedHead | None = None
+    """The head an earlier pass verified, when this pass went on from it (incremental)."""
 
     @property
     def intact(self) -> bool:
@@ -223,6 +244,7 @@ class ChainReport:
             "unkeyed_before": self.unkeyed_before,
             "before_chain": self.before_chain,
             "head": self.head.to_dict() if self.head else None,
+            "incremental_from": self.verified_from.to_dict() if self.verified_from else None,
             "problems": [p.to_dict() for p in self.problems],
         }
 
@@ -231,38 +253,105 @@ def _problem(code: str, subject: str, message: str, severity: Severity = Severit
     return Finding(check="audit", code=code, severity=severity, subject=subject, message=message)
 
 
-def verify_chain(s: Session, *, key: bytes | None = None, head: str | None = None, keyed_from: int | None = None) -> ChainReport:
+BATCH = 2000
+"""Entries (and records) verified per read: memory stays bounded whatever the log's length."""
+
+
+def verify_chain(
+    s: Session, *, key: bytes | None = None, head: str | None = None, keyed_from: int | None = None, since: VerifiedHead | None = None
+) -> ChainReport:
     """Recompute every link, every entry (its HMAC under ``key``, who closed it, what it
     supersedes) and every closed record's digest; name what does not match. With ``key``,
-    entries from ``keyed_from`` on (all, by default) must carry that key's HMAC."""
+    entries from ``keyed_from`` on (all, by default) must carry that key's HMAC.
+
+    With ``since`` (the head an earlier pass verified, :func:`verified_head`) only what came
+    after it is recomputed — the entries after it, the records they seal and the drills
+    recorded since — once the verified prefix is shown to be still there, unchanged at its
+    end and complete: an incremental pass, as fast for a year of records as for a day. Only a
+    full pass (``since=None``) finds an older record edited in place."""
     from sqlalchemy import inspect
 
     if not inspect(s.connection()).has_table(AuditEntry.__tablename__):
         return ChainReport(problems=[_problem("chain-missing", AuditEntry.__tablename__, "the audit_log table is gone: the tamper-evident log was dropped")])
-    entries = _entries(s)
-    contents = _Contents(s)
-    report = ChainReport(entries=len(entries))
-    latest: dict[int, Any] = {}
-    prev_hash, prev_seq, current = GENESIS, 0, False
-    for e in entries:
-        if isinstance(e, _Unreadable):
-            report.problems.append(_problem("entry-edited", f"entry {e.seq}", f"entry {e.seq} (drill #{e.drill_id}) holds a value drill cannot read ({e.why}): the entry was edited"))
-        else:
-            report.problems += _link_problems(e, prev_hash, prev_seq, key, report, keyed_from)
-            report.problems += _reseal_problems(e, latest.get(e.drill_id), current)
-            current = current or e.closed_by is not None
-        prev_hash, prev_seq = e.hash, e.seq
-        latest[e.drill_id] = e
-    last = next((e for e in reversed(entries) if not isinstance(e, _Unreadable)), None)
-    if last is not None:
-        report.head = ChainHead(last.seq, last.hash, last.drill_id, last.sealed_at)
-    first = next((e for e in entries if not isinstance(e, _Unreadable)), None)
-    report.problems += _record_problems(contents, latest, first, report)
-    if head is not None and not any(e.hash == head.strip().lower() for e in entries):
+    report = ChainReport(entries=s.scalar(select(func.count()).select_from(AuditEntry)) or 0, verified_from=since)
+    start, prev_hash = (since.seq, since.hash) if since else (0, GENESIS)
+    if since is not None:
+        report.problems += _prefix_problems(s, since)
+    first = s.scalars(select(AuditEntry).order_by(AuditEntry.seq).limit(1)).first()
+    first_seen = (first.sealed_at, first.drill_id) if first is not None else None
+    latest: dict[int, _Seen] = {}
+    prev_seq, current, last = start, since is not None, None
+    for batch in _batches(s, start):
+        latest.update(_sealed_before(s, start, {e.drill_id for e in batch} - latest.keys()))
+        for e in batch:
+            if isinstance(e, _Unreadable):
+                report.problems.append(_problem("entry-edited", f"entry {e.seq}", f"entry {e.seq} (drill #{e.drill_id}) holds a value drill cannot read ({e.why}): the entry was edited"))
+            else:
+                report.problems += _link_problems(e, prev_hash, prev_seq, key, report, keyed_from)
+                report.problems += _reseal_problems(e, latest.get(e.drill_id), current)
+                current, last = current or e.closed_by is not None, ChainHead(e.seq, e.hash, e.drill_id, e.sealed_at)
+            prev_hash, prev_seq = e.hash, e.seq
+            latest[e.drill_id] = _Seen.of(e)
+    report.head = last or (_head_of(since) if since is not None else None)
+    report.problems += _record_problems(s, latest, first_seen, report, None if since is None else since.drills_through)
+    if head is not None and not s.scalar(select(func.count()).select_from(AuditEntry).where(AuditEntry.hash == head.strip().lower())):
         report.problems.append(
             _problem("head-missing", head, f"the pinned chain head {head} is not in the chain: the log was rewritten or its newest entries deleted")
         )
     return report
+
+
+def _head_of(since: VerifiedHead) -> ChainHead:
+    return ChainHead(since.seq, since.hash, since.drill_id, since.sealed_at)
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """What the chain says of a record: its latest entry, in brief."""
+
+    seq: int
+    closed_by: str | None
+    content_sha256: str
+    unreadable: bool = False
+
+    @classmethod
+    def of(cls, e: AuditEntry | _Unreadable) -> _Seen:
+        return cls(e.seq, e.closed_by, e.content_sha256, isinstance(e, _Unreadable))
+
+
+def _batches(s: Session, after: int) -> Iterator[list[AuditEntry | _Unreadable]]:
+    """The entries after ``after``, in order, :data:`BATCH` at a time."""
+    while True:
+        batch = _entries(s, after)
+        if not batch:
+            return
+        yield batch
+        after = batch[-1].seq
+        s.expunge_all()
+
+
+def _sealed_before(s: Session, start: int, drill_ids: set[int]) -> dict[int, _Seen]:
+    """The latest entry up to ``start`` of each of ``drill_ids``: what a later entry for the
+    same record must supersede."""
+    if not start or not drill_ids:
+        return {}
+    q = select(AuditEntry.seq, AuditEntry.drill_id, AuditEntry.closed_by, AuditEntry.content_sha256)
+    q = q.where(AuditEntry.seq <= start, AuditEntry.drill_id.in_(drill_ids)).order_by(AuditEntry.seq)
+    return {drill_id: _Seen(seq, closed_by, content) for seq, drill_id, closed_by, content in s.execute(q)}
+
+
+def _prefix_problems(s: Session, since: VerifiedHead) -> list[Finding]:
+    """The prefix an earlier pass verified is still whole: its last entry is the one verified
+    (same hash) and none of the entries before it is gone."""
+    when = f"{since.verified_at:%Y-%m-%d %H:%M}Z"
+    hash_ = s.scalar(select(AuditEntry.hash).where(AuditEntry.seq == since.seq))
+    if hash_ != since.hash:
+        what = "is gone" if hash_ is None else "was replaced"
+        return [_problem("verified-head-missing", f"entry {since.seq}", f"entry {since.seq}, verified on {when}, {what}: the log was rewritten since (drill audit verify --full)")]
+    kept = s.scalar(select(func.count()).select_from(AuditEntry).where(AuditEntry.seq <= since.seq)) or 0
+    if kept != since.seq:
+        return [_problem("entries-missing", f"entries 1..{since.seq}", f"{since.seq - kept} of the entries verified on {when} are gone: deleted (drill audit verify --full)")]
+    return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,16 +366,18 @@ class _Unreadable:
     closed_by: str | None = None
 
 
-def _entries(s: Session) -> list[AuditEntry | _Unreadable]:
-    """The chain in order; an entry whose values cannot all be read (edited outside drill)
-    stands in with its plain columns, so the entries after it are still checked."""
+def _entries(s: Session, after: int = 0) -> list[AuditEntry | _Unreadable]:
+    """Up to :data:`BATCH` entries after ``after``, in order; an entry whose values cannot
+    all be read (edited outside drill) stands in with its plain columns, so the entries after
+    it are still checked."""
+    where = AuditEntry.seq > after
     try:
-        return list(s.scalars(select(AuditEntry).order_by(AuditEntry.seq)))
+        return list(s.scalars(select(AuditEntry).where(where).order_by(AuditEntry.seq).limit(BATCH)))
     except (ValueError, TypeError):
         pass
     out: list[AuditEntry | _Unreadable] = []
-    plain = select(AuditEntry.seq, AuditEntry.drill_id, AuditEntry.hash, AuditEntry.content_sha256, AuditEntry.closed_by).order_by(AuditEntry.seq)
-    for seq, drill_id, hash_, content, closed_by in s.execute(plain):
+    plain = select(AuditEntry.seq, AuditEntry.drill_id, AuditEntry.hash, AuditEntry.content_sha256, AuditEntry.closed_by).where(where)
+    for seq, drill_id, hash_, content, closed_by in s.execute(plain.order_by(AuditEntry.seq).limit(BATCH)):
         try:
             out.append(s.scalars(select(AuditEntry).where(AuditEntry.seq == seq)).one())
         except (ValueError, TypeError) as exc:
@@ -328,7 +419,7 @@ def _mac_problems(e: AuditEntry, message: bytes, key: bytes, report: ChainReport
     return [_problem("entry-other-key", where, f"{where} claims another audit key (key id {e.key_id}): not authenticated by this one")]
 
 
-def _reseal_problems(e: AuditEntry, before: AuditEntry | _Unreadable | None, current: bool) -> list[Finding]:
+def _reseal_problems(e: AuditEntry, before: _Seen | None, current: bool) -> list[Finding]:
     """A second entry for a record is legitimate only where the first was a guess (orphan
     recovery) and the entry says it supersedes it."""
     where = f"entry {e.seq} (drill #{e.drill_id})"
@@ -340,7 +431,7 @@ def _reseal_problems(e: AuditEntry, before: AuditEntry | _Unreadable | None, cur
         if e.supersedes is not None:
             return [_problem("link-broken", where, f"{where} claims to supersede entry {e.supersedes}, which is not this record's")]
         return []
-    if isinstance(before, _Unreadable):
+    if before.unreadable:
         return []  # the entry before it is already named as edited
     if e.supersedes != before.seq or before.closed_by != PROVISIONAL:
         how = f"closed by {before.closed_by or 'a drill before 0.5'} in entry {before.seq}"
@@ -348,35 +439,48 @@ def _reseal_problems(e: AuditEntry, before: AuditEntry | _Unreadable | None, cur
     return []
 
 
-def _record_problems(contents: _Contents, latest: dict[int, Any], first: Any, report: ChainReport) -> list[Finding]:
-    out = []
-    for drill_id, e in latest.items():
-        if drill_id in contents.unreadable:
-            why = contents.unreadable[drill_id]
-            out.append(_problem("record-edited", f"drill #{drill_id}", f"drill #{drill_id} holds a value drill cannot read ({why}): edited after it was recorded"))
-            continue
-        digest = contents.digest(drill_id, legacy=e.closed_by is None)
-        if digest is None:
-            out.append(_problem("record-deleted", f"drill #{drill_id}", f"drill #{drill_id} is in the chain (entry {e.seq}) but its record is gone: deleted"))
-        elif digest != e.content_sha256:
-            out.append(_problem("record-edited", f"drill #{drill_id}", f"drill #{drill_id} differs from the record sealed in entry {e.seq}: edited after it was recorded"))
-        else:
-            report.records += 1
-    for drill_id, row in sorted(contents.drills.items()):
-        if drill_id in latest or drill_id in contents.unreadable or row["status"] == DrillStatus.RUNNING.value:
-            continue
-        if _before_chain(row, first):
-            report.before_chain += 1
-            continue
-        out.append(_problem("record-unsealed", f"drill #{drill_id}", f"drill #{drill_id} is closed but not in the chain: inserted or closed outside drill"))
+def _record_problems(s: Session, latest: dict[int, _Seen], first: tuple[datetime, int] | None, report: ChainReport, drills_through: int | None) -> list[Finding]:
+    """Each record the pass saw sealed, against its latest entry, :data:`BATCH` records at a
+    time; then the closed records the chain does not hold (every one on a full pass, those
+    recorded after ``drills_through`` on an incremental one)."""
+    out: list[Finding] = []
+    ids = sorted(latest)
+    for i in range(0, len(ids), BATCH):
+        contents = _Contents(s, ids[i : i + BATCH])
+        out += [p for drill_id in ids[i : i + BATCH] for p in _record_problem(contents, drill_id, latest[drill_id], report)]
+    d = Drill.__table__
+    closed = select(d.c.id).where(d.c.id > (drills_through or 0), d.c.status != DrillStatus.RUNNING.value)
+    unsealed = [i for i in s.execute(closed.where(d.c.id.not_in(select(AuditEntry.drill_id))).order_by(d.c.id)).scalars() if i not in latest]
+    for i in range(0, len(unsealed), BATCH):
+        contents = _Contents(s, unsealed[i : i + BATCH])
+        for drill_id, row in sorted(contents.drills.items()):
+            if drill_id in contents.unreadable:
+                continue
+            if _before_chain(row, first):
+                report.before_chain += 1
+                continue
+            out.append(_problem("record-unsealed", f"drill #{drill_id}", f"drill #{drill_id} is closed but not in the chain: inserted or closed outside drill"))
     return out
+
+
+def _record_problem(contents: _Contents, drill_id: int, e: _Seen, report: ChainReport) -> list[Finding]:
+    if drill_id in contents.unreadable:
+        why = contents.unreadable[drill_id]
+        return [_problem("record-edited", f"drill #{drill_id}", f"drill #{drill_id} holds a value drill cannot read ({why}): edited after it was recorded")]
+    digest = contents.digest(drill_id, legacy=e.closed_by is None)
+    if digest is None:
+        return [_problem("record-deleted", f"drill #{drill_id}", f"drill #{drill_id} is in the chain (entry {e.seq}) but its record is gone: deleted")]
+    if digest != e.content_sha256:
+        return [_problem("record-edited", f"drill #{drill_id}", f"drill #{drill_id} differs from the record sealed in entry {e.seq}: edited after it was recorded")]
+    report.records += 1
+    return []
 
 
 CHAINED_SINCE = (0, 3)
 """The drill version that began sealing records: a newer record outside the chain is suspect."""
 
 
-def _before_chain(row: Mapping[str, Any], first: AuditEntry | None) -> bool:
+def _before_chain(row: Mapping[str, Any], first: tuple[datetime, int] | None) -> bool:
     """Closed before drill kept a chain (or before this chain's first entry)."""
     parts = []
     for piece in str(row["drill_version"] or "0").split(".")[:2]:
@@ -385,7 +489,66 @@ def _before_chain(row: Mapping[str, Any], first: AuditEntry | None) -> bool:
     if tuple(parts) >= CHAINED_SINCE or first is None:  # no chain at all: wiped, not "before" it
         return False
     finished = row["finished_at"]
-    return finished is not None and finished < first.sealed_at and row["id"] < first.drill_id
+    return finished is not None and finished < first[0] and row["id"] < first[1]
+
+
+# -- the verified head ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class VerifiedHead:
+    """How far an intact pass verified the chain, and when: where the next pass starts."""
+
+    seq: int
+    hash: str
+    drill_id: int
+    sealed_at: datetime
+    drills_through: int
+    """The newest drill id recorded when it was verified."""
+    verified_at: datetime
+    full: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "hash": self.hash, "verified_at": self.verified_at.isoformat(), "full": self.full}
+
+    def message(self) -> bytes:
+        return "|".join(["drill-audit-verified/1", str(self.seq), self.hash, str(self.drills_through), self.verified_at.isoformat()]).encode()
+
+
+def verified_head(s: Session, key: bytes | None) -> VerifiedHead | None:
+    """The newest head an intact pass recorded (:func:`remember_head`); with ``key``, only one
+    that carries that key's HMAC — a head written without the key is not a place to start from."""
+    from drill.records.models import AuditVerified
+
+    from sqlalchemy import inspect
+
+    if not inspect(s.connection()).has_table(AuditVerified.__tablename__):
+        return None
+    row = s.scalars(select(AuditVerified).order_by(AuditVerified.id.desc()).limit(1)).first()
+    if row is None:
+        return None
+    head = VerifiedHead(row.seq, row.hash, row.drill_id, _utc(row.sealed_at), row.drills_through, _utc(row.verified_at), row.full)
+    if key is not None:
+        good = row.mac is not None and hmac.compare_digest(row.mac, hmac.new(key, head.message(), hashlib.sha256).hexdigest())
+        if not good:
+            return None
+    return head
+
+
+def remember_head(s: Session, report: ChainReport, key: bytes | None, *, full: bool) -> VerifiedHead | None:
+    """Record how far an intact pass verified the chain (nothing for one with problems)."""
+    from drill.records.models import AuditVerified
+
+    if not report.intact or report.head is None:
+        return None
+    h = report.head
+    through = s.scalar(select(func.max(Drill.id))) or 0
+    head = VerifiedHead(h.seq, h.hash, h.drill_id, h.sealed_at, through, datetime.now(timezone.utc), full)
+    mac = hmac.new(key, head.message(), hashlib.sha256).hexdigest() if key else None
+    s.add(AuditVerified(seq=h.seq, hash=h.hash, drill_id=h.drill_id, sealed_at=h.sealed_at, drills_through=through, verified_at=head.verified_at, full=full, mac=mac))
+    return head
+
+
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t
 
 
 def chain_head(s: Session) -> ChainHead | None:
@@ -393,4 +556,4 @@ def chain_head(s: Session) -> ChainHead | None:
     return ChainHead(e.seq, e.hash, e.drill_id, e.sealed_at) if e else None
 
 
-__all__ = ["GENESIS", "ChainHead", "ChainReport", "chain_head", "load_audit_key", "seal_drill", "verify_chain"]
+__all__ = ["GENESIS", "ChainHead", "ChainReport", "VerifiedHead", "chain_head", "load_audit_key", "remember_head", "seal_drill", "seal_drills", "verified_head", "verify_chain"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
@@ -57,6 +57,7 @@ class Base(DeclarativeBase):
 
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
+    __table_args__ = (Index("ix_checkpoints_run_root_last_seen", "run_root", "last_seen"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_root: Mapped[str] = mapped_column(Str(2048), index=True)
@@ -73,6 +74,7 @@ class Checkpoint(Base):
 
 class Drill(Base):
     __tablename__ = "drills"
+    __table_args__ = (Index("ix_drills_run_root_started_at", "run_root", "started_at"), Index("ix_drills_checkpoint_id_id", "checkpoint_id", "id"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     checkpoint_id: Mapped[int | None] = mapped_column(ForeignKey("checkpoints.id"), index=True)
@@ -306,3 +308,22 @@ class AuditEntry(Base):
     NULL on entries written before drill 0.5."""
     supersedes: Mapped[int | None] = mapped_column(BigInteger)
     """The seq of this record's previous entry, when it had one (a guess being corrected)."""
+
+
+class AuditVerified(Base):
+    """How far an intact pass of ``drill audit verify`` verified the audit log: where the next,
+    incremental, pass starts (see :func:`drill.records.audit.verify_chain`). With an audit key,
+    each row carries an HMAC under it; one without is not trusted as a starting point."""
+
+    __tablename__ = "audit_verified"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    hash: Mapped[str] = mapped_column(Str(64))
+    drill_id: Mapped[int] = mapped_column(Integer)
+    sealed_at: Mapped[datetime]
+    drills_through: Mapped[int] = mapped_column(Integer)
+    verified_at: Mapped[datetime]
+    full: Mapped[bool] = mapped_column(Boolean)
+    mac: Mapped[str | None] = mapped_column(Str(64))
+
