@@ -52,7 +52,7 @@ def _read(db: str | None, coverage_days: float, list_storage: bool) -> tuple[dic
     from drill.report.build import ReportOptions, build_report
 
     since = datetime.now(timezone.utc) - timedelta(days=coverage_days)
-    report = build_report(db, ReportOptions(since=since, list_storage=list_storage))
+    report = build_report(db, ReportOptions(since=since, list_storage=list_storage, listed=0))  # counts, not drills
     database = read_database(db)
     if database is None:
         return {}, report, {}

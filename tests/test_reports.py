@@ -317,3 +317,47 @@ def test_goodput_prices_the_checkpoint_stall_apart_from_restarts_and_rework(cli)
     assert parts == pytest.approx(row["total_waste_cost_per_day"])
     res = invoke(cli, *args)
     assert res.exit_code == 0 and "$61.6K" in res.stdout and "$22.5M" in res.stdout and "ckpt stall" in res.stdout
+
+
+def test_a_report_lists_the_newest_drills_and_the_failures_and_counts_them_all(history_db: tuple[str, Path]) -> None:
+    """Past --drills N a run lists the newest N and the failures among the newest 2N in full;
+    counts, percentiles, coverage and goodput still cover every drill of the window, and
+    every format says which drills it lists."""
+    url, _ = history_db
+    doc = json.loads(_report(url, "-f", "json", "--drills", "1"))
+    (section,) = doc["runs"]
+    assert doc["totals"]["drills"] == 5 and section["drills_in_window"] == 5 and section["counts"] == {"passed": 2, "failed": 2, "slo_breach": 1}
+    assert [d["id"] for d in section["drills"]] == [4, 5]  # the newest, and the slo_breach among the newest two
+    assert section["restore_seconds"]["n"] == 5 and section["coverage"]["drilled_in_window"] == 3
+    full = json.loads(_report(url, "-f", "json", "--drills", "all"))
+    assert [d["id"] for d in full["runs"][0]["drills"]] == [1, 2, 3, 4, 5] and full["runs"][0]["checkpoints"] == section["checkpoints"]
+    assert "2 of the 5 drills in the window" in _report(url, "-f", "md", "--drills", "1")
+    assert "Every drill in the window" in _report(url, "-f", "md")
+    res = invoke(CliRunner(), "report", "--db", url, "--drills", "some")
+    assert res.exit_code == 2 and "--drills: 'some' is neither a number of drills nor 'all'" in res.stderr
+
+
+def test_records_outside_the_window_are_not_read_into_a_report(demo_run: Path, sqlite_url: str) -> None:
+    """A report reads what its window holds: the run's checkpoints as drills saw them within
+    it (without listing storage), and each checkpoint's latest drill by one query — however
+    long the history before the window."""
+    from datetime import datetime, timedelta, timezone
+
+    import sqlalchemy as sa
+
+    from drill.records.db import open_database
+
+    for selector in ("step:10", "step:20", "step:30"):
+        assert drill(demo_run, sqlite_url, selector).status == "passed"
+    db = open_database(sqlite_url)
+    old = datetime.now(timezone.utc) - timedelta(days=90)
+    with db.engine.begin() as c:  # step-10 and its drill belong to last quarter
+        c.execute(sa.text("UPDATE checkpoints SET last_seen = :t, first_seen = :t WHERE uri LIKE '%step-10'"), {"t": old})
+        c.execute(sa.text("UPDATE drills SET started_at = :t WHERE id = 1"), {"t": old})
+    db.close()
+    doc = json.loads(_report(sqlite_url, "-f", "json", "--no-list", "--since", "30d"))
+    (section,) = doc["runs"]
+    assert [c["name"] for c in section["checkpoints"]] == ["step-20", "step-30"] and section["drills_in_window"] == 2
+    doc = json.loads(_report(sqlite_url, "-f", "json", "--no-list", "--since", "all"))
+    assert [c["name"] for c in doc["runs"][0]["checkpoints"]] == ["step-10", "step-20", "step-30"]
+    assert doc["runs"][0]["checkpoints"][0]["last_drill_id"] == 1

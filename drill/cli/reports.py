@@ -55,6 +55,10 @@ def report(
     price: PriceOption = None,
     no_list: NoListOption = False,
     timeout: ListTimeout = 60.0,
+    drills: Annotated[
+        str | None,
+        typer.Option("--drills", help="Drills each run lists in full: the newest N and the failures among the newest 2N (counts and percentiles cover all), or 'all'. Default: 200."),
+    ] = None,
     db: DbOption = None,
     debug: DebugOption = False,
 ) -> None:
@@ -67,7 +71,7 @@ def report(
     Example: drill report --since 2026-11-01 --until 2026-11-30 -f html -o november.html
     """
     from drill.report import ReportOptions, build_report, render
-    from drill.report.build import DEFAULT_GPUS
+    from drill.report.build import DEFAULT_GPUS, DEFAULT_LISTED
 
     kind = _format(fmt, output)
     start, end = _window(since, until)
@@ -75,7 +79,7 @@ def report(
         raise UsageError(f"--timeout must be positive, not {timeout:g}")
     options = ReportOptions(
         since=start, until=end, policy=policy, root=root, gpus=tuple(gpus or DEFAULT_GPUS), blocking_s=blocking_s, price_per_gpu_hour=price,
-        list_storage=not no_list, listing_timeout=timeout,
+        list_storage=not no_list, listing_timeout=timeout, listed=DEFAULT_LISTED if drills is None else _listed(drills),
     )  # fmt: skip
     _check_goodput_inputs(options.gpus, [blocking_s], price)
     doc = build_report(db, options)
@@ -85,6 +89,18 @@ def report(
         return
     _write(output, text)
     stderr().print(f"wrote {output}: {kind}, {doc.drills} drill(s) in {len(doc.runs)} run(s)", markup=False)
+
+
+def _listed(value: str) -> int | None:
+    if value.strip().lower() == "all":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise UsageError(f"--drills: {value!r} is neither a number of drills nor 'all'")
+    return n
 
 
 def _write(path: str, text: str) -> None:

@@ -74,7 +74,11 @@ class Checkpoint(Base):
 
 class Drill(Base):
     __tablename__ = "drills"
-    __table_args__ = (Index("ix_drills_run_root_started_at", "run_root", "started_at"), Index("ix_drills_checkpoint_id_id", "checkpoint_id", "id"))
+    __table_args__ = (
+        Index("ix_drills_run_root_started_at", "run_root", "started_at"),
+        Index("ix_drills_checkpoint_id_id", "checkpoint_id", "id"),
+        Index("ix_drills_source_status", "policy", "run_root", "status"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     checkpoint_id: Mapped[int | None] = mapped_column(ForeignKey("checkpoints.id"), index=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -31,6 +32,21 @@ class KnownCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class DrillBrief:
+    """One drill of a window, as counts, percentiles and coverage need it: no checks, no evidence."""
+
+    id: int
+    run_root: str
+    started_at: datetime
+    status: str
+    policy: str | None
+    checkpoint: str | None
+    restore: float | None
+    ttfs: float | None
+    throughput: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Verified:
     """One file of the coverage ledger: its size and when its bytes last matched their seal."""
 
@@ -43,9 +59,17 @@ class ReportingMixin:
 
     def drills_in_window(self, *, since: datetime | None, until: datetime | None = None, policy: str | None = None, run_root: str | None = None) -> list[DrillOutcome]:
         """Closed and running drills started in [``since``, ``until``), oldest first, with their checks."""
+        briefs = self.briefs_in_window(since=since, until=until, policy=policy, run_root=run_root)
+        return self.outcomes([b.id for b in briefs])
+
+    def briefs_in_window(self, *, since: datetime | None, until: datetime | None = None, policy: str | None = None, run_root: str | None = None) -> list[DrillBrief]:
+        """Every drill started in [``since``, ``until``), oldest first, in brief: a few columns
+        each, so a month of a busy database's drills costs megabytes, not gigabytes."""
         with self._session() as s:
-            q = select(Drill).order_by(Drill.started_at, Drill.id)
-            q = q.options(selectinload(Drill.checkpoint), selectinload(Drill.checks), selectinload(Drill.replay_steps), selectinload(Drill.alerts))
+            q = select(
+                Drill.id, Drill.run_root, Drill.started_at, Drill.status, Drill.policy, Checkpoint.uri, Drill.restore_seconds, Drill.ttfs_seconds, Drill.throughput_bps
+            ).outerjoin(Checkpoint, Drill.checkpoint_id == Checkpoint.id)
+            q = q.order_by(Drill.started_at, Drill.id)
             if since is not None:
                 q = q.where(Drill.started_at >= since)
             if until is not None:
@@ -54,7 +78,17 @@ class ReportingMixin:
                 q = q.where(Drill.policy == policy)
             if run_root is not None:
                 q = q.where(Drill.run_root == run_root)
-            return [outcome_from_row(d, with_checks=True) for d in s.scalars(q)]
+            return [DrillBrief(i, r, _aware(at), st, p, uri, rs, ts, bps) for i, r, at, st, p, uri, rs, ts, bps in s.execute(q)]
+
+    def outcomes(self, ids: list[int]) -> list[DrillOutcome]:
+        """These drills in full, with their checks, oldest first."""
+        out: list[DrillOutcome] = []
+        with self._session() as s:
+            for i in range(0, len(ids), 500):
+                q = select(Drill).where(Drill.id.in_(ids[i : i + 500]))
+                q = q.options(selectinload(Drill.checkpoint), selectinload(Drill.checks), selectinload(Drill.replay_steps), selectinload(Drill.alerts))
+                out += [outcome_from_row(d, with_checks=True) for d in s.scalars(q)]
+        return sorted(out, key=lambda o: (o.started_at, o.id or 0))
 
     def run_roots(self, *, policy: str | None = None) -> list[str]:
         """Every run root drilled at least once (by ``policy``, when given)."""
@@ -64,38 +98,44 @@ class ReportingMixin:
                 q = q.where(Drill.policy == policy)
             return sorted(s.scalars(q))
 
-    def known_checkpoints(self, run_root: str) -> list[KnownCheckpoint]:
+    def known_checkpoints(self, run_root: str, *, seen_since: datetime | None = None, uris: Collection[str] | None = None) -> list[KnownCheckpoint]:
+        """The run's checkpoints as drills saw them (those seen since ``seen_since``, and of
+        ``uris``, when given)."""
+        out = []
         with self._session() as s:
-            rows = s.scalars(select(Checkpoint).where(Checkpoint.run_root == run_root).order_by(Checkpoint.step, Checkpoint.uri))
-            return [KnownCheckpoint(c.uri, c.run_root, c.step, c.format, c.bytes, c.file_count, _aware(c.first_seen), _aware(c.last_seen)) for c in rows]
+            q = select(Checkpoint).where(Checkpoint.run_root == run_root).order_by(Checkpoint.step, Checkpoint.uri)
+            if seen_since is not None:
+                q = q.where(Checkpoint.last_seen >= seen_since)
+            for part in _parts(uris):
+                rows = s.scalars(q.where(Checkpoint.uri.in_(part)) if part is not None else q)
+                out += [KnownCheckpoint(c.uri, c.run_root, c.step, c.format, c.bytes, c.file_count, _aware(c.first_seen), _aware(c.last_seen)) for c in rows]
+        return out
 
-    def latest_drills(self, run_root: str) -> dict[str, DrillOutcome]:
-        """Checkpoint URI → its most recent closed drill (of any age)."""
+    def latest_drills(self, run_root: str, uris: Collection[str] | None = None) -> dict[str, DrillOutcome]:
+        """Checkpoint URI → its most recent closed drill (of any age), for ``uris`` (every
+        checkpoint of the run when None): one row per checkpoint read, whatever its history."""
         with self._session() as s:
-            q = (
-                select(Drill)
-                .join(Checkpoint, Drill.checkpoint_id == Checkpoint.id)
-                .where(Checkpoint.run_root == run_root, Drill.status != DrillStatus.RUNNING.value)
-                .order_by(Drill.id)
-                .options(selectinload(Drill.checkpoint))
-            )
+            newest = select(func.max(Drill.id)).join(Checkpoint, Drill.checkpoint_id == Checkpoint.id)
+            newest = newest.where(Checkpoint.run_root == run_root, Drill.status != DrillStatus.RUNNING.value)
             latest: dict[str, DrillOutcome] = {}
-            for d in s.scalars(q):
-                latest[d.checkpoint.uri] = outcome_from_row(d, with_checks=False)  # type: ignore[union-attr]
+            for part in _parts(uris):
+                q = newest.where(Checkpoint.uri.in_(part)) if part is not None else newest
+                ids = select(Drill).where(Drill.id.in_(q.group_by(Drill.checkpoint_id).scalar_subquery()))
+                for d in s.scalars(ids.options(selectinload(Drill.checkpoint))):
+                    latest[d.checkpoint.uri] = outcome_from_row(d, with_checks=False)  # type: ignore[union-attr]
             return latest
 
-    def ledger(self, run_root: str) -> dict[str, list[Verified]]:
-        """Checkpoint URI → the files whose bytes matched their seal, and when they last did."""
+    def ledger(self, run_root: str, uris: Collection[str] | None = None) -> dict[str, list[Verified]]:
+        """Checkpoint URI → the files whose bytes matched their seal, and when they last did
+        (of ``uris`` only, when given)."""
+        out: dict[str, list[Verified]] = {}
         with self._session() as s:
-            rows = s.execute(
-                select(Checkpoint.uri, FileVerification.size, FileVerification.verified_at)
-                .join(FileVerification, FileVerification.checkpoint_id == Checkpoint.id)
-                .where(Checkpoint.run_root == run_root)
-            )
-            out: dict[str, list[Verified]] = {}
-            for uri, size, at in rows:
-                out.setdefault(uri, []).append(Verified(int(size), _aware(at)))
-            return out
+            q = select(Checkpoint.uri, FileVerification.size, FileVerification.verified_at).join(FileVerification, FileVerification.checkpoint_id == Checkpoint.id)
+            q = q.where(Checkpoint.run_root == run_root)
+            for part in _parts(uris):
+                for uri, size, at in s.execute(q.where(Checkpoint.uri.in_(part)) if part is not None else q):
+                    out.setdefault(uri, []).append(Verified(int(size), _aware(at)))
+        return out
 
     def latest_per_source(self) -> dict[tuple[str, str], tuple[DrillOutcome, DrillOutcome | None]]:
         """(policy or "", run root) → (its latest closed drill, with checks; its latest passed one)."""
@@ -123,8 +163,16 @@ class ReportingMixin:
             return chain_head(s)
 
 
+def _parts(uris: Collection[str] | None, size: int = 500) -> list[list[str] | None]:
+    """``uris`` in slices an ``IN (…)`` takes; [None] for no restriction."""
+    if uris is None:
+        return [None]
+    items = sorted(set(uris))
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 def _aware(t: datetime) -> datetime:
     return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
 
 
-__all__ = ["KnownCheckpoint", "ReportingMixin", "Verified"]
+__all__ = ["DrillBrief", "KnownCheckpoint", "ReportingMixin", "Verified"]

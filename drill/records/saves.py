@@ -4,6 +4,8 @@ the database is away; delivered exactly once (a row is keyed by where and when i
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -47,12 +49,15 @@ class SavesMixin:
             ))  # fmt: skip
         return True
 
-    def saves(self, run_root: str | None = None) -> list[dict[str, Any]]:
-        """Recorded saves, newest first (of one run when ``run_root`` is given)."""
+    def saves(self, run_root: str | None = None, checkpoints: Collection[str] | None = None) -> list[dict[str, Any]]:
+        """Recorded saves, newest first (of one run when ``run_root`` is given, of these
+        ``checkpoints`` when given)."""
         with self._session() as s:
             query = select(Save).order_by(Save.saved_at.desc())
             if run_root is not None:
                 query = query.where(Save.run_root == run_root)
+            if checkpoints is not None:
+                query = query.where(Save.checkpoint_uri.in_(sorted(set(checkpoints))))
             return [
                 {"checkpoint": r.checkpoint_uri, "run_root": r.run_root, "step": r.step, "method": r.method, "files": r.files, "bytes": r.bytes,
                  "hash_seconds": r.hash_seconds, "save_seconds": r.save_seconds, "bytes_read_back": r.bytes_read_back, "keyed": r.keyed,

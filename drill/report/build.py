@@ -14,7 +14,7 @@ from drill.errors import DrillError
 from drill.findings import Severity
 from drill.goodput import GoodputError, measured_restart, table
 from drill.pipeline.outcome import DrillOutcome
-from drill.records.reporting import KnownCheckpoint, Verified
+from drill.records.reporting import DrillBrief, KnownCheckpoint, Verified
 from drill.claims import Retained, coverage, good_enough, proof_of
 from drill.report.model import CheckpointRow, DrillEntry, GoodputSection, Report, RunSection
 from drill.stats import summarize
@@ -24,6 +24,7 @@ LISTING_TIMEOUT = 60.0
 """Seconds a report (or the metrics) waits, by default, on one run's storage before it falls
 back to what the records know, saying so."""
 DEFAULT_BLOCKING_S = 60.0
+DEFAULT_LISTED = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,10 @@ class ReportOptions:
     """List each run root to learn which checkpoints are retained now (else: as recorded)."""
     listing_timeout: float = LISTING_TIMEOUT
     """Seconds one run's listing may take (a storage that never answers, a listing that never ends)."""
+    listed: int | None = DEFAULT_LISTED
+    """Drills each run lists in full (the newest, and every failure among the newest as many
+    again); None: every drill in the window. Counts, percentiles and coverage always cover
+    every drill in the window."""
 
 
 def build_report(db: str | None = None, options: ReportOptions | None = None) -> Report:
@@ -57,11 +62,11 @@ def build_report(db: str | None = None, options: ReportOptions | None = None) ->
         return report
     try:
         records = Records(database)
-        drills = records.drills_in_window(since=opts.since, until=report.until, policy=opts.policy, run_root=root)
+        briefs = records.briefs_in_window(since=opts.since, until=report.until, policy=opts.policy, run_root=root)
         # Runs drilled before but not in the window appear too: a run whose drills stopped is news.
-        by_root: dict[str, list[DrillOutcome]] = {r: [] for r in ([root] if root else records.run_roots(policy=opts.policy))}
-        for d in drills:
-            by_root.setdefault(d.run_root, []).append(d)
+        by_root: dict[str, list[DrillBrief]] = {r: [] for r in ([root] if root else records.run_roots(policy=opts.policy))}
+        for b in briefs:
+            by_root.setdefault(b.run_root, []).append(b)
         runs = [_section(records, r, by_root[r], opts, resolve_url(db)) for r in sorted(by_root)]
         report.runs = sorted(runs, key=lambda r: (not r.needs_attention, r.run_root))  # what needs attention first
         report.chain = _chain(database)
@@ -77,15 +82,17 @@ def _empty_chain() -> dict[str, Any]:
 
 
 def _chain(database: Any) -> dict[str, Any]:
+    """The audit chain, verified on from the head the last intact ``drill audit verify``
+    recorded (a full pass where none was): a report on a year of records stays quick."""
     from drill.integrity.keys import SealKeyError
-    from drill.records.audit import load_audit_key, verify_chain
+    from drill.records.audit import load_audit_key, verified_head, verify_chain
 
     try:
         key = load_audit_key()
     except SealKeyError:
         key = None
     with database.sessions.begin() as s:
-        return verify_chain(s, key=key).to_dict()
+        return verify_chain(s, key=key, since=verified_head(s, key)).to_dict()
 
 
 # -- one run --------------------------------------------------------------------------------
@@ -99,35 +106,49 @@ class _OnStorage:
     """What it occupies on storage now; None when it could not be listed (or was not)."""
 
 
-def _section(records: Any, root: str, drills: list[DrillOutcome], opts: ReportOptions, database: str | None = None) -> RunSection:
-    known = {k.uri: k for k in records.known_checkpoints(root)} if records else {}
-    latest = records.latest_drills(root) if records else {}
-    ledger = records.ledger(root) if records else {}
-    retained, source, note = _retained(root, known, opts.list_storage, opts.listing_timeout)
-    rows = _checkpoint_rows(retained, known, latest, ledger, drills, opts.since, opts.until)
+def _section(records: Any, root: str, briefs: list[DrillBrief], opts: ReportOptions, database: str | None = None) -> RunSection:
+    recent = {k.uri: k for k in records.known_checkpoints(root, seen_since=opts.since)} if records else {}
+    retained, source, note = _retained(root, recent, opts.list_storage, opts.listing_timeout)
+    uris = {c.uri for c in retained} | {b.checkpoint for b in briefs if b.checkpoint}
+    known = {k.uri: k for k in records.known_checkpoints(root, uris=uris)} if records else {}
+    latest = records.latest_drills(root, uris) if records else {}
+    ledger = records.ledger(root, uris) if records else {}
+    rows = _checkpoint_rows(retained, known, latest, ledger, briefs, opts.since, opts.until)
     saved = {}
-    for save in reversed(records.saves(root)) if records else []:
+    for save in reversed(records.saves(root, uris)) if records else []:
         saved[save["checkpoint"]] = save  # the newest save of each checkpoint wins
     for row in rows:
         row.sealed_at_save = saved.get(row.uri)
     cover = coverage(
         Retained(r.name, r.bytes_on_storage, r.drills_in_window > 0, r.bytes_verified_in_window) for r in rows if r.retained is not False
     )
+    listed = records.outcomes(_listed(briefs, opts.listed)) if records else []
     return RunSection(
         run_root=root,
-        policies=sorted({d.policy for d in drills if d.policy}),
+        policies=sorted({b.policy for b in briefs if b.policy}),
         retention=source,
         retention_note=note,
         checkpoints=rows,
         coverage=cover,
-        counts=dict(Counter(d.status.value for d in drills)),
-        restore=summarize([d.timings.restore for d in drills]),
-        ttfs=summarize([d.timings.ttfs for d in drills]),
-        throughput=summarize([d.throughput_bps for d in drills]),
-        drills=[drill_entry(d, database) for d in drills],
-        goodput=_goodput(drills, opts),
+        counts=dict(Counter(b.status for b in briefs)),
+        restore=summarize([b.restore for b in briefs]),
+        ttfs=summarize([b.ttfs for b in briefs]),
+        throughput=summarize([b.throughput for b in briefs]),
+        drills=[drill_entry(d, database) for d in listed],
+        drills_in_window=len(briefs),
+        goodput=_goodput(briefs, opts),
         burst=(records.bursts(root, limit=1) or [None])[0] if records else None,
     )
+
+
+def _listed(briefs: list[DrillBrief], limit: int | None) -> list[int]:
+    """The drills a run lists in full: the newest ``limit``, and every drill that did not pass
+    among the newest ``2 × limit`` (a failure is what an auditor reads first)."""
+    if limit is None:
+        return [b.id for b in briefs]
+    newest = briefs[-limit:] if limit else []
+    failures = [b for b in briefs[-2 * limit :] if b.status not in ("passed", "running")] if limit else []
+    return sorted({b.id for b in (*newest, *failures)})
 
 
 def _retained(root: str, known: dict[str, KnownCheckpoint], list_storage: bool, timeout: float = LISTING_TIMEOUT) -> tuple[list[_OnStorage], str, str | None]:
@@ -168,11 +189,11 @@ def _checkpoint_rows(
     known: dict[str, KnownCheckpoint],
     latest: dict[str, DrillOutcome],
     ledger: dict[str, list[Verified]],
-    drills: list[DrillOutcome],
+    briefs: list[DrillBrief],
     since: datetime | None,
     until: datetime | None = None,
 ) -> list[CheckpointRow]:
-    in_window = Counter(d.checkpoint.uri for d in drills if d.checkpoint)
+    in_window = Counter(b.checkpoint for b in briefs if b.checkpoint)
     listed = {c.uri for c in retained}
     purged = [_OnStorage(uri, _name(uri), known[uri].step if uri in known else None, known[uri].format if uri in known else None, None) for uri in in_window if uri not in listed]
     rows = []
@@ -252,8 +273,8 @@ def shell_join(argv: list[str]) -> str:
 
 
 # -- goodput --------------------------------------------------------------------------------
-def _goodput(drills: list[DrillOutcome], opts: ReportOptions) -> GoodputSection | None:
-    samples = [(d.timings.ttfs, d.timings.restore) for d in drills if d.timings.ttfs is not None]
+def _goodput(briefs: list[DrillBrief], opts: ReportOptions) -> GoodputSection | None:
+    samples = [(b.ttfs, b.restore) for b in briefs if b.ttfs is not None]
     if not samples:
         return None
     try:
@@ -264,4 +285,4 @@ def _goodput(drills: list[DrillOutcome], opts: ReportOptions) -> GoodputSection 
     return GoodputSection(restart=restart, blocking_s=opts.blocking_s, rows=rows)
 
 
-__all__ = ["DEFAULT_BLOCKING_S", "DEFAULT_GPUS", "ReportOptions", "build_report", "drill_entry", "rerun_command"]
+__all__ = ["DEFAULT_BLOCKING_S", "DEFAULT_GPUS", "DEFAULT_LISTED", "ReportOptions", "build_report", "drill_entry", "rerun_command"]

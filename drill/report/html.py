@@ -114,7 +114,7 @@ def _chain(chain: dict) -> str:  # type: ignore[type-arg]
 def _overview(report: Report) -> str:
     """Every run in one table, those that need attention first, each linking to its section."""
     rows = [
-        [f'<a href="#run-{i}">{escape(r.run_root)}</a>', escape(", ".join(r.policies) or "–"), str(len(r.drills)),
+        [f'<a href="#run-{i}">{escape(r.run_root)}</a>', escape(", ".join(r.policies) or "–"), str(r.drills_in_window),
          _badge(r.last.status) if r.last else '<span class="meta">none in window</span>', escape(t.when(r.last.started_at) if r.last else "–"),
          escape(f"{r.proven} of {r.coverage.retained}"), escape(t.share(r.coverage.share)), escape(t.share(r.coverage.share_bytes))]
         for i, r in enumerate(report.runs)
@@ -144,7 +144,7 @@ def _run(run: RunSection, index: int = 0) -> str:
     if run.failures:
         parts.append("<h3>Failures</h3>" + "".join(_failure(d) for d in reversed(run.failures)))
     if run.drills:
-        parts.append("<h3>Every drill in the window</h3>" + _drills(run.drills))
+        parts.append(f"<h3>{escape(run.listing)}</h3>" + _drills(run.drills))
     if run.burst:
         parts.append(_burst(run.burst))
     if run.goodput:

@@ -55,7 +55,7 @@ def _overview(report: Report) -> list[str]:
     """Every run in one table, those that need attention first."""
     return _table(
         ["run", "policies", "drills", "last verdict", "last drill", "proven restorable", "checkpoints drilled", "bytes proven"],
-        [[r.run_root, ", ".join(r.policies) or "–", len(r.drills), r.last.status if r.last else "none in window", t.when(r.last.started_at) if r.last else "–",
+        [[r.run_root, ", ".join(r.policies) or "–", r.drills_in_window, r.last.status if r.last else "none in window", t.when(r.last.started_at) if r.last else "–",
           f"{r.proven} of {r.coverage.retained}", t.share(r.coverage.share), t.share(r.coverage.share_bytes)] for r in report.runs],
     )  # fmt: skip
 
@@ -108,7 +108,7 @@ def _run(run: RunSection) -> list[str]:
     )  # fmt: skip
     if run.burst:
         lines += ["", "### Restore burst", ""] + _burst(run.burst)
-    lines += ["", "### Drills", ""]
+    lines += ["", "### Drills", "", run.listing + ".", ""]
     lines += _table(
         ["drill", "started", "checkpoint", "verdict", "restore", "first step", "evidence", "replay"],
         [[f"#{d.id}", t.when(d.started_at), d.checkpoint or "–", d.status, t.seconds(d.restore_s), t.seconds(d.ttfs_s),

@@ -140,10 +140,24 @@ class RunSection:
     ttfs: Summary
     throughput: Summary
     drills: list[DrillEntry]
-    """Oldest first."""
+    """The drills listed in full, oldest first: every drill of the window, or past
+    :attr:`ReportOptions.listed <drill.report.build.ReportOptions.listed>` the newest and the
+    failures among them (:attr:`drills_in_window` counts them all)."""
+    drills_in_window: int = 0
+    """Every drill started in the window (what counts and percentiles cover)."""
     goodput: GoodputSection | None = None
     burst: dict[str, Any] | None = None
     """The run's latest restore burst (``drill burst``'s document), if any."""
+
+    @property
+    def listing(self) -> str:
+        """What the drill list holds: every drill of the window, or which of them."""
+        if len(self.drills) >= self.drills_in_window:
+            return "Every drill in the window"
+        return (
+            f"{len(self.drills)} of the {self.drills_in_window} drills in the window: the newest, and the failures among the newest "
+            f"(counts, percentiles and coverage cover all {self.drills_in_window}; --drills all lists every one)"
+        )
 
     @property
     def slo_breaches(self) -> list[DrillEntry]:
@@ -162,7 +176,8 @@ class RunSection:
     def needs_attention(self) -> bool:
         """What an auditor reads first: a failure in the window, a retained checkpoint not
         proven, or no drill at all in the window."""
-        return bool(self.failures) or self.proven < self.coverage.retained or not self.drills
+        failed = any(status not in ("passed", "running") for status in self.counts)
+        return failed or self.proven < self.coverage.retained or not self.drills_in_window
 
     @property
     def failures(self) -> list[DrillEntry]:
@@ -175,6 +190,7 @@ class RunSection:
             "checkpoints": [c.to_dict() for c in self.checkpoints], "coverage": self.coverage.to_dict(), "counts": self.counts,
             "restore_seconds": self.restore.to_dict(), "ttfs_seconds": self.ttfs.to_dict(), "throughput_bps": self.throughput.to_dict(),
             "slo_breaches": [{"drill_id": d.id, "started_at": _iso(d.started_at), "breaches": d.slo_breaches} for d in self.slo_breaches],
+            "drills_in_window": self.drills_in_window, "drills_listed": len(self.drills),
             "drills": [d.to_dict() for d in self.drills], "goodput": self.goodput.to_dict() if self.goodput else None,
         }  # fmt: skip
 
@@ -193,7 +209,7 @@ class Report:
 
     @property
     def drills(self) -> int:
-        return sum(len(r.drills) for r in self.runs)
+        return sum(r.drills_in_window for r in self.runs)
 
     def counts(self) -> dict[str, int]:
         total: dict[str, int] = {}

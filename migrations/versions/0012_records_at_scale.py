@@ -1,5 +1,6 @@
 """records at scale: the verified audit head (audit_verified) and indexes for the queries
-reports and metrics make (each run's drills by time, each checkpoint's latest drill)
+reports and metrics make (each run's drills by time, each checkpoint's latest drill, each source's
+latest drill and counts by verdict)
 
 Revision ID: 0012
 Revises: 0011
@@ -32,11 +33,13 @@ def upgrade() -> None:
     )
     op.create_index("ix_drills_run_root_started_at", "drills", ["run_root", "started_at"])
     op.create_index("ix_drills_checkpoint_id_id", "drills", ["checkpoint_id", "id"])
+    op.create_index("ix_drills_source_status", "drills", ["policy", "run_root", "status"])
     op.create_index("ix_checkpoints_run_root_last_seen", "checkpoints", ["run_root", "last_seen"])
 
 
 def downgrade() -> None:
     op.drop_index("ix_checkpoints_run_root_last_seen", table_name="checkpoints")
+    op.drop_index("ix_drills_source_status", table_name="drills")
     op.drop_index("ix_drills_checkpoint_id_id", table_name="drills")
     op.drop_index("ix_drills_run_root_started_at", table_name="drills")
     op.drop_table("audit_verified")
