@@ -58,8 +58,9 @@ def _read(db: str | None, coverage_days: float, list_storage: bool) -> tuple[dic
         return {}, report, {}
     try:
         records = Records(database)
-        counts = {"drills": records.drill_counts(), "events": records.scheduler_event_counts(), "scheduler": records.scheduler_state(), "bursts": records.latest_bursts()}
-        return records.latest_per_source(), report, counts
+        latest, drills = records.sources()
+        counts = {"drills": drills, "events": records.scheduler_event_counts(), "scheduler": records.scheduler_state(), "bursts": records.latest_bursts()}
+        return latest, report, counts
     finally:
         database.close()
 

@@ -32,8 +32,6 @@ def main(checkpoint: str, out: Path) -> None:
     try:
         report = drill.sdk.load(ours, checkpoint, record=rank == 0, db=os.environ.get("DRILL_DB"))
         result.update(ok=True, ranks=report.ranks, sealed=report.sealed)
-        if report.recorder is not None:
-            report.recorder.join()
     except drill.sdk.CheckpointCorrupt as exc:
         result.update(ok=False, error=str(exc), file=exc.file, ranges=exc.byte_ranges)
     if result["ok"]:

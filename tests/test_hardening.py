@@ -95,14 +95,15 @@ def test_postgres_stopped_mid_drill_spools_the_verdict_and_flush_delivers_it_onc
 
 
 def test_a_flush_that_died_before_unlinking_delivers_nothing_twice(demo_run: Path, sqlite_url: str, private_spool: Path) -> None:
-    from drill.records.db import open_database, safe_url
+    from drill.records.db import open_database
+    from drill.records.urls import database_key
     from drill.records.recorder import DatabaseRecorder
     from drill.records.spool import Spool
 
     outcome = _drill(demo_run, sqlite_url)
     doc = outcome.to_document()
     doc["id"], doc["pid"] = None, 999_999_999  # another drill, which never got a row: spooled, delivered, unlink lost
-    spool = Spool(safe_url(sqlite_url))
+    spool = Spool(database_key(sqlite_url))
     spool.put(doc)
     spool.put(doc)
     database = open_database(sqlite_url)
@@ -136,12 +137,12 @@ def test_a_spool_file_drill_cannot_vouch_for_is_named_never_delivered_and_blocks
     """A planted "passed" verdict (another user's file, a file others could write, a link) is
     never delivered; a corrupt or misshapen one is named, not skipped silently; either way
     ``db flush`` exits 1 and later drills still run and record."""
-    from drill.records.db import safe_url
+    from drill.records.urls import database_key
     from drill.records.spool import Spool
 
     if fault == "another user's file" and os.geteuid() != 0:
         pytest.skip("chown to another user needs root")
-    path = Spool(safe_url(sqlite_url)).put(_spooled_doc(demo_run, sqlite_url))
+    path = Spool(database_key(sqlite_url)).put(_spooled_doc(demo_run, sqlite_url))
     SPOOL_FAULTS[fault](path)
     runner = CliRunner()
     res = invoke(runner, "db", "flush", "--db", sqlite_url, "--json")
@@ -155,11 +156,11 @@ def test_a_spool_file_drill_cannot_vouch_for_is_named_never_delivered_and_blocks
 
 
 def test_concurrent_flushes_deliver_each_spooled_verdict_once(demo_run: Path, db_url: str, private_spool: Path) -> None:
-    from drill.records.db import safe_url
+    from drill.records.urls import database_key
     from drill.records.spool import Spool
 
     base = _drill(demo_run, db_url).to_document()
-    spool = Spool(safe_url(db_url))
+    spool = Spool(database_key(db_url))
     for i in range(6):
         spool.put({**base, "id": None, "pid": 900_000 + i})
     with ThreadPoolExecutor(4) as pool:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import drill.sdk
+from drill.errors import DatabaseError
 from drill.demo.config import DemoConfig
 from drill.demo.train import build
 from tests.conftest import recorded
@@ -50,8 +51,8 @@ def test_resume_through_drill_is_dcp_load_and_is_recorded(run: Path, sqlite_url:
     assert ours.dataloader.state_dict() == theirs.dataloader.state_dict()
     assert report.sealed and report.verified_files >= 2 and report.bytes_read > 0
     assert set(report.seconds) >= {"plan", "read", "load", "verify", "total"}
-    assert report.recorder is not None
-    report.recorder.join(30)
+    assert report.record is not None and report.record.exists()  # spooled on the trainer's host
+    assert drill.sdk.flush_records(sqlite_url) == 1  # delivered where (and when) the operator chooses
     (drill_record,) = recorded(sqlite_url)
     assert drill_record.trigger == "resume" and drill_record.status.value == "passed"
     assert drill_record.checkpoint is not None and drill_record.checkpoint.name == ckpt.name
@@ -70,7 +71,8 @@ def test_flipped_byte_raises_naming_the_file_and_byte_range_and_falls_back(run: 
     assert "differs from what was sealed" in str(exc)
     fallback = drill.sdk.last_good(str(run), before=str(ckpt), db=sqlite_url)
     assert fallback is not None and Path(fallback).name != ckpt.name
-    drill.sdk.load(_objects(run).stateful(), fallback, db=sqlite_url).recorder.join(30)  # type: ignore[union-attr]
+    drill.sdk.load(_objects(run).stateful(), fallback, db=sqlite_url)
+    assert drill.sdk.flush_records(sqlite_url) == 2
     statuses = [d.status.value for d in recorded(sqlite_url)]
     assert statuses == ["failed", "passed"]
 
@@ -90,32 +92,32 @@ def test_entry_that_does_not_load_raises(run: Path, sqlite_url: str) -> None:
 
 
 def test_database_away_never_fails_the_resume_and_the_record_is_spooled(run: Path, private_spool: Path) -> None:
-    report = drill.sdk.load(_objects(run).stateful(), str(_newest(run)), db="postgresql://drill@127.0.0.1:9/nowhere?connect_timeout=2")
-    assert report.recorder is not None
-    report.recorder.join(60)
+    db = "postgresql://drill@127.0.0.1:9/nowhere?connect_timeout=2"
+    report = drill.sdk.load(_objects(run).stateful(), str(_newest(run)), db=db)
     spooled = list(private_spool.rglob("*.json"))
-    assert len(spooled) == 1 and json.loads(spooled[0].read_text())["trigger"] == "resume"
+    assert spooled == [report.record] and json.loads(spooled[0].read_text())["trigger"] == "resume"
+    with pytest.raises(DatabaseError):
+        drill.sdk.flush_records(db)
+    assert list(private_spool.rglob("*.json")) == spooled  # still there for the next delivery
 
 
-def test_no_database_work_on_the_trainers_thread(run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The record is written on its own thread: a slow database does not hold the resume up."""
-    import threading
-
-    import drill.records.db as db
-
-    gate = threading.Event()
-    real = db.open_database
-
-    def slow(url=None):  # type: ignore[no-untyped-def]
-        gate.wait(30)
-        return real(url)
-
-    monkeypatch.setattr(db, "open_database", slow)
-    report = drill.sdk.load(_objects(run).stateful(), str(_newest(run)), db=sqlite_url)
-    assert report.recorder is not None and report.recorder.is_alive()
-    gate.set()
-    report.recorder.join(30)
-    assert len(recorded(sqlite_url)) == 1
+def test_no_database_layer_on_the_trainers_host(run: Path, sqlite_url: str) -> None:
+    """Recording a resume imports no database driver, ORM or migration tool into the trainer:
+    the record is a spooled file, delivered by the next drill, the scheduler or flush_records."""
+    code = (
+        "import sys, drill.sdk, torch.distributed.checkpoint\n"
+        "from tests.test_sdk_resume import _objects, _newest\n"
+        "from pathlib import Path\n"
+        "before = set(sys.modules)\n"
+        f"report = drill.sdk.load(_objects(Path({str(run)!r})).stateful(), str(_newest(Path({str(run)!r}))), db={sqlite_url!r})\n"
+        "assert report.record is not None\n"
+        "heavy = sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('sqlalchemy', 'alembic', 'psycopg') or m.startswith('drill.records.db'))\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert drill.sdk.flush_records(sqlite_url) == 1 and recorded(sqlite_url)[0].trigger == "resume"
 
 
 def _two_ranks(ckpt: Path, db: str) -> list[dict]:
@@ -140,6 +142,7 @@ def test_two_ranks_reshard_a_one_rank_checkpoint_and_agree_on_damage(run: Path, 
     damaged = _two_ranks(ckpt, sqlite_url)
     assert [r["ok"] for r in damaged] == [False, False], damaged  # every rank raises, none trains on
     assert all(r["file"] == "__0_0.distcp" for r in damaged)
+    assert drill.sdk.flush_records(sqlite_url) == 2  # one record per resume: rank 0's
     records = recorded(sqlite_url)
     assert [d.trigger for d in records] == ["resume", "resume"] and records[-1].status.value == "failed"
 
@@ -154,6 +157,7 @@ def test_hf_trainer_resumes_from_a_verified_checkpoint(tmp_path: Path, sqlite_ur
     ckpt = out / "checkpoint-4"
     drill.sdk.seal(str(ckpt))
     assert drill.sdk.verified(str(ckpt), db=sqlite_url) == str(ckpt)
+    drill.sdk.flush_records(sqlite_url)
     (record,) = recorded(sqlite_url)
     assert (record.trigger, record.status.value, record.checkpoint.format) == ("resume", "passed", "hf-trainer")  # type: ignore[union-attr]
     _flip(ckpt / "model.safetensors", (ckpt / "model.safetensors").stat().st_size - 10)

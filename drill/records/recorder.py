@@ -24,6 +24,7 @@ from drill.integrity.coverage import CoverageUpdate
 from drill.pipeline.outcome import CheckpointInfo, DrillOutcome
 from drill.pipeline.recorder import DrillStart
 from drill.records.db import Database, safe_url
+from drill.records.urls import database_key
 from drill.records.saves import is_save
 from drill.records.spool import Spool
 from drill.records.store import Records
@@ -51,7 +52,7 @@ class FlushResult:
 class DatabaseRecorder:
     def __init__(self, db: Database, *, spool: Spool | None = None, attempts: int = ATTEMPTS) -> None:
         self.records = Records(db)
-        self.spool = spool or Spool(safe_url(db.url))
+        self.spool = spool or Spool(database_key(db.url), aliases=(safe_url(db.url),))  # the name drill 0.5 and older spooled under
         self.attempts = attempts
         self.id: int | None = None
         self.checkpoint_id: int | None = None

@@ -113,17 +113,18 @@ class ReportingMixin:
 
     def latest_drills(self, run_root: str, uris: Collection[str] | None = None) -> dict[str, DrillOutcome]:
         """Checkpoint URI → its most recent closed drill (of any age), for ``uris`` (every
-        checkpoint of the run when None): one row per checkpoint read, whatever its history."""
+        checkpoint of the run when None): the checkpoints by URI, then each one's newest drill
+        through the (checkpoint, id) index — one row per checkpoint read, whatever its history."""
+        latest: dict[str, DrillOutcome] = {}
         with self._session() as s:
-            newest = select(func.max(Drill.id)).join(Checkpoint, Drill.checkpoint_id == Checkpoint.id)
-            newest = newest.where(Checkpoint.run_root == run_root, Drill.status != DrillStatus.RUNNING.value)
-            latest: dict[str, DrillOutcome] = {}
-            for part in _parts(uris):
-                q = newest.where(Checkpoint.uri.in_(part)) if part is not None else newest
-                ids = select(Drill).where(Drill.id.in_(q.group_by(Drill.checkpoint_id).scalar_subquery()))
-                for d in s.scalars(ids.options(selectinload(Drill.checkpoint))):
+            q = select(Checkpoint.id).where(Checkpoint.run_root == run_root)
+            ids = [i for part in _parts(uris) for i in s.scalars(q.where(Checkpoint.uri.in_(part)) if part is not None else q)]
+            for i in range(0, len(ids), 500):
+                newest = select(func.max(Drill.id)).where(Drill.checkpoint_id.in_(ids[i : i + 500]), Drill.status != DrillStatus.RUNNING.value)
+                rows = select(Drill).where(Drill.id.in_(newest.group_by(Drill.checkpoint_id).scalar_subquery()))
+                for d in s.scalars(rows.options(selectinload(Drill.checkpoint))):
                     latest[d.checkpoint.uri] = outcome_from_row(d, with_checks=False)  # type: ignore[union-attr]
-            return latest
+        return latest
 
     def ledger(self, run_root: str, uris: Collection[str] | None = None) -> dict[str, list[Verified]]:
         """Checkpoint URI → the files whose bytes matched their seal, and when they last did
@@ -137,26 +138,30 @@ class ReportingMixin:
                     out.setdefault(uri, []).append(Verified(int(size), _aware(at)))
         return out
 
-    def latest_per_source(self) -> dict[tuple[str, str], tuple[DrillOutcome, DrillOutcome | None]]:
-        """(policy or "", run root) → (its latest closed drill, with checks; its latest passed one)."""
+    def sources(self) -> tuple[dict[tuple[str, str], tuple[DrillOutcome, DrillOutcome | None]], dict[tuple[str, str, str], int]]:
+        """What the metrics read of every source — (policy or "", run root) — in one pass over
+        the (policy, run root, status) index: its latest closed drill (with checks) and its
+        latest passed one; and (policy or "", run root, status) → closed drills recorded, ever."""
+        counts: dict[tuple[str, str, str], int] = {}
+        last: dict[tuple[str, str], int] = {}
+        good: dict[tuple[str, str], int] = {}
         with self._session() as s:
-            source = (func.coalesce(Drill.policy, ""), Drill.run_root)
-            closed = Drill.status != DrillStatus.RUNNING.value
-            last = {(p, r): i for p, r, i in s.execute(select(*source, func.max(Drill.id)).where(closed).group_by(*source))}
-            good = {(p, r): i for p, r, i in s.execute(select(*source, func.max(Drill.id)).where(Drill.status == DrillStatus.PASSED.value).group_by(*source))}
+            q = select(Drill.policy, Drill.run_root, Drill.status, func.count(), func.max(Drill.id)).group_by(Drill.policy, Drill.run_root, Drill.status)
+            for policy, root, status, n, newest in s.execute(q):
+                if status == DrillStatus.RUNNING.value:
+                    continue
+                key = (policy or "", root)  # NULL and "" are one source
+                counts[(*key, status)] = counts.get((*key, status), 0) + n
+                last[key] = max(newest, last.get(key, newest))
+                if status == DrillStatus.PASSED.value:
+                    good[key] = max(newest, good.get(key, newest))
             load = select(Drill).where(Drill.id.in_({*last.values(), *good.values()}))
             rows = {d.id: d for d in s.scalars(load.options(selectinload(Drill.checkpoint), selectinload(Drill.checks), selectinload(Drill.replay_steps)))}
-            return {
+            latest = {
                 key: (outcome_from_row(rows[i], with_checks=True), outcome_from_row(rows[good[key]], with_checks=False) if key in good else None)
                 for key, i in last.items()
             }
-
-    def drill_counts(self) -> dict[tuple[str, str, str], int]:
-        """(policy or "", run root, status) → closed drills recorded, ever: what the metrics count."""
-        with self._session() as s:
-            source = (func.coalesce(Drill.policy, ""), Drill.run_root, Drill.status)
-            q = select(*source, func.count()).where(Drill.status != DrillStatus.RUNNING.value).group_by(*source)
-            return {(p, r, st): n for p, r, st, n in s.execute(q)}
+        return latest, counts
 
     def audit_head(self) -> ChainHead | None:
         with self._session() as s:

@@ -4,7 +4,9 @@ When even closing a drill's row as ``error`` fails (the database is locked past 
 down, or its disk is full), the finished drill's outcome document is written here — one
 file per drill, fsync'd, readable by its owner only — and the next drill (or ``drill db
 flush``) delivers it. A file names the database it belongs to by a hash of its URL (without
-password), so two databases never receive each other's drills.
+password: :func:`~drill.records.urls.database_key`, computed without SQLAlchemy so that a
+trainer's host spools a resume without importing it), so two databases never receive each
+other's drills.
 
 The spool is trusted only as far as it is provably drill's own: a file is delivered only if
 it is a regular file (not a link) owned by this user and readable by nobody else, in a
@@ -50,9 +52,13 @@ class Pending:
 
 
 class Spool:
-    def __init__(self, db_key: str, directory: Path | None = None) -> None:
+    """One database's spooled documents. ``db_key`` names the database (:func:`~drill.records.urls.database_key`
+    of its URL); ``aliases``: other names older drills spooled its documents under, delivered too."""
+
+    def __init__(self, db_key: str, directory: Path | None = None, aliases: tuple[str, ...] = ()) -> None:
         self.directory = directory or spool_dir()
         self.key = xxhash.xxh3_64_hexdigest(db_key.encode())
+        self._keys = [self.key] + [k for k in (xxhash.xxh3_64_hexdigest(a.encode()) for a in aliases) if k != self.key]
 
     def put(self, document: dict[str, Any]) -> Path:
         """Keep one finished drill's outcome document; returns where."""
@@ -79,7 +85,7 @@ class Spool:
         why = _not_ours(self.directory, directory=True) if self.directory.exists() else None
         if not self.directory.is_dir():
             return out
-        files = sorted(self.directory.glob(f"{self.key}-*.json")) + sorted(self._abandoned())
+        files = sorted(p for key in self._keys for p in self.directory.glob(f"{key}-*.json")) + sorted(self._abandoned())
         for path in files:
             problem = why or _not_ours(path)
             if problem is None:
@@ -100,7 +106,7 @@ class Spool:
         """Claims whose process is gone: they were never delivered (or delivered and not yet
         unlinked, which delivery recognizes), so they are taken over."""
         out = []
-        for path in self.directory.glob(f"{self.key}-*.json{_CLAIMED}*"):
+        for path in (p for key in self._keys for p in self.directory.glob(f"{key}-*.json{_CLAIMED}*")):
             pid = path.name.rsplit(_CLAIMED, 1)[1]
             if pid.isdigit() and not _alive(int(pid)):
                 out.append(path)

@@ -58,6 +58,13 @@ def resolve_url(value: str | None = None) -> str:
     return value
 
 
+def database_key(url: str) -> str:
+    """What names a database in the spool: its URL (as :func:`resolve_url` gives it) without a
+    password — plain text rules, no SQLAlchemy, so a trainer's host can spool a record for the
+    price of writing a file."""
+    return re.sub(r"(://[^:@/]*):[^@/]*@", r"\1@", str(url))
+
+
 def safe_url(url: str | URL) -> str:
     """The URL with any password masked: the only form drill ever prints or logs."""
     from sqlalchemy.engine import make_url

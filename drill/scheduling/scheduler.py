@@ -159,6 +159,7 @@ class DrillScheduler:
                 if records.acquire_lease(self.holder, self.lease_ttl, names) is not None:
                     log.error("the lease was taken over; stopping")
                     break
+                _deliver_spooled(db)
         finally:
             self.stop_event.set()  # a job firing from now on starts nothing
             self._wind_down(scheduler)
@@ -223,3 +224,14 @@ class DrillScheduler:
             return
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop_event.set())
+
+
+def _deliver_spooled(db: Any) -> None:
+    """Each heartbeat: deliver what trainers spooled (their resumes and saves, recorded on the
+    trainer's host for a few milliseconds each) into a spool directory this host shares."""
+    from drill.records.recorder import DatabaseRecorder
+
+    try:
+        DatabaseRecorder(db).flush()
+    except Exception:  # noqa: BLE001 - the next heartbeat tries again; scheduling goes on
+        log.warning("spooled records not delivered this heartbeat", exc_info=True)

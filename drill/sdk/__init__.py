@@ -27,7 +27,7 @@ Writing what drill checks:
 from drill.integrity.keys import load_key
 from drill.integrity.manifest import SealConflict, SealResult, seal
 from drill.errors import StorageProblem
-from drill.sdk.resume import CheckpointCorrupt, LoadReport, last_good, load, verified
+from drill.sdk.resume import CheckpointCorrupt, LoadReport, flush_records, last_good, load, verified
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
@@ -44,5 +44,5 @@ from drill.runlog.steplog import STEP_LOG, StepLog, StepRecord, read_step_log
 
 __all__ = [
     "STEP_LOG", "CheckpointCorrupt", "LoadReport", "SealConflict", "SealReport", "SealResult", "SealingWriter", "StepLog", "StepRecord", "StorageProblem",
-    "async_save", "last_good", "load", "load_key", "read_run_file", "read_step_log", "save", "seal", "sealing", "verified",
+    "async_save", "flush_records", "last_good", "load", "load_key", "read_run_file", "read_step_log", "save", "seal", "sealing", "verified",
 ]  # fmt: skip

@@ -21,10 +21,10 @@ spool and the next drill delivers it.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 TRIGGER = "resume"
@@ -64,8 +64,9 @@ class LoadReport:
     ranks: int = 1
     byte_ranges: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     """File → byte ranges that differ from the seal (empty when none do)."""
-    recorder: threading.Thread | None = None
-    """The background thread writing the record (join it to wait for the record)."""
+    record: Path | None = None
+    """Where the resume's drill record waits for delivery to the database (the spool), or None
+    when it was not recorded (see :func:`_spool_record`)."""
 
 
 def load(
@@ -97,7 +98,7 @@ def load(
     report, checks, result = run_load(state, checkpoint_id, verify, process_group, planner, key, allow_classes)
     report.seconds["total"] = time.perf_counter() - started
     if record and _is_coordinator(process_group):
-        report.recorder = _record_in_background(report, checks, len(result.files), began, db)
+        report.record = _spool_record(report, checks, len(result.files), began, db)
     raise_unless_passed(report, checks)
     return report
 
@@ -116,7 +117,7 @@ def verified(checkpoint: str, *, record: bool = True, db: str | None = None, key
     began = datetime.now(timezone.utc)
     report, checks, files = verify_for_resume(checkpoint, key, allow_classes)
     if record:
-        _record_in_background(report, checks, files, began, db).join()
+        report.record = _spool_record(report, checks, files, began, db)
     raise_unless_passed(report, checks)
     return report.checkpoint
 
@@ -127,37 +128,34 @@ def _is_coordinator(process_group: Any) -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank(process_group) == 0
 
 
-def _record_in_background(report: LoadReport, checks: list[Any], files: int, began: datetime, db: str | None) -> threading.Thread:
-    """Write the resume's drill record without holding the trainer up (the thread is not a
-    daemon: an exiting trainer still finishes the record, or spools it)."""
+def _spool_record(report: LoadReport, checks: list[Any], files: int, began: datetime, db: str | None) -> Path | None:
+    """The resume's drill record, written to the spool — a file, a few milliseconds on the
+    trainer's host, no database driver imported there — for the next drill, the scheduler or
+    ``drill db flush`` (:func:`flush_records`) to deliver. Nothing from here reaches the
+    trainer: a spool that cannot be written leaves the resume unrecorded, never failed."""
+    from drill.records.spool import Spool
+    from drill.records.urls import database_key, resolve_url
     from drill.sdk.verified_load import outcome_of
 
     outcome = outcome_of(report, checks, files, began)
+    try:
+        return Spool(database_key(resolve_url(db))).put(outcome.to_document())
+    except Exception:  # noqa: BLE001 - the resume goes on, unrecorded
+        return None
 
-    def write() -> None:
-        try:
-            from drill.records.db import open_database
-            from drill.records.recorder import DatabaseRecorder
 
-            database = open_database(db)
-        except Exception as exc:  # noqa: BLE001 - the database is away: spool the verdict
-            from drill.records.db import resolve_url, safe_url
-            from drill.records.spool import Spool
+def flush_records(db: str | None = None) -> int:
+    """Deliver this host's spooled records (resumes and saves included) to the database now;
+    how many were delivered. What ``drill db flush`` does, at a moment the trainer chooses
+    (it imports the database layer: about half a CPU-second)."""
+    from drill.records.db import open_database
+    from drill.records.recorder import DatabaseRecorder
 
-            try:
-                Spool(safe_url(resolve_url(db))).put(outcome.to_document())
-            except Exception:  # noqa: BLE001 - nothing may reach the trainer from here
-                pass
-            del exc
-            return
-        try:
-            DatabaseRecorder(database).finish(outcome)
-        finally:
-            database.close()
-
-    thread = threading.Thread(target=write, name="drill-record-resume")
-    thread.start()
-    return thread
+    database = open_database(db)
+    try:
+        return DatabaseRecorder(database).flush().delivered
+    finally:
+        database.close()
 
 
 def last_good(root: str, *, before: str | None = None, db: str | None = None, min_evidence: str = "structural") -> str | None:
@@ -172,4 +170,4 @@ def last_good(root: str, *, before: str | None = None, db: str | None = None, mi
     return fallback(root, before, db, parse_level(min_evidence))
 
 
-__all__ = ["TRIGGER", "CheckpointCorrupt", "LoadReport", "last_good", "load", "verified"]
+__all__ = ["TRIGGER", "CheckpointCorrupt", "LoadReport", "flush_records", "last_good", "load", "verified"]

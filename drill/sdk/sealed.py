@@ -180,10 +180,10 @@ def _write(doc: dict[str, Any], url: str) -> None:
     except Exception:  # noqa: BLE001 - the database is away or refused: spool it, never raise into the trainer
         pass
     try:
-        from drill.records.db import resolve_url, safe_url
+        from drill.records.urls import database_key, resolve_url
         from drill.records.spool import Spool
 
-        Spool(safe_url(resolve_url(url))).put(doc)
+        Spool(database_key(resolve_url(url))).put(doc)
     except Exception:  # noqa: BLE001 - nothing may reach the trainer from here
         pass
 
