@@ -145,3 +145,28 @@ def test_the_drill_command_hashes_through_workers_and_names_damage(tmp_path: Pat
     doc = json.loads(proc.stdout)
     (finding,) = [f for f in doc["findings"] if f["severity"] == "error"]
     assert finding["subject"] == "a" and f"{3 * CHUNK}" in finding["message"] and f"{4 * CHUNK}" in finding["message"], finding
+
+
+def test_more_spans_than_a_pipe_holds_are_all_hashed_by_whichever_worker_is_free(tmp_path: Path) -> None:
+    """Spans go to workers through a job queue (a free worker takes the next), in runs when
+    there are more than the queue holds: every span is reported, with the digests a
+    positioned read gives."""
+    chunk = 64
+    n = mapped.MAX_JOBS + 37
+    data = os.urandom(chunk * n)
+    (tmp_path / "f").write_bytes(data)
+    uri = str(tmp_path / "f")
+    spans = [(uri, i * chunk, chunk) for i in range(n)]
+    got = mapped.hash_mapped(LocalStorage().open, spans, chunk, workers=3)
+    assert all(g is not None for g in got)
+    assert [d for g in got for d in g] == hash_span(LocalStorage(), uri, 0, len(data), chunk)  # type: ignore[union-attr]
+
+
+def test_workers_leave_the_cores_other_work_keeps_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import drill.integrity.parallel as parallel
+
+    monkeypatch.setattr(parallel, "usable_cores", lambda cap: 4)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    for load, expected in ((0.0, 4), (1.0, 3), (2.2, 2), (3.9, 1), (40.0, 1)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert parallel.free_cores(8) == expected, load

@@ -34,6 +34,7 @@ Span = tuple[str, int, int]
 _HEAD = struct.Struct("<II")
 """Each finished span, from a worker: its index and digest count, then the 16-byte digests."""
 _DIGEST = 16
+_INDEX = struct.Struct("<I")
 WINDOW = 256 << 20
 """Bytes mapped at once: a worker's mappings stay bounded however large the shard."""
 
@@ -49,9 +50,9 @@ def hash_mapped(open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chu
     parent = os.getpid()
     pids: list[int] = []
     pipes: dict[int, bytearray] = {}
+    jobs = _job_queue(len(spans))
     try:
-        for w in range(min(workers, len(spans))):
-            mine = range(w, len(spans), workers)
+        for _ in range(min(workers, len(spans))):
             read_fd, write_fd = os.pipe()
             try:
                 pid = os.fork()
@@ -61,18 +62,43 @@ def hash_mapped(open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chu
                 break
             if pid == 0:  # pragma: no cover - the worker; its report is checked by the caller
                 os.close(read_fd)
-                _work(parent, write_fd, open_file, spans, mine, chunk_size)
+                _work(parent, write_fd, jobs, open_file, spans, chunk_size)
             os.close(write_fd)
             pids.append(pid)
             pipes[read_fd] = bytearray()
+        os.close(jobs)
+        jobs = -1
         _collect(pipes)
     finally:
+        if jobs >= 0:
+            os.close(jobs)
         for fd in pipes:
             os.close(fd)
         _reap(pids)
     for data in pipes.values():
         _parse(data, done)
     return done
+
+
+MAX_JOBS = 65536 // 4
+"""Jobs a pipe buffer holds: more spans than this are handed out in runs."""
+
+
+def _job_queue(n: int) -> int:
+    """A pipe holding job numbers (each a run of spans, :func:`_job_spans`), its write end
+    closed: each worker takes the next job when it is free (a 4-byte read from a pipe is
+    atomic), so a worker on a busy core takes fewer spans instead of holding the others up."""
+    read_fd, write_fd = os.pipe()
+    try:
+        _write_all(write_fd, b"".join(_INDEX.pack(i) for i in range(min(n, MAX_JOBS))))
+    finally:
+        os.close(write_fd)
+    return read_fd
+
+
+def _job_spans(job: int, n: int) -> range:
+    jobs = min(n, MAX_JOBS)
+    return range(job * n // jobs, (job + 1) * n // jobs)
 
 
 def _collect(pipes: dict[int, bytearray]) -> None:
@@ -112,14 +138,15 @@ def _parse(data: bytearray, done: list[list[bytes] | None]) -> None:
         pos = end
 
 
-def _work(parent: int, fd: int, open_file: Callable[[str], BinaryIO], spans: Sequence[Span], mine: range, chunk_size: int) -> None:  # pragma: no cover
+def _work(parent: int, fd: int, jobs: int, open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chunk_size: int) -> None:  # pragma: no cover
     code = 1
     try:
         _detach(parent)
-        for index in mine:
-            digests = _digests(open_file, *spans[index], chunk_size)
-            if digests is not None:
-                _write_all(fd, _HEAD.pack(index, len(digests)) + b"".join(digests))
+        while len(taken := os.read(jobs, _INDEX.size)) == _INDEX.size:
+            for index in _job_spans(_INDEX.unpack(taken)[0], len(spans)):
+                digests = _digests(open_file, *spans[index], chunk_size)
+                if digests is not None:
+                    _write_all(fd, _HEAD.pack(index, len(digests)) + b"".join(digests))
         code = 0
     finally:
         os._exit(code)

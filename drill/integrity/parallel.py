@@ -34,10 +34,10 @@ def hash_files(
     sha256: frozenset[str] = frozenset(),
 ) -> dict[str, FileHashes | OSError]:
     """Hash each file (path → listed size) on ``workers`` (default: one per core this process
-    may use, at most 8). A file that cannot be read, or changes size while it is read, maps to
-    its error."""
+    may use that other work is not keeping busy, at most 8). A file that cannot be read, or
+    changes size while it is read, maps to its error."""
     paths = sorted(sizes)
-    workers = workers or usable_cores(8)
+    workers = workers or free_cores(8)
     spannable = getattr(storage, "positioned_reads", False)
     spans = {rel: _spans(sizes[rel], chunk_size, workers) for rel in paths if spannable and rel not in sha256 and sizes[rel]}
     uris = {rel: storage.child(checkpoint, rel) for rel in spans}
@@ -70,10 +70,28 @@ def usable_cores(cap: int) -> int:
     return max(1, min(cap, n))
 
 
+def free_cores(cap: int) -> int:
+    """Usable cores (:func:`usable_cores`) less the share other work keeps busy — the machine's
+    load average over the last minute, in proportion — at least one: a worker on a busy core
+    only waits for it."""
+    usable = usable_cores(cap)
+    try:
+        busy = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # no load average on this system
+        busy = 0.0
+    return max(1, usable - int(usable * min(1.0, busy) + 0.25))
+
+
+SPAN_BYTES = 64 << 20
+"""The most a span holds: spans are handed to whichever worker is free, so a worker on a busy
+core takes fewer of them."""
+
+
 def _spans(size: int, chunk: int, parts: int) -> list[tuple[int, int]]:
-    """(start, length) of up to ``parts`` runs of whole chunks covering ``size`` (> 0) bytes."""
+    """(start, length) of runs of whole chunks covering ``size`` (> 0) bytes: at least
+    ``parts`` of them where there are as many chunks, none over :data:`SPAN_BYTES`."""
     chunks = -(-size // chunk)
-    per = -(-chunks // max(1, parts))
+    per = max(1, min(-(-chunks // max(1, parts)), SPAN_BYTES // chunk))
     return [(i * chunk, min(size, (i + per) * chunk) - i * chunk) for i in range(0, chunks, per)]
 
 
