@@ -219,3 +219,39 @@ def _policy_outcome(text: str) -> None:
         parse_policy(text, "fuzz.yaml")
     except PolicyError as exc:
         assert str(exc).startswith("fuzz.yaml")
+
+
+@pytest.mark.parametrize("numel", [0, 1, 1000, 3_000_000])
+def test_the_direct_zip_directory_reader_agrees_with_zipfile(numel: int) -> None:
+    """torch.save's zips are listed straight from their central directory (no zipfile pass per
+    entry): the same records as zipfile on real entries; a damaged end record or zip64 trailer
+    is not read directly (zipfile, then the CRCs and the loader, judge it)."""
+    import io
+    import random
+    import zipfile
+
+    import torch
+
+    from drill.formats import dcp_entries as e
+
+    def by_zipfile(tail: memoryview, length: int) -> dict | None:
+        try:
+            with zipfile.ZipFile(e._Sparse(tail, length)) as z:
+                infos = z.infolist()
+        except Exception:  # noqa: BLE001
+            return None
+        names = {zi: zi.filename.split("/", 1)[1] if "/" in zi.filename else zi.filename for zi in infos}
+        return {names[zi]: e.Record(names[zi], zi.header_offset, zi.file_size, zi.compress_type == 0 and zi.compress_size == zi.file_size, zi.CRC) for zi in infos}
+
+    buf = io.BytesIO()
+    torch.save(torch.randn(numel), buf)
+    data = buf.getvalue()
+    tail = memoryview(data)[-min(len(data), e.TAIL_BYTES) :]
+    assert e._plain_directory(tail, len(data)) == by_zipfile(tail, len(data)) is not None
+    rng = random.Random(numel)
+    for at in range(len(data) - 98, len(data)):  # the zip64 end record, its locator, the end record
+        damaged = bytearray(data)
+        damaged[at] ^= 1 << rng.randrange(8)
+        t = memoryview(bytes(damaged))[-min(len(damaged), e.TAIL_BYTES) :]
+        got = e._plain_directory(t, len(damaged))
+        assert got is None or got == by_zipfile(t, len(damaged)), at

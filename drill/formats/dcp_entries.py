@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from drill.views import ViewReader
 
 DIRECT_MIN_BYTES = 1 << 20
 """Entries smaller than this are read whole and loaded the ordinary way: a few extra small
@@ -102,9 +101,26 @@ class _Sparse(io.RawIOBase):
         return n
 
 
+_EOCD = struct.Struct("<4s4H2LH")
+"""End of central directory: signature, disk numbers, entry counts, directory size and offset, comment length."""
+_CENTRAL = struct.Struct("<4s6H3L5H2L")
+"""A central directory header: signature, versions, flags, method, time, date, CRC-32, sizes,
+name/extra/comment lengths, disk, attributes, local header offset."""
+_ZIP64 = 0xFFFFFFFF
+_END64 = struct.Struct("<4sQ2H2L4Q")
+_LOCATOR = struct.Struct("<4sLQL")
+_ZIP64_TAIL = _END64.size + _LOCATOR.size
+"""A zip64 end record (no extensible data) and its locator, between the directory and the end record."""
+
+
 def records(tail: memoryview, length: int) -> dict[str, Record] | None:
     """The zip's records by name (without their ``archive/`` prefix), from its tail; None
-    when the tail does not hold a central directory drill can read."""
+    when the tail does not hold a central directory drill can read. The plain zips torch.save
+    writes are read straight from their central directory; anything else (zip64, bytes before
+    the archive, a comment) by ``zipfile``."""
+    plain = _plain_directory(tail, length)
+    if plain is not None:
+        return plain
     try:
         with zipfile.ZipFile(_Sparse(tail, length)) as z:
             infos = z.infolist()
@@ -115,6 +131,43 @@ def records(tail: memoryview, length: int) -> dict[str, Record] | None:
         name = zi.filename.split("/", 1)[1] if "/" in zi.filename else zi.filename
         out[name] = Record(name, zi.header_offset, zi.file_size, zi.compress_type == zipfile.ZIP_STORED and zi.compress_size == zi.file_size, zi.CRC)
     return out
+
+
+def _plain_directory(tail: memoryview, length: int) -> dict[str, Record] | None:
+    """The records of a zip whose end record closes the entry with no comment and whose
+    directory sits right before it, every value within 32 bits; None for anything else."""
+    end = len(tail) - _EOCD.size  # where the end record begins, within the tail
+    if end < 0:
+        return None
+    sig, disk, cd_disk, n_here, n_total, cd_size, cd_offset, comment = _EOCD.unpack_from(tail, end)
+    if end >= _ZIP64_TAIL and bytes(tail[end - 20 : end - 16]) == b"PK\x06\x07":
+        # torch.save adds a zip64 end record and its locator: they must repeat the values exactly
+        _, z_size, _, _, z_disk, z_cd_disk, z_here, z_total, z_cd_size, z_cd_offset = _END64.unpack_from(tail, end - _ZIP64_TAIL)
+        _, l_disk, l_at, l_disks = _LOCATOR.unpack_from(tail, end - 20)
+        end -= _ZIP64_TAIL
+        record = (bytes(tail[end : end + 4]), z_size, z_disk, z_cd_disk, z_here, z_total, z_cd_size, z_cd_offset, l_disk, l_at, l_disks)
+        if record != (b"PK\x06\x06", 44, 0, 0, n_here, n_total, cd_size, cd_offset, 0, length - len(tail) + end, 1):
+            return None
+    start = end - cd_size  # where the directory begins, within the tail
+    if sig != b"PK\x05\x06" or comment or disk or cd_disk or n_here != n_total or start < 0 or cd_offset != length - len(tail) + start:
+        return None
+    out: dict[str, Record] = {}
+    at = start
+    for _ in range(n_total):
+        if at + _CENTRAL.size > end:
+            return None
+        (sig, _, _, flags, method, _, _, crc, csize, usize, nlen, elen, clen, _, _, _, offset) = _CENTRAL.unpack_from(tail, at)
+        name_at = at + _CENTRAL.size
+        at = name_at + nlen + elen + clen
+        if sig != b"PK\x01\x02" or at > end or _ZIP64 in (csize, usize, offset):
+            return None
+        try:
+            name = bytes(tail[name_at : name_at + nlen]).decode("utf-8" if flags & 0x800 else "cp437")
+        except UnicodeDecodeError:
+            return None
+        name = name.split("/", 1)[1] if "/" in name else name
+        out[name] = Record(name, offset, usize, method == 0 and csize == usize, crc)
+    return out if at == end else None
 
 
 def data_start(head: memoryview, record: Record) -> int | None:
@@ -187,8 +240,8 @@ class _TensorUnpickler(pickle.Unpickler):
 
 def tensor_spec(data_pkl: memoryview) -> TensorSpec | None:
     """The plain tensor ``data.pkl`` rebuilds, or None when it is anything else."""
-    try:
-        spec = _TensorUnpickler(ViewReader(data_pkl)).load()
+    try:  # a copy into BytesIO: the unpickler reads a raw stream a few bytes per call
+        spec = _TensorUnpickler(io.BytesIO(data_pkl.tobytes())).load()
     except Exception:  # noqa: BLE001 - anything unusual is loaded the ordinary way
         return None
     return spec if isinstance(spec, TensorSpec) else None

@@ -37,6 +37,10 @@ _DIGEST = 16
 _INDEX = struct.Struct("<I")
 WINDOW = 256 << 20
 """Bytes mapped at once: a worker's mappings stay bounded however large the shard."""
+SMALL_SPAN = 1 << 20
+"""Spans up to this size are read, not mapped."""
+REPORT_BYTES = 1 << 15
+"""Reports a worker collects before writing them to its pipe."""
 
 
 def hash_mapped(open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chunk_size: int, workers: int) -> list[list[bytes] | None]:
@@ -142,11 +146,16 @@ def _work(parent: int, fd: int, jobs: int, open_file: Callable[[str], BinaryIO],
     code = 1
     try:
         _detach(parent)
+        reports = bytearray()
         while len(taken := os.read(jobs, _INDEX.size)) == _INDEX.size:
             for index in _job_spans(_INDEX.unpack(taken)[0], len(spans)):
                 digests = _digests(open_file, *spans[index], chunk_size)
                 if digests is not None:
-                    _write_all(fd, _HEAD.pack(index, len(digests)) + b"".join(digests))
+                    reports += _HEAD.pack(index, len(digests)) + b"".join(digests)
+                if len(reports) >= REPORT_BYTES:  # many small files: one write per batch, not per file
+                    _write_all(fd, reports)
+                    reports.clear()
+        _write_all(fd, reports)
         code = 0
     finally:
         os._exit(code)
@@ -163,12 +172,18 @@ def _detach(parent: int) -> None:  # pragma: no cover - in the worker
 
 
 def _digests(open_file: Callable[[str], BinaryIO], uri: str, start: int, length: int, chunk_size: int) -> list[bytes] | None:  # pragma: no cover
-    """The span's chunk digests, through one window of whole chunks at a time."""
+    """The span's chunk digests, through one window of whole chunks at a time (a small span is
+    read in one positioned read: a mapping's set-up costs more than copying it)."""
     window = max(1, WINDOW // chunk_size) * chunk_size
     with open_file(uri) as f:
         fd = f.fileno()
         if os.fstat(fd).st_size < start + length:
             return None  # shrank since it was listed: the positioned read reports it
+        if length <= SMALL_SPAN:
+            data = memoryview(os.pread(fd, length, start))
+            if len(data) < length:
+                return None
+            return [xxhash.xxh3_128(data[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)] or [xxhash.xxh3_128(b"").digest()]
         digests: list[bytes] = []
         for at in range(start, start + length, window):
             digests += _window(fd, at, min(window, start + length - at), chunk_size)

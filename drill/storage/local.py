@@ -12,7 +12,6 @@ import errno
 import os
 import stat as stat_mod
 from collections.abc import Mapping
-from pathlib import PurePosixPath
 from typing import BinaryIO
 
 from drill.storage.base import CacheState, Entry, EntryKind, NotARegularFile, PathEscapesCheckpoint
@@ -83,15 +82,17 @@ class LocalStorage:
             raise
 
     def child(self, base: str, relative: str) -> str:
-        rel = PurePosixPath(relative)
-        if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\x00" in relative:
+        parts = [p for p in relative.split("/") if p not in ("", ".")]
+        if relative.startswith("/") or ".." in parts or not parts or "\x00" in relative:
             raise PathEscapesCheckpoint(f"path {relative!r} escapes checkpoint {base}")
-        root = os.path.realpath(_path(base))
-        target = os.path.join(root, *rel.parts)
-        # A symlink inside the checkpoint may point anywhere; resolve it before anything opens it.
-        resolved = os.path.realpath(target)
-        if os.path.commonpath([root, resolved]) != root:
-            raise PathEscapesCheckpoint(f"path {relative!r} in {base} resolves outside it, to {resolved}")
+        root = _real_directory(_path(base))
+        target = os.path.join(root, *parts)
+        # A symlink inside the checkpoint may point anywhere; resolve it before anything opens
+        # it. A path with no link along it is inside the checkpoint by construction.
+        if _has_link(root, parts):
+            resolved = os.path.realpath(target)
+            if os.path.commonpath([root, resolved]) != root:
+                raise PathEscapesCheckpoint(f"path {relative!r} in {base} resolves outside it, to {resolved}")
         return target
 
     def write(self, uri: str, data: bytes, *, replace: bool = False, mode: int = 0o644) -> None:
@@ -136,3 +137,39 @@ class LocalStorage:
         drop(_path(u) for u in sizes)
         after = self.cached(sizes)
         return CacheState(after.bytes, after.resident, "written back and dropped from the page cache (posix_fadvise DONTNEED)")
+
+
+_REAL: dict[str, tuple[int, int, str]] = {}
+"""Directory → (device, inode, real path): resolved once, checked on every use (a directory
+swapped or re-linked since has another inode and is resolved again)."""
+
+
+def _real_directory(path: str) -> str:
+    """``os.path.realpath(path)``, for one ``stat`` when the directory is the one resolved before."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return os.path.realpath(path)
+    known = _REAL.get(path)
+    if known is not None and known[:2] == (st.st_dev, st.st_ino):
+        return known[2]
+    real = os.path.realpath(path)
+    if len(_REAL) > 4096:
+        _REAL.clear()
+    _REAL[path] = (st.st_dev, st.st_ino, real)
+    return real
+
+
+def _has_link(root: str, parts: list[str]) -> bool:
+    """Whether any component of ``root/parts…`` below ``root`` is a symbolic link (a missing
+    one ends the walk: nothing further to resolve)."""
+    path = root
+    for part in parts:
+        path = os.path.join(path, part)
+        try:
+            if stat_mod.S_ISLNK(os.lstat(path).st_mode):
+                return True
+        except OSError:
+            return False
+    return False
+
