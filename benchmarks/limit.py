@@ -15,6 +15,8 @@ targets allocated from the index:
                     chunk digests (asserted). Where each tensor's bytes lie is computed before
                     the clock starts: no parsing, no CRC, no record — the floor.
   drill.sdk.load    drill's verified load (``record=False``): index, reader, hash, CRC, proof
+  … (recorded)      the same with its drill record (``record=True``): the difference in CPU
+                    seconds is what recording a resume costs the trainer's host (target ≤ 0.1)
   dcp.load          DCP's own FileSystemReader, unverified
   torch.load(mmap)  the ``torch.save`` file mapped, each tensor copied into its target
   safetensors       ``safetensors.torch.load_file`` (when installed), copied into targets
@@ -70,6 +72,7 @@ from concurrent.futures import ThreadPoolExecutor
 plan = json.load(open(work + "/plan.json"))
 """,
     "drill.sdk.load": "import drill.sdk, drill.sdk.verified_load, torch.distributed.checkpoint",
+    "drill.sdk.load (recorded)": "import drill.sdk, drill.sdk.verified_load, torch.distributed.checkpoint, os; os.environ['DRILL_SPOOL_DIR'] = work + '/spool'",
     "dcp.load": "import torch.distributed.checkpoint as dcp",
     "safetensors": "from safetensors.torch import load_file",
 }
@@ -114,6 +117,10 @@ with ThreadPoolExecutor(4) as pool:
     "drill.sdk.load": r"""
 report = drill.sdk.load(sd, path, record=False)
 assert report.sealed and report.verified_files > 0, report
+""",
+    "drill.sdk.load (recorded)": r"""
+report = drill.sdk.load(sd, path, record=True, db="sqlite:///" + work + "/drill.db")
+assert report.record is not None
 """,
     "dcp.load": r"""
 dcp.load(sd, checkpoint_id=path, no_dist=True, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
@@ -203,7 +210,7 @@ def measure(gigabytes: float, repeat: int, only: set[str] | None = None) -> dict
         work = Path(tmp)
         extras = fits(gigabytes)
         write_checkpoint(work, gigabytes, extras)
-        ways = [w for w in WAYS if extras or w in ("limit", "drill.sdk.load", "dcp.load")]
+        ways = [w for w in WAYS if extras or w in ("limit", "drill.sdk.load", "drill.sdk.load (recorded)", "dcp.load")]
         ways = [w for w in ways if only is None or w in only or w in ("limit", "drill.sdk.load", "dcp.load")]
         if not (work / "state.safetensors").exists():
             ways = [w for w in ways if w != "safetensors"]
@@ -221,6 +228,7 @@ def measure(gigabytes: float, repeat: int, only: set[str] | None = None) -> dict
             "sdk/limit": per["drill.sdk.load"]["seconds"] / per["limit"]["seconds"],
             "sdk/dcp.load": per["drill.sdk.load"]["seconds"] / per["dcp.load"]["seconds"],
             "sdk/limit cpu": per["drill.sdk.load"]["cpu"] / per["limit"]["cpu"],
+            "record cpu-s": per["drill.sdk.load (recorded)"]["cpu"] - per["drill.sdk.load"]["cpu"],
         }
         for mode, per in med.items()
     }
@@ -245,7 +253,8 @@ def main() -> None:
             cells = "  ".join(f"{way} {m['seconds']:.3f} s ({m['cpu']:.2f} CPU-s)" for way, m in per.items())
             r = f["ratios"][mode]
             print(f"  {mode:<8} {cells}")
-            print(f"  {'':<8} drill.sdk.load / limit = {r['sdk/limit']:.2f} (CPU {r['sdk/limit cpu']:.2f})   drill.sdk.load / dcp.load = {r['sdk/dcp.load']:.2f}")
+            print(f"  {'':<8} drill.sdk.load / limit = {r['sdk/limit']:.2f} (CPU {r['sdk/limit cpu']:.2f})   drill.sdk.load / dcp.load = {r['sdk/dcp.load']:.2f}"
+                  f"   the resume record: {r['record cpu-s']:+.3f} CPU-s")
 
 
 if __name__ == "__main__":
