@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 import sys
 import time
 
@@ -34,3 +35,13 @@ def outer(cmd: list[str], env: dict[str, str] | None = None) -> float:
     t = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     return time.perf_counter() - t
+
+
+def warm(path: Path) -> None:
+    """Read every file under ``path`` once, so that what follows runs from the page cache."""
+    for p in path.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+

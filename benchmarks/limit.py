@@ -39,6 +39,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import warm  # noqa: E402
+
 PRELUDE = r"""
 import sys, time, resource, warnings, json
 warnings.simplefilter("ignore")
@@ -184,14 +187,6 @@ def plan_of(ckpt: Path) -> dict:
     for f in files.values():
         f["tensors"].sort()
     return {"chunk_size": seal["chunk_size"], "files": files}
-
-
-def warm(work: Path) -> None:
-    for p in work.rglob("*"):
-        if p.is_file():
-            with open(p, "rb") as f:
-                while f.read(1 << 24):
-                    pass
 
 
 def run_way(name: str, work: Path, mode: str) -> dict[str, float]:
