@@ -46,7 +46,7 @@ def _spans(tmp_path: Path, files: dict[str, bytes]) -> list[tuple[str, int, int]
 @pytest.mark.parametrize("workers", [1, 2, 5])
 def test_mapped_spans_hash_as_positioned_reads_do(tmp_path: Path, files: dict[str, bytes], workers: int) -> None:
     storage, spans = LocalStorage(), _spans(tmp_path, files)
-    got = mapped.hash_mapped(storage.open, spans, CHUNK, workers)
+    got = mapped.hash_mapped(storage.open_fd, spans, CHUNK, workers)
     assert got == [hash_span(storage, uri, a, n, CHUNK) for uri, a, n in spans]
 
 
@@ -58,7 +58,7 @@ def test_windows_and_chunks_off_the_page_grid_hash_alike(tmp_path: Path, monkeyp
     (tmp_path / "f").write_bytes(body)
     storage, uri = LocalStorage(), str(tmp_path / "f")
     spans = [(uri, 0, 20_000), (uri, 20_000, len(body) - 20_000)]
-    assert mapped.hash_mapped(storage.open, spans, 5000, 2) == [hash_span(storage, u, a, n, 5000) for u, a, n in spans]
+    assert mapped.hash_mapped(storage.open_fd, spans, 5000, 2) == [hash_span(storage, u, a, n, 5000) for u, a, n in spans]
 
 
 def test_hash_files_uses_the_workers_and_matches_a_stream(tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,13 +83,13 @@ def test_a_worker_killed_by_sigbus_loses_only_the_spans_it_had_not_reported(tmp_
     storage, spans = LocalStorage(), _spans(tmp_path, files)
     real = mapped._digests
 
-    def dies_on_b(open_file, uri, start, length, chunk):  # type: ignore[no-untyped-def]
+    def dies_on_b(open_fd, uri, start, length, chunk):  # type: ignore[no-untyped-def]
         if uri.endswith("/b"):
             os.kill(os.getpid(), signal.SIGBUS)
-        return real(open_file, uri, start, length, chunk)
+        return real(open_fd, uri, start, length, chunk)
 
     monkeypatch.setattr(mapped, "_digests", dies_on_b)
-    got = mapped.hash_mapped(storage.open, spans, CHUNK, workers=len(spans))
+    got = mapped.hash_mapped(storage.open_fd, spans, CHUNK, workers=len(spans))
     for (uri, a, n), digests in zip(spans, got):  # what the dead worker had not reported is unreported, the rest exact
         assert digests is None if uri.endswith("/b") else digests in (None, hash_span(storage, uri, a, n, CHUNK))
     assert sum(d is not None for d in got) > 0
@@ -158,7 +158,7 @@ def test_more_spans_than_a_pipe_holds_are_all_hashed_by_whichever_worker_is_free
     (tmp_path / "f").write_bytes(data)
     uri = str(tmp_path / "f")
     spans = [(uri, i * chunk, chunk) for i in range(n)]
-    got = mapped.hash_mapped(LocalStorage().open, spans, chunk, workers=3)
+    got = mapped.hash_mapped(LocalStorage().open_fd, spans, chunk, workers=3)
     assert all(g is not None for g in got)
     assert [d for g in got for d in g] == hash_span(LocalStorage(), uri, 0, len(data), chunk)  # type: ignore[union-attr]
 

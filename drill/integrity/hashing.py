@@ -102,3 +102,6 @@ class HashPlan:
             return frozenset(p[len(prefix) :] for p in paths if p.startswith(prefix))
 
         return HashPlan(chunk_size=self.chunk_size, files=None if self.files is None else strip(self.files), sha256=strip(self.sha256))
+
+
+__all__ = ["DEFAULT_CHUNK_SIZE", "ChunkHasher", "FileHashes", "HashPlan", "crc32", "file_digest"]

@@ -22,7 +22,6 @@ import signal
 import struct
 import sys
 from collections.abc import Callable, Sequence
-from typing import BinaryIO
 
 import xxhash
 
@@ -43,7 +42,7 @@ REPORT_BYTES = 1 << 15
 """Reports a worker collects before writing them to its pipe."""
 
 
-def hash_mapped(open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chunk_size: int, workers: int) -> list[list[bytes] | None]:
+def hash_mapped(open_fd: Callable[[str], int], spans: Sequence[Span], chunk_size: int, workers: int) -> list[list[bytes] | None]:
     """Each span's chunk digests, or None where no worker reported it (a fault in the mapping,
     a file shorter than the span, a worker that died): hash those the ordinary way."""
     done: list[list[bytes] | None] = [None] * len(spans)
@@ -66,7 +65,7 @@ def hash_mapped(open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chu
                 break
             if pid == 0:  # pragma: no cover - the worker; its report is checked by the caller
                 os.close(read_fd)
-                _work(parent, write_fd, jobs, open_file, spans, chunk_size)
+                _work(parent, write_fd, jobs, open_fd, spans, chunk_size)
             os.close(write_fd)
             pids.append(pid)
             pipes[read_fd] = bytearray()
@@ -142,14 +141,14 @@ def _parse(data: bytearray, done: list[list[bytes] | None]) -> None:
         pos = end
 
 
-def _work(parent: int, fd: int, jobs: int, open_file: Callable[[str], BinaryIO], spans: Sequence[Span], chunk_size: int) -> None:  # pragma: no cover
+def _work(parent: int, fd: int, jobs: int, open_fd: Callable[[str], int], spans: Sequence[Span], chunk_size: int) -> None:  # pragma: no cover
     code = 1
     try:
         _detach(parent)
         reports = bytearray()
         while len(taken := os.read(jobs, _INDEX.size)) == _INDEX.size:
             for index in _job_spans(_INDEX.unpack(taken)[0], len(spans)):
-                digests = _digests(open_file, *spans[index], chunk_size)
+                digests = _digests(open_fd, *spans[index], chunk_size)
                 if digests is not None:
                     reports += _HEAD.pack(index, len(digests)) + b"".join(digests)
                 if len(reports) >= REPORT_BYTES:  # many small files: one write per batch, not per file
@@ -171,12 +170,12 @@ def _detach(parent: int) -> None:  # pragma: no cover - in the worker
         handler.disable()
 
 
-def _digests(open_file: Callable[[str], BinaryIO], uri: str, start: int, length: int, chunk_size: int) -> list[bytes] | None:  # pragma: no cover
+def _digests(open_fd: Callable[[str], int], uri: str, start: int, length: int, chunk_size: int) -> list[bytes] | None:  # pragma: no cover
     """The span's chunk digests, through one window of whole chunks at a time (a small span is
     read in one positioned read: a mapping's set-up costs more than copying it)."""
     window = max(1, WINDOW // chunk_size) * chunk_size
-    with open_file(uri) as f:
-        fd = f.fileno()
+    fd = open_fd(uri)
+    try:
         if os.fstat(fd).st_size < start + length:
             return None  # shrank since it was listed: the positioned read reports it
         if length <= SMALL_SPAN:
@@ -188,6 +187,8 @@ def _digests(open_file: Callable[[str], BinaryIO], uri: str, start: int, length:
         for at in range(start, start + length, window):
             digests += _window(fd, at, min(window, start + length - at), chunk_size)
         return digests
+    finally:
+        os.close(fd)
 
 
 def _window(fd: int, at: int, length: int, chunk_size: int) -> list[bytes]:  # pragma: no cover - in the worker

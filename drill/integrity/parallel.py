@@ -104,7 +104,7 @@ def _hash_mapped(storage: Storage, uris: Mapping[str, str], spans: Spans, chunk_
     from drill.integrity.mapped import hash_mapped
 
     keys = [(rel, a, n) for rel, parts in spans.items() for a, n in parts]
-    got = hash_mapped(storage.open, [(uris[rel], a, n) for rel, a, n in keys], chunk_size, workers)
+    got = hash_mapped(storage.open_fd, [(uris[rel], a, n) for rel, a, n in keys], chunk_size, workers)
     return {(rel, a): digests for (rel, a, _), digests in zip(keys, got) if digests is not None}
 
 

@@ -77,7 +77,8 @@ class CacheState:
 class Storage(Protocol):
     positioned_reads: bool
     """Whether many threads may read one file at their own offsets through ``open(uri).fileno()``
-    (a local filesystem); object storage streams, reading ahead by itself."""
+    — or a raw descriptor from ``open_fd(uri)``, which such a storage also offers (a local
+    filesystem); object storage streams, reading ahead by itself."""
 
     def list(self, uri: str) -> list[Entry]:
         """Entries directly under the directory/prefix ``uri``, sorted by name."""

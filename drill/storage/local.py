@@ -64,10 +64,22 @@ class LocalStorage:
         return Entry(os.path.basename(path.rstrip("/")) or path, path, _kind(st.st_mode), st.st_size, st.st_mtime, target)
 
     def open(self, uri: str) -> BinaryIO:
+        fd = self.open_fd(uri)
+        try:
+            os.set_blocking(fd, True)
+            return open(fd, "rb", buffering=0, closefd=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def open_fd(self, uri: str) -> int:
+        """A raw descriptor of the regular file at ``uri``, for positioned reads (the caller
+        closes it): what :meth:`open` wraps, without the file object — hashing thousands of
+        small files pays for nothing else."""
         path = _path(uri)
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
         # The type is checked on the descriptor itself, so a file swapped for a FIFO between a
-        # listing and this open is caught too.
+        # listing and this open is caught too. (A regular file's reads ignore O_NONBLOCK.)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         try:
             mode = os.fstat(fd).st_mode
@@ -75,8 +87,7 @@ class LocalStorage:
                 raise IsADirectoryError(21, "Is a directory", path)
             if not stat_mod.S_ISREG(mode):
                 raise NotARegularFile(f"{path} is not a regular file (a FIFO, socket or device): not opened for reading")
-            os.set_blocking(fd, True)
-            return open(fd, "rb", buffering=0, closefd=True)
+            return fd
         except BaseException:
             os.close(fd)
             raise
