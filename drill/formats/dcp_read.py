@@ -104,6 +104,9 @@ class _FileOutcome:
     """Host buffers towards targets the reader cannot write itself (a GPU's)."""
     lane: CrcLane = field(default_factory=CrcLane)
     """Where large entries' CRC-32s are taken, beside the read."""
+    unsettled: list[tuple[Any, Any, Any, bytes, int]] = field(default_factory=list)
+    """Entries read in place whose CRC-32 the lane is still taking: (item, data record,
+    data.pkl record, data.pkl's bytes, tensor bytes), settled in order when the file is read."""
 
 
 class DrillReader:
@@ -249,6 +252,7 @@ class DrillReader:
             try:
                 for item in items:
                     self._entry(reader, item, planner, outcome)
+                _settle(outcome)
             finally:
                 outcome.stagers.finish()  # the copies in flight land before the file counts as read
                 outcome.lane.close()
@@ -355,8 +359,15 @@ def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: An
     target = planner.resolve_tensor(item).detach()
     if spec is None or not _fits(spec, data[0], item, target):
         return view
+    if target.device.type == "cpu" and target.is_contiguous() and crc and length >= LANE_MIN:
+        reader.read_into(byte_view(target), outcome.lane.begin())
+        outcome.lane.end()  # the reader goes on to the next entry; the verdict is settled with the file
+        outcome.unsettled.append((item, data[0], pkl, bytes(view[pkl_at : pkl_at + pkl.size]), _nbytes(target)))  # type: ignore[index,operator]
+        planner.commit_tensor(item, target)
+        reader.skip_to(start + length)
+        return None
     if target.device.type == "cpu" and target.is_contiguous():
-        running = (outcome.lane.begin() if length >= LANE_MIN else Crc()) if crc else None
+        running = Crc() if crc else None
         reader.read_into(byte_view(target), running)
         got = running.value() if running is not None else None
     else:
@@ -366,6 +377,19 @@ def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: An
     planner.commit_tensor(item, target)
     reader.skip_to(start + length)
     return None
+
+
+def _settle(outcome: _FileOutcome) -> None:
+    """The lane's CRC-32s of the entries read in place, in the order they were read: an entry
+    whose bytes fail theirs is a ``crc-mismatch`` and no longer counts as loaded."""
+    for item, data, pkl, pkl_bytes, nbytes in outcome.unsettled:
+        try:
+            _hold_to_crc(data, outcome.lane.result(), pkl, memoryview(pkl_bytes))
+        except CrcMismatch as exc:
+            outcome.failures.append(ItemFailure(item.dest_index.fqn, outcome.record.relative_path, str(exc), code="crc-mismatch"))
+            outcome.tensors -= 1
+            outcome.tensor_bytes -= nbytes
+    outcome.unsettled.clear()
 
 
 def _hold_to_crc(data: Any, got: int, pkl: Any, pkl_bytes: memoryview) -> None:

@@ -275,10 +275,18 @@ class CrcLane:
     def update(self, piece: memoryview) -> None:
         self._jobs.put(piece)
 
+    def end(self) -> None:
+        """End the CRC begun last, without waiting: :meth:`result` gives it, in order."""
+        self._jobs.put(_END)
+
+    def result(self) -> int:
+        """The oldest ended CRC-32 not yet taken, once the lane has caught up."""
+        return self._results.get()
+
     def value(self) -> int:
         """The CRC-32 of everything since :meth:`begin`, once the lane has caught up."""
-        self._jobs.put(_END)
-        return self._results.get()
+        self.end()
+        return self.result()
 
     def close(self) -> None:
         if self._thread is not None:
