@@ -206,7 +206,7 @@ def measure(gigabytes: float, repeat: int, only: set[str] | None = None) -> dict
         extras = fits(gigabytes)
         write_checkpoint(work, gigabytes, extras)
         ways = [w for w in WAYS if extras or w in ("limit", "drill.sdk.load", "drill.sdk.load (recorded)", "dcp.load")]
-        ways = [w for w in ways if only is None or w in only or w in ("limit", "drill.sdk.load", "dcp.load")]
+        ways = [w for w in ways if only is None or w in only or w in ("limit", "drill.sdk.load", "drill.sdk.load (recorded)", "dcp.load")]
         if not (work / "state.safetensors").exists():
             ways = [w for w in ways if w != "safetensors"]
         warm(work)
