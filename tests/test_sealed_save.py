@@ -162,7 +162,10 @@ def test_a_sealed_save_is_recorded_and_the_report_shows_what_the_seal_cost(tmp_p
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     ckpt = tmp_path / "run" / "step-10"
     report = save(_state(), ckpt, key=KEY, no_dist=True, db=db)
-    report.recorder.join()
+    assert report.record is not None and report.record.exists()  # spooled on the trainer's host
+    from drill.sdk import flush_records
+
+    assert flush_records(db) == 1
     database = open_database(db)
     (row,) = Records(database).saves()
     database.close()
@@ -181,7 +184,7 @@ def test_a_save_whose_database_is_away_is_spooled_and_delivered_later_never_fail
     away = tmp_path / "not-yet"
     db = f"sqlite:///{away / 'drill.db'}"
     report = save(_state(), tmp_path / "run" / "step-10", no_dist=True, db=db)  # the save itself never notices
-    report.recorder.join()
+    assert report.record is not None
     assert (tmp_path / "run" / "step-10" / "drill-manifest.json").exists()
     away.mkdir()
     res = invoke(CliRunner(), "db", "flush", "--db", db)
@@ -209,3 +212,18 @@ def test_lightning_fsdp_checkpoints_are_sealed_after_the_strategy_saves_them(tmp
         assert "meta.pt" in listed and ".metadata" in listed and any(p.endswith(".distcp") for p in listed)
         res = _verify(ckpt)
         assert res.returncode == 0 and "sealed, unauthenticated: every byte matches" in res.stdout, res.stdout + res.stderr
+
+
+def test_recording_a_save_imports_no_database_layer_into_the_trainer(tmp_path: Path) -> None:
+    """As a resume's: the save's record is a spooled file; no SQLAlchemy, Alembic or driver
+    is imported on the trainer's host to write it."""
+    code = (
+        "import sys, torch, drill.sdk\n"
+        "before = set(sys.modules)\n"
+        f"report = drill.sdk.save({{'w': torch.ones(4)}}, {str(tmp_path / 'run' / 'step-1')!r}, no_dist=True, db={'sqlite:///' + str(tmp_path / 'd.db')!r})\n"
+        "assert report.record is not None\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('sqlalchemy', 'alembic', 'psycopg')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -34,7 +34,7 @@ class DrillSealCallback(TrainerCallback):  # type: ignore[misc]
         checkpoint = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         if os.path.isdir(checkpoint):
             report = seal_across_ranks(checkpoint, key=self.key)
-            report.recorder = record_save(report, checkpoint, "after-save", self.db)
+            report.record = record_save(report, checkpoint, "after-save", self.db)
             self.reports.append(report)
 
 

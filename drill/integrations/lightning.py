@@ -35,7 +35,7 @@ class SealAfterSave:
         path = os.fspath(filepath)
         if os.path.isdir(path):
             report = seal_across_ranks(path, key=load_key())
-            report.recorder = record_save(report, path, "after-save", None)
+            report.record = record_save(report, path, "after-save", None)
             if not hasattr(self, "seal_reports"):
                 self.seal_reports = []
             self.seal_reports.append(report)

@@ -58,8 +58,9 @@ class SealReport:
     """Bytes the seal had to read again (a stream written out of order): 0 for DCP's writers."""
     manifest: str | None = None
     keyed: bool = False
-    recorder: Any = None
-    """The background thread recording this save in the database, when one is (join it to wait)."""
+    record: Any = None
+    """Where the save's record waits in the spool for delivery to the database (a ``Path``;
+    None when it was not recorded)."""
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from drill.pipeline.outcome import CheckpointInfo, DrillOutcome
 from drill.pipeline.recorder import DrillStart
 from drill.records.db import Database, safe_url
 from drill.records.urls import database_key
-from drill.records.saves import is_save
+from drill.records.spool import is_save
 from drill.records.spool import Spool
 from drill.records.store import Records
 

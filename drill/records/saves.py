@@ -1,11 +1,10 @@
 """Saves sealed as they were written: one row per checkpoint a sealing save wrote, with the
-seal's cost. Written from the trainer's host on a background thread, through the spool when
-the database is away; delivered exactly once (a row is keyed by where and when it was saved)."""
+seal's cost. Spooled on the trainer's host (a file, no database layer there), delivered
+exactly once (a row is keyed by where and when it was saved)."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
-
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -14,15 +13,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from drill.records.models import Save
-
-KIND = "save"
-"""``"kind"`` of a save's document (a drill's outcome document has none)."""
-
-FIELDS = ("checkpoint", "run_root", "step", "method", "files", "bytes", "hash_seconds", "save_seconds", "bytes_read_back", "keyed", "host", "pid", "saved_at", "drill_version")
-
-
-def is_save(doc: dict[str, Any]) -> bool:
-    return doc.get("kind") == KIND
+from drill.records.spool import SAVE_FIELDS as FIELDS
+from drill.records.spool import SAVE_KIND as KIND
+from drill.records.spool import is_save
 
 
 class SavesMixin:

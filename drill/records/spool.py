@@ -30,6 +30,15 @@ from typing import Any
 import xxhash
 
 SPOOL_ENV = "DRILL_SPOOL_DIR"
+
+SAVE_KIND = "save"
+"""``"kind"`` of a save's document (a drill's outcome document, the spool's other kind, has none)."""
+
+SAVE_FIELDS = ("checkpoint", "run_root", "step", "method", "files", "bytes", "hash_seconds", "save_seconds", "bytes_read_back", "keyed", "host", "pid", "saved_at", "drill_version")
+
+
+def is_save(doc: dict[str, Any]) -> bool:
+    return doc.get("kind") == SAVE_KIND
 _CLAIMED = ".claimed-"
 
 

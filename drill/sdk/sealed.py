@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,7 +56,7 @@ def save(
 
     writer, dcp_kwargs, db = _prepare(dcp.save, checkpoint_id, key, kwargs)
     dcp.save(state_dict, checkpoint_id=checkpoint_id, storage_writer=writer, planner=planner, process_group=process_group, **dcp_kwargs)
-    writer.report.recorder = record_save(writer.report, checkpoint_id, "writer", db)
+    writer.report.record = record_save(writer.report, checkpoint_id, "writer", db)
     return writer.report
 
 
@@ -76,7 +75,7 @@ def async_save(
 
     def recorded(future: Any) -> None:
         if future.exception() is None:
-            writer.report.recorder = record_save(writer.report, checkpoint_id, "writer", db)
+            writer.report.record = record_save(writer.report, checkpoint_id, "writer", db)
 
     done.add_done_callback(recorded)
     return pending
@@ -137,24 +136,28 @@ def seal_across_ranks(path: str | os.PathLike, *, key: bytes | None = None, proc
     return report
 
 
-def record_save(report: SealReport, checkpoint_id: str | os.PathLike, method: str, db: str | None) -> threading.Thread | None:
+def record_save(report: SealReport, checkpoint_id: str | os.PathLike, method: str, db: str | None) -> Path | None:
     """Record the save (on the coordinator, when a database is named: ``db``, else
-    ``$DRILL_DATABASE_URL``) on a background thread that never raises into the trainer: when
-    the database is away the record goes to the local spool and the next drill (or ``drill db
-    flush``) delivers it. Returns the thread (None: nothing to record)."""
+    ``$DRILL_DATABASE_URL``) as a resume is recorded: a spooled file, a few milliseconds on the
+    trainer's host with no database layer imported, delivered by the next drill, the
+    scheduler's heartbeat, ``drill db flush`` or :func:`drill.sdk.flush_records`. Never raises
+    into the trainer. Returns the spooled file (None: nothing recorded)."""
     url = db or os.environ.get(DATABASE_ENV)
     if not url or report.manifest is None:
         return None
-    doc = _document(report, os.fspath(checkpoint_id), method)
-    thread = threading.Thread(target=_write, args=(doc, url), name="drill-record-save")  # not a daemon: an exiting trainer still records
-    thread.start()
-    return thread
+    try:
+        from drill.records.spool import Spool
+        from drill.records.urls import database_key, resolve_url
+
+        return Spool(database_key(resolve_url(url))).put(_document(report, os.fspath(checkpoint_id), method))
+    except Exception:  # noqa: BLE001 - nothing may reach the trainer from here
+        return None
 
 
 def _document(report: SealReport, checkpoint: str, method: str) -> dict[str, Any]:
     from drill import __version__
     from drill.checkpoints import step_of
-    from drill.records.saves import KIND
+    from drill.records.spool import SAVE_KIND as KIND
     from drill.storage import normalize
 
     uri = normalize(checkpoint)
@@ -164,28 +167,6 @@ def _document(report: SealReport, checkpoint: str, method: str) -> dict[str, Any
         "save_seconds": round(report.save_seconds, 6), "bytes_read_back": report.bytes_read_back, "keyed": report.keyed,
         "host": socket.gethostname(), "pid": os.getpid(), "saved_at": datetime.now(timezone.utc).isoformat(), "drill_version": __version__,
     }  # fmt: skip
-
-
-def _write(doc: dict[str, Any], url: str) -> None:
-    try:
-        from drill.records.db import open_database
-        from drill.records.store import Records
-
-        database = open_database(url)
-        try:
-            Records(database).record_save(doc)
-            return
-        finally:
-            database.close()
-    except Exception:  # noqa: BLE001 - the database is away or refused: spool it, never raise into the trainer
-        pass
-    try:
-        from drill.records.urls import database_key, resolve_url
-        from drill.records.spool import Spool
-
-        Spool(database_key(resolve_url(url))).put(doc)
-    except Exception:  # noqa: BLE001 - nothing may reach the trainer from here
-        pass
 
 
 __all__ = ["SealReport", "SealingWriter", "async_save", "record_save", "save", "seal_across_ranks", "sealing"]
