@@ -342,7 +342,8 @@ def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: An
     """Read one tensor entry's raw bytes straight into its target (through ``outcome.stagers``' host
     buffers when the target is on a GPU); None when done, else the head bytes consumed before
     finding that this entry cannot be read in place. With ``crc``, the bytes are checked
-    against the record's CRC-32 as they land (:class:`CrcMismatch`)."""
+    against the record's CRC-32 as they land (:class:`CrcMismatch`) — a large entry's on the
+    CRC lane, its verdict settled when the whole file is read (:func:`_settle`)."""
     start = reader.pos
     recs = records(reader.peek(start + length - min(length, TAIL_BYTES), min(length, TAIL_BYTES)), length)
     data = [r for name, r in (recs or {}).items() if name.startswith("data/")]
