@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ENV, outer  # noqa: E402
+
 
 WRITE = r"""
 import sys, warnings, torch, drill.sdk
@@ -57,9 +57,7 @@ print(time.perf_counter() - t)
 
 
 def wall(cmd: list[str] | str) -> float:
-    t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, shell=isinstance(cmd, str))
-    return time.perf_counter() - t
+    return outer(cmd, ENV)
 
 
 def load(ckpt: Path, way: str) -> float:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -24,15 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ENV, outer  # noqa: E402
 from limit import WRITE  # noqa: E402  the same checkpoint as the load benchmark
 
 
 def wall(cmd: list[str] | str) -> float:
-    t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, shell=isinstance(cmd, str))
-    return time.perf_counter() - t
+    return outer(cmd, ENV)
 
 
 def rounds(ckpt: Path, db: str, repeat: int) -> dict[str, float]:

@@ -57,11 +57,6 @@ class Verified:
 class ReportingMixin:
     def _session(self) -> AbstractContextManager[Session]: ...  # provided by Records
 
-    def drills_in_window(self, *, since: datetime | None, until: datetime | None = None, policy: str | None = None, run_root: str | None = None) -> list[DrillOutcome]:
-        """Closed and running drills started in [``since``, ``until``), oldest first, with their checks."""
-        briefs = self.briefs_in_window(since=since, until=until, policy=policy, run_root=run_root)
-        return self.outcomes([b.id for b in briefs])
-
     def briefs_in_window(self, *, since: datetime | None, until: datetime | None = None, policy: str | None = None, run_root: str | None = None) -> list[DrillBrief]:
         """Every drill started in [``since``, ``until``), oldest first, in brief: a few columns
         each, so a month of a busy database's drills costs megabytes, not gigabytes."""

@@ -161,3 +161,16 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def spool_record(document: dict[str, Any], db: str | None) -> Path | None:
+    """Spool a record written on a trainer's host (a resume's outcome, a save's document) for
+    the database ``db`` names (``$DRILL_DATABASE_URL``, the embedded default): a file, no
+    database layer imported. Never raises: None when it could not be written."""
+    from drill.records.urls import database_key, resolve_url
+
+    try:
+        return Spool(database_key(resolve_url(db))).put(document)
+    except Exception:  # noqa: BLE001 - nothing may reach the trainer from here
+        return None
+

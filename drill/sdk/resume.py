@@ -133,15 +133,10 @@ def _spool_record(report: LoadReport, checks: list[Any], files: int, began: date
     trainer's host, no database driver imported there — for the next drill, the scheduler or
     ``drill db flush`` (:func:`flush_records`) to deliver. Nothing from here reaches the
     trainer: a spool that cannot be written leaves the resume unrecorded, never failed."""
-    from drill.records.spool import Spool
-    from drill.records.urls import database_key, resolve_url
+    from drill.records.spool import spool_record
     from drill.sdk.verified_load import outcome_of
 
-    outcome = outcome_of(report, checks, files, began)
-    try:
-        return Spool(database_key(resolve_url(db))).put(outcome.to_document())
-    except Exception:  # noqa: BLE001 - the resume goes on, unrecorded
-        return None
+    return spool_record(outcome_of(report, checks, files, began).to_document(), db)
 
 
 def flush_records(db: str | None = None) -> int:

@@ -145,13 +145,9 @@ def record_save(report: SealReport, checkpoint_id: str | os.PathLike, method: st
     url = db or os.environ.get(DATABASE_ENV)
     if not url or report.manifest is None:
         return None
-    try:
-        from drill.records.spool import Spool
-        from drill.records.urls import database_key, resolve_url
+    from drill.records.spool import spool_record
 
-        return Spool(database_key(resolve_url(url))).put(_document(report, os.fspath(checkpoint_id), method))
-    except Exception:  # noqa: BLE001 - nothing may reach the trainer from here
-        return None
+    return spool_record(_document(report, os.fspath(checkpoint_id), method), url)
 
 
 def _document(report: SealReport, checkpoint: str, method: str) -> dict[str, Any]:
