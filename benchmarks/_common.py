@@ -13,7 +13,7 @@ import sys, time, warnings
 warnings.simplefilter("ignore")
 import torch, torch.distributed.checkpoint as dcp
 from drill.safe_pickle import restricted_loads
-from drill.formats.dcp_read import skeleton
+from drill.formats.dcp_index import skeleton
 path = sys.argv[1]
 t = time.perf_counter()
 md = restricted_loads(open(path + "/.metadata", "rb").read())

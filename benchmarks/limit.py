@@ -47,7 +47,7 @@ import sys, time, resource, warnings, json
 warnings.simplefilter("ignore")
 import torch
 from drill.safe_pickle import restricted_loads
-from drill.formats.dcp_read import skeleton
+from drill.formats.dcp_index import skeleton
 work, mode = sys.argv[1], sys.argv[2]
 path = work + "/ckpt"
 md = restricted_loads(open(path + "/.metadata", "rb").read())

@@ -42,7 +42,7 @@ import sys, time, warnings
 warnings.simplefilter("ignore")
 import torch, torch.distributed.checkpoint as dcp, drill.sdk, drill.sdk.verified_load
 from drill.safe_pickle import restricted_loads
-from drill.formats.dcp_read import skeleton
+from drill.formats.dcp_index import skeleton
 path, way = sys.argv[1], sys.argv[2]
 md = restricted_loads(open(path + "/.metadata", "rb").read())
 sd = {k: v for k, v in skeleton(md, torch.device("cpu")).items() if v is not None}

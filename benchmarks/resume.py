@@ -45,7 +45,7 @@ warnings.simplefilter("ignore")
 import torch
 torch.set_num_threads(2)
 from drill.safe_pickle import restricted_loads
-from drill.formats.dcp_read import skeleton
+from drill.formats.dcp_index import skeleton
 path = sys.argv[1]
 DEVICE = torch.device(sys.argv[3])
 def targets():

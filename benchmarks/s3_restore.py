@@ -85,7 +85,7 @@ warnings.simplefilter("ignore")
 import torch, torch.distributed.checkpoint as dcp
 from s3torchconnector import S3ClientConfig
 from s3torchconnector.dcp import S3StorageReader
-from drill.formats.dcp_read import skeleton
+from drill.formats.dcp_index import skeleton
 uri, part = sys.argv[1], int(sys.argv[2])
 t = time.perf_counter()
 reader = S3StorageReader(os.environ["AWS_REGION"], uri, s3client_config=S3ClientConfig(force_path_style=True, part_size=part))

@@ -51,4 +51,20 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ statically
+    "__version__",
+    "DrillOutcome",
+    "DrillRequest",
+    "DrillStatus",
+    "ExitCode",
+    "ReportOptions",
+    "build_report",
+    "get_drill",
+    "history",
+    "last_good",
+    "run_drill",
+    "run_policy",
+    "seal",
+    "verify_audit_chain",
+    "verify_checkpoint",
+]

@@ -12,7 +12,8 @@ import pytest
 
 from drill.integrity.coverage import CoverageUpdate
 from drill.records.db import open_database
-from drill.records.lite import SqliteLedger, open_ledger
+from drill.records.ledgers import open_ledger
+from drill.records.lite import SqliteLedger
 from drill.records.urls import SCHEMA_HEAD
 from drill.records.store import Records
 from tests.conftest import fresh_python, invoke

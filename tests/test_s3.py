@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from drill import get_drill, history
+from drill import history
 from tests.conftest import drill, invoke
 from tests.s3server import FaultProxy, MotoServer, Rule
 

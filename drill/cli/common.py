@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -14,7 +15,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from drill.errors import DrillError, ExitCode
+from drill.errors import DrillError, ExitCode, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -171,3 +172,16 @@ def seal_key(key_file: str | None) -> bytes | None:
         return load_key(key_file)
     except SealKeyError as exc:
         raise UsageError(str(exc)) from None
+
+
+def write_output(path: str, text: str) -> None:
+    """``--output``: ``text`` written to ``path`` whole or not at all (a report, a script)."""
+    from drill.storage import LocalStorage
+
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UsageError(f"--output: directory {directory} does not exist")
+    try:
+        LocalStorage().write(path, text.encode(), replace=True, mode=0o666)  # the umask decides who may read it (a web root: 0644)
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {path} ({exc.strerror or exc})") from None

@@ -80,7 +80,7 @@ def verify(
     """
     from drill.cli.render import render_check
     from drill.integrity.sampling import parse_sample
-    from drill.records.lite import open_ledger
+    from drill.records.ledgers import open_ledger
     from drill.units import human_bytes, human_seconds
     from drill.verifier import verify_checkpoint
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from drill.cli.common import DbOption, DebugOption, JsonOption, flag, print_json, stderr, stdout
+from drill.cli.common import DbOption, DebugOption, JsonOption, flag, print_json, stderr, stdout, write_output
 from drill.errors import UsageError
 
 Since = Annotated[str, typer.Option("--since", help="Start of the window: a date (2026-11-01), a time (2026-11-01T06:00Z), a duration back from now (30d, 12h), or 'all'.")]
@@ -87,7 +87,7 @@ def report(
     if output is None:
         typer.echo(text, nl=False)
         return
-    _write(output, text)
+    write_output(output, text)
     stderr().print(f"wrote {output}: {kind}, {doc.drills} drill(s) in {len(doc.runs)} run(s)", markup=False)
 
 
@@ -101,18 +101,6 @@ def _listed(value: str) -> int | None:
     if n < 0:
         raise UsageError(f"--drills: {value!r} is neither a number of drills nor 'all'")
     return n
-
-
-def _write(path: str, text: str) -> None:
-    from drill.storage import LocalStorage
-
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UsageError(f"--output: directory {directory} does not exist")
-    try:
-        LocalStorage().write(path, text.encode(), replace=True, mode=0o666)  # the umask decides who may read it (a web root: 0644)
-    except OSError as exc:
-        raise UsageError(f"--output: cannot write {path} ({exc.strerror or exc})") from None
 
 
 def _check_goodput_inputs(gpus: tuple[int, ...] | list[int], blocking: list[float], price: float | None) -> None:

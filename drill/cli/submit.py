@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from drill.cli.common import DbOption, DebugOption, JsonOption, exit_with, print_json, stderr
+from drill.cli.common import DbOption, DebugOption, JsonOption, exit_with, print_json, stderr, write_output
 from drill.errors import UsageError
 
 
@@ -98,9 +98,7 @@ def _emit(text: str, output: str | None) -> None:
     if output is None:
         typer.echo(text, nl=False)
         return
-    from drill.cli.reports import _write
-
-    _write(output, text)
+    write_output(output, text)
     stderr().print(f"wrote {output}", markup=False)
 
 

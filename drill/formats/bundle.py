@@ -101,15 +101,15 @@ def read_members(storage: Storage, uri: str, members: list[Member], ctx: Restore
         started = time.perf_counter()
         try:
             findings += file_structure(member.path, view)
-            loaded[member.path] = _load(member, view, ctx, result)
+            loaded[member.path] = load_member(member, view, ctx, result)
         except Exception as exc:  # noqa: BLE001 - a damaged or hostile file is evidence
-            result.failures.append(_failure(member.path, exc))
+            result.failures.append(member_failure(member.path, exc))
         finally:
             result.load_seconds += time.perf_counter() - started
     return loaded, findings
 
 
-def _load(member: Member, view: memoryview, ctx: RestoreContext, result: RestoreResult) -> Any:
+def load_member(member: Member, view: memoryview, ctx: RestoreContext, result: RestoreResult) -> Any:
     from drill.formats.safeload import NUMPY_ARRAYS, load_safetensors, load_torch
 
     if member.kind == JSON:
@@ -126,7 +126,7 @@ def _load(member: Member, view: memoryview, ctx: RestoreContext, result: Restore
     return load_torch(view, (*ctx.allow_classes, *(NUMPY_ARRAYS if member.numpy else ())), map_location=ctx.device)
 
 
-def _failure(path: str, exc: BaseException) -> ItemFailure:
+def member_failure(path: str, exc: BaseException) -> ItemFailure:
     from drill.formats.safeload import UnsafePickle, load_failure
 
     if isinstance(exc, UnsafePickle):

@@ -59,6 +59,10 @@ class DCP(Format):
         return structure(storage, uri, sizes, allow_classes)
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
+        if ctx.shard is not None:  # one rank's share of a restore by many ranks
+            from drill.formats.dcp_shard import restore_shard
+
+            return restore_shard(storage, ref, ctx, ctx.shard)
         from drill.formats.dcp_read import restore
 
         return restore(storage, ref, ctx)

@@ -16,7 +16,6 @@ process groups — is :mod:`drill.formats.dcp_reader`.
 from __future__ import annotations
 
 import io
-import math
 import struct
 import time
 from collections import deque
@@ -34,12 +33,13 @@ from drill.formats.dcp_names import DCP_METADATA
 from drill.formats.base import RestoreContext, check_budget, one_line
 from drill.formats.canonical import Layout
 from drill.formats.dcp_layout import apply_layout
+from drill.formats.dcp_index import claimed_bytes, file_sizes, inventory, saved_ranks, skeleton
 from drill.formats.dcp_entries import DIRECT_MIN_BYTES, TAIL_BYTES, TensorSpec, data_start, local_header_end, records, tensor_spec
-from drill.formats.dcp_types import check_metadata, collector_paused, is_byte_io, is_bytes, is_tensor, load_metadata, narrow, read_items
+from drill.formats.dcp_types import check_metadata, collector_paused, is_byte_io, load_metadata, narrow, read_items
 from drill.formats.safeload import load_failure, numpy_arrays
 from drill.integrity.hashing import ChunkHasher, crc32
 from drill.integrity.reading import ATTEMPTS, LANE_MIN, TRANSIENT, Crc, CrcLane, SequentialReader, describe_read_error, read_whole
-from drill.restore import FileRead, ItemFailure, RestoreResult, TensorInfo
+from drill.restore import FileRead, ItemFailure, RestoreResult
 from drill.restore.staging import Stagers, byte_view
 from drill.safe_pickle import with_classes
 from drill.storage import Storage
@@ -457,38 +457,9 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def skeleton(metadata: Any, device: torch.device) -> dict[str, Any]:
-    """Targets for every entry in the checkpoint, allocated on ``device`` as a resume would."""
-    state: dict[str, Any] = {}
-    for fqn, md in metadata.state_dict_metadata.items():
-        if is_tensor(md):
-            state[fqn] = torch.empty(md.size, dtype=md.properties.dtype, device=device)
-        elif is_bytes(md):
-            state[fqn] = None
-    return state
-
-
-def inventory(metadata: Any) -> list[TensorInfo]:
-    """Every tensor from the index alone: nothing materialized."""
-    return [
-        TensorInfo(
-            fqn,
-            tuple(md.size),
-            str(md.properties.dtype).replace("torch.", ""),
-            md.size.numel() * torch.empty((), dtype=md.properties.dtype).element_size(),
-        )
-        for fqn, md in metadata.state_dict_metadata.items()
-        if is_tensor(md)
-    ]
-
-
 def restore(storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
     """Read every file of ``ref`` once — hashed as the plan says — and load every entry onto
     the device into targets allocated from the metadata, as a resume would."""
-    if ctx.shard is not None:
-        from drill.formats.dcp_shard import restore_shard
-
-        return restore_shard(storage, ref, ctx, ctx.shard)
     result = RestoreResult(uri=ref.uri, format="dcp", device=str(ctx.device), index_file=DCP_METADATA)
     result.layout = Layout(format="dcp", required=parts.CANONICAL_PARTS, optimizer_keys="fqn")
     if ref.step is not None:
@@ -500,10 +471,8 @@ def restore(storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> Restor
         result.metadata_error = str(exc)
         return result
     result.index = metadata.storage_data
-    from drill.formats.dcp_shard import saved_ranks
-
     result.layout.saved_ranks = saved_ranks(metadata)
-    sizes = _file_sizes(storage, ref.uri, metadata)
+    sizes = file_sizes(storage, ref.uri, metadata)
     try:
         result.inventory = inventory(metadata)
         need = claimed_bytes(metadata, sizes)
@@ -522,45 +491,5 @@ def restore(storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> Restor
     result.state = state
     apply_layout(result, storage, ref, ctx)
     return result
-
-
-def _file_sizes(storage: Storage, uri: str, metadata: Any) -> dict[str, int]:
-    """The size of each data file the index names that exists (missing ones are the reader's finding)."""
-    sizes = {}
-    for rel in {info.relative_path for info in (metadata.storage_data or {}).values()}:
-        try:
-            sizes[rel] = storage.stat(storage.child(uri, rel)).size
-        except OSError:
-            continue
-    return sizes
-
-
-def claimed_bytes(metadata: Any, sizes: dict[str, int]) -> int:
-    """Bytes the restored tensors will occupy, once the index is shown to be plausible: every
-    chunk is no larger than the entry that stores it, and the entries fit their files.
-    ``ValueError`` otherwise — before a byte is allocated (a forged index claiming a
-    2^40-element tensor must not make drill ask for 4 TiB)."""
-    total = 0
-    data = metadata.storage_data or {}
-    for info in data.values():
-        size = sizes.get(info.relative_path)
-        if size is not None and int(info.offset) + int(info.length) > size and int(info.length) > size:
-            raise ValueError(f"an entry of {int(info.length)} bytes is larger than its whole file {info.relative_path} ({size} bytes)")
-    key = type(next(iter(data))) if data else None  # the index's own MetadataIndex class (a mirror or DCP's)
-    for fqn, md in metadata.state_dict_metadata.items():
-        if not is_tensor(md):
-            continue
-        item = torch.empty((), dtype=md.properties.dtype).element_size()
-        if any(int(d) < 0 for d in md.size):
-            raise ValueError(f"{fqn} has a negative dimension {tuple(md.size)}")
-        for chunk in md.chunks:
-            need = math.prod(int(d) for d in chunk.sizes) * item
-            info = data.get(key(fqn, chunk.offsets)) if key is not None else None
-            if info is None:
-                raise ValueError(f"{fqn}: a chunk at {tuple(chunk.offsets)} has no storage entry")
-            if need > int(info.length):
-                raise ValueError(f"{fqn}: a chunk of {need} bytes ({tuple(chunk.sizes)}) claims more than its {int(info.length)}-byte entry")
-            total += need
-    return total
 
 

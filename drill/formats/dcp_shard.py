@@ -10,7 +10,6 @@ drill ranks (resharded by file), and no rank allocates more than its share.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -22,13 +21,11 @@ from drill.formats.dcp_names import DCP_METADATA
 from drill.formats.base import RestoreContext
 from drill.formats.canonical import Layout
 from drill.formats.base import check_budget
-from drill.formats.dcp_read import DrillReader, MetadataUnreadable, TargetPlanner, _file_sizes, claimed_bytes, inventory
+from drill.formats.dcp_index import claimed_bytes, file_sizes, inventory, saved_ranks
+from drill.formats.dcp_read import DrillReader, MetadataUnreadable, TargetPlanner
 from drill.formats.dcp_types import ReadItem, chunk_bytes, is_tensor, read_items
 from drill.restore import ItemFailure, RestoreResult
 from drill.storage import Storage
-
-_SHARD_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
-
 
 class ChunkPlanner(TargetPlanner):
     """Targets shaped like the stored chunks, allocated as the reader reaches them."""
@@ -56,19 +53,13 @@ def shard_items(metadata: Any, files: set[str]) -> list[ReadItem]:
     return read_items(metadata, files)
 
 
-def saved_ranks(metadata: Any) -> list[int]:
-    """The ranks that wrote the checkpoint, from DCP's ``__<rank>_<n>.distcp`` file names."""
-    names = {info.relative_path for info in (metadata.storage_data or {}).values()}
-    return sorted({int(m.group(1)) for n in names if (m := _SHARD_FILE.match(n))})
-
-
 def _plan_on_root(storage: Storage, ref: CheckpointRef, reader: DrillReader, world: int) -> tuple[Any, ...]:
     """Rank 0: read the index once and assign the files; what every rank then receives."""
     try:
         metadata = reader.read_metadata()
     except MetadataUnreadable as exc:
         return ("unreadable", str(exc), None)
-    sizes = _file_sizes(storage, ref.uri, metadata)
+    sizes = file_sizes(storage, ref.uri, metadata)
     try:
         claimed_bytes(metadata, sizes)
     except ValueError as exc:
@@ -97,7 +88,7 @@ def restore_shard(storage: Storage, ref: CheckpointRef, ctx: RestoreContext, sha
     mine = set(shard.assignment[shard.rank])
     items = shard_items(metadata, mine)
     check_budget(sum(_item_bytes(metadata, i) for i in items), ctx)
-    ctx.progress.phase("read", total_bytes=sum(_file_sizes(storage, ref.uri, metadata).get(p, 0) for p in mine))
+    ctx.progress.phase("read", total_bytes=sum(file_sizes(storage, ref.uri, metadata).get(p, 0) for p in mine))
     planner = ChunkPlanner(result.failures, metadata, ctx.device)
     reader.set_up_storage_reader(metadata, shard.rank == 0)
     reader.read_items(items, planner)
@@ -119,4 +110,4 @@ def _item_bytes(metadata: Any, item: ReadItem) -> int:
     return chunk_bytes(md, item.lengths) if is_tensor(md) else 0
 
 
-__all__ = ["ChunkPlanner", "Shard", "restore_shard", "saved_ranks", "shard_items"]
+__all__ = ["ChunkPlanner", "Shard", "restore_shard", "shard_items"]

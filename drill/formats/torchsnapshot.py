@@ -274,7 +274,7 @@ def _primitive(kind: str, text: Any) -> Any:
 
 
 def _object(key: str, path: str | None, views: dict[str, Any], ctx: RestoreContext, result: RestoreResult) -> Any:
-    from drill.formats.bundle import _failure
+    from drill.formats.bundle import member_failure
 
     view = views.get(path) if path is not None else None
     if view is None:
@@ -285,7 +285,7 @@ def _object(key: str, path: str | None, views: dict[str, Any], ctx: RestoreConte
     try:
         return load_torch(view, ctx.allow_classes, map_location=ctx.device)
     except Exception as exc:  # noqa: BLE001 - a damaged or hostile object is evidence
-        failure = _failure(path or key, exc)
+        failure = member_failure(path or key, exc)
         result.failures.append(ItemFailure(key, path, failure.reason, failure.code))
         return None
 

@@ -99,7 +99,7 @@ class TorchTune(SafetensorsDir):
 
     def canonical(self, loaded: dict[str, Any], sizes: dict[str, int], result: RestoreResult, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> dict[str, Any]:
         from drill.formats.base import read_file
-        from drill.formats.bundle import _load, file_structure
+        from drill.formats.bundle import load_member, file_structure
 
         state = super().canonical(loaded, sizes, result, storage, ref, ctx)
         view = read_file(storage, _run_dir(ref.uri), RECIPE_STATE, None, ctx, result)
@@ -111,11 +111,11 @@ class TorchTune(SafetensorsDir):
             return state
         result.structure[0].extend(_renamed(f) for f in file_structure(RECIPE_STATE, view))
         try:
-            recipe = _load(Member(RECIPE_PATH, INERT, len(view)), view, ctx, result)
+            recipe = load_member(Member(RECIPE_PATH, INERT, len(view)), view, ctx, result)
         except Exception as exc:  # noqa: BLE001 - a damaged recipe state is evidence
-            from drill.formats.bundle import _failure
+            from drill.formats.bundle import member_failure
 
-            result.failures.append(_failure(RECIPE_PATH, exc))
+            result.failures.append(member_failure(RECIPE_PATH, exc))
             return state
         record.items = 1
         self._recipe(recipe, _epoch(ref.uri), state, result)

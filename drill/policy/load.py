@@ -40,19 +40,6 @@ class PolicyError(ValueError):
         self.problems = problems
 
 
-def cron_trigger(expr: str, timezone: str = "UTC"):  # type: ignore[no-untyped-def]
-    """APScheduler trigger for a crontab expression: 5 fields, or 6 with seconds first."""
-    from apscheduler.triggers.cron import CronTrigger
-
-    fields = expr.split()
-    if len(fields) == 6:
-        second, minute, hour, day, month, dow = fields
-        return CronTrigger(second=second, minute=minute, hour=hour, day=day, month=month, day_of_week=dow, timezone=timezone)
-    if len(fields) != 5:
-        raise ValueError(f"expected 5 fields (minute hour day month weekday), or 6 with seconds first; got {len(fields)}")
-    return CronTrigger.from_crontab(expr, timezone=timezone)
-
-
 def _parts_list(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in (value if isinstance(value, list) else [value]))
 

@@ -19,6 +19,7 @@ from drill.device import parse_device
 from drill.formats import parse_format
 from drill.integrity.sampling import SampleSpecError, parse_sample
 from drill.replay.spec import ENTRYPOINT
+from drill.policy.cron import cron_trigger
 from drill.select import Selection
 from drill.verdict import FINAL, SLO, DrillStatus
 
@@ -93,8 +94,6 @@ class Schedule:
 
     def __post_init__(self) -> None:
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        from drill.policy.load import cron_trigger
 
         try:
             ZoneInfo(self.timezone)

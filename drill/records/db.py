@@ -140,7 +140,7 @@ def _make_engine(url: str, *, readonly: bool = False) -> Engine:
     try:
         engine = create_engine(parsed, pool_pre_ping=True, json_serializer=_record_json, **kwargs)
     except (ArgumentError, ImportError, SQLAlchemyError) as exc:
-        raise DatabaseError(f"cannot use database {safe_url(url)}: {_reason(exc)}") from None
+        raise DatabaseError(f"cannot use database {safe_url(url)}: {failure_reason(exc)}") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", sqlite_pragmas)
     return engine
@@ -201,7 +201,7 @@ def upgrade(url: str) -> tuple[str | None, str]:
             command.upgrade(alembic_config(conn), "head")
         return before, head_revision()
     except SQLAlchemyError as exc:
-        raise DatabaseError(f"cannot upgrade database {safe_url(url)}: {_reason(exc)}") from None
+        raise DatabaseError(f"cannot upgrade database {safe_url(url)}: {failure_reason(exc)}") from None
     finally:
         engine.dispose()
 
@@ -218,7 +218,7 @@ def _upgrade_once(url: str, database: str | None) -> None:
         try:
             current = _stamp_and_tables(engine)[0]
         except SQLAlchemyError as exc:
-            raise DatabaseError(f"cannot reach database {safe_url(url)}: {_reason(exc)}") from None
+            raise DatabaseError(f"cannot reach database {safe_url(url)}: {failure_reason(exc)}") from None
         finally:
             engine.dispose()
         if current != head_revision():
@@ -229,7 +229,7 @@ def _connectable_revision(engine: Engine, url: str) -> str | None:
     try:
         return _current_revision(engine)
     except SQLAlchemyError as exc:
-        raise DatabaseError(f"cannot reach database {safe_url(url)}: {_reason(exc)}") from None
+        raise DatabaseError(f"cannot reach database {safe_url(url)}: {failure_reason(exc)}") from None
 
 
 def open_database(url: str | None = None) -> Database:
@@ -311,7 +311,7 @@ def schema_status(url: str | None = None) -> SchemaStatus:
         current = _connectable_revision(engine, url)
         tables = tuple(sorted(inspect(engine).get_table_names()))
     except SQLAlchemyError as exc:
-        raise DatabaseError(f"cannot reach database {safe_url(url)}: {_reason(exc)}") from None
+        raise DatabaseError(f"cannot reach database {safe_url(url)}: {failure_reason(exc)}") from None
     finally:
         engine.dispose()
     return SchemaStatus(safe_url(url), current, head_revision(), tables)
@@ -323,7 +323,7 @@ def _known_revisions() -> set[str]:
     return {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
 
 
-def _reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip().splitlines()
     return text[0] if text else type(orig).__name__

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, load_only
 from drill.integrity.coverage import CoverageUpdate, fresh_share
 from drill.records.lite import stored_time
 from drill.records.models import Checkpoint, FileVerification
+from drill.records.rows import checkpoint_row
 
 
 class LedgerMixin:
@@ -23,7 +24,6 @@ class LedgerMixin:
     def ensure_checkpoint(self, *, run_root: str, uri: str, step: int | None, format: str) -> int:
         """The checkpoint's id, recording it first if it is new."""
         from drill.pipeline.outcome import CheckpointInfo
-        from drill.records.store import checkpoint_row
 
         info = CheckpointInfo(uri=uri, name=uri.rstrip("/").rsplit("/", 1)[-1], step=step, format=format)
         with self._session() as s:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from drill.errors import DatabaseError
 from drill.integrity.coverage import CoverageUpdate, fresh_share
-from drill.records.urls import SCHEMA_HEAD, resolve_url, sqlite_busy_timeout, sqlite_pragmas
+from drill.records.urls import SCHEMA_HEAD, sqlite_busy_timeout, sqlite_pragmas
 from drill.text import lossless
 
 STAMP = "%Y-%m-%d %H:%M:%S.%f"
@@ -124,34 +124,6 @@ class SqliteLedger:
 
     def close(self) -> None:
         self.conn.close()
-
-
-def open_ledger(url: str | None = None) -> Ledger:
-    """The coverage ledger of the record database at ``url`` (``--db``, the environment, or
-    the embedded default): over ``sqlite3`` when that is an SQLite file at head, else
-    through SQLAlchemy (which creates, upgrades, or reaches PostgreSQL)."""
-    resolved = resolve_url(url)
-    if resolved.startswith("sqlite:///") and "?" not in resolved:
-        ledger = SqliteLedger.at_head(resolved[len("sqlite:///") :])
-        if ledger is not None:
-            return ledger
-    from drill.records.db import open_database
-    from drill.records.store import Records
-
-    return _RecordsLedger(Records(open_database(url)))
-
-
-class _RecordsLedger:
-    """:class:`~drill.records.store.Records` as a :class:`Ledger` that closes its database."""
-
-    def __init__(self, records) -> None:  # type: ignore[no-untyped-def]
-        self.records = records
-        self.ensure_checkpoint = records.ensure_checkpoint
-        self.last_verified = records.last_verified
-        self.apply_coverage = records.apply_coverage
-
-    def close(self) -> None:
-        self.records.db.close()
 
 
 def _stamp(t: datetime) -> str:

@@ -12,17 +12,44 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from drill.errors import ExitCode
 from drill.findings import CheckResult, jsonable
 from drill.pipeline.outcome import CheckpointInfo, DrillOutcome, ReplaySummary, Timings
-from drill.records.models import Alert, CheckRecord, Drill, ReplayStep
+from drill.records.models import Alert, Checkpoint, CheckRecord, Drill, ReplayStep
 from drill.verdict import DrillStatus, exit_code_for
 
 _FLOATS = ("reference_loss", "loss", "reference_grad_norm", "grad_norm")
 _TIMINGS = ("restore", "discover", "plan", "read", "load", "checks", "replay", "ttfs")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def checkpoint_row(s: Session, run_root: str, info: Any) -> Checkpoint:
+    now = utcnow()
+    ckpt = s.scalar(select(Checkpoint).where(Checkpoint.uri == info.uri))
+    if ckpt is None:
+        # Two drills of a new checkpoint at once both find no row: insert-or-nothing, then read
+        # back whichever insert won (a plain INSERT would fail the second on the unique uri).
+        dialect = s.get_bind().dialect.name
+        if dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        values = {"run_root": run_root, "uri": info.uri, "step": info.step, "format": info.format, "first_seen": now, "last_seen": now}
+        s.execute(insert(Checkpoint).values(**values).on_conflict_do_nothing(index_elements=["uri"]))
+        ckpt = s.scalars(select(Checkpoint).where(Checkpoint.uri == info.uri)).one()
+    ckpt.last_seen = now
+    if info.bytes is not None:
+        ckpt.bytes = info.bytes
+    if info.files is not None:
+        ckpt.file_count = info.files
+    s.flush()
+    return ckpt
 
 
 def check_row(drill_id: int, result: CheckResult) -> CheckRecord:
@@ -47,8 +74,6 @@ def replay_rows(drill_id: int, steps: list[dict[str, Any]]) -> list[ReplayStep]:
 
 def write_outcome(s: Session, d: Drill, o: DrillOutcome) -> None:
     """Everything the outcome says, onto the drill's row and its child rows (idempotent)."""
-    from drill.records.store import checkpoint_row
-
     d.status, d.exit_code, d.message, d.error = o.status.value, int(o.exit_code), o.message, o.error
     d.finished_at, d.phase, d.selection, d.policy = o.finished_at, o.phase, o.selection, o.policy
     d.evidence_level, d.sample, d.slo_breaches = o.evidence_level, o.sample, jsonable(o.slo_breaches) or None

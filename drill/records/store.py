@@ -26,21 +26,17 @@ from drill.findings import CheckResult
 from drill.pipeline.outcome import DrillOutcome
 from drill.pipeline.recorder import DrillStart
 from drill.records.audit import PROVISIONAL, load_audit_key, seal_drill
-from drill.records.db import Database, _reason, safe_url
+from drill.records.db import Database, failure_reason, safe_url
 from drill.records.lease import LeaseMixin
 from drill.records.ledger import LedgerMixin
 from drill.records.models import Alert, Checkpoint, CheckRecord, Drill, ReplayStep
 from drill.records.bursts import BurstsMixin
 from drill.records.saves import SavesMixin
 from drill.records.reporting import ReportingMixin
-from drill.records.rows import check_row, outcome_from_row, replay_rows, write_outcome
+from drill.records.rows import check_row, checkpoint_row, outcome_from_row, replay_rows, utcnow, write_outcome
 from drill.verdict import DrillStatus
 
 ORPHAN_REASON = "the process running this drill"
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
@@ -72,7 +68,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
             with self.db.sessions.begin() as session:
                 yield session
         except SQLAlchemyError as exc:
-            err = DatabaseError(f"database {safe_url(self.db.url)}: {_reason(exc)}")
+            err = DatabaseError(f"database {safe_url(self.db.url)}: {failure_reason(exc)}")
             err.transient = isinstance(exc, OperationalError)  # locked, connection lost: worth retrying
             raise err from None
         except (ValueError, TypeError) as exc:
@@ -311,29 +307,6 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
         with self._session() as s:
             s.execute(delete(CheckRecord).where(CheckRecord.drill_id == drill_id))
             s.execute(delete(ReplayStep).where(ReplayStep.drill_id == drill_id))
-
-
-def checkpoint_row(s: Session, run_root: str, info: Any) -> Checkpoint:
-    now = utcnow()
-    ckpt = s.scalar(select(Checkpoint).where(Checkpoint.uri == info.uri))
-    if ckpt is None:
-        # Two drills of a new checkpoint at once both find no row: insert-or-nothing, then read
-        # back whichever insert won (a plain INSERT would fail the second on the unique uri).
-        dialect = s.get_bind().dialect.name
-        if dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
-        values = {"run_root": run_root, "uri": info.uri, "step": info.step, "format": info.format, "first_seen": now, "last_seen": now}
-        s.execute(insert(Checkpoint).values(**values).on_conflict_do_nothing(index_elements=["uri"]))
-        ckpt = s.scalars(select(Checkpoint).where(Checkpoint.uri == info.uri)).one()
-    ckpt.last_seen = now
-    if info.bytes is not None:
-        ckpt.bytes = info.bytes
-    if info.files is not None:
-        ckpt.file_count = info.files
-    s.flush()
-    return ckpt
 
 
 def drill_run_root(s: Session, drill_id: int) -> str:

@@ -173,7 +173,7 @@ class DrillScheduler:
         from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
         from apscheduler.schedulers.background import BackgroundScheduler
 
-        from drill.policy.load import cron_trigger
+        from drill.policy.cron import cron_trigger
 
         scheduler = BackgroundScheduler(
             jobstores={"default": SQLAlchemyJobStore(engine=db.engine, tablename="apscheduler_jobs")},

@@ -25,7 +25,7 @@ from drill.integrity.proof import observed_by, prove
 from drill.integrity.sampling import SampleSpec
 from drill.integrity.verify import IntegrityPlan, plan_integrity
 from drill.restore import RestoreResult
-from drill.sdk.resume import TRIGGER, CheckpointCorrupt, LoadReport
+from drill.sdk.report import TRIGGER, CheckpointCorrupt, LoadReport
 from drill.verdict import decide
 from drill.storage import storage_for
 
