@@ -58,6 +58,10 @@ def resolve_webhook(value: str) -> str:
     return url
 
 
+PAYLOAD_VERSION = 1
+"""The shape of an alert's body (its ``version`` field; schema: ``drill/schemas/alert-v1.schema.json``)."""
+
+
 def payload(drill: dict[str, Any], policy: str | None) -> dict[str, Any]:
     """The alert for a drill's outcome document (:meth:`~drill.pipeline.outcome.DrillOutcome.to_document`)."""
     ck = drill.get("checkpoint") or {}
@@ -67,6 +71,7 @@ def payload(drill: dict[str, Any], policy: str | None) -> dict[str, Any]:
         text += f": {drill['message']}"
     timings = drill.get("timings") or {}
     return {
+        "version": PAYLOAD_VERSION,
         "text": text,
         "drill_id": drill.get("id"),
         "policy": policy,

@@ -134,3 +134,39 @@ def private_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     spool = tmp_path / "spool"
     monkeypatch.setenv("DRILL_SPOOL_DIR", str(spool))
     return spool
+
+
+# Every finding any test makes in this process, by code: the severities it was made at. A code
+# missing from drill.catalogue, or made at a severity the catalogue does not list, fails the
+# session (the static half of this check is tests/test_catalogue.py).
+_FINDINGS_SEEN: dict[str, set[str]] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from drill.findings import Finding
+
+    made = Finding.__init__
+
+    def observed(self: Finding, *args: object, **kwargs: object) -> None:
+        made(self, *args, **kwargs)  # type: ignore[arg-type]
+        _FINDINGS_SEEN.setdefault(self.code, set()).add(getattr(self.severity, "value", str(self.severity)))
+
+    Finding.__init__ = observed  # type: ignore[method-assign]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from drill.catalogue import CODES
+
+    wrong = []
+    for code, severities in sorted(_FINDINGS_SEEN.items()):
+        entry = CODES.get(code)
+        listed = {s.value for s in entry.severities} if entry else set()
+        if entry is None:
+            wrong.append(f"{code} is not in drill.catalogue.CODES")
+        elif severities - listed:
+            wrong.append(f"{code} was made at {', '.join(sorted(severities - listed))}, which drill.catalogue does not list")
+    if wrong:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("finding codes outside the catalogue: " + "; ".join(wrong), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -18,6 +18,21 @@ from drill.findings import CheckResult, Finding, jsonable
 from drill.verdict import DrillStatus
 
 DOCUMENT_VERSION = 1
+"""The shape of :meth:`DrillOutcome.to_document`, written in its ``version`` field (the schema is
+``drill/schemas/outcome-v1.schema.json``). Raised when a field's meaning changes or one is
+removed; documents without it were written by drill 0.5.0 and earlier, in this shape."""
+
+
+class DocumentVersionError(ValueError):
+    """A document (an outcome, a save) written by a newer drill, in a shape this one cannot read."""
+
+
+def check_version(doc: dict[str, Any], known: int, what: str) -> None:
+    """Raise :class:`DocumentVersionError` unless this drill reads ``doc``'s ``version`` (a
+    document without one predates versions and has version 1's shape)."""
+    version = doc.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version > known:
+        raise DocumentVersionError(f"{what} document version {version!r}: this drill reads version {known} and earlier (upgrade drill)")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -139,6 +154,7 @@ class DrillOutcome:
         """The drill as one JSON document (``drill run --json``, ``drill show --json``)."""
         ck = self.checkpoint
         doc: dict[str, Any] = {
+            "version": DOCUMENT_VERSION,
             "id": self.id,
             "status": self.status.value,
             "exit_code": int(self.exit_code),
@@ -179,6 +195,9 @@ class DrillOutcome:
 
     @classmethod
     def from_document(cls, doc: dict[str, Any]) -> DrillOutcome:
+        """The outcome a document describes; :class:`DocumentVersionError` for a document of a
+        newer version (a spool written by a newer drill, read by an older one)."""
+        check_version(doc, DOCUMENT_VERSION, "outcome")
         ck = doc.get("checkpoint")
         replay = doc.get("replay")
         return cls(

@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 from drill.errors import DatabaseError, UnreadableRecord
 from drill.findings import CheckResult
 from drill.integrity.coverage import CoverageUpdate
-from drill.pipeline.outcome import CheckpointInfo, DrillOutcome
+from drill.pipeline.outcome import CheckpointInfo, DocumentVersionError, DrillOutcome, check_version
 from drill.pipeline.recorder import DrillStart
 from drill.records.db import Database, safe_url
 from drill.records.urls import database_key
-from drill.records.spool import is_save
+from drill.records.spool import SAVE_VERSION, is_save
 from drill.records.spool import Spool
 from drill.records.store import Records
 
@@ -146,6 +146,9 @@ class DatabaseRecorder:
                 continue
             try:
                 outcome = DrillOutcome.from_document(doc)
+            except DocumentVersionError as exc:  # kept for a newer drill to deliver
+                result.rejected[str(path)] = f"written by a newer drill: {exc}"
+                continue
             except Exception as exc:  # noqa: BLE001 - any shape that is not an outcome document
                 result.rejected[str(path)] = f"not an outcome document ({type(exc).__name__}: {exc})"
                 continue
@@ -168,6 +171,11 @@ class DatabaseRecorder:
 
     def _deliver_save(self, path: Any, doc: dict[str, Any], result: FlushResult) -> bool:
         """A spooled save onto the database (once); False when the database is still away."""
+        try:
+            check_version(doc, SAVE_VERSION, "save")
+        except DocumentVersionError as exc:  # kept for a newer drill to deliver
+            result.rejected[str(path)] = f"written by a newer drill: {exc}"
+            return True
         claimed = self.spool.claim(path)
         if claimed is None:
             return True

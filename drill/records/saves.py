@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session
 from drill.records.models import Save
 from drill.records.spool import SAVE_FIELDS as FIELDS
 from drill.records.spool import SAVE_KIND as KIND
-from drill.records.spool import is_save
+from drill.records.spool import SAVE_VERSION, is_save
+from drill.pipeline.outcome import check_version
 
 
 class SavesMixin:
@@ -24,6 +25,7 @@ class SavesMixin:
     def record_save(self, doc: dict[str, Any]) -> bool:
         """Insert a save's document; False when the same save (host, pid, time, checkpoint) is
         already there — a spooled copy delivered twice."""
+        check_version(doc, SAVE_VERSION, "save")
         missing = [f for f in FIELDS if f not in doc]
         if missing:
             raise ValueError(f"not a save document: no {', '.join(missing)}")

@@ -34,6 +34,10 @@ SPOOL_ENV = "DRILL_SPOOL_DIR"
 SAVE_KIND = "save"
 """``"kind"`` of a save's document (a drill's outcome document, the spool's other kind, has none)."""
 
+SAVE_VERSION = 1
+"""The shape of a save's document (its ``version`` field); a newer one waits in the spool for a
+newer drill to deliver it."""
+
 SAVE_FIELDS = ("checkpoint", "run_root", "step", "method", "files", "bytes", "hash_seconds", "save_seconds", "bytes_read_back", "keyed", "host", "pid", "saved_at", "drill_version")
 
 

@@ -154,11 +154,12 @@ def _document(report: SealReport, checkpoint: str, method: str) -> dict[str, Any
     from drill import __version__
     from drill.checkpoints import step_of
     from drill.records.spool import SAVE_KIND as KIND
+    from drill.records.spool import SAVE_VERSION
     from drill.storage import normalize
 
     uri = normalize(checkpoint)
     return {
-        "kind": KIND, "checkpoint": uri, "run_root": normalize(os.path.dirname(uri.rstrip("/"))), "step": step_of(os.path.basename(uri.rstrip("/"))),
+        "kind": KIND, "version": SAVE_VERSION, "checkpoint": uri, "run_root": normalize(os.path.dirname(uri.rstrip("/"))), "step": step_of(os.path.basename(uri.rstrip("/"))),
         "method": method, "files": report.files, "bytes": report.bytes, "hash_seconds": round(report.hash_seconds, 6),
         "save_seconds": round(report.save_seconds, 6), "bytes_read_back": report.bytes_read_back, "keyed": report.keyed,
         "host": socket.gethostname(), "pid": os.getpid(), "saved_at": datetime.now(timezone.utc).isoformat(), "drill_version": __version__,
