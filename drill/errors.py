@@ -9,33 +9,38 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Process exit codes; the CLI documents these in ``drill --help`` and the README."""
+    """Process exit codes; what each means is :data:`EXIT_MEANINGS` (``drill --help`` and
+    ``docs/cli.md`` say it)."""
 
     PASSED = 0
-    """The drill ran and every check passed."""
     FAILED = 1
-    """The drill ran and a check failed: the checkpoint is not (fully) restorable."""
     USAGE = 2
-    """Bad option or argument; nothing was read and nothing was recorded."""
     NOTHING_TO_DRILL = 3
-    """The root is missing or holds no complete checkpoint matching the request."""
     DATABASE = 4
-    """The record database cannot be reached, or its schema is behind or ahead."""
     ERROR = 5
-    """The drill could not finish for a reason outside the checkpoint (recorded as ``error``)."""
     SLO_BREACH = 6
-    """Every check passed, but restore latency or time to first step missed the policy's SLO."""
     LOCKED = 7
-    """Another scheduler holds the database's scheduler lease."""
     UNPROVEN = 8
-    """``drill verify``: nothing could be proven — no seal, and no structural proof this format
-    allows. Not a pass, and not a failure of the checkpoint."""
     INTERNAL = 70
-    """A bug in drill (EX_SOFTWARE); re-run with ``--debug`` for the traceback."""
     INTERRUPTED = 130
-    """Interrupted by SIGINT; the drill is recorded as ``aborted``."""
     TERMINATED = 143
-    """Stopped by SIGTERM (a scheduler or batch system stopping it); recorded as ``aborted``."""
+
+
+EXIT_MEANINGS: dict[ExitCode, str] = {
+    ExitCode.PASSED: 'the drill passed',
+    ExitCode.FAILED: 'the drill failed: a check found a problem (recorded); `drill audit verify`: the log is not intact; `drill db flush`: a spooled file cannot be delivered',
+    ExitCode.USAGE: 'usage error: bad option or argument; nothing read, nothing recorded',
+    ExitCode.NOTHING_TO_DRILL: 'nothing to drill: root missing, nothing retained, or the step is not retained (not recorded); a run of only unfinished saves (recorded as a failed drill with a `discover` finding)',
+    ExitCode.DATABASE: 'the database cannot be reached, or its schema is behind (run `drill db upgrade`) or ahead, or it holds a record drill cannot read (a row edited outside drill: a time that is not a time, an unknown status, broken JSON)',
+    ExitCode.ERROR: "error: the drill could not finish for a reason outside the checkpoint — drill's own (recorded as `error` with the traceback) or the storage's: credentials, permissions, an endpoint away, a listing past its timeout (before a drill began: not recorded)",
+    ExitCode.SLO_BREACH: "SLO breach: every check passed, but restore latency or time to first step missed the policy's target (recorded as `slo_breach`)",
+    ExitCode.LOCKED: "another scheduler holds the database's scheduler lease",
+    ExitCode.UNPROVEN: '`drill verify`: unproven — no seal and no structural proof its format allows; nothing about the bytes was proven',
+    ExitCode.INTERNAL: 'internal error: a bug in drill; `--debug` shows the traceback',
+    ExitCode.INTERRUPTED: 'interrupted by SIGINT (recorded as `aborted` if the drill had begun its record)',
+    ExitCode.TERMINATED: 'stopped by SIGTERM (recorded as `aborted` if the drill had begun its record)',
+}
+"""Exit code → what it means, in full (the reference's table)."""
 
 
 class DrillError(Exception):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -40,7 +41,7 @@ Device = Annotated[str, typer.Option("--device", help="Restore onto auto (CUDA i
 Format = Annotated[str, typer.Option("--format", help=f"Force a format: {', '.join(FORMATS)}.")]
 AllowMissing = Annotated[list[str] | None, typer.Option("--allow-missing", help="Accept a missing part (repeatable, or comma-separated), e.g. rng or rng,dataloader.")]
 FiniteScan = Annotated[str, typer.Option("--finite-scan", help="NaN/Inf scan of weights and moments: full, sampled or off.")]
-Replay = Annotated[str | None, typer.Option("--replay", help="Replay entrypoint module:function (default: the one the run's run.json names).")]
+Replay = Annotated[str | None, typer.Option("--replay", help="Replay entrypoint module:function or path/to/file.py:function (default: the one the run's run.json names).")]
 ReplaySteps = Annotated[int, typer.Option("--replay-steps", help="K: training steps to replay and compare.")]
 ReplayTimeout = Annotated[float, typer.Option("--replay-timeout", help="Wall-clock limit for the replay, seconds.")]
 Rtol = Annotated[float | None, typer.Option("--rtol", help="Relative tolerance for loss/grad norm (default: exact on the same device type).")]
@@ -202,12 +203,13 @@ def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
     from drill.checks import Expectations
     from drill.pipeline import DrillRequest
     from drill.replay import ReplaySpec, Tolerance
+    from drill.replay.spec import anchored
 
     try:
         tolerance = None if opts["rtol"] is None and opts["atol"] is None else Tolerance(opts["rtol"] or 0.0, opts["atol"] or 0.0)
         expectations = Expectations(allow_missing=split_list(opts["allow_missing"]), finite_scan=opts["finite_scan"])
         replay = ReplaySpec(
-            entrypoint=opts["replay"], steps=opts["replay_steps"], timeout=opts["replay_timeout"], tolerance=tolerance, enabled=not opts["no_replay"]
+            entrypoint=opts["replay"] and anchored(opts["replay"], os.getcwd()), steps=opts["replay_steps"], timeout=opts["replay_timeout"], tolerance=tolerance, enabled=not opts["no_replay"]
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

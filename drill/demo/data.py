@@ -7,6 +7,8 @@ from typing import Any
 import torch
 import xxhash
 
+from drill.sdk.state import fingerprint as batch_fingerprint
+
 
 def synthetic_corpus(vocab_size: int, length: int, seed: int) -> torch.Tensor:
     """A token stream with learnable structure: a sparse random Markov chain.
@@ -25,11 +27,6 @@ def synthetic_corpus(vocab_size: int, length: int, seed: int) -> torch.Tensor:
         nxt = random_tokens[i] if noise[i] else successors[tokens[i - 1], choice[i]]
         tokens[i] = nxt
     return tokens
-
-
-def batch_fingerprint(tokens: torch.Tensor) -> str:
-    """xxh3-64 of a batch's token ids: the data order, comparable across runs and devices."""
-    return xxhash.xxh3_64_hexdigest(tokens.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
 
 
 class ShuffledWindowLoader:

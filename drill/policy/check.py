@@ -8,10 +8,10 @@ host.
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 
 from drill.policy.model import Policy
+from drill.replay.run import entrypoint_findable
 from drill.storage import StorageError, scheme_of, storage_for
 
 
@@ -32,8 +32,8 @@ def warnings_for(policy: Policy) -> list[str]:
         out.append(f"alerts.webhook: ${webhook[4:]} is not set in this environment: alerts would not be delivered")
     out += _launcher(policy)
     entry = policy.replay.entrypoint
-    if policy.replay.enabled and entry and importlib.machinery.PathFinder.find_spec(entry.split(":")[0].split(".")[0]) is None:
-        out.append(f"replay.entrypoint: {entry.split(':')[0]} is not importable here")
+    if policy.replay.enabled and entry and not entrypoint_findable(entry, policy.checkpoints.root):
+        out.append(f"replay.entrypoint: {entry.rpartition(':')[0]} is not importable here")
     return out
 
 

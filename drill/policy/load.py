@@ -17,6 +17,7 @@ import yaml
 
 from drill.policy.model import Alerts, Allocation, Checkpoints, Contract, FieldError, Integrity, Limits, Policy, Replay, Schedule
 from drill.device import parse_device
+from drill.replay.spec import anchored
 from drill.select import Selection
 from drill.units import parse_duration, parse_size
 from drill.verdict import SLO
@@ -239,6 +240,8 @@ def parse_policy(text: str, file: str = "<policy>") -> Policy:
     if errors.problems:
         raise PolicyError(sorted(errors.problems, key=lambda p: (p.line or 0, p.field)))
     built["checkpoints"] = _relative_root(built["checkpoints"], file)
+    if "replay" in built and built["replay"].entrypoint and file != "<policy>":  # a file entrypoint travels with its policy
+        built["replay"] = replace(built["replay"], entrypoint=anchored(built["replay"].entrypoint, os.path.dirname(os.path.abspath(file))))
     try:
         path = file if file == "<policy>" else os.path.abspath(file)  # a re-run, a batch job's --chdir: the same file
         return Policy(name=values["name"], device=values.get("device", "auto"), path=path, **built)

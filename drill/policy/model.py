@@ -167,7 +167,7 @@ class Replay:
 
     def __post_init__(self) -> None:
         if self.entrypoint is not None and not ENTRYPOINT.match(self.entrypoint):
-            raise FieldError("entrypoint", f"{self.entrypoint!r} must be module:function")
+            raise FieldError("entrypoint", f"{self.entrypoint!r} must be module:function or path/to/file.py:function")
         if self.steps < 1:
             raise FieldError("steps", f"must be at least 1, got {self.steps}")
         for name in ("rtol", "atol"):

@@ -20,6 +20,7 @@ import traceback
 from typing import Any
 
 from drill.proc import inside
+from drill.replay.spec import entrypoint_file
 
 
 class Refused(Exception):
@@ -27,7 +28,7 @@ class Refused(Exception):
 
 
 def _top(entrypoint: str) -> str:
-    return entrypoint.partition(":")[0].split(".")[0]
+    return entrypoint.rpartition(":")[0].split(".")[0]
 
 
 def _in_run_dir(top: str, run_dir: str) -> str | None:
@@ -40,33 +41,63 @@ def _in_run_dir(top: str, run_dir: str) -> str | None:
 def check_origin(entrypoint: str, untrusted: tuple[str, ...]) -> None:
     """Refuse an implicit entrypoint (one the run names) whose code lives in an untrusted
     directory, without executing any of it (the path finder only looks at files)."""
+    file = entrypoint_file(entrypoint)
+    if file is not None:
+        _refuse_inside(entrypoint, file, untrusted)
+        return
     top = _top(entrypoint)
     spec = importlib.machinery.PathFinder.find_spec(top)
     places = ([spec.origin] if spec and spec.origin else []) + list((spec.submodule_search_locations or []) if spec else [])
     if spec is None and (planted := _in_run_dir(top, untrusted[0])):
         places = [planted]
     for place in places:
-        if place and inside(place, untrusted):
-            raise Refused(
-                f"the run names replay entrypoint {entrypoint}, whose code is at {place}, inside the run directory "
-                "or checkpoint: drill does not run code from a checkpoint unless you name it explicitly"
-            )
+        if place:
+            _refuse_inside(entrypoint, place, untrusted)
+
+
+def _refuse_inside(entrypoint: str, place: str, untrusted: tuple[str, ...]) -> None:
+    if inside(place, untrusted):
+        raise Refused(
+            f"the run names replay entrypoint {entrypoint}, whose code is at {place}, inside the run directory "
+            "or checkpoint: drill does not run code from a checkpoint unless you name it explicitly"
+        )
 
 
 def trust_explicit(entrypoint: str, run_dir: str) -> None:
     """An entrypoint the user or policy named may live in the run directory: the directory
     goes *last* on the import path, so it cannot shadow anything installed."""
+    if entrypoint_file(entrypoint) is not None:
+        return  # imported from where it lies (resolve_entrypoint)
     top = _top(entrypoint)
     if importlib.machinery.PathFinder.find_spec(top) is None and _in_run_dir(top, run_dir):
         sys.path.append(run_dir)
 
 
 def resolve_entrypoint(spec: str) -> Any:
-    module, _, name = spec.partition(":")
-    obj: Any = importlib.import_module(module)
+    module, _, name = spec.rpartition(":")
+    file = entrypoint_file(spec)
+    obj: Any = _import_file(file) if file is not None else importlib.import_module(module)
     for part in name.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def _import_file(path: str) -> Any:
+    """A module from a file named directly. Its directory goes *last* on the import path (its
+    sibling modules import; nothing installed is shadowed), and the module is registered under
+    its file's stem so that its classes have a name."""
+    import importlib.util
+
+    directory, stem = os.path.dirname(os.path.abspath(path)), os.path.splitext(os.path.basename(path))[0]
+    if directory not in sys.path:
+        sys.path.append(directory)
+    spec = importlib.util.spec_from_file_location(stem, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[stem] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(conn: Any, entrypoint: str, trust: str, run_dir: str, checkpoint: str, device: str, steps: int, options: dict[str, Any]) -> None:

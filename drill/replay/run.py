@@ -14,7 +14,7 @@ from typing import Any
 from drill.proc import child_preexec, python_command, trusted_path
 from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE, Divergence, Tolerance, compare_steps
 from drill.replay.reference import Reference, load_reference
-from drill.replay.spec import ENTRYPOINT, ReplaySpec
+from drill.replay.spec import ENTRYPOINT, ReplaySpec, anchored, entrypoint_file
 from drill.replay.zygote import take as take_zygote
 from drill.runlog.steplog import STEP_LOG, StepRecord
 from drill.storage import Storage, storage_for
@@ -61,7 +61,8 @@ def entrypoint_for(run_dir: str, spec: ReplaySpec, storage: Storage | None = Non
         named = doc.get("replay") if isinstance(doc, dict) else None
     except (ValueError, OSError, RecursionError):
         return None, False
-    return (named, False) if isinstance(named, str) and ENTRYPOINT.match(named) else (None, False)
+    # a file the run names is read against the run directory (and so refused when it lies there)
+    return (anchored(named, run_dir), False) if isinstance(named, str) and ENTRYPOINT.match(named) else (None, False)
 
 
 def entrypoint_findable(entrypoint: str, run_dir: str) -> bool:
@@ -70,6 +71,9 @@ def entrypoint_findable(entrypoint: str, run_dir: str) -> bool:
     found without importing anything."""
     import importlib.machinery
 
+    file = entrypoint_file(entrypoint)
+    if file is not None:
+        return os.path.isfile(file)
     top = entrypoint.split(":", 1)[0].split(".", 1)[0]
     if top in sys.builtin_module_names:
         return True

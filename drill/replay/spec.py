@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
 from drill.replay.compare import Tolerance
 
-ENTRYPOINT = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
-"""``package.module:function`` (or ``module:Class.method``)."""
+ENTRYPOINT = re.compile(r"^([A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*|[^:]+\.py):[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+"""``package.module:function`` (or ``module:Class.method``), or ``path/to/file.py:function``:
+a file named directly, imported from where it lies (no ``PYTHONPATH`` needed)."""
+
+
+def entrypoint_file(entrypoint: str) -> str | None:
+    """The file of a ``path/to/file.py:function`` entrypoint; None for ``module:function``."""
+    module = entrypoint.rpartition(":")[0]
+    return module if module.endswith(".py") else None
+
+
+def anchored(entrypoint: str, base: str) -> str:
+    """A file entrypoint with a relative path made absolute against ``base`` (the working
+    directory for ``--replay``, the policy file's directory for a policy); others unchanged."""
+    path = entrypoint_file(entrypoint)
+    if path is None or os.path.isabs(path):
+        return entrypoint
+    return f"{os.path.normpath(os.path.join(base, path))}:{entrypoint.rpartition(':')[2]}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,4 +46,4 @@ class ReplaySpec:
         if not self.timeout > 0 or self.timeout == float("inf"):
             raise ValueError(f"replay timeout must be a positive number of seconds, not {self.timeout!r}")
         if self.entrypoint is not None and not ENTRYPOINT.match(self.entrypoint):
-            raise ValueError(f"replay entrypoint {self.entrypoint!r} must be module:function, e.g. mytrainer.replay:build_replay")
+            raise ValueError(f"replay entrypoint {self.entrypoint!r} must be module:function or path/to/file.py:function, e.g. mytrainer.replay:build_replay")

@@ -24,18 +24,27 @@ Writing what drill checks:
                                              # HMAC when $DRILL_SEAL_KEY_FILE names a key
 """
 
+from typing import Any
+
 from drill.integrity.keys import load_key
 from drill.integrity.manifest import SealConflict, SealResult, seal
 from drill.errors import StorageProblem
 from drill.sdk.resume import CheckpointCorrupt, LoadReport, flush_records, last_good, load, verified
 
 
-def __getattr__(name: str):  # type: ignore[no-untyped-def]
-    """``save``, ``async_save``, ``SealingWriter``, ``sealing``, ``SealReport``: imported on first use (they import torch)."""
-    if name in ("save", "async_save", "SealingWriter", "SealReport", "sealing"):
+_LAZY = {
+    **dict.fromkeys(("save", "async_save", "SealingWriter", "SealReport", "sealing"), "drill.sdk.sealed"),
+    **dict.fromkeys(("ModelState", "OptimizerState", "RNGState", "TrainState", "fingerprint"), "drill.sdk.state"),
+}
+"""Names imported on first use: they import torch, which a script that only logs steps need not."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
         import importlib
 
-        return getattr(importlib.import_module("drill.sdk.sealed"), name)
+        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'drill.sdk' has no attribute {name!r}")
 
 
@@ -43,6 +52,6 @@ from drill.runlog.runfiles import read_run_file
 from drill.runlog.steplog import STEP_LOG, StepLog, StepRecord, read_step_log
 
 __all__ = [
-    "STEP_LOG", "CheckpointCorrupt", "LoadReport", "SealConflict", "SealReport", "SealResult", "SealingWriter", "StepLog", "StepRecord", "StorageProblem",
+    "STEP_LOG", "CheckpointCorrupt", "LoadReport", "ModelState", "OptimizerState", "RNGState", "TrainState", "fingerprint", "SealConflict", "SealReport", "SealResult", "SealingWriter", "StepLog", "StepRecord", "StorageProblem",
     "async_save", "flush_records", "last_good", "load", "load_key", "read_run_file", "read_step_log", "save", "seal", "sealing", "verified",
 ]  # fmt: skip
