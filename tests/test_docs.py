@@ -1,4 +1,4 @@
-"""The README and --help stay true to the code."""
+"""The README, the docs/ pages and --help stay true to the code, and the site builds."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ from drill.errors import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+CLI_REFERENCE = (DOCS / "cli.md").read_text()
+README_LINES = 250
 
 
 def _commands(group, prefix: str = "drill"):  # type: ignore[no-untyped-def]
@@ -25,24 +28,46 @@ def _commands(group, prefix: str = "drill"):  # type: ignore[no-untyped-def]
             yield path, cmd
 
 
-def test_every_command_is_documented_in_the_readme() -> None:
+def test_every_command_is_in_the_cli_reference_with_an_example() -> None:
     commands = list(_commands(typer.main.get_command(app)))
     assert len(commands) >= 6
     for path, cmd in commands:
-        assert f"### `{path}" in README, f"{path} has no section in README.md"
+        assert f"## `{path}`" in CLI_REFERENCE, f"{path} has no section in docs/cli.md"
         assert "Example:" in (cmd.help or ""), f"{path} --help has no Example"
         for param in cmd.params:
             if getattr(param, "hidden", False):  # internal plumbing (the scheduler's child)
                 continue
             for opt in getattr(param, "opts", []):
                 if opt.startswith("--") and opt != "--help":
-                    assert opt in README, f"{path} {opt} is not in README.md"
+                    assert opt in CLI_REFERENCE, f"{path} {opt} is not in docs/cli.md"
 
 
 def test_every_exit_code_is_documented() -> None:
     for code in ExitCode:
-        assert re.search(rf"^\| {int(code)} \|", README, re.M), f"exit code {int(code)} missing from README table"
+        assert re.search(rf"^\| {int(code)} \|", CLI_REFERENCE, re.M), f"exit code {int(code)} missing from docs/cli.md"
         assert f"{int(code)} " in EXIT_CODES
+
+
+def test_the_generated_pages_are_up_to_date() -> None:
+    """docs/cli.md (from --help) and docs/findings.md (from drill.catalogue) are generated."""
+    done = subprocess.run([sys.executable, str(DOCS / "generate.py"), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_readme_is_short_and_its_links_resolve() -> None:
+    lines = README.count("\n")
+    assert lines <= README_LINES, f"README.md has {lines} lines; the rest belongs in docs/"
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README):
+        assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+
+
+def test_the_docs_site_builds_strictly(tmp_path: Path) -> None:
+    """Every page in the nav, every link and anchor resolving: mkdocs --strict fails otherwise."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
@@ -82,13 +107,13 @@ def test_verify_of_a_sealed_checkpoint_imports_no_torch(pristine_run: Path, tmp_
 
 
 def test_every_test_security_md_cites_exists() -> None:
-    """SECURITY.md backs each claim with tests: each one it names must be there."""
+    """docs/security.md backs each claim with tests: each one it names must be there."""
     import re
 
     root = Path(__file__).resolve().parent.parent
-    text = (root / "SECURITY.md").read_text()
+    text = (root / "docs" / "security.md").read_text()
     cited = re.findall(r"`(test_\w+\.py)(?:::(test_\w+))?", text)
     assert len(cited) >= 20
     for file, name in cited:
         source = (root / "tests" / file).read_text()
-        assert not name or re.search(rf"^def {name}\(", source, re.M), f"SECURITY.md cites {file}::{name}, which does not exist"
+        assert not name or re.search(rf"^def {name}\(", source, re.M), f"docs/security.md cites {file}::{name}, which does not exist"

@@ -3,7 +3,7 @@
 Every case runs the real CLI (in a subprocess where a hang or the working directory matters)
 against a real demo run broken one way, and checks three things: the exit code and finding,
 that no drill record was left ``running`` (no verdict lost), and that no code planted in the
-checkpoint ran (its marker file does not exist). README.md's fault catalogue is this list.
+checkpoint ran (its marker file does not exist). docs/faults.md is this list.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ DRILL = str(Path(sys.executable).parent / "drill")
 class Case:
     id: str
     kind: str
-    """The class of fault, as the README's catalogue groups them."""
+    """The class of fault, as docs/faults.md groups them."""
     setup: Callable[[Path, Path], list[str]]
     """(run directory, scratch directory) → the drill command's arguments."""
     exit: int
@@ -506,17 +506,17 @@ def test_fault(case: Case, demo_run: Path, tmp_path: Path, sqlite_url: str) -> N
         assert not (demo_run / MANIFEST_NAME).exists()
 
 
-def test_the_readme_catalogue_is_this_suite() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_documented_catalogue_is_this_suite() -> None:
+    readme = (ROOT / "docs" / "faults.md").read_text()
     kinds: dict[str, int] = {}
     for case in CASES:
         kinds[case.kind] = kinds.get(case.kind, 0) + 1
     for kind, n in kinds.items():
-        assert f"| {kind} | {n} |" in readme, f"README's fault catalogue lacks '| {kind} | {n} |'"
+        assert f"| {kind} | {n} |" in readme, f"docs/faults.md lacks '| {kind} | {n} |'"
     assert f"{len(CASES)} cases" in readme
     fuzzers = (Path(__file__).parent / "test_fuzz.py").read_text()
     for name in re.findall(r"^def (test_\w+)", fuzzers, re.M):
-        assert f"`{name}`" in readme, f"README's fuzzing table lacks {name}"
+        assert f"`{name}`" in readme, f"docs/faults.md's fuzzing table lacks {name}"
 
 
 def test_hugging_face_run_directories(tmp_path: Path, sqlite_url: str) -> None:

@@ -159,7 +159,7 @@ def test_a_policy_that_cannot_run_here_is_one_line_naming_its_field(tmp_path: Pa
 
 
 def test_the_cron_example_names_drill_by_its_full_path() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "nightly.md").read_text()
     cron = readme[readme.index("```cron") : readme.index("```", readme.index("```cron") + 7)]
     line = next(ln for ln in cron.splitlines() if "drill run" in ln)
     assert "/bin/drill run" in line, "cron's PATH does not find a bare `drill`"
