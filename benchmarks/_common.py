@@ -38,7 +38,9 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 def outer(cmd: list[str] | str, env: dict[str, str] | None = None) -> float:
     """Wall-clock seconds of a whole process (a string runs through the shell)."""
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, shell=isinstance(cmd, str))
+    subprocess.run(
+        cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, shell=isinstance(cmd, str)
+    )
     return time.perf_counter() - t
 
 
@@ -49,4 +51,3 @@ def warm(path: Path) -> None:
             with open(p, "rb") as f:
                 while f.read(1 << 24):
                     pass
-

@@ -29,7 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/radosgw
 
 
 def drill(*args: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
-    res = subprocess.run([sys.executable, "-m", "drill", *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, check=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "drill", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=True,
+    )
     return json.loads(res.stdout)
 
 
@@ -39,7 +45,21 @@ def restore(run: Path, db: str, cold: bool) -> tuple[float, float]:
 
 
 def sweep(root: str, readers: str, db: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
-    return drill("burst", "--root", root, "--readers", readers, "--db", db, "--json", "--job-bytes", "5.7TB", "--job-readers", "16384", env=env)
+    return drill(
+        "burst",
+        "--root",
+        root,
+        "--readers",
+        readers,
+        "--db",
+        db,
+        "--json",
+        "--job-bytes",
+        "5.7TB",
+        "--job-readers",
+        "16384",
+        env=env,
+    )
 
 
 def rgw_sweep(run: Path, readers: str, db: str) -> dict | None:  # type: ignore[type-arg]
@@ -50,7 +70,13 @@ def rgw_sweep(run: Path, readers: str, db: str) -> dict | None:  # type: ignore[
     import boto3
 
     with radosgw.RadosGateway() as rgw:
-        client = boto3.client("s3", endpoint_url=rgw.url, aws_access_key_id=rgw.access_key, aws_secret_access_key=rgw.secret_key, region_name="us-east-1")
+        client = boto3.client(
+            "s3",
+            endpoint_url=rgw.url,
+            aws_access_key_id=rgw.access_key,
+            aws_secret_access_key=rgw.secret_key,
+            region_name="us-east-1",
+        )
         client.create_bucket(Bucket="burst")
         ckpt = sorted(p for p in run.iterdir() if p.name.startswith("step-"))[-1]
         for f in ckpt.iterdir():
@@ -102,7 +128,11 @@ def main() -> None:
             print(f"  {name}: not measured (Ceph not installed, or --no-rgw)")
             continue
         steps = ", ".join(f"{n} → {bps / gb:.3f} GB/s" for n, bps in part["steps"])
-        ceiling = f"ceiling {part['ceiling_bps'] / gb:.3f} GB/s at {part['ceiling_readers']}" if part["ceiling_readers"] else "no ceiling within the sweep"
+        ceiling = (
+            f"ceiling {part['ceiling_bps'] / gb:.3f} GB/s at {part['ceiling_readers']}"
+            if part["ceiling_readers"]
+            else "no ceiling within the sweep"
+        )
         print(f"  {name} sweep (cold): {steps}; {ceiling}")
         print(f"  projected R for 5.7 TB on 16,384 GPUs from {name}: {part['restart']['restart_s']:,.0f} s")
         for line in part["restart"]["explanation"]:

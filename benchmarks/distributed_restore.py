@@ -69,7 +69,16 @@ def main() -> None:
             docs[world].append(drill(run, world, work))
     restore = {w: statistics.median(d["timings"]["restore"] for d in docs[w]) for w in docs}
     last = docs[2][-1]["distributed"]
-    per_rank = [{"rank": r["rank"], "files": r["files"], "bytes": r["bytes"], "seconds": r["seconds"], "MB/s": round(r["bytes"] / r["seconds"] / 1e6)} for r in last["ranks"]]
+    per_rank = [
+        {
+            "rank": r["rank"],
+            "files": r["files"],
+            "bytes": r["bytes"],
+            "seconds": r["seconds"],
+            "MB/s": round(r["bytes"] / r["seconds"] / 1e6),
+        }
+        for r in last["ranks"]
+    ]
     data = [r["bytes"] for r in last["ranks"]]
     print(json.dumps({
         "checkpoint": {"path": str(ckpt), "bytes": nbytes, "files": len(list(ckpt.glob("*.distcp"))), "saved_by_ranks": 4},

@@ -40,7 +40,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import warm  # noqa: E402
+from _common import warm
 
 PRELUDE = r"""
 import sys, time, resource, warnings, json
@@ -173,7 +173,11 @@ def plan_of(ckpt: Path) -> dict:
 
     md = restricted_loads((ckpt / ".metadata").read_bytes())
     seal = json.loads((ckpt / "drill-manifest.json").read_text())
-    files: dict[str, dict] = {f["path"]: {"size": f["size"], "chunks": f["chunks"], "tensors": []} for f in seal["files"] if f["path"].endswith(".distcp")}
+    files: dict[str, dict] = {
+        f["path"]: {"size": f["size"], "chunks": f["chunks"], "tensors": []}
+        for f in seal["files"]
+        if f["path"].endswith(".distcp")
+    }
     for idx, info in md.storage_data.items():
         if not hasattr(md.state_dict_metadata[idx.fqn], "size") or md.state_dict_metadata[idx.fqn].size.numel() < 2:
             continue  # a scalar or a value: read as part of the file's other bytes
@@ -190,7 +194,12 @@ def plan_of(ckpt: Path) -> dict:
 
 
 def run_way(name: str, work: Path, mode: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", PRELUDE + SETUP.get(name, "") + CLOCK + WAYS[name] + DONE, str(work), mode], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PRELUDE + SETUP.get(name, "") + CLOCK + WAYS[name] + DONE, str(work), mode],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -206,7 +215,11 @@ def measure(gigabytes: float, repeat: int, only: set[str] | None = None) -> dict
         extras = fits(gigabytes)
         write_checkpoint(work, gigabytes, extras)
         ways = [w for w in WAYS if extras or w in ("limit", "drill.sdk.load", "drill.sdk.load (recorded)", "dcp.load")]
-        ways = [w for w in ways if only is None or w in only or w in ("limit", "drill.sdk.load", "drill.sdk.load (recorded)", "dcp.load")]
+        ways = [
+            w
+            for w in ways
+            if only is None or w in only or w in ("limit", "drill.sdk.load", "drill.sdk.load (recorded)", "dcp.load")
+        ]
         if not (work / "state.safetensors").exists():
             ways = [w for w in ways if w != "safetensors"]
         warm(work)
@@ -217,7 +230,10 @@ def measure(gigabytes: float, repeat: int, only: set[str] | None = None) -> dict
                     for k, v in run_way(way, work, mode).items():
                         got.setdefault(mode, {}).setdefault(way, {}).setdefault(k, []).append(v)
         size = sum(p.stat().st_size for p in (work / "ckpt").iterdir())
-    med = {mode: {way: {k: statistics.median(v) for k, v in m.items()} for way, m in per.items()} for mode, per in got.items()}
+    med = {
+        mode: {way: {k: statistics.median(v) for k, v in m.items()} for way, m in per.items()}
+        for mode, per in got.items()
+    }
     ratios = {
         mode: {
             "sdk/limit": per["drill.sdk.load"]["seconds"] / per["limit"]["seconds"],
@@ -234,7 +250,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="0.3,1.2,4.8", help="checkpoint sizes in GB, comma-separated")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--ways", default=None, help="besides limit, drill.sdk.load and dcp.load, only these (comma-separated)")
+    ap.add_argument(
+        "--ways", default=None, help="besides limit, drill.sdk.load and dcp.load, only these (comma-separated)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     only = set(args.ways.split(",")) if args.ways is not None else None
@@ -242,14 +260,16 @@ def main() -> None:
     if args.json:
         print(json.dumps(figures, indent=2))
         return
-    for size, f in figures.items():
+    for f in figures.values():
         print(f"{f['bytes'] / 1e9:.2f} GB checkpoint, median of {args.repeat}, fresh processes, page cache warm")
         for mode, per in f["ways"].items():
             cells = "  ".join(f"{way} {m['seconds']:.3f} s ({m['cpu']:.2f} CPU-s)" for way, m in per.items())
             r = f["ratios"][mode]
             print(f"  {mode:<8} {cells}")
-            print(f"  {'':<8} drill.sdk.load / limit = {r['sdk/limit']:.2f} (CPU {r['sdk/limit cpu']:.2f})   drill.sdk.load / dcp.load = {r['sdk/dcp.load']:.2f}"
-                  f"   the resume record: {r['record cpu-s']:+.3f} CPU-s")
+            print(
+                f"  {'':<8} drill.sdk.load / limit = {r['sdk/limit']:.2f} (CPU {r['sdk/limit cpu']:.2f})   drill.sdk.load / dcp.load = {r['sdk/dcp.load']:.2f}"
+                f"   the resume record: {r['record cpu-s']:+.3f} CPU-s"
+            )
 
 
 if __name__ == "__main__":

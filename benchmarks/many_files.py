@@ -26,8 +26,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ENV, outer  # noqa: E402
-
+from _common import ENV, outer
 
 WRITE = r"""
 import sys, warnings, torch, drill.sdk
@@ -61,7 +60,9 @@ def wall(cmd: list[str] | str) -> float:
 
 
 def load(ckpt: Path, way: str) -> float:
-    out = subprocess.run([sys.executable, "-c", LOAD, str(ckpt), way], check=True, capture_output=True, text=True, env=ENV).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD, str(ckpt), way], check=True, capture_output=True, text=True, env=ENV
+    ).stdout
     return float(out.strip().splitlines()[-1])
 
 
@@ -105,8 +106,12 @@ def main() -> None:
     for f in figures:
         s = f["seconds"]
         print(f"{f['files']:,} files of 16 KiB, median of {args.repeat}")
-        print(f"  drill verify {s['drill verify']:.3f} s  xxhsum -H2 {s['xxhsum -H2']:.3f} s  ratio {f['verify/xxhsum']:.2f}")
-        print(f"  drill.sdk.load {s['drill.sdk.load']:.3f} s  dcp.load {s['dcp.load']:.3f} s  ratio {f['sdk.load/dcp.load']:.2f}")
+        print(
+            f"  drill verify {s['drill verify']:.3f} s  xxhsum -H2 {s['xxhsum -H2']:.3f} s  ratio {f['verify/xxhsum']:.2f}"
+        )
+        print(
+            f"  drill.sdk.load {s['drill.sdk.load']:.3f} s  dcp.load {s['dcp.load']:.3f} s  ratio {f['sdk.load/dcp.load']:.2f}"
+        )
 
 
 if __name__ == "__main__":

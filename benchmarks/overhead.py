@@ -22,8 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PLAIN_LOAD, inner, outer  # noqa: E402
-
+from _common import PLAIN_LOAD, inner, outer
 
 DRILL_RESTORE = r"""
 import sys, time, torch
@@ -63,7 +62,21 @@ def main() -> None:
         subprocess.run([*drill, "demo", str(small)], check=True, env=env, stdout=subprocess.DEVNULL)
     if not big.exists():
         subprocess.run(
-            [*drill, "demo", str(big), "--steps", "2", "--save-every", "2", "--keep", "1", "--n-layer", "7", "--n-embd", "1024"],
+            [
+                *drill,
+                "demo",
+                str(big),
+                "--steps",
+                "2",
+                "--save-every",
+                "2",
+                "--keep",
+                "1",
+                "--n-layer",
+                "7",
+                "--n-embd",
+                "1024",
+            ],
             check=True,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -73,7 +86,9 @@ def main() -> None:
     for _ in range(args.repeat):  # interleaved, so drift in the machine hits every variant alike
         torch_import.append(outer([sys.executable, "-c", "import torch"]))
         drill_run.append(outer([*drill, "run", "--root", str(small), "--checkpoint", "latest"], env))
-        drill_restore_only.append(outer([*drill, "run", "--root", str(small), "--checkpoint", "latest", "--no-replay"], env))
+        drill_restore_only.append(
+            outer([*drill, "run", "--root", str(small), "--checkpoint", "latest", "--no-replay"], env)
+        )
     t_import, t_run, t_noreplay = (statistics.median(x) for x in (torch_import, drill_run, drill_restore_only))
 
     ckpt = big / "step-2"

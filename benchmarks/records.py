@@ -156,9 +156,13 @@ def one_size(drills: int, rows: dict, cache: Path) -> dict:
         return {
             "baseline: import drill.cli.app": measure([sys.executable, "-c", "import drill.cli.app"]),
             "metrics": measure(["drill", "metrics", "--textfile", f"{tmp}/drill.prom", "--no-list", *db]),
-            "report 30d html": measure(["drill", "report", "--since", "30d", "-f", "html", "-o", f"{tmp}/r.html", "--no-list", *db]),
+            "report 30d html": measure(
+                ["drill", "report", "--since", "30d", "-f", "html", "-o", f"{tmp}/r.html", "--no-list", *db]
+            ),
             "audit verify (incremental)": measure(["drill", "audit", "verify", *db]),
-            "audit verify --full": measure(["drill", "audit", "verify", "--full", *db], repeat=1, warm=False),  # once: minutes at 200,000
+            "audit verify --full": measure(
+                ["drill", "audit", "verify", "--full", *db], repeat=1, warm=False
+            ),  # once: minutes at 200,000
         }
 
 
@@ -178,7 +182,9 @@ def main() -> None:
         base = got["baseline: import drill.cli.app"]["seconds"]
         print(f"{n:,} drills (median of 3 fresh processes)")
         for name, m in got.items():
-            print(f"  {name:<32} {m['seconds']:6.2f} s  ({m['seconds'] / base:5.1f}× start-up)  peak {m['peak_bytes'] / 1e6:6.0f} MB")
+            print(
+                f"  {name:<32} {m['seconds']:6.2f} s  ({m['seconds'] / base:5.1f}× start-up)  peak {m['peak_bytes'] / 1e6:6.0f} MB"
+            )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import warm  # noqa: E402
+from _common import warm
 
 PRELUDE = r"""
 import sys, time, resource, warnings, json
@@ -86,7 +86,12 @@ done(t)
 
 
 def run_way(name: str, ckpt: Path, single: Path, device: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", PRELUDE + WAYS[name], str(ckpt), str(single), device], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PRELUDE + WAYS[name], str(ckpt), str(single), device],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -98,12 +103,15 @@ def wall(cmd: list[str]) -> float:
 
 def consolidated(ckpt: Path, into: Path) -> Path:
     """The checkpoint's tensors as one torch.save file, for torch.load(mmap=True)."""
-    code = PRELUDE + r"""
+    code = (
+        PRELUDE
+        + r"""
 import torch.distributed.checkpoint as dcp
 md, sd = targets()
 dcp.load(sd, checkpoint_id=path, no_dist=True, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
 torch.save(sd, sys.argv[2])
 """
+    )
     subprocess.run([sys.executable, "-c", code, str(ckpt), str(into), "cpu"], check=True, capture_output=True)
     return into
 
@@ -115,7 +123,20 @@ def restore_and_checks(ckpt: Path, work: Path, device: str) -> dict[str, float]:
     os.symlink(ckpt, run / ckpt.name)
     doc = json.loads(
         subprocess.run(
-            ["drill", "run", "--root", str(run), "--no-replay", "--json", "--device", device, "--db", f"sqlite:///{work}/d.db"], capture_output=True, text=True
+            [
+                "drill",
+                "run",
+                "--root",
+                str(run),
+                "--no-replay",
+                "--json",
+                "--device",
+                device,
+                "--db",
+                f"sqlite:///{work}/d.db",
+            ],
+            capture_output=True,
+            text=True,
         ).stdout
     )
     timings = doc["timings"]
@@ -127,7 +148,9 @@ def startup(work: Path, repeat: int) -> dict[str, float]:
     subprocess.run(["drill", "demo", str(demo)], check=True, capture_output=True)
     db = f"sqlite:///{work}/s.db"
     torch_s = statistics.median(wall([sys.executable, "-c", "import torch"]) for _ in range(repeat))
-    run_s = statistics.median(wall(["drill", "run", "--root", str(demo), "--no-replay", "--db", db]) for _ in range(repeat))
+    run_s = statistics.median(
+        wall(["drill", "run", "--root", str(demo), "--no-replay", "--db", db]) for _ in range(repeat)
+    )
     return {"import torch": torch_s, "drill run --no-replay": run_s, "ratio": run_s / torch_s}
 
 
@@ -161,20 +184,28 @@ def main() -> None:
         }
         if shutil.which("xxhsum"):
             figures["verify"] = {
-                "drill verify": statistics.median(wall(["drill", "verify", str(ckpt), "--db", f"sqlite:///{work}/v.db"]) for _ in range(args.repeat)),
-                "xxhsum -H2": statistics.median(wall(["sh", "-c", f"xxhsum -H2 {ckpt}/* > /dev/null"]) for _ in range(args.repeat)),
+                "drill verify": statistics.median(
+                    wall(["drill", "verify", str(ckpt), "--db", f"sqlite:///{work}/v.db"]) for _ in range(args.repeat)
+                ),
+                "xxhsum -H2": statistics.median(
+                    wall(["sh", "-c", f"xxhsum -H2 {ckpt}/* > /dev/null"]) for _ in range(args.repeat)
+                ),
             }
     if args.json:
         print(json.dumps(figures, indent=2))
         return
-    print(f"checkpoint {size / 1e9:.2f} GB onto {args.device}, median of {args.repeat}, fresh processes, page cache warm")
+    print(
+        f"checkpoint {size / 1e9:.2f} GB onto {args.device}, median of {args.repeat}, fresh processes, page cache warm"
+    )
     for name, m in med.items():
         print(f"  {name:<20} {m['seconds']:7.3f} s   peak RSS {m['rss'] / 1e9:5.2f} GB")
     print(f"  drill.sdk.load / dcp.load = {figures['sdk/dcp.load']:.2f}")
     c = figures["checks"]
     print(f"  drill run: checks {c['checks']:.3f} s on a restore of {c['restore']:.3f} s (share {c['share']:.2f})")
     s = figures["startup"]
-    print(f"  start-up: drill run --no-replay {s['drill run --no-replay']:.2f} s vs import torch {s['import torch']:.2f} s (ratio {s['ratio']:.2f})")
+    print(
+        f"  start-up: drill run --no-replay {s['drill run --no-replay']:.2f} s vs import torch {s['import torch']:.2f} s (ratio {s['ratio']:.2f})"
+    )
     if "verify" in figures:
         v = figures["verify"]
         print(f"  drill verify {v['drill verify']:.2f} s vs xxhsum -H2 {v['xxhsum -H2']:.2f} s")

@@ -45,7 +45,8 @@ import resource
 print(elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
-SINGLE_STREAM = r"""
+SINGLE_STREAM = (
+    r"""
 import os, sys, time, boto3
 bucket, prefix = sys.argv[1], sys.argv[2]
 s3 = boto3.client("s3")
@@ -57,9 +58,12 @@ for key in keys:
     while chunk := body.read(8 << 20):
         n += len(chunk)
 elapsed = time.perf_counter() - t
-""" + _TAIL
+"""
+    + _TAIL
+)
 
-MANAGED = r"""
+MANAGED = (
+    r"""
 import os, sys, time, shutil, tempfile, boto3, xxhash
 from boto3.s3.transfer import TransferConfig
 bucket, prefix, conc, part = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -77,9 +81,12 @@ for key in keys:
             h.update(chunk)
 elapsed = time.perf_counter() - t
 shutil.rmtree(out)
-""" + _TAIL
+"""
+    + _TAIL
+)
 
-S3TORCH = r"""
+S3TORCH = (
+    r"""
 import os, sys, time, warnings
 warnings.simplefilter("ignore")
 import torch, torch.distributed.checkpoint as dcp
@@ -93,9 +100,12 @@ md = reader.read_metadata()
 sd = {k: v for k, v in skeleton(md, torch.device("cpu")).items() if v is not None}
 dcp.load(sd, storage_reader=reader, no_dist=True, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
 elapsed = time.perf_counter() - t
-""" + _TAIL
+"""
+    + _TAIL
+)
 
-DRILL = r"""
+DRILL = (
+    r"""
 import sys, time, torch
 from drill.discover import discover
 from drill.integrity.sampling import SampleSpec
@@ -113,7 +123,9 @@ check = integrity_check(plan, {f.relative_path: Observed(hashes=f.hashes) for f 
 elapsed = time.perf_counter() - t
 assert not r.failures and not check.findings, (r.failures, check.findings)
 assert check.evidence["bytes_verified"] == check.evidence["bytes_listed"]
-""" + _TAIL
+"""
+    + _TAIL
+)
 
 
 def child(script: str, *args: str, env: dict[str, str]) -> tuple[float, int]:
@@ -139,7 +151,13 @@ def make_run(work: Path) -> Path:
 def upload(rgw: RadosGateway, run: Path) -> int:
     import boto3
 
-    s3 = boto3.client("s3", endpoint_url=rgw.url, aws_access_key_id=rgw.access_key, aws_secret_access_key=rgw.secret_key, region_name="us-east-1")
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=rgw.url,
+        aws_access_key_id=rgw.access_key,
+        aws_secret_access_key=rgw.secret_key,
+        region_name="us-east-1",
+    )
     s3.create_bucket(Bucket=BUCKET)
     nbytes = 0
     for path in sorted(p for p in run.rglob("*") if p.is_file()):
@@ -153,7 +171,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, default=None, help="where to write the run (default: a temp dir)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--concurrency", type=int, default=8, help="ranged GETs in flight, for drill and boto3's transfer alike")
+    ap.add_argument(
+        "--concurrency", type=int, default=8, help="ranged GETs in flight, for drill and boto3's transfer alike"
+    )
     ap.add_argument("--part-size", default="8MiB")
     args = ap.parse_args()
     if not available():
@@ -173,7 +193,13 @@ def main() -> None:
         uri = f"s3://{BUCKET}/{PREFIX}"
         variants = {
             "(a) single stream get_object().read()": (SINGLE_STREAM, BUCKET, f"{PREFIX}/step-1"),
-            "(b) boto3 download_file + xxh3-128": (MANAGED, BUCKET, f"{PREFIX}/step-1", str(args.concurrency), str(part)),
+            "(b) boto3 download_file + xxh3-128": (
+                MANAGED,
+                BUCKET,
+                f"{PREFIX}/step-1",
+                str(args.concurrency),
+                str(part),
+            ),
             "(c) s3torchconnector dcp.load, unverified": (S3TORCH, f"{uri}/step-1", str(part)),
             "(d) drill verified restore": (DRILL, uri),
         }
@@ -194,7 +220,9 @@ def main() -> None:
     report(nbytes, args, times, rss, errors)
 
 
-def report(nbytes: int, args: argparse.Namespace, times: dict[str, list[float]], rss: dict[str, int], errors: dict[str, str]) -> None:
+def report(
+    nbytes: int, args: argparse.Namespace, times: dict[str, list[float]], rss: dict[str, int], errors: dict[str, str]
+) -> None:
     m = {k: statistics.median(v) for k, v in times.items() if v}
     a, b, c, d = (m.get(k) for k in times)
     ratio = lambda x, y: round(x / y, 2) if x and y else None  # noqa: E731

@@ -98,7 +98,12 @@ def once(way: str, gib: float, sync: bool, scratch: Path) -> dict[str, float]:
     target = scratch / "step-1"
     shutil.rmtree(target, ignore_errors=True)
     os.sync()  # the previous round's dirty pages written back first: no round pays for another's writeback
-    res = subprocess.run([sys.executable, "-c", PRELUDE + WAYS[way], str(target), str(gib), "1" if sync else "0"], capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        [sys.executable, "-c", PRELUDE + WAYS[way], str(target), str(gib), "1" if sync else "0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -107,7 +112,9 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--sync", action="store_true", help="fsync every file, as DCP does by default")
-    ap.add_argument("--dir", help="where to save (default: a temporary directory; /dev/shm takes the disk out of the measure)")
+    ap.add_argument(
+        "--dir", help="where to save (default: a temporary directory; /dev/shm takes the disk out of the measure)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     runs: dict[str, list[dict[str, float]]] = {w: [] for w in WAYS}
@@ -136,13 +143,26 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    print(f"{args.gib:g} GiB state, {args.repeat} interleaved rounds, fresh processes, sync_files={args.sync}; medians:")
+    print(
+        f"{args.gib:g} GiB state, {args.repeat} interleaved rounds, fresh processes, sync_files={args.sync}; medians:"
+    )
     for way in WAYS:
         extra = f" (blocking {med(way, 'blocking'):.3f} s)" if "async" in way else ""
-        print(f"  {way:14s} {med(way):7.3f} s wall, {med(way, 'cpu'):6.3f} CPU-s{extra}   read back {int(med(way, 'read_back')):>14,} bytes")
-    for key in ("sealed/plain", "cpu sealed/plain", "plain+seal/plain", "cpu plain+seal/plain", "async blocking sealed/plain", "async total sealed/plain"):
+        print(
+            f"  {way:14s} {med(way):7.3f} s wall, {med(way, 'cpu'):6.3f} CPU-s{extra}   read back {int(med(way, 'read_back')):>14,} bytes"
+        )
+    for key in (
+        "sealed/plain",
+        "cpu sealed/plain",
+        "plain+seal/plain",
+        "cpu plain+seal/plain",
+        "async blocking sealed/plain",
+        "async total sealed/plain",
+    ):
         print(f"  {key:30s} {result[key]:.3f}")
-    print(f"  the sealing writer hashed for {result['hash_seconds (sealed, summed over writer threads)']:.3f} s and reported {result['bytes the seal reported reading back']} bytes read back")
+    print(
+        f"  the sealing writer hashed for {result['hash_seconds (sealed, summed over writer threads)']:.3f} s and reported {result['bytes the seal reported reading back']} bytes read back"
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PLAIN_LOAD, inner, outer  # noqa: E402
-
+from _common import PLAIN_LOAD, inner, outer
 
 VERIFIED_RESTORE = r"""
 import sys, time, torch
@@ -110,7 +109,14 @@ def main() -> None:
 
     ledger = work / "verify-ledger.db"
     script = Path(sys.executable).with_name("drill")  # the console script, as a user runs it
-    command = [str(script) if script.exists() else sys.executable, *([] if script.exists() else ["-m", "drill"]), "verify", str(ckpt), "--db", str(ledger)]
+    command = [
+        str(script) if script.exists() else sys.executable,
+        *([] if script.exists() else ["-m", "drill"]),
+        "verify",
+        str(ckpt),
+        "--db",
+        str(ledger),
+    ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)  # creates the ledger: later runs find it at head
 
     times: dict[str, list[float]] = {k: [] for k in ("a", "b", "c", "c_wall", "d_wall", "e", "f_wall")}
@@ -126,7 +132,7 @@ def main() -> None:
     gbps = lambda s: round(nbytes / s / 1e9, 2)  # noqa: E731
     report = {
         "checkpoint": {"path": str(ckpt), "bytes": nbytes, "files": len(files)},
-        "seconds (median of %d)" % args.repeat: {
+        f"seconds (median of {args.repeat})": {
             "(a) plain dcp.load": round(m["a"], 3),
             "(b) drill verified restore": round(m["b"], 3),
             "(c) drill verify-only": round(m["c"], 3),
@@ -135,7 +141,13 @@ def main() -> None:
             "(e) hashlib.sha256 streaming": round(m["e"], 3),
             "(f) drill verify --db, whole process": round(m["f_wall"], 3),
         },
-        "GB/s": {"(a)": gbps(m["a"]), "(b)": gbps(m["b"]), "(c)": gbps(m["c"]), "(d)": gbps(m["d_wall"]), "(e)": gbps(m["e"])},
+        "GB/s": {
+            "(a)": gbps(m["a"]),
+            "(b)": gbps(m["b"]),
+            "(c)": gbps(m["c"]),
+            "(d)": gbps(m["d_wall"]),
+            "(e)": gbps(m["e"]),
+        },
         "ratios": {
             "(b)/(a) target <= 1.10": round(m["b"] / m["a"], 3),
             "(c)/(d) target <= 1.0": round(m["c"] / m["d_wall"], 3),

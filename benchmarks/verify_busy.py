@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ENV, outer  # noqa: E402
-from limit import WRITE  # noqa: E402  the same checkpoint as the load benchmark
+from _common import ENV, outer
+from limit import WRITE
 
 
 def wall(cmd: list[str] | str) -> float:
@@ -76,11 +76,13 @@ def main() -> None:
     if args.json:
         print(json.dumps(figures, indent=2))
         return
-    for size, f in figures.items():
+    for f in figures.values():
         print(f"{f['bytes'] / 1e9:.2f} GB, median of {args.repeat}, whole processes, page cache warm")
         for state in ("idle", "one core held"):
             r = f[state]
-            print(f"  {state:<14} drill verify {r['drill verify']:.3f} s  xxhsum -H2 {r['xxhsum -H2']:.3f} s  ratio {r['ratio']:.2f}")
+            print(
+                f"  {state:<14} drill verify {r['drill verify']:.3f} s  xxhsum -H2 {r['xxhsum -H2']:.3f} s  ratio {r['ratio']:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -78,7 +78,12 @@ def cli_reference() -> str:
         lines += _command(cmd, sub)
     lines += ["## Exit codes", "", "| code | meaning |", "|---|---|"]
     lines += [f"| {int(code)} | {_cell(text)} |" for code, text in EXIT_MEANINGS.items()]
-    lines += ["", "Bad input always gets one line on stderr (`drill: error: …`) and never a traceback unless", "`--debug` is given; records already in the database are never touched by a failed command.", ""]
+    lines += [
+        "",
+        "Bad input always gets one line on stderr (`drill: error: …`) and never a traceback unless",
+        "`--debug` is given; records already in the database are never touched by a failed command.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -97,7 +102,10 @@ def findings_catalogue() -> str:
     ]
     for title, codes in areas():
         lines += [f"## {title}", "", "| code | severity | meaning | what to do |", "|---|---|---|---|"]
-        lines += [f"| `{c.code}` | {', '.join(s.value for s in c.severities)} | {_cell(c.meaning)} | {_cell(c.hint)} |" for c in codes]
+        lines += [
+            f"| `{c.code}` | {', '.join(s.value for s in c.severities)} | {_cell(c.meaning)} | {_cell(c.hint)} |"
+            for c in codes
+        ]
         lines.append("")
     return "\n".join(lines)
 
@@ -107,7 +115,9 @@ PAGES = {"cli.md": cli_reference, "findings.md": findings_catalogue}
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 when a page is out of date")
+    parser.add_argument(
+        "--check", action="store_true", help="compare instead of writing; exit 1 when a page is out of date"
+    )
     args = parser.parse_args(argv)
     stale = []
     for name, render in PAGES.items():

@@ -52,7 +52,12 @@ def resolve_webhook(value: str) -> str:
         if not url:
             raise ValueError(f"alerts.webhook names ${value[4:]}, which is not set")
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or mask_url(url) == "<webhook>" or any(ord(c) < 0x21 for c in url):
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or mask_url(url) == "<webhook>"
+        or any(ord(c) < 0x21 for c in url)
+    ):
         where = f"${value[4:]}" if value.startswith("env:") else "alerts.webhook"
         raise ValueError(f"{where} does not hold an http(s) URL with a host (its value is a secret and is not shown)")
     return url
@@ -95,7 +100,7 @@ def post_webhook(url: str, body: dict[str, Any], *, timeout: float, retries: int
         attempts = attempt + 1
         request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the policy's own URL
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 if 200 <= response.status < 300:
                     return Delivery("webhook", mask_url(url), True, attempts)
                 error = f"HTTP {response.status}"
@@ -103,7 +108,11 @@ def post_webhook(url: str, body: dict[str, Any], *, timeout: float, retries: int
             error = f"HTTP {exc.code}"
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            error = "timed out" if isinstance(reason, TimeoutError) or "timed out" in str(reason) else _without(str(reason), url)
+            error = (
+                "timed out"
+                if isinstance(reason, TimeoutError) or "timed out" in str(reason)
+                else _without(str(reason), url)
+            )
         except Exception as exc:  # noqa: BLE001 - an alert never fails the drill, and its message may quote the URL
             error = f"{type(exc).__name__}: the request could not be made"
         time.sleep(min(0.5 * 2**attempt, 5.0))
@@ -118,10 +127,21 @@ def _without(text: str, url: str) -> str:
 
 
 def run_command(command: str, body: dict[str, Any], *, timeout: float) -> Delivery:
-    env = {**os.environ, "DRILL_STATUS": str(body["status"]), "DRILL_ID": str(body.get("drill_id")), "DRILL_POLICY": str(body.get("policy"))}
+    env = {
+        **os.environ,
+        "DRILL_STATUS": str(body["status"]),
+        "DRILL_ID": str(body.get("drill_id")),
+        "DRILL_POLICY": str(body.get("policy")),
+    }
     try:
         done = subprocess.run(
-            command, shell=True, input=json.dumps(body, default=str), text=True, timeout=timeout, env=env, capture_output=True
+            command,
+            shell=True,
+            input=json.dumps(body, default=str),
+            text=True,
+            timeout=timeout,
+            env=env,
+            capture_output=True,
         )
     except subprocess.TimeoutExpired:
         return Delivery("command", command.split()[0], False, 1, f"timed out after {timeout:g} s")

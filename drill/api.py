@@ -18,6 +18,7 @@ from drill.pipeline import DrillOutcome, DrillRequest, Recorder
 from drill.pipeline import run_drill as _run_pipeline
 
 if TYPE_CHECKING:
+    from drill.checkpoints import Discovery
     from drill.dist.context import DistContext
     from drill.policy.model import Policy
     from drill.records.audit import ChainReport
@@ -67,7 +68,7 @@ def dry_run(request: DrillRequest, *, db: str | None = None, storage: Storage | 
     from drill.replay.run import entrypoint_for
     from drill.restore import NullProgress
 
-    drill = Drill.prepare(request, _LastDrilled(db), NullProgress(), storage)
+    drill = Drill.prepare(request, _LastDrilled(db), NullProgress(), storage)  # type: ignore[arg-type]  # reads only
     ref, found = drill.inputs.ref, drill.inputs.discovery
     plan: dict[str, Any] = {
         "run_root": request.root, "retained": [c.name for c in found.checkpoints] if found else [],
@@ -78,12 +79,34 @@ def dry_run(request: DrillRequest, *, db: str | None = None, storage: Storage | 
         plan["would_fail"] = drill.inputs.nothing_to_drill.message
     if ref is None:
         return plan
-    files = list_files(drill.storage, ref.uri).files if drill.storage.stat(ref.uri).is_dir else {ref.name: drill.storage.stat(ref.uri).size}
+    files = (
+        list_files(drill.storage, ref.uri).files
+        if drill.storage.stat(ref.uri).is_dir
+        else {ref.name: drill.storage.stat(ref.uri).size}
+    )
     sealed = drill.storage.stat(ref.uri).is_dir and MANIFEST_NAME in {e.name for e in drill.storage.list(ref.uri)}
-    entry, explicit = entrypoint_for(replay_dir(drill), request.replay, drill.storage) if request.replay.enabled else (None, False)
-    plan["checkpoint"] = {"uri": ref.uri, "name": ref.name, "step": ref.step, "format": ref.format, "files": len(files), "bytes": sum(files.values()), "sealed": sealed}
+    entry, explicit = (
+        entrypoint_for(replay_dir(drill), request.replay, drill.storage) if request.replay.enabled else (None, False)
+    )
+    plan["checkpoint"] = {
+        "uri": ref.uri,
+        "name": ref.name,
+        "step": ref.step,
+        "format": ref.format,
+        "files": len(files),
+        "bytes": sum(files.values()),
+        "sealed": sealed,
+    }
     plan["selection"] = drill.inputs.selection
-    plan["replay"] = None if not request.replay.enabled else {"entrypoint": entry, "named_by": ("--replay" if explicit else "run.json") if entry else None, "steps": request.replay.steps}
+    plan["replay"] = (
+        None
+        if not request.replay.enabled
+        else {
+            "entrypoint": entry,
+            "named_by": ("--replay" if explicit else "run.json") if entry else None,
+            "steps": request.replay.steps,
+        }
+    )
     return plan
 
 
@@ -192,7 +215,12 @@ def get_burst(burst_id: int, *, db: str | None = None) -> dict[str, Any]:
 
 
 def last_good(
-    root: str, *, db: str | None = None, min_evidence: str = "structural", require_replay: bool = False, timeout: float | None = 300.0
+    root: str,
+    *,
+    db: str | None = None,
+    min_evidence: str = "structural",
+    require_replay: bool = False,
+    timeout: float | None = 300.0,
 ) -> DrillOutcome | None:
     """The newest retained checkpoint under ``root`` whose latest drill passed on at least
     ``min_evidence`` (see :mod:`drill.claims`), and replayed when ``require_replay``.
@@ -208,12 +236,16 @@ def last_good(
     if database is None:
         return None
     try:
-        return Records(database).last_good(key, [c.uri for c in found.checkpoints], min_evidence=min_evidence, require_replay=require_replay)
+        return Records(database).last_good(
+            key, [c.uri for c in found.checkpoints], min_evidence=min_evidence, require_replay=require_replay
+        )
     finally:
         database.close()
 
 
-def list_run(root: str, timeout: float | None = 300.0, storage_options: dict | None = None):  # type: ignore[no-untyped-def,type-arg]
+def list_run(
+    root: str, timeout: float | None = 300.0, storage_options: dict[str, Any] | None = None
+) -> tuple[str, Discovery]:
     """``(normalized root, Discovery)`` of a run, bounded in time; the one way commands list a
     run (errors: :class:`~drill.errors.NothingToDrill` when it is not there,
     :class:`~drill.errors.StorageProblem` when the storage refuses or fails)."""
@@ -228,13 +260,16 @@ def list_run(root: str, timeout: float | None = 300.0, storage_options: dict | N
             return key, discover(storage_for(key, storage_options), key)
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise NothingToDrill(
-            f"run root {root} does not exist or is not a directory ({exc.strerror or exc})", hint="check the path; is the checkpoint filesystem mounted on this host?"
+            f"run root {root} does not exist or is not a directory ({exc.strerror or exc})",
+            hint="check the path; is the checkpoint filesystem mounted on this host?",
         ) from None
     except OSError as exc:
         raise storage_unavailable(key, exc) from None
 
 
-def verify_audit_chain(*, db: str | None = None, head: str | None = None, keyed_from: int | None = None, full: bool = False) -> ChainReport:
+def verify_audit_chain(
+    *, db: str | None = None, head: str | None = None, keyed_from: int | None = None, full: bool = False
+) -> ChainReport:
     """Check the tamper-evident drill log: every link, every entry, every closed record's
     digest, and — with ``head`` (a chain head an auditor pinned) — that the log still reaches
     it. The audit key, when ``$DRILL_AUDIT_KEY_FILE``/``$DRILL_AUDIT_KEY`` holds one, must have
@@ -295,15 +330,34 @@ def audit_key() -> bytes | None:
     try:
         return load_audit_key()
     except SealKeyError as exc:
-        raise UsageError(str(exc), hint="fix $DRILL_AUDIT_KEY_FILE / $DRILL_AUDIT_KEY, or unset them to record without HMACs") from None
+        raise UsageError(
+            str(exc), hint="fix $DRILL_AUDIT_KEY_FILE / $DRILL_AUDIT_KEY, or unset them to record without HMACs"
+        ) from None
 
 
 def _no_database_for(head: str) -> ChainReport:
     from drill.findings import Finding, Severity
     from drill.records.audit import ChainReport
 
-    problem = Finding(check="audit", code="head-missing", severity=Severity.ERROR, subject=head, message=f"the pinned chain head {head} is not in the chain: no drills are recorded at all")
+    problem = Finding(
+        check="audit",
+        code="head-missing",
+        severity=Severity.ERROR,
+        subject=head,
+        message=f"the pinned chain head {head} is not in the chain: no drills are recorded at all",
+    )
     return ChainReport(problems=[problem])
 
 
-__all__ = ["bursts", "dry_run", "get_burst", "get_drill", "history", "last_good", "list_run", "run_drill", "run_policy", "verify_audit_chain"]
+__all__ = [
+    "bursts",
+    "dry_run",
+    "get_burst",
+    "get_drill",
+    "history",
+    "last_good",
+    "list_run",
+    "run_drill",
+    "run_policy",
+    "verify_audit_chain",
+]

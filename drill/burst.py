@@ -20,6 +20,7 @@ than 10× beyond what was measured.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import time
 from dataclasses import asdict, dataclass, field
@@ -117,7 +118,7 @@ class BurstResult:
         """(bandwidth, readers) where more readers stopped adding bandwidth; (best, None) when
         every step still gained (the ceiling lies beyond the sweep)."""
         best = max(self.steps, key=lambda s: s.aggregate_bps or 0.0, default=None)
-        for prev, nxt in zip(self.steps, self.steps[1:]):
+        for prev, nxt in itertools.pairwise(self.steps):
             if (nxt.aggregate_bps or 0.0) < (prev.aggregate_bps or 0.0) * (1 + CEILING_GAIN):
                 return (best.aggregate_bps if best else None), prev.readers
         return (best.aggregate_bps if best else None), None
@@ -130,7 +131,16 @@ class BurstResult:
             figures = [ReaderFigures(r["reader"], r["bytes"], 0.0, r["seconds"], None if r["ttfb_seconds"] is None else r["ttfb_seconds"], r["files"], r["error"])
                        for r in st["per_reader"]]  # fmt: skip
             steps.append(Step(st["readers"], figures, st["startup_seconds"], st["window_seconds"]))
-        return cls(doc["checkpoint"], doc["bytes"], doc["files"], doc["cold"], doc["replicated"], steps, doc.get("index_seconds"), doc.get("rendezvous_seconds"))
+        return cls(
+            doc["checkpoint"],
+            doc["bytes"],
+            doc["files"],
+            doc["cold"],
+            doc["replicated"],
+            steps,
+            doc.get("index_seconds"),
+            doc.get("rendezvous_seconds"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         bps, readers = self.ceiling
@@ -140,7 +150,15 @@ class BurstResult:
         }  # fmt: skip
 
 
-def _reader(n: int, checkpoint: str, files: list[tuple[str, int]], options: dict[str, Any] | None, ready: Any, barrier: Any, out: Any) -> None:
+def _reader(
+    n: int,
+    checkpoint: str,
+    files: list[tuple[str, int]],
+    options: dict[str, Any] | None,
+    ready: Any,
+    barrier: Any,
+    out: Any,
+) -> None:
     """One reader process: open the storage, wait for the others, read and hash its files."""
     import torch  # noqa: F401 - what a restarting rank imports before it can restore: part of the fixed cost
 
@@ -160,7 +178,15 @@ def _shares(sizes: dict[str, int], readers: int, replicated: bool) -> list[list[
     return [[(rel, sizes[rel]) for rel in share] for share in assign(sizes, readers)]
 
 
-def run_step(checkpoint: str, sizes: dict[str, int], readers: int, *, cold: bool, replicated: bool, options: dict[str, Any] | None = None) -> Step:
+def run_step(
+    checkpoint: str,
+    sizes: dict[str, int],
+    readers: int,
+    *,
+    cold: bool,
+    replicated: bool,
+    options: dict[str, Any] | None = None,
+) -> Step:
     """One step of the sweep: ``readers`` processes released together from one barrier."""
     from drill.storage import storage_for
 
@@ -207,7 +233,15 @@ def _read_share(checkpoint: str, files: list[tuple[str, int]], options: dict[str
 
 
 def run_step_on_ranks(
-    dist: Any, checkpoint: str, sizes: dict[str, int], readers: int, *, cold: bool, replicated: bool, options: dict[str, Any] | None = None, startup: float = 0.0
+    dist: Any,
+    checkpoint: str,
+    sizes: dict[str, int],
+    readers: int,
+    *,
+    cold: bool,
+    replicated: bool,
+    options: dict[str, Any] | None = None,
+    startup: float = 0.0,
 ) -> Step | None:
     """One step of the sweep as ranks of a job (torchrun, srun, an indexed Job): ranks below
     ``readers`` each read their share, released together through the rank group; rank 0 gets
@@ -249,7 +283,16 @@ def burst(checkpoint: str, *, readers: list[int], cold: bool = True, replicated:
         result.rendezvous_seconds = joining[1]
     for n in readers:
         if dist is not None:
-            step = run_step_on_ranks(dist, checkpoint, sizes, n, cold=cold, replicated=replicated, options=options, startup=joining[0] if joining else 0.0)
+            step = run_step_on_ranks(
+                dist,
+                checkpoint,
+                sizes,
+                n,
+                cold=cold,
+                replicated=replicated,
+                options=options,
+                startup=joining[0] if joining else 0.0,
+            )
             if step is None:
                 continue
         else:
@@ -287,15 +330,22 @@ class RestartEstimate:
         return asdict(self)
 
 
-def restart_estimate(result: BurstResult, *, job_bytes: int | None = None, job_readers: int | None = None) -> RestartEstimate:
+def restart_estimate(
+    result: BurstResult, *, job_bytes: int | None = None, job_readers: int | None = None
+) -> RestartEstimate:
     """R for a whole job from a burst: fixed costs + bytes / min(per-reader × readers, ceiling),
     stretched by the slowest reader's tail. Defaults: the burst's own checkpoint and largest step."""
     if not result.steps:
         raise ValueError("a burst with no steps")
     top = max(result.steps, key=lambda s: s.readers)
     single = min(result.steps, key=lambda s: s.readers)
-    per_reader = min(r.bandwidth or 0.0 for r in single.per_reader) if single.readers == 1 else (single.aggregate_bps or 0.0) / single.readers
-    ceiling, at = result.ceiling
+    per_reader = (
+        min(r.bandwidth or 0.0 for r in single.per_reader)
+        if single.readers == 1
+        else (single.aggregate_bps or 0.0) / single.readers
+    )
+    best, at = result.ceiling
+    ceiling = best or 0.0
     job_bytes = job_bytes or result.bytes
     job_readers = job_readers or top.readers
     cap = ceiling if at is not None and ceiling else float("inf")
@@ -310,7 +360,13 @@ def restart_estimate(result: BurstResult, *, job_bytes: int | None = None, job_r
         + (f" + {joining:.2f} s to join the rank group" if result.rendezvous_seconds is not None else "")
         + f" + {(result.index_seconds or 0.0):.3f} s to read the index = {fixed:.2f} s",
         f"per-reader bandwidth {per_reader / g:.3f} GB/s (measured alone){'' if at is None else f'; ceiling {ceiling / g:.3f} GB/s, reached at {at} readers'}"
-        + ("" if at is not None else f"; no ceiling within {top.readers} readers (best {ceiling / g:.3f} GB/s)" if ceiling else ""),
+        + (
+            ""
+            if at is not None
+            else f"; no ceiling within {top.readers} readers (best {ceiling / g:.3f} GB/s)"
+            if ceiling
+            else ""
+        ),
         f"aggregate for {job_readers:,} readers: min({per_reader / g:.3f} × {job_readers:,}, {'∞' if at is None else f'{ceiling / g:.3f}'}) = {bandwidth / g:.3f} GB/s",
         f"read: {job_bytes / g:,.3f} GB / {bandwidth / g:.3f} GB/s × tail {tail:.2f} (slowest reader / mean at {top.readers} readers) = {read:,.1f} s",
         f"R = {fixed:.2f} + {read:,.1f} = {fixed + read:,.1f} s",
@@ -319,13 +375,19 @@ def restart_estimate(result: BurstResult, *, job_bytes: int | None = None, job_r
     if job_bytes > 10 * result.bytes:
         warnings.append(f"extrapolates {job_bytes / result.bytes:,.0f}× the {result.bytes:,} bytes measured")
     if job_readers > 10 * top.readers:
-        warnings.append(f"extrapolates {job_readers / top.readers:,.0f}× the {top.readers} readers measured: a ceiling may lie between")
+        warnings.append(
+            f"extrapolates {job_readers / top.readers:,.0f}× the {top.readers} readers measured: a ceiling may lie between"
+        )
     if not result.cold:
         warnings.append("measured warm (from the page cache): a restart reads cold")
     if at is None and job_readers > top.readers:
-        warnings.append(f"no ceiling within the {top.readers} readers measured: the storage's limit is unknown, so R is a lower bound")
+        warnings.append(
+            f"no ceiling within the {top.readers} readers measured: the storage's limit is unknown, so R is a lower bound"
+        )
     if at is not None:
-        warnings.append("measured on one host: the ceiling may be this host's (its NIC or disk) — run the burst as ranks on several nodes to find the storage's")
+        warnings.append(
+            "measured on one host: the ceiling may be this host's (its NIC or disk) — run the burst as ranks on several nodes to find the storage's"
+        )
     return RestartEstimate(fixed + read, fixed, read, tail, bandwidth, why, warnings)
 
 

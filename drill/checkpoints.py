@@ -46,6 +46,11 @@ class Discovery:
     """Files of a final model export beside the checkpoints: not resumable, not drilled."""
 
     @property
+    def saves(self) -> list[CheckpointRef | IncompleteSave]:
+        """Every save under the root, complete or not (what a trainer's auto-resume looks at)."""
+        return [*self.checkpoints, *self.incomplete]
+
+    @property
     def steps(self) -> list[int]:
         return [c.step for c in self.checkpoints if c.step is not None]
 
@@ -63,4 +68,11 @@ def looks_like_checkpoint_name(name: str) -> bool:
     return _STEP_DIR.match(name) is not None
 
 
-__all__ = ["SINGLE_FILE_SUFFIXES", "CheckpointRef", "Discovery", "IncompleteSave", "looks_like_checkpoint_name", "step_of"]
+__all__ = [
+    "SINGLE_FILE_SUFFIXES",
+    "CheckpointRef",
+    "Discovery",
+    "IncompleteSave",
+    "looks_like_checkpoint_name",
+    "step_of",
+]

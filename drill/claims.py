@@ -110,7 +110,13 @@ class Proof:
         return f"{self.status} — " + "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "evidence": self.evidence, "replay": self.replay, "sample": self.sample, "allowed_missing": list(self.allowed_missing)}
+        return {
+            "status": self.status,
+            "evidence": self.evidence,
+            "replay": self.replay,
+            "sample": self.sample,
+            "allowed_missing": list(self.allowed_missing),
+        }
 
 
 def proof_of(outcome: Any) -> Proof:
@@ -129,7 +135,9 @@ def proof_of(outcome: Any) -> Proof:
 def good_enough(outcome: Any, *, min_evidence: str = DEFAULT_MIN_EVIDENCE, require_replay: bool = False) -> bool:
     """Whether a drill's pass is one ``last-good`` may vouch for."""
     proof = proof_of(outcome)
-    return proof.status == "passed" and at_least(proof.evidence, min_evidence) and (proof.replayed or not require_replay)
+    return (
+        proof.status == "passed" and at_least(proof.evidence, min_evidence) and (proof.replayed or not require_replay)
+    )
 
 
 # -- coverage -----------------------------------------------------------------------------------
@@ -175,7 +183,13 @@ class Coverage:
 
     @property
     def bytes_proven_in_window(self) -> int:
-        return sum(min(c.bytes_proven_in_window, c.bytes_on_storage if c.bytes_on_storage is not None else c.bytes_proven_in_window) for c in self.checkpoints)
+        return sum(
+            min(
+                c.bytes_proven_in_window,
+                c.bytes_on_storage if c.bytes_on_storage is not None else c.bytes_proven_in_window,
+            )
+            for c in self.checkpoints
+        )
 
     @property
     def share(self) -> float | None:
@@ -193,7 +207,9 @@ class Coverage:
         """(checkpoints, bytes): the two sentences every view of coverage prints."""
         from drill.units import human_bytes
 
-        pct = (lambda v: f"{100 * v:.0f}%" if v is not None else "–")
+        def pct(v: float | None) -> str:
+            return f"{100 * v:.0f}%" if v is not None else "–"
+
         never = f"; never drilled: {', '.join(self.never_drilled)}" if self.never_drilled else ""
         ckpts = f"{self.drilled_in_window} of {self.retained} retained checkpoints drilled in the window ({pct(self.share)}{never})"
         unknown = f"; size unknown for {', '.join(self.bytes_unknown)} (not listed)" if self.bytes_unknown else ""

@@ -17,7 +17,9 @@ from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave, step_of
 from drill.storage import Entry, EntryKind, Storage
 
 
-def inspect_dir(storage: Storage, uri: str, name: str, entries: list[Entry] | None = None) -> CheckpointRef | IncompleteSave | None:
+def inspect_dir(
+    storage: Storage, uri: str, name: str, entries: list[Entry] | None = None
+) -> CheckpointRef | IncompleteSave | None:
     """Classify one directory: a complete save, an incomplete save, or neither."""
     listed = entries if entries is not None else storage.list(uri)
     found = formats.recognize(storage, uri, name, listed)
@@ -25,7 +27,11 @@ def inspect_dir(storage: Storage, uri: str, name: str, entries: list[Entry] | No
         return found
     step = step_of(name)
     if step is not None:
-        reason = f"no commit marker of any format drill knows ({formats.markers()}): the save never finished" if listed else "empty directory"
+        reason = (
+            f"no commit marker of any format drill knows ({formats.markers()}): the save never finished"
+            if listed
+            else "empty directory"
+        )
         return IncompleteSave(uri=uri, name=name, step=step, reason=reason)
     return None
 
@@ -56,7 +62,9 @@ def discover(storage: Storage, root: str) -> Discovery:
             _add_dir(storage, entry, found)
         elif entry.kind in (EntryKind.DANGLING, EntryKind.LOOP) and step_of(entry.name) is not None:
             why = "a symlink that leads back into itself" if entry.kind is EntryKind.LOOP else "a symlink to nothing"
-            found.incomplete.append(IncompleteSave(entry.uri, entry.name, step_of(entry.name), f"{why}: no save behind it"))
+            found.incomplete.append(
+                IncompleteSave(entry.uri, entry.name, step_of(entry.name), f"{why}: no save behind it")
+            )
     if not found.checkpoints and not found.incomplete:
         if isinstance(claimed, IncompleteSave):
             found.incomplete.append(claimed)
@@ -76,7 +84,9 @@ def _add_dir(storage: Storage, entry: Entry, found: Discovery) -> None:
     try:
         kind = inspect_dir(storage, entry.uri, entry.name)
     except OSError as exc:  # unreadable, a loop below it, an I/O error: this save, not the run
-        found.incomplete.append(IncompleteSave(entry.uri, entry.name, step_of(entry.name), f"unreadable: {exc.strerror or exc}"))
+        found.incomplete.append(
+            IncompleteSave(entry.uri, entry.name, step_of(entry.name), f"unreadable: {exc.strerror or exc}")
+        )
         return
     if isinstance(kind, CheckpointRef):
         found.checkpoints.append(kind)

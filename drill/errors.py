@@ -27,18 +27,18 @@ class ExitCode(IntEnum):
 
 
 EXIT_MEANINGS: dict[ExitCode, str] = {
-    ExitCode.PASSED: 'the drill passed',
-    ExitCode.FAILED: 'the drill failed: a check found a problem (recorded); `drill audit verify`: the log is not intact; `drill db flush`: a spooled file cannot be delivered',
-    ExitCode.USAGE: 'usage error: bad option or argument; nothing read, nothing recorded',
-    ExitCode.NOTHING_TO_DRILL: 'nothing to drill: root missing, nothing retained, or the step is not retained (not recorded); a run of only unfinished saves (recorded as a failed drill with a `discover` finding)',
-    ExitCode.DATABASE: 'the database cannot be reached, or its schema is behind (run `drill db upgrade`) or ahead, or it holds a record drill cannot read (a row edited outside drill: a time that is not a time, an unknown status, broken JSON)',
+    ExitCode.PASSED: "the drill passed",
+    ExitCode.FAILED: "the drill failed: a check found a problem (recorded); `drill audit verify`: the log is not intact; `drill db flush`: a spooled file cannot be delivered",
+    ExitCode.USAGE: "usage error: bad option or argument; nothing read, nothing recorded",
+    ExitCode.NOTHING_TO_DRILL: "nothing to drill: root missing, nothing retained, or the step is not retained (not recorded); a run of only unfinished saves (recorded as a failed drill with a `discover` finding)",
+    ExitCode.DATABASE: "the database cannot be reached, or its schema is behind (run `drill db upgrade`) or ahead, or it holds a record drill cannot read (a row edited outside drill: a time that is not a time, an unknown status, broken JSON)",
     ExitCode.ERROR: "error: the drill could not finish for a reason outside the checkpoint — drill's own (recorded as `error` with the traceback) or the storage's: credentials, permissions, an endpoint away, a listing past its timeout (before a drill began: not recorded)",
     ExitCode.SLO_BREACH: "SLO breach: every check passed, but restore latency or time to first step missed the policy's target (recorded as `slo_breach`)",
     ExitCode.LOCKED: "another scheduler holds the database's scheduler lease",
-    ExitCode.UNPROVEN: '`drill verify`: unproven — no seal and no structural proof its format allows; nothing about the bytes was proven',
-    ExitCode.INTERNAL: 'internal error: a bug in drill; `--debug` shows the traceback',
-    ExitCode.INTERRUPTED: 'interrupted by SIGINT (recorded as `aborted` if the drill had begun its record)',
-    ExitCode.TERMINATED: 'stopped by SIGTERM (recorded as `aborted` if the drill had begun its record)',
+    ExitCode.UNPROVEN: "`drill verify`: unproven — no seal and no structural proof its format allows; nothing about the bytes was proven",
+    ExitCode.INTERNAL: "internal error: a bug in drill; `--debug` shows the traceback",
+    ExitCode.INTERRUPTED: "interrupted by SIGINT (recorded as `aborted` if the drill had begun its record)",
+    ExitCode.TERMINATED: "stopped by SIGTERM (recorded as `aborted` if the drill had begun its record)",
 }
 """Exit code → what it means, in full (the reference's table)."""
 
@@ -64,6 +64,8 @@ class NothingToDrill(DrillError):
 
 class DatabaseError(DrillError):
     exit_code = ExitCode.DATABASE
+    transient: bool = False
+    """Worth retrying: a lock held past the busy timeout, a dropped connection."""
 
 
 class UnreadableRecord(DatabaseError):

@@ -108,7 +108,11 @@ def goodput(
     save, rework, restart = c / tau, tau / 2 / m, restart_s / m
     waste = save + rework + restart
     gpu_hours_per_day = int(gpus) * 24
-    cost = (lambda share: share * gpu_hours_per_day * price_per_gpu_hour) if price_per_gpu_hour is not None else (lambda share: None)  # noqa: E731
+    cost = (
+        (lambda share: share * gpu_hours_per_day * price_per_gpu_hour)
+        if price_per_gpu_hour is not None
+        else (lambda share: None)
+    )
     total_day = cost(waste)
     return GoodputRow(
         gpus=int(gpus),
@@ -145,12 +149,18 @@ def table(
 ) -> list[GoodputRow]:
     """Every combination of the repeated inputs, GPUs outermost."""
     return [
-        goodput(gpus=n, blocking_s=c, restart_s=r, mtbf_hours=mtbf_hours, interval_s=interval_s, price_per_gpu_hour=price_per_gpu_hour)
+        goodput(
+            gpus=n,
+            blocking_s=c,
+            restart_s=r,
+            mtbf_hours=mtbf_hours,
+            interval_s=interval_s,
+            price_per_gpu_hour=price_per_gpu_hour,
+        )
         for n in gpus
         for c in blocking_s
         for r in restart_s
     ]
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +174,9 @@ class MeasuredRestart:
     how: str
 
 
-def measured_restart(samples: list[tuple[float, float | None]], *, checkpoint_bytes: int | None = None, bandwidth: float | None = None) -> MeasuredRestart:
+def measured_restart(
+    samples: list[tuple[float, float | None]], *, checkpoint_bytes: int | None = None, bandwidth: float | None = None
+) -> MeasuredRestart:
     """``samples``: (time to first step, restore latency) per drill, seconds.
 
     Without scaling R is the p95 time to first step. With ``checkpoint_bytes`` and
@@ -190,4 +202,13 @@ def measured_restart(samples: list[tuple[float, float | None]], *, checkpoint_by
     return MeasuredRestart(max(0.0, rest) + read, len(ttfs), p95, True, how)
 
 
-__all__ = ["LLAMA3_MTBF_HOURS", "GoodputError", "GoodputRow", "MeasuredRestart", "goodput", "measured_restart", "mtbf_hours_for", "table"]
+__all__ = [
+    "LLAMA3_MTBF_HOURS",
+    "GoodputError",
+    "GoodputRow",
+    "MeasuredRestart",
+    "goodput",
+    "measured_restart",
+    "mtbf_hours_for",
+    "table",
+]

@@ -97,7 +97,9 @@ def deadline(seconds: float | None, what: str) -> Iterator[None]:
     try:
         yield
     except TimedOut:
-        raise DrillError(f"{what} ran past its {seconds:g} s timeout (a hung mount, or storage that never answers)") from None
+        raise DrillError(
+            f"{what} ran past its {seconds:g} s timeout (a hung mount, or storage that never answers)"
+        ) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

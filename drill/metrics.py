@@ -41,12 +41,16 @@ def build_registry(db: str | None = None, *, coverage_days: float = 7.0, list_st
     _scheduler(registry, counts.get("scheduler") or {})
     _bursts(registry, counts.get("bursts") or {})
     chain = report.chain
-    _gauge(registry, "drill_audit_chain_intact", "1 when the tamper-evident drill log verifies end to end.", []).set(1 if chain.get("intact") else 0)
+    _gauge(registry, "drill_audit_chain_intact", "1 when the tamper-evident drill log verifies end to end.", []).set(
+        1 if chain.get("intact") else 0
+    )
     _gauge(registry, "drill_audit_chain_entries", "Records sealed into the drill log.", []).set(chain.get("entries", 0))
     return registry
 
 
-def _read(db: str | None, coverage_days: float, list_storage: bool) -> tuple[dict[tuple[str, str], Any], Any, dict[str, Any]]:
+def _read(
+    db: str | None, coverage_days: float, list_storage: bool
+) -> tuple[dict[tuple[str, str], Any], Any, dict[str, Any]]:
     from drill.records.db import read_database
     from drill.records.store import Records
     from drill.report.build import ReportOptions, build_report
@@ -59,7 +63,12 @@ def _read(db: str | None, coverage_days: float, list_storage: bool) -> tuple[dic
     try:
         records = Records(database)
         latest, drills = records.sources()
-        counts = {"drills": drills, "events": records.scheduler_event_counts(), "scheduler": records.scheduler_state(), "bursts": records.latest_bursts()}
+        counts = {
+            "drills": drills,
+            "events": records.scheduler_event_counts(),
+            "scheduler": records.scheduler_state(),
+            "bursts": records.latest_bursts(),
+        }
         return latest, report, counts
     finally:
         database.close()
@@ -80,7 +89,11 @@ class _Counts:
         for (policy, root, status), n in sorted((self.counts.get("drills") or {}).items()):
             drills.add_metric([policy, root, status], n)
         yield drills
-        events = CounterMetricFamily("drill_scheduler_events", "Scheduled drills that did not run (missed, skipped, refused, error).", labels=["policy", "kind"])
+        events = CounterMetricFamily(
+            "drill_scheduler_events",
+            "Scheduled drills that did not run (missed, skipped, refused, error).",
+            labels=["policy", "kind"],
+        )
         for (policy, kind), n in sorted((self.counts.get("events") or {}).items()):
             events.add_metric([policy, kind], n)
         yield events
@@ -91,9 +104,24 @@ def _bursts(registry: Any, latest: dict[str, dict[str, Any]]) -> None:
     if not latest:
         return
     g = {
-        "ceiling": _gauge(registry, "drill_burst_ceiling_bytes_per_second", "Best aggregate read bandwidth of the run's latest burst (the ceiling when one was reached).", ["run_root"]),
-        "step": _gauge(registry, "drill_burst_aggregate_bytes_per_second", "Aggregate read bandwidth of each step of the run's latest burst.", ["run_root", "readers"]),
-        "restart": _gauge(registry, "drill_burst_restart_seconds", "R computed from the run's latest burst (for the job size it was asked).", ["run_root"]),
+        "ceiling": _gauge(
+            registry,
+            "drill_burst_ceiling_bytes_per_second",
+            "Best aggregate read bandwidth of the run's latest burst (the ceiling when one was reached).",
+            ["run_root"],
+        ),
+        "step": _gauge(
+            registry,
+            "drill_burst_aggregate_bytes_per_second",
+            "Aggregate read bandwidth of each step of the run's latest burst.",
+            ["run_root", "readers"],
+        ),
+        "restart": _gauge(
+            registry,
+            "drill_burst_restart_seconds",
+            "R computed from the run's latest burst (for the job size it was asked).",
+            ["run_root"],
+        ),
         "at": _gauge(registry, "drill_burst_timestamp_seconds", "When the run's latest burst ran.", ["run_root"]),
     }
     for root, doc in sorted(latest.items()):
@@ -108,24 +136,44 @@ def _bursts(registry: Any, latest: dict[str, dict[str, Any]]) -> None:
 
 
 def _scheduler(registry: Any, state: dict[str, Any]) -> None:
-    _gauge(registry, "drill_scheduler_up", "1 while a scheduler holds a live lease on this database.", []).set(1 if state.get("alive") else 0)
+    _gauge(registry, "drill_scheduler_up", "1 while a scheduler holds a live lease on this database.", []).set(
+        1 if state.get("alive") else 0
+    )
     beat = (state.get("scheduler") or {}).get("heartbeat_age_seconds")
     if beat is not None:
-        _gauge(registry, "drill_scheduler_heartbeat_age_seconds", "Seconds since the scheduler's last heartbeat.", []).set(beat)
+        _gauge(
+            registry, "drill_scheduler_heartbeat_age_seconds", "Seconds since the scheduler's last heartbeat.", []
+        ).set(beat)
 
 
 def _per_source(registry: Any, latest: dict[tuple[str, str], Any], now: float) -> None:
     g = {
-        "verdict": _gauge(registry, "drill_last_verdict", "1 for the verdict of the latest drill, 0 for the others.", [*SOURCE, "status"]),
+        "verdict": _gauge(
+            registry,
+            "drill_last_verdict",
+            "1 for the verdict of the latest drill, 0 for the others.",
+            [*SOURCE, "status"],
+        ),
         "exit": _gauge(registry, "drill_last_exit_code", "Exit code of the latest drill.", SOURCE),
         "at": _gauge(registry, "drill_last_drill_timestamp_seconds", "When the latest drill started.", SOURCE),
-        "ok_at": _gauge(registry, "drill_last_success_timestamp_seconds", "When the latest passing drill started.", SOURCE),
-        "ok_age": _gauge(registry, "drill_last_success_age_seconds", "Seconds since the latest passing drill started.", SOURCE),
+        "ok_at": _gauge(
+            registry, "drill_last_success_timestamp_seconds", "When the latest passing drill started.", SOURCE
+        ),
+        "ok_age": _gauge(
+            registry, "drill_last_success_age_seconds", "Seconds since the latest passing drill started.", SOURCE
+        ),
         "restore": _gauge(registry, "drill_restore_seconds", "Restore latency of the latest drill.", SOURCE),
         "ttfs": _gauge(registry, "drill_ttfs_seconds", "Time to first step of the latest drill.", SOURCE),
         "read": _gauge(registry, "drill_read_bytes", "Bytes the latest drill read.", SOURCE),
-        "verified": _gauge(registry, "drill_verified_bytes", "Bytes the latest drill verified against their seal.", SOURCE),
-        "evidence": _gauge(registry, "drill_last_evidence_level", "1 for the evidence the latest drill's verdict rests on (none, structural, sealed, authenticated).", [*SOURCE, "level"]),
+        "verified": _gauge(
+            registry, "drill_verified_bytes", "Bytes the latest drill verified against their seal.", SOURCE
+        ),
+        "evidence": _gauge(
+            registry,
+            "drill_last_evidence_level",
+            "1 for the evidence the latest drill's verdict rests on (none, structural, sealed, authenticated).",
+            [*SOURCE, "level"],
+        ),
     }
     for (policy, root), (last, passed) in sorted(latest.items()):
         labels = (policy, root)
@@ -150,10 +198,27 @@ def _per_source(registry: Any, latest: dict[tuple[str, str], Any], now: float) -
 def _per_run(registry: Any, report: Any) -> None:
     g = {
         "retained": _gauge(registry, "drill_checkpoints_retained", "Retained checkpoints of the run.", ["run_root"]),
-        "drilled": _gauge(registry, "drill_checkpoints_drilled", "Retained checkpoints drilled within the coverage window.", ["run_root"]),
-        "proven": _gauge(registry, "drill_checkpoints_proven", "Retained checkpoints whose latest drill passed.", ["run_root"]),
-        "coverage": _gauge(registry, "drill_coverage_ratio", "Share of retained checkpoints drilled within the coverage window.", ["run_root"]),
-        "bytes": _gauge(registry, "drill_verified_bytes_ratio", "Share of retained bytes verified within the coverage window.", ["run_root"]),
+        "drilled": _gauge(
+            registry,
+            "drill_checkpoints_drilled",
+            "Retained checkpoints drilled within the coverage window.",
+            ["run_root"],
+        ),
+        "proven": _gauge(
+            registry, "drill_checkpoints_proven", "Retained checkpoints whose latest drill passed.", ["run_root"]
+        ),
+        "coverage": _gauge(
+            registry,
+            "drill_coverage_ratio",
+            "Share of retained checkpoints drilled within the coverage window.",
+            ["run_root"],
+        ),
+        "bytes": _gauge(
+            registry,
+            "drill_verified_bytes_ratio",
+            "Share of retained bytes verified within the coverage window.",
+            ["run_root"],
+        ),
     }
     for run in report.runs:
         c = run.coverage

@@ -30,7 +30,16 @@ DCP_METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
         # Every rank's save plan, which Megatron-core keeps in .metadata (all_local_plans):
         # torch's own plain data classes.
         ("torch.distributed.checkpoint.planner", n)
-        for n in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData", "LoadPlan", "ReadItem", "LoadItemType")
+        for n in (
+            "SavePlan",
+            "WriteItem",
+            "WriteItemType",
+            "TensorWriteData",
+            "BytesIOWriteData",
+            "LoadPlan",
+            "ReadItem",
+            "LoadItemType",
+        )
     }
     | {
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),

@@ -67,9 +67,13 @@ class Selection:
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
-            raise SelectionError("strategy", f"unknown selection {self.strategy!r} (expected {', '.join(STRATEGIES[:-1])} or step:N)")
+            raise SelectionError(
+                "strategy", f"unknown selection {self.strategy!r} (expected {', '.join(STRATEGIES[:-1])} or step:N)"
+            )
         if self.strategy != "step" and self.step is not None:
-            raise SelectionError("step", f"sets both step: {self.step} and strategy: {self.strategy}; a fixed step is its own selection")
+            raise SelectionError(
+                "step", f"sets both step: {self.step} and strategy: {self.strategy}; a fixed step is its own selection"
+            )
         if self.strategy == "step" and self.step is None:
             raise SelectionError("strategy", "strategy step needs the step: step: N (or strategy: step:N)")
         if self.step is not None and self.step < 0:
@@ -156,14 +160,19 @@ def _by_step(discovery: Discovery, step: int) -> CheckpointRef:
         if stepped
         else f"these checkpoints carry no step in their names; name one by path: drill run --checkpoint {discovery.checkpoints[-1].uri}"
     )
-    raise NothingToDrill(f"no checkpoint for step {step} under {discovery.root} (retained: {_retained(discovery)})", hint=hint)
+    raise NothingToDrill(
+        f"no checkpoint for step {step} under {discovery.root} (retained: {_retained(discovery)})", hint=hint
+    )
 
 
 def _by_path(discovery: Discovery, path: str) -> CheckpointRef:
     candidates = [path, os.path.join(discovery.root, path)]
 
     def same(uri: str) -> bool:
-        return any(uri.rstrip("/") == c.rstrip("/") or (("://" not in uri) and os.path.realpath(uri) == os.path.realpath(c)) for c in candidates)
+        return any(
+            uri.rstrip("/") == c.rstrip("/") or (("://" not in uri) and os.path.realpath(uri) == os.path.realpath(c))
+            for c in candidates
+        )
 
     for ref in discovery.checkpoints:
         if same(ref.uri):
@@ -171,10 +180,14 @@ def _by_path(discovery: Discovery, path: str) -> CheckpointRef:
     for inc in discovery.incomplete:
         if same(inc.uri):
             raise NothingToDrill(f"{inc.uri} is an incomplete save ({inc.reason})")
-    raise NothingToDrill(f"{path} is not a checkpoint under {discovery.root} (retained: {_retained(discovery) or 'none'})")
+    raise NothingToDrill(
+        f"{path} is not a checkpoint under {discovery.root} (retained: {_retained(discovery) or 'none'})"
+    )
 
 
-def eligible(discovery: Discovery, *, now: float, settle: float, keep_last: int | None) -> tuple[list[CheckpointRef], list[str]]:
+def eligible(
+    discovery: Discovery, *, now: float, settle: float, keep_last: int | None
+) -> tuple[list[CheckpointRef], list[str]]:
     """Candidates oldest first, and why each excluded one was excluded."""
     skipped: list[str] = []
     candidates = []
@@ -227,9 +240,19 @@ def choose(
     return Choice(ref, f"least recently drilled (last {drilled[ref.uri].isoformat()}){note}")
 
 
-def _random(discovery: Discovery, selection: Selection, candidates: list[CheckpointRef], now: float, seed: int | None, note: str) -> Choice:
+def _random(
+    discovery: Discovery, selection: Selection, candidates: list[CheckpointRef], now: float, seed: int | None, note: str
+) -> Choice:
     pool = [r for r in candidates if selection.window is None or now - r.mtime <= selection.window]
     if not pool:
-        raise NothingToDrill(f"no eligible checkpoint saved within the last {selection.window:.0f} s under {discovery.root}")
-    seed = selection.seed if selection.seed is not None else seed if seed is not None else random.SystemRandom().randrange(2**31)
+        raise NothingToDrill(
+            f"no eligible checkpoint saved within the last {selection.window:.0f} s under {discovery.root}"
+        )
+    seed = (
+        selection.seed
+        if selection.seed is not None
+        else seed
+        if seed is not None
+        else random.SystemRandom().randrange(2**31)
+    )
     return Choice(random.Random(seed).choice(pool), f"random among {len(pool)} with seed {seed}{note}", seed)

@@ -70,7 +70,9 @@ def parse_instant(value: Any, *, now: datetime, end: bool = False) -> datetime:
             return day + timedelta(days=1) if end else day
         t = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"{value!r} is neither a date (2026-11-01), a time (2026-11-01T06:00Z) nor a duration (30d, 12h)") from None
+        raise ValueError(
+            f"{value!r} is neither a date (2026-11-01), a time (2026-11-01T06:00Z) nor a duration (30d, 12h)"
+        ) from None
     return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
 
 

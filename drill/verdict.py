@@ -80,8 +80,14 @@ def decide(
 ) -> Verdict:
     """The drill's verdict from its checks and what happened to drill itself."""
     if interrupted_by is not None:
-        name = signal.Signals(interrupted_by).name if interrupted_by in signal.Signals._value2member_map_ else str(interrupted_by)
-        return Verdict(DrillStatus.ABORTED, exit_code_for(DrillStatus.ABORTED, signum=interrupted_by), f"interrupted by {name}")
+        name = (
+            signal.Signals(interrupted_by).name
+            if interrupted_by in signal.Signals._value2member_map_
+            else str(interrupted_by)
+        )
+        return Verdict(
+            DrillStatus.ABORTED, exit_code_for(DrillStatus.ABORTED, signum=interrupted_by), f"interrupted by {name}"
+        )
     failed = [c for c in checks if c.status is CheckStatus.FAILED]
     if failed:
         first = next((f for c in failed for f in c.findings if f.severity is Severity.ERROR), None)
@@ -93,11 +99,15 @@ def decide(
     errored = [c for c in checks if c.status is CheckStatus.ERROR and c.name != "replay"]  # the replay says so itself
     if errored:
         first = next((f for f in errored[0].findings if f.severity is Severity.ERROR), None)
-        return Verdict(DrillStatus.ERROR, ExitCode.ERROR, first.message if first else f"{errored[0].name}: {errored[0].summary}")
+        return Verdict(
+            DrillStatus.ERROR, ExitCode.ERROR, first.message if first else f"{errored[0].name}: {errored[0].summary}"
+        )
     if replay_error is not None:
         return Verdict(DrillStatus.ERROR, ExitCode.ERROR, f"replay: {replay_error}")
     if slo_breaches:
-        return Verdict(DrillStatus.SLO_BREACH, ExitCode.SLO_BREACH, "; ".join(str(b["message"]) for b in slo_breaches.values()))
+        return Verdict(
+            DrillStatus.SLO_BREACH, ExitCode.SLO_BREACH, "; ".join(str(b["message"]) for b in slo_breaches.values())
+        )
     return Verdict(DrillStatus.PASSED, ExitCode.PASSED, None)
 
 
@@ -143,7 +153,10 @@ class SLO:
     def describe(self, restore: float | None, ttfs: float | None) -> str:
         """Each target against what the drill measured: met, missed, or not measured."""
         parts = []
-        for what, target, actual in (("restore", self.max_restore_seconds, restore), ("time to first step", self.max_ttfs_seconds, ttfs)):
+        for what, target, actual in (
+            ("restore", self.max_restore_seconds, restore),
+            ("time to first step", self.max_ttfs_seconds, ttfs),
+        ):
             if target is None:
                 continue
             if actual is None:

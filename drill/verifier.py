@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from drill import formats
-from drill.claims import evidence_of
 from drill.checkpoints import Discovery, IncompleteSave, step_of
+from drill.claims import evidence_of
 from drill.discover import classify
 from drill.errors import ExitCode, NothingToDrill, UsageError, storage_unavailable
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
-from drill.integrity.reading import describe_read_error, read_whole
-from drill.integrity.sampling import SampleSpec
 from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, seal
 from drill.integrity.proof import prove
+from drill.integrity.reading import describe_read_error, read_whole
+from drill.integrity.sampling import SampleSpec
 from drill.integrity.verify import NAME, Observed, plan_integrity
 from drill.storage import Storage, StorageUnavailable, storage_for
 
@@ -62,8 +62,13 @@ def _verify_file(storage: Storage, uri: str, size: int) -> CheckResult:
     except (OSError, EOFError) as exc:
         why, kind = describe_read_error(exc)
         code = {"changed": "file-changed", "not-regular": "file-not-regular"}.get(kind, "file-unreadable")
-        return CheckResult(name=NAME, summary=f"{name} cannot be read", findings=[Finding(check=NAME, code=code, severity=Severity.ERROR, subject=name, message=f"{name}: {why}")])
-    kind = sniff(view)
+        return CheckResult(
+            name=NAME,
+            summary=f"{name} cannot be read",
+            findings=[Finding(check=NAME, code=code, severity=Severity.ERROR, subject=name, message=f"{name}: {why}")],
+        )
+    sniffed = sniff(view)
+    kind = sniffed or ""
     if kind == "zip":
         findings, evidence = zip_structure(view, name)
     elif kind == "safetensors":
@@ -72,19 +77,33 @@ def _verify_file(storage: Storage, uri: str, size: int) -> CheckResult:
         return CheckResult(
             name=NAME,
             summary=f"{name}: unknown file format; nothing could be proved",
-            findings=[Finding(check=NAME, code="format-unknown", severity=Severity.ERROR, subject=name, message=f"{name} is neither a torch.save zip nor safetensors")],
+            findings=[
+                Finding(
+                    check=NAME,
+                    code="format-unknown",
+                    severity=Severity.ERROR,
+                    subject=name,
+                    message=f"{name} is neither a torch.save zip nor safetensors",
+                )
+            ],
         )
     evidence = {"evidence_level": "unsealed", "format": kind, "structure": evidence}
     ok = not any(f.severity is Severity.ERROR for f in findings)
     what = "every record's CRC-32 matches" if kind == "zip" else "header offsets tile the file"
-    summary = f"unsealed {kind}: structurally consistent ({what}), no content hashes" if ok else f"unsealed {kind}: structurally inconsistent"
+    summary = (
+        f"unsealed {kind}: structurally consistent ({what}), no content hashes"
+        if ok
+        else f"unsealed {kind}: structurally inconsistent"
+    )
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
 
 
 def _run_root(uri: str, found: Discovery) -> UsageError:
     names = [c.name for c in found.checkpoints] or [s.name for s in found.incomplete]
     shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-    return UsageError(f"{uri} is a run directory holding checkpoints ({shown}), not one checkpoint: name one, e.g. {uri.rstrip('/')}/{names[-1]}")
+    return UsageError(
+        f"{uri} is a run directory holding checkpoints ({shown}), not one checkpoint: name one, e.g. {uri.rstrip('/')}/{names[-1]}"
+    )
 
 
 def _incomplete_finding(save: IncompleteSave) -> Finding:
@@ -137,14 +156,22 @@ def verify_checkpoint(
         raise NothingToDrill(f"{uri} is an empty directory: no checkpoint to verify")
     fmt = what.ref.format if what.ref is not None else None
     try:
-        outcome = _verify_directory(storage, uri, sample, require_sealed, records, coverage_days, started, key, allow_classes, fmt)
+        outcome = _verify_directory(
+            storage, uri, sample, require_sealed, records, coverage_days, started, key, allow_classes, fmt
+        )
     except (PermissionError, StorageUnavailable) as exc:
         raise storage_unavailable(uri, exc) from None
     if what.kind == "incomplete":
         outcome.result.findings.insert(0, _incomplete_finding(what.incomplete))  # type: ignore[arg-type]
         outcome.result.summary = f"incomplete save; {outcome.result.summary}"
-    elif what.kind == "directory" and outcome.result.evidence.get("evidence_level") != "sealed" and not outcome.result.evidence.get("manifests"):
-        raise NothingToDrill(f"{uri} is not a checkpoint drill recognizes (no .metadata, trainer_state.json, {MANIFEST_NAME} or shard index)")
+    elif (
+        what.kind == "directory"
+        and outcome.result.evidence.get("evidence_level") != "sealed"
+        and not outcome.result.evidence.get("manifests")
+    ):
+        raise NothingToDrill(
+            f"{uri} is not a checkpoint drill recognizes (no .metadata, trainer_state.json, {MANIFEST_NAME} or shard index)"
+        )
     return outcome
 
 
@@ -167,17 +194,36 @@ def _verify_directory(
         last = {p: t for p, (t, _) in records.last_verified(checkpoint_id).items()}
     plan = plan_integrity(storage, uri, sample, last, key=key)
     observed: dict[str, Observed] = {}
-    structure = formats.structure(fmt, storage, plan.checkpoint, plan.on_storage, allow_classes) if plan.manifest is None and fmt and not plan.refuse else None
+    structure = (
+        formats.structure(fmt, storage, plan.checkpoint, plan.on_storage, allow_classes)
+        if plan.manifest is None and fmt and not plan.refuse
+        else None
+    )
     ledger = None
     if records is not None:
-        ledger = lambda update: records.apply_coverage(checkpoint_id or _checkpoint_id(records, uri, fmt), None, update, coverage_days)  # noqa: E731
-    result = prove(storage, plan, observed, structure=structure, require_sealed=require_sealed, ledger=ledger, coverage_days=coverage_days)
+
+        def ledger(update: Any) -> Any:
+            return records.apply_coverage(
+                checkpoint_id or _checkpoint_id(records, uri, fmt), None, update, coverage_days
+            )
+
+    result = prove(
+        storage,
+        plan,
+        observed,
+        structure=structure,
+        require_sealed=require_sealed,
+        ledger=ledger,
+        coverage_days=coverage_days,
+    )
     hashed = sum(o.hashes.size for o in observed.values() if o.hashes is not None)
     result.seconds = time.perf_counter() - started
     return VerifyOutcome(uri=uri, result=result, seconds=result.seconds, bytes_hashed=hashed)
 
 
-def seal_checkpoint(uri: str, *, force: bool = False, storage: Storage | None = None, key: bytes | None = None) -> SealResult:
+def seal_checkpoint(
+    uri: str, *, force: bool = False, storage: Storage | None = None, key: bytes | None = None
+) -> SealResult:
     """``drill seal``: seal one checkpoint directory — never a run directory (a usage error
     naming its checkpoints) nor an incomplete save (a :class:`SealConflict`)."""
     storage = storage or storage_for(uri)
@@ -187,17 +233,23 @@ def seal_checkpoint(uri: str, *, force: bool = False, storage: Storage | None = 
     except (FileNotFoundError, NotADirectoryError):
         raise NothingToDrill(f"{uri} does not exist") from None
     if what.kind == "file":
-        raise UsageError(f"{uri} is a single file: drill seals checkpoint directories (a torch.save file carries its own CRC-32s)")
+        raise UsageError(
+            f"{uri} is a single file: drill seals checkpoint directories (a torch.save file carries its own CRC-32s)"
+        )
     if what.kind == "run-root":
         raise _run_root(uri, what.discovery)  # type: ignore[arg-type]
     if what.kind == "empty":
         raise NothingToDrill(f"{uri} is an empty directory: nothing to seal")
     if what.kind == "incomplete":
         assert what.incomplete is not None
-        raise SealConflict(f"{what.incomplete.name} is an incomplete save ({what.incomplete.reason}): sealing it would vouch for a save that never finished")
+        raise SealConflict(
+            f"{what.incomplete.name} is an incomplete save ({what.incomplete.reason}): sealing it would vouch for a save that never finished"
+        )
     return seal(uri, force=force, storage=storage, key=key)
 
 
 def _checkpoint_id(records: Ledger, uri: str, fmt: str | None) -> int:
     name = uri.rstrip("/").rsplit("/", 1)[-1]
-    return records.ensure_checkpoint(run_root=uri.rstrip("/").rsplit("/", 1)[0], uri=uri, step=step_of(name), format=fmt or "unknown")
+    return records.ensure_checkpoint(
+        run_root=uri.rstrip("/").rsplit("/", 1)[0], uri=uri, step=step_of(name), format=fmt or "unknown"
+    )

@@ -20,7 +20,7 @@ class ViewReader(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[no-untyped-def, override]
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         n = max(0, min(len(b), len(self._view) - self._pos))
         memoryview(b).cast("B")[:n] = self._view[self._pos : self._pos + n]
         self._pos += n

@@ -102,7 +102,11 @@ def fresh_python(code: str) -> str:
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    return (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
 
 
 def invoke(runner: CliRunner, *args: str):  # type: ignore[no-untyped-def]
@@ -164,7 +168,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if entry is None:
             wrong.append(f"{code} is not in drill.catalogue.CODES")
         elif severities - listed:
-            wrong.append(f"{code} was made at {', '.join(sorted(severities - listed))}, which drill.catalogue does not list")
+            wrong.append(
+                f"{code} was made at {', '.join(sorted(severities - listed))}, which drill.catalogue does not list"
+            )
     if wrong:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:

@@ -56,7 +56,14 @@ def hf_trainer_resume(out: Path, checkpoint: str) -> int:
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
     args = TrainingArguments(
-        output_dir=str(out), max_steps=6, save_steps=100, per_device_train_batch_size=4, report_to=[], use_cpu=True, seed=7, disable_tqdm=True
+        output_dir=str(out),
+        max_steps=6,
+        save_steps=100,
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        seed=7,
+        disable_tqdm=True,
     )
     trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset())
     trainer.train(resume_from_checkpoint=checkpoint)
@@ -83,7 +90,12 @@ def lightning_run(out: Path) -> Path:
 
     data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 1))
     trainer = L.Trainer(
-        max_steps=4, accelerator="cpu", default_root_dir=str(out), enable_progress_bar=False, logger=False, enable_model_summary=False
+        max_steps=4,
+        accelerator="cpu",
+        default_root_dir=str(out),
+        enable_progress_bar=False,
+        logger=False,
+        enable_model_summary=False,
     )
     trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=4, shuffle=True))
     return out / "checkpoints"

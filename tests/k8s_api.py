@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-ROUTE = re.compile(r"^/(?:api/v1|apis/batch/v1)/namespaces/(?P<ns>[^/]+)/(?P<kind>configmaps|services|jobs|pods)(?:/(?P<name>[^/]+))?$")
+ROUTE = re.compile(
+    r"^/(?:api/v1|apis/batch/v1)/namespaces/(?P<ns>[^/]+)/(?P<kind>configmaps|services|jobs|pods)(?:/(?P<name>[^/]+))?$"
+)
 
 
 class FakeCluster:
@@ -53,7 +55,9 @@ class FakeCluster:
     def pending(self, reason: str, message: str) -> None:
         name = self.job()["metadata"]["name"]
         pod = _pod(name, "Pending")
-        pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": reason, "message": message}]
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
+        ]
         with self.lock:
             self.pods[name] = [pod]
 
@@ -71,7 +75,12 @@ class FakeCluster:
                 pod["status"]["phase"] = "Failed" if failed else "Succeeded"
                 pod["status"]["containerStatuses"] = [{"name": "drill", "image": "x", "imageID": "", "ready": False, "restartCount": 0,
                                                        "state": {"terminated": {"exitCode": exit_code, "reason": "Error" if failed else "Completed"}}}]  # fmt: skip
-            condition = {"type": "Failed" if failed else "Complete", "status": "True", "reason": reason or None, "message": message or None}
+            condition = {
+                "type": "Failed" if failed else "Complete",
+                "status": "True",
+                "reason": reason or None,
+                "message": message or None,
+            }
             job["status"] = {"failed": 1} if failed else {"succeeded": 1}
             job["status"]["conditions"] = [condition]
 
@@ -101,7 +110,7 @@ class FakeCluster:
             def _body(self) -> dict[str, Any]:
                 return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 kind, ns, _, _ = self._route()
                 doc = self._body()
                 key = (kind, ns, doc["metadata"]["name"])
@@ -114,14 +123,14 @@ class FakeCluster:
                     cluster.job_created.set()
                 self._send(201, doc)
 
-            def do_PUT(self) -> None:  # noqa: N802
+            def do_PUT(self) -> None:
                 kind, ns, name, _ = self._route()
                 doc = self._body()
                 with cluster.lock:
                     cluster.objects[(kind, ns, name or "")] = doc
                 self._send(200, doc)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 kind, ns, name, query = self._route()
                 if kind == "pods":
                     selector = query.get("labelSelector", [""])[0].removeprefix("job-name=")
@@ -134,7 +143,7 @@ class FakeCluster:
                     return self._send(404, _status(404, "NotFound", f"{kind} {name} not found"))
                 self._send(200, doc)
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 kind, ns, name, _ = self._route()
                 with cluster.lock:
                     doc = cluster.objects.pop((kind, ns, name or ""), None)
@@ -149,7 +158,15 @@ class FakeCluster:
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Status", "status": "Success" if code < 300 else "Failure", "code": code, "reason": reason, "message": message, "metadata": {}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Success" if code < 300 else "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+        "metadata": {},
+    }
 
 
 def _pod(job: str, phase: str, node: str | None = None) -> dict[str, Any]:

@@ -131,7 +131,10 @@ def lightning(out: Path, rank: int, world: int) -> None:
     mask = torch.triu(torch.full((32, 32), float("-inf")), diagonal=1)  # an nn.Transformer-style causal mask, persisted
     converted = {"model": {**{f"model.{k}": v for k, v in inner.items()}, "causal_mask": mask}}
     osd = get_optimizer_state_dict(model, opt)
-    converted["optimizer_0"] = {"state": {f"model.{k}": v for k, v in osd["state"].items()}, "param_groups": [{**g, "params": [f"model.{p}" for p in g["params"]]} for g in osd["param_groups"]]}
+    converted["optimizer_0"] = {
+        "state": {f"model.{k}": v for k, v in osd["state"].items()},
+        "param_groups": [{**g, "params": [f"model.{p}" for p in g["params"]]} for g in osd["param_groups"]],
+    }
     _poison(converted["model"], NAN_IN["lightning"], rank)
     path = out / "epoch=0-step=2.ckpt"
     dcp.save(converted, checkpoint_id=str(path))
@@ -165,7 +168,9 @@ def megatron(out: Path, rank: int, world: int) -> None:
         offsets = [] if axis is None else [(axis + (1 if stacked else 0), rank, tp)]
         if stacked:
             offsets = [(0, 0, 1), *offsets]
-        return ShardedTensor.from_rank_offsets(key, local, *offsets, replica_id=0 if axis is not None or rank == 0 else rank)
+        return ShardedTensor.from_rank_offsets(
+            key, local, *offsets, replica_id=0 if axis is not None or rank == 0 else rank
+        )
 
     params = {
         "embedding.word_embeddings.weight": (torch.randn(vocab // tp, hidden), 0, False),
@@ -182,15 +187,40 @@ def megatron(out: Path, rank: int, world: int) -> None:
         sd["model"][key] = tensor(key, local, axis, stacked)
         for slot in ("exp_avg", "exp_avg_sq", "fp32_param"):
             value = local.clone() if slot == "fp32_param" else torch.randn_like(local).abs() * 1e-3
-            sd["optimizer"]["state"].setdefault(slot, {})[key] = tensor(f"optimizer.state.{slot}.{key}", value, axis, stacked)
-    sd["optimizer"]["param_groups"] = [{"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "step": STEP, "params": list(range(len(params)))}]
-    rng = {"random_rng_state": __import__("random").getstate(), "np_rng_state": __import__("numpy").random.get_state(), "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": None, "rng_tracker_states": {}}
+            sd["optimizer"]["state"].setdefault(slot, {})[key] = tensor(
+                f"optimizer.state.{slot}.{key}", value, axis, stacked
+            )
+    sd["optimizer"]["param_groups"] = [
+        {
+            "lr": 3e-4,
+            "betas": (0.9, 0.95),
+            "eps": 1e-8,
+            "weight_decay": 0.1,
+            "step": STEP,
+            "params": list(range(len(params))),
+        }
+    ]
+    rng = {
+        "random_rng_state": __import__("random").getstate(),
+        "np_rng_state": __import__("numpy").random.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+        "cuda_rng_state": None,
+        "rng_tracker_states": {},
+    }
     sd["rng_state"] = ShardedObject("rng_state", [rng], (1, tp), (0, rank), replica_id=0)
     sd.update(
-        args=argparse.Namespace(num_layers=layers, hidden_size=hidden, tensor_model_parallel_size=tp, lr=3e-4, no_save_rng=False),
+        args=argparse.Namespace(
+            num_layers=layers, hidden_size=hidden, tensor_model_parallel_size=tp, lr=3e-4, no_save_rng=False
+        ),
         checkpoint_version=3.0,
         iteration=STEP,
-        opt_param_scheduler={"max_lr": 3e-4, "min_lr": 3e-5, "num_steps": STEP * 8, "warmup_steps": 10, "decay_style": "cosine"},
+        opt_param_scheduler={
+            "max_lr": 3e-4,
+            "min_lr": 3e-5,
+            "num_steps": STEP * 8,
+            "warmup_steps": 10,
+            "decay_style": "cosine",
+        },
         num_floating_point_operations_so_far=0,
     )
     path = out / f"iter_{STEP:07d}"

@@ -25,7 +25,13 @@ def spawn(out: Path, ranks: int = 2, timeout: float = 300, *, seal: bool = False
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks), "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(ranks),
+        "PYTHONWARNINGS": "ignore",
+    }
     if seal:
         env["DRILL_TEST_SEAL_AFTER_SAVE"] = "1"
     procs = [
@@ -38,7 +44,9 @@ def spawn(out: Path, ranks: int = 2, timeout: float = 300, *, seal: bool = False
     ]  # fmt: skip
     outs = [p.communicate(timeout=timeout)[0].decode(errors="replace") for p in procs]
     if any(p.returncode for p in procs):
-        tails = " | ".join(f"rank {r} exit {p.returncode}: {o[-1500:]}" for r, (p, o) in enumerate(zip(procs, outs)))
+        tails = " | ".join(
+            f"rank {r} exit {p.returncode}: {o[-1500:]}" for r, (p, o) in enumerate(zip(procs, outs, strict=True))
+        )
         raise RuntimeError(f"Lightning FSDP run failed: {tails}")
     return out / "checkpoints"
 
@@ -55,7 +63,12 @@ def main(out: Path) -> None:
 
     class CPUFSDP(*bases):  # type: ignore[misc]
         def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
-            return FullyShardedDataParallel(module=model, device_id=torch.device("cpu"), use_orig_params=True, sharding_strategy=self.sharding_strategy)
+            return FullyShardedDataParallel(
+                module=model,
+                device_id=torch.device("cpu"),
+                use_orig_params=True,
+                sharding_strategy=self.sharding_strategy,
+            )
 
     class Module(L.LightningModule):
         def __init__(self) -> None:

@@ -7,8 +7,31 @@ from __future__ import annotations
 
 from typing import Any
 
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
-BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+}
 
 
 def restricted_violations(pod: dict[str, Any]) -> list[str]:
@@ -34,7 +57,9 @@ def restricted_violations(pod: dict[str, Any]) -> list[str]:
             found.append(f"{name}: capabilities must drop ALL")
         if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
             found.append(f"{name}: adds capabilities {sorted(set(caps['add']) - {'NET_BIND_SERVICE'})}")
-        if not (sc.get("runAsNonRoot") is True or (sc.get("runAsNonRoot") is None and pod_sc.get("runAsNonRoot") is True)):
+        if not (
+            sc.get("runAsNonRoot") is True or (sc.get("runAsNonRoot") is None and pod_sc.get("runAsNonRoot") is True)
+        ):
             found.append(f"{name}: runAsNonRoot must be true")
         for ctx, where in ((sc, name), (pod_sc, "pod")):
             if ctx.get("runAsUser") == 0:

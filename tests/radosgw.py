@@ -97,7 +97,9 @@ class RadosGateway:
         self.stop()
 
     def _ceph(self, *args: str) -> str:
-        return subprocess.run(["ceph", "-c", str(self.conf), *args], check=True, capture_output=True, text=True, timeout=60).stdout
+        return subprocess.run(
+            ["ceph", "-c", str(self.conf), *args], check=True, capture_output=True, text=True, timeout=60
+        ).stdout
 
     def _daemon(self, *cmd: str) -> None:
         log = open(self.dir / "log" / f"{Path(cmd[0]).name}-{len(self.procs)}.out", "wb")
@@ -109,24 +111,98 @@ class RadosGateway:
             (d / sub).mkdir(parents=True, exist_ok=True)
         fsid = str(uuid.uuid4())
         mon_v2, mon_v1 = free_port(), free_port()
-        self.conf.write_text(CONF.format(fsid=fsid, mon_v2=mon_v2, mon_v1=mon_v1, d=d, rgw_port=self.port, memstore_bytes=self.memstore_bytes))
+        self.conf.write_text(
+            CONF.format(
+                fsid=fsid, mon_v2=mon_v2, mon_v1=mon_v1, d=d, rgw_port=self.port, memstore_bytes=self.memstore_bytes
+            )
+        )
         run = lambda *a: subprocess.run(a, check=True, capture_output=True, timeout=60)  # noqa: E731
-        run("ceph-authtool", "--create-keyring", f"{d}/mon.keyring", "--gen-key", "-n", "mon.", "--cap", "mon", "allow *")
-        run("ceph-authtool", "--create-keyring", f"{d}/admin.keyring", "--gen-key", "-n", "client.admin", "--cap", "mon", "allow *", "--cap", "osd", "allow *", "--cap", "mgr", "allow *")
+        run(
+            "ceph-authtool",
+            "--create-keyring",
+            f"{d}/mon.keyring",
+            "--gen-key",
+            "-n",
+            "mon.",
+            "--cap",
+            "mon",
+            "allow *",
+        )
+        run(
+            "ceph-authtool",
+            "--create-keyring",
+            f"{d}/admin.keyring",
+            "--gen-key",
+            "-n",
+            "client.admin",
+            "--cap",
+            "mon",
+            "allow *",
+            "--cap",
+            "osd",
+            "allow *",
+            "--cap",
+            "mgr",
+            "allow *",
+        )
         run("ceph-authtool", f"{d}/mon.keyring", "--import-keyring", f"{d}/admin.keyring")
-        run("monmaptool", "--create", "--addv", "a", f"[v2:127.0.0.1:{mon_v2},v1:127.0.0.1:{mon_v1}]", "--fsid", fsid, f"{d}/monmap")
-        run("ceph-mon", "-c", str(self.conf), "--mkfs", "-i", "a", "--monmap", f"{d}/monmap", "--keyring", f"{d}/mon.keyring")
+        run(
+            "monmaptool",
+            "--create",
+            "--addv",
+            "a",
+            f"[v2:127.0.0.1:{mon_v2},v1:127.0.0.1:{mon_v1}]",
+            "--fsid",
+            fsid,
+            f"{d}/monmap",
+        )
+        run(
+            "ceph-mon",
+            "-c",
+            str(self.conf),
+            "--mkfs",
+            "-i",
+            "a",
+            "--monmap",
+            f"{d}/monmap",
+            "--keyring",
+            f"{d}/mon.keyring",
+        )
         self._daemon("ceph-mon", "-i", "a")
         osd_uuid = str(uuid.uuid4())
         osd_id = self._ceph("osd", "new", osd_uuid).strip()
-        self._ceph("auth", "get-or-create", f"osd.{osd_id}", "mon", "allow profile osd", "osd", "allow *", "mgr", "allow profile osd", "-o", f"{d}/osd/ceph-{osd_id}/keyring")
+        self._ceph(
+            "auth",
+            "get-or-create",
+            f"osd.{osd_id}",
+            "mon",
+            "allow profile osd",
+            "osd",
+            "allow *",
+            "mgr",
+            "allow profile osd",
+            "-o",
+            f"{d}/osd/ceph-{osd_id}/keyring",
+        )
         run("ceph-osd", "-c", str(self.conf), "-i", osd_id, "--mkfs", "--osd-uuid", osd_uuid)
         self._daemon("ceph-osd", "-i", osd_id)
-        self._ceph("auth", "get-or-create", "client.rgw.a", "mon", "allow rw", "osd", "allow rwx", "-o", f"{d}/rgw.keyring")
+        self._ceph(
+            "auth", "get-or-create", "client.rgw.a", "mon", "allow rw", "osd", "allow rwx", "-o", f"{d}/rgw.keyring"
+        )
         self._daemon("radosgw", "-n", "client.rgw.a")
         self._wait_for_gateway()
         subprocess.run(
-            ["radosgw-admin", "-c", str(self.conf), "user", "create", "--uid=drill", "--display-name=drill", f"--access-key={self.access_key}", f"--secret-key={self.secret_key}"],
+            [
+                "radosgw-admin",
+                "-c",
+                str(self.conf),
+                "user",
+                "create",
+                "--uid=drill",
+                "--display-name=drill",
+                f"--access-key={self.access_key}",
+                f"--secret-key={self.secret_key}",
+            ],
             check=True,
             capture_output=True,
             timeout=60,
@@ -152,7 +228,13 @@ class RadosGateway:
         import boto3
         from botocore.exceptions import ClientError
 
-        client = boto3.client("s3", endpoint_url=self.url, aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key, region_name="us-east-1")
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+        )
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -36,7 +36,9 @@ class MotoServer:
 
     def start(self) -> MotoServer:
         exe = Path(sys.executable).parent / "moto_server"
-        self.proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [str(exe), "-H", "127.0.0.1", "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -116,8 +118,14 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else None
                 rule = proxy.match(self.command, self.path)
                 if rule is not None and rule.action in ("slowdown", "forbid", "error"):
-                    status, code = {"slowdown": (503, "SlowDown"), "forbid": (403, "AccessDenied"), "error": (500, "InternalError")}[rule.action]
-                    payload = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+                    status, code = {
+                        "slowdown": (503, "SlowDown"),
+                        "forbid": (403, "AccessDenied"),
+                        "error": (500, "InternalError"),
+                    }[rule.action]
+                    payload = (
+                        f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+                    )
                     self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(payload)))

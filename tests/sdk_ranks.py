@@ -27,7 +27,10 @@ def main(checkpoint: str, out: Path) -> None:
     dist.init_process_group("gloo", init_method=os.environ["DRILL_DIST_INIT"], rank=rank, world_size=world)
     cfg = DemoConfig(**json.loads((Path(checkpoint).parent / "run.json").read_text())["config"])
     o = _objects(cfg, rank, world)
-    ours = {"model": get_model_state_dict(o["model"]), "optimizer": get_optimizer_state_dict(o["model"], o["optimizer"])}
+    ours = {
+        "model": get_model_state_dict(o["model"]),
+        "optimizer": get_optimizer_state_dict(o["model"], o["optimizer"]),
+    }
     result: dict = {"rank": rank}
     try:
         report = drill.sdk.load(ours, checkpoint, record=rank == 0, db=os.environ.get("DRILL_DB"))

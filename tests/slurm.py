@@ -123,7 +123,12 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             if any(p.poll() is not None for p in self.procs):
                 raise RuntimeError(f"a Slurm daemon exited during start-up; logs in {self.dir}")
-            out = subprocess.run(["sinfo", "-h", "-p", "debug", "-o", "%t"], env={**os.environ, **self.env}, capture_output=True, text=True)
+            out = subprocess.run(
+                ["sinfo", "-h", "-p", "debug", "-o", "%t"],
+                env={**os.environ, **self.env},
+                capture_output=True,
+                text=True,
+            )
             if out.returncode == 0 and out.stdout.strip() in ("idle", "mix", "alloc"):
                 return
             time.sleep(0.2)

@@ -14,14 +14,20 @@ import pytest
 from drill.alerts import mask_url, send_alerts
 from drill.policy.model import Alerts
 
-DRILL = {"id": 7, "status": "failed", "message": "__0_0.distcp is missing", "run_root": "/r", "checkpoint": {"uri": "/r/step-30"}}
+DRILL = {
+    "id": 7,
+    "status": "failed",
+    "message": "__0_0.distcp is missing",
+    "run_root": "/r",
+    "checkpoint": {"uri": "/r/step-30"},
+}
 
 
 class _Hook(BaseHTTPRequestHandler):
     received: list[dict] = []
     delay = 0.0
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.delay:
             time.sleep(self.delay)
@@ -101,7 +107,9 @@ def test_mask_url() -> None:
         "https:///s3cr3tT0ken",  # no host
     ],
 )
-def test_a_webhook_secret_from_the_environment_is_never_shown_whatever_it_holds(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+def test_a_webhook_secret_from_the_environment_is_never_shown_whatever_it_holds(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     """Whatever $NAME holds, the delivery fails (or is made) without quoting it and without raising."""
     monkeypatch.setenv("DRILL_TEST_HOOK", value)
     (delivery,) = send_alerts(Alerts(webhook="env:DRILL_TEST_HOOK", timeout=1, retries=1), DRILL, "p")
@@ -109,17 +117,26 @@ def test_a_webhook_secret_from_the_environment_is_never_shown_whatever_it_holds(
     assert "s3cr3tT0ken" not in f"{delivery.target} {delivery.error}", delivery
 
 
-def test_a_policy_drill_with_a_bad_webhook_secret_is_recorded_and_the_next_one_runs(demo_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_policy_drill_with_a_bad_webhook_secret_is_recorded_and_the_next_one_runs(
+    demo_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import subprocess
     import sys
 
     db = f"sqlite:///{tmp_path / 'd.db'}"
     (sorted(demo_run.glob("step-*"))[-1] / "__0_0.distcp").unlink()  # a failing drill alerts
     policy = tmp_path / "p.yaml"
-    policy.write_text(f"name: hooked\ncheckpoints: {{root: {demo_run}}}\nschedule: {{cron: '0 3 * * *'}}\nreplay: {{enabled: false}}\nalerts: {{webhook: env:DRILL_TEST_HOOK, timeout: 1s, retries: 1}}\n")
+    policy.write_text(
+        f"name: hooked\ncheckpoints: {{root: {demo_run}}}\nschedule: {{cron: '0 3 * * *'}}\nreplay: {{enabled: false}}\nalerts: {{webhook: env:DRILL_TEST_HOOK, timeout: 1s, retries: 1}}\n"
+    )
     env = {**__import__("os").environ, "DRILL_TEST_HOOK": "http://hooks.example:s3cr3tT0ken/x"}
     drill = str(Path(sys.executable).parent / "drill")
-    runs = [subprocess.run([drill, "run", "--policy", str(policy), "--db", db, "--json"], env=env, capture_output=True, text=True) for _ in range(2)]
+    runs = [
+        subprocess.run(
+            [drill, "run", "--policy", str(policy), "--db", db, "--json"], env=env, capture_output=True, text=True
+        )
+        for _ in range(2)
+    ]
     for done in runs:
         assert done.returncode == 1, done.stderr[-1500:]
         assert "s3cr3tT0ken" not in done.stdout + done.stderr

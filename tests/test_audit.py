@@ -54,9 +54,13 @@ def test_an_untouched_log_is_intact_and_names_its_head(three_drills: str) -> Non
     assert code == 0 and doc["intact"] and doc["entries"] == 3 and doc["records"] == 3
     assert doc["head"]["seq"] == 3 and doc["head"]["drill_id"] == 3 and len(doc["head"]["hash"]) == 64
     res = invoke(CliRunner(), "audit", "verify", "--db", three_drills, "--full")
-    assert res.exit_code == 0 and res.stdout.startswith(f"audit chain intact: 3 entries, 3 records match; head {doc['head']['hash']}")
+    assert res.exit_code == 0 and res.stdout.startswith(
+        f"audit chain intact: 3 entries, 3 records match; head {doc['head']['hash']}"
+    )
     res = invoke(CliRunner(), "audit", "verify", "--db", three_drills)  # goes on from the head just verified
-    assert res.exit_code == 0 and res.stdout.startswith("audit chain intact: 3 entries, 0 records match since entry 3 (verified ")
+    assert res.exit_code == 0 and res.stdout.startswith(
+        "audit chain intact: 3 entries, 0 records match since entry 3 (verified "
+    )
 
 
 @pytest.mark.parametrize(
@@ -80,12 +84,17 @@ def test_an_edited_record_is_named(three_drills: str, edit: str) -> None:
     ("edit", "expected"),
     [
         ("UPDATE drills SET started_at = 'garbage' WHERE id = 2", [("record-edited", "drill #2")]),
-        ("UPDATE check_results SET evidence = '{broken' WHERE drill_id = 2 AND name = 'integrity'", [("record-edited", "drill #2")]),
+        (
+            "UPDATE check_results SET evidence = '{broken' WHERE drill_id = 2 AND name = 'integrity'",
+            [("record-edited", "drill #2")],
+        ),
         ("UPDATE audit_log SET sealed_at = 'garbage' WHERE seq = 2", [("entry-edited", "entry 2")]),
     ],
     ids=["time", "json", "entry-time"],
 )
-def test_a_value_that_cannot_be_read_is_an_edit_not_a_crash(demo_run: Path, sqlite_url: str, edit: str, expected: list) -> None:  # type: ignore[type-arg]
+def test_a_value_that_cannot_be_read_is_an_edit_not_a_crash(
+    demo_run: Path, sqlite_url: str, edit: str, expected: list
+) -> None:  # type: ignore[type-arg]
     """SQLite stores what it is given: a time that is not a time is named like any other edit,
     and every other record and entry is still checked."""
     for _ in range(3):
@@ -109,7 +118,12 @@ def test_deleted_reordered_and_inserted_records_are_named(three_drills: str) -> 
     _sql(three_drills, "DELETE FROM check_results WHERE drill_id = 2", "DELETE FROM drills WHERE id = 2")
     assert _codes(_verify(three_drills)[1]) == [("record-deleted", "drill #2")]
 
-    _sql(three_drills, "UPDATE audit_log SET seq = 99 WHERE seq = 1", "UPDATE audit_log SET seq = 1 WHERE seq = 3", "UPDATE audit_log SET seq = 3 WHERE seq = 99")
+    _sql(
+        three_drills,
+        "UPDATE audit_log SET seq = 99 WHERE seq = 1",
+        "UPDATE audit_log SET seq = 1 WHERE seq = 3",
+        "UPDATE audit_log SET seq = 3 WHERE seq = 99",
+    )
     codes = _codes(_verify(three_drills)[1])
     assert ("link-broken", "entry 1 (drill #3)") in codes and ("link-broken", "entry 3 (drill #1)") in codes
 
@@ -122,7 +136,12 @@ def test_a_deleted_entry_and_a_record_inserted_behind_drills_back(three_drills: 
 def test_truncating_the_newest_records_is_caught_by_a_pinned_head(three_drills: str) -> None:
     _, before = _verify(three_drills)
     pinned = before["head"]["hash"]
-    _sql(three_drills, "DELETE FROM check_results WHERE drill_id = 3", "DELETE FROM drills WHERE id = 3", "DELETE FROM audit_log WHERE seq = 3")
+    _sql(
+        three_drills,
+        "DELETE FROM check_results WHERE drill_id = 3",
+        "DELETE FROM drills WHERE id = 3",
+        "DELETE FROM audit_log WHERE seq = 3",
+    )
     code, doc = _verify(three_drills)  # the head the last pass verified is a pin of its own
     assert code == 1 and _codes(doc) == [("verified-head-missing", "entry 3")]
     code, doc = _verify(three_drills, "--full")
@@ -152,7 +171,9 @@ def _rewrite_chain(url: str) -> None:
         db.close()
 
 
-def test_with_an_audit_key_a_recomputed_chain_is_a_forgery(demo_run: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_with_an_audit_key_a_recomputed_chain_is_a_forgery(
+    demo_run: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     key = tmp_path / "audit.key"
     key.write_bytes(b"k" * 32)
     monkeypatch.setenv("DRILL_AUDIT_KEY_FILE", str(key))
@@ -167,10 +188,14 @@ def test_with_an_audit_key_a_recomputed_chain_is_a_forgery(demo_run: Path, db_ur
     code, doc = _verify(db_url, "--full")
     assert code == 1 and ("entry-forged", "entry 2 (drill #2)") in _codes(doc)
     monkeypatch.delenv("DRILL_AUDIT_KEY_FILE")
-    assert _verify(db_url, "--full")[0] == 0  # without the key a rewrite is consistent: the key (or a pinned head) is what catches it
+    assert (
+        _verify(db_url, "--full")[0] == 0
+    )  # without the key a rewrite is consistent: the key (or a pinned head) is what catches it
 
 
-def test_an_unusable_audit_key_is_a_usage_error(sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unusable_audit_key_is_a_usage_error(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DRILL_AUDIT_KEY_FILE", str(tmp_path / "absent.key"))
     res = invoke(CliRunner(), "audit", "verify", "--db", sqlite_url)
     assert res.exit_code == 2 and "the audit key file" in res.stderr and "cannot be read" in res.stderr
@@ -224,7 +249,15 @@ def test_reports_and_metrics_say_when_the_chain_is_broken(demo_run: Path, sqlite
 
 
 # -- forgeries that must fail closed ----------------------------------------------------------
-def _append_entry(url: str, drill_id: int, *, closed_by: str | None, supersedes: int | None = None, mac: str | None = None, key_id: str | None = None) -> None:
+def _append_entry(
+    url: str,
+    drill_id: int,
+    *,
+    closed_by: str | None,
+    supersedes: int | None = None,
+    mac: str | None = None,
+    key_id: str | None = None,
+) -> None:
     """What a forger with write access and no key can do: append an entry sealing a record's
     current content, correctly linked to the chain's head."""
     from datetime import datetime, timezone
@@ -269,7 +302,15 @@ def test_the_truth_superseding_an_orphan_recoverys_guess_is_intact(demo_run: Pat
     db = open_database(db_url)
     try:
         records = Records(db)
-        start = DrillStart(run_root=outcome.run_root, selector=outcome.selector, trigger="manual", device="cpu", policy=None, started_at=outcome.started_at, versions=outcome.versions)
+        start = DrillStart(
+            run_root=outcome.run_root,
+            selector=outcome.selector,
+            trigger="manual",
+            device="cpu",
+            policy=None,
+            started_at=outcome.started_at,
+            versions=outcome.versions,
+        )
         outcome.id = records.begin_drill(start, pid=999999)  # a row left running by a process that is gone
         assert records.recover_orphans() == [outcome.id]
         assert records.deliver(outcome)
@@ -280,16 +321,24 @@ def test_the_truth_superseding_an_orphan_recoverys_guess_is_intact(demo_run: Pat
     assert doc["entries"] == 2 and doc["records"] == 1
 
 
-def test_under_an_audit_key_an_unauthenticated_or_foreign_entry_is_an_error(demo_run: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_under_an_audit_key_an_unauthenticated_or_foreign_entry_is_an_error(
+    demo_run: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     key = tmp_path / "audit.key"
     key.write_bytes(b"k" * 32)
     monkeypatch.setenv("DRILL_AUDIT_KEY_FILE", str(key))
     drill(demo_run, db_url)
     drill(demo_run, db_url)
-    _sql(db_url, "UPDATE audit_log SET mac = NULL, key_id = NULL WHERE seq = 1", "UPDATE audit_log SET key_id = '0123456789abcdef' WHERE seq = 2")
+    _sql(
+        db_url,
+        "UPDATE audit_log SET mac = NULL, key_id = NULL WHERE seq = 1",
+        "UPDATE audit_log SET key_id = '0123456789abcdef' WHERE seq = 2",
+    )
     code, doc = _verify(db_url)
     assert code == 1
-    assert {("entry-unauthenticated", "entry 1 (drill #1)"), ("entry-other-key", "entry 2 (drill #2)")} <= set(_codes(doc))
+    assert {("entry-unauthenticated", "entry 1 (drill #1)"), ("entry-other-key", "entry 2 (drill #2)")} <= set(
+        _codes(doc)
+    )
     assert all(p["severity"] == "error" for p in doc["problems"])
     # An operator who introduced the key at entry 3 says so; entries before it are counted, not failed.
     drill(demo_run, db_url)
@@ -309,15 +358,27 @@ def test_a_dropped_chain_is_named_not_an_internal_error(three_drills: str) -> No
     assert code == 1 and ("chain-missing", "audit_log") in _codes(doc)
 
 
-def test_a_deleted_schema_revision_is_a_database_error_never_an_empty_history(three_drills: str, demo_run: Path) -> None:
+def test_a_deleted_schema_revision_is_a_database_error_never_an_empty_history(
+    three_drills: str, demo_run: Path
+) -> None:
     _sql(three_drills, "DELETE FROM alembic_version")
-    for args in (["history"], ["show", "1"], ["audit", "verify"], ["report", "-f", "json"], ["last-good", "--root", str(demo_run)], ["db", "status"], ["run", "--root", str(demo_run), "--no-replay"]):
+    for args in (
+        ["history"],
+        ["show", "1"],
+        ["audit", "verify"],
+        ["report", "-f", "json"],
+        ["last-good", "--root", str(demo_run)],
+        ["db", "status"],
+        ["run", "--root", str(demo_run), "--no-replay"],
+    ):
         res = invoke(CliRunner(), *args, "--db", three_drills)
         assert res.exit_code == 4, (args, res.exit_code, res.stdout, res.stderr)
         assert "no schema revision" in res.stderr, res.stderr
 
 
-def test_a_configured_audit_key_that_cannot_be_read_records_nothing_unsealed(demo_run: Path, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_configured_audit_key_that_cannot_be_read_records_nothing_unsealed(
+    demo_run: Path, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Fail closed: drill refuses to start (a usage error, nothing recorded) rather than seal a
     record without the key; a key that vanishes mid-drill sends the verdict to the spool."""
     from drill import history

@@ -34,10 +34,18 @@ def throttled() -> Iterator[tuple[str, dict[str, str]]]:
         env = {"AWS_ACCESS_KEY_ID": "drill-test", "AWS_SECRET_ACCESS_KEY": "not-a-secret", "AWS_DEFAULT_REGION": "us-east-1",
                "AWS_ENDPOINT_URL": proxy.url, "DRILL_S3_ADDRESSING_STYLE": "path", "DRILL_S3_CONCURRENCY": "1", "DRILL_S3_PART_SIZE": "4MiB"}  # fmt: skip
         bucket = f"burst-{uuid.uuid4().hex[:8]}"
-        client = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="drill-test", aws_secret_access_key="not-a-secret")
+        client = boto3.client(
+            "s3",
+            endpoint_url=server.url,
+            region_name="us-east-1",
+            aws_access_key_id="drill-test",
+            aws_secret_access_key="not-a-secret",
+        )
         client.create_bucket(Bucket=bucket)
         local = Path(os.environ.get("TMPDIR", "/tmp")) / f"drill-burst-{uuid.uuid4().hex[:8]}" / "step-1"
-        state = {f"w{i}": torch.full((3 << 18,), float(i)) for i in range(4)}  # 4 files × 3 MiB: the transfer, not the requests, decides the time
+        state = {
+            f"w{i}": torch.full((3 << 18,), float(i)) for i in range(4)
+        }  # 4 files × 3 MiB: the transfer, not the requests, decides the time
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(local), thread_count=4), no_dist=True)
         for f in local.iterdir():
             client.upload_file(str(f), bucket, f"run/step-1/{f.name}")
@@ -65,12 +73,18 @@ def test_the_burst_finds_the_storage_ceiling_and_its_readers_add_up(swept: tuple
         assert sum(r["bytes"] for r in s["per_reader"]) == s["bytes"] == doc["bytes"]  # every byte once per step
         assert all(r["error"] is None for r in s["per_reader"])
     one, two, four = (steps[n]["aggregate_bps"] for n in (1, 2, 4))
-    assert one == pytest.approx(1 * MB, rel=0.15) and two == pytest.approx(2 * MB, rel=0.15) and four == pytest.approx(2 * MB, rel=0.15), (one, two, four)
+    assert (
+        one == pytest.approx(1 * MB, rel=0.15)
+        and two == pytest.approx(2 * MB, rel=0.15)
+        and four == pytest.approx(2 * MB, rel=0.15)
+    ), (one, two, four)
     assert doc["ceiling_readers"] == 2 and doc["ceiling_bps"] == pytest.approx(2 * MB, rel=0.15)
     assert doc["restart"]["explanation"] and doc["id"] is not None
 
 
-def test_goodput_takes_r_from_the_burst_and_explains_it(throttled: tuple[str, dict[str, str]], swept: tuple[dict, str]) -> None:  # type: ignore[type-arg]
+def test_goodput_takes_r_from_the_burst_and_explains_it(
+    throttled: tuple[str, dict[str, str]], swept: tuple[dict, str]
+) -> None:  # type: ignore[type-arg]
     root, env = throttled
     doc, db = swept
     ceiling = doc["ceiling_bps"]
@@ -79,32 +93,78 @@ def test_goodput_takes_r_from_the_burst_and_explains_it(throttled: tuple[str, di
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     est = doc["restart"]["per_gpus"]["1024"]
-    assert est["bandwidth_bps"] == pytest.approx(ceiling) and est["restart_s"] == pytest.approx(est["fixed_s"] + est["read_s"])
+    assert est["bandwidth_bps"] == pytest.approx(ceiling) and est["restart_s"] == pytest.approx(
+        est["fixed_s"] + est["read_s"]
+    )
     assert est["read_s"] >= 100e9 / ceiling and doc["rows"][0]["restart_s"] == pytest.approx(est["restart_s"])
     assert any("extrapolates" in w for w in est["warnings"]) and "burst #" in doc["restart"]["source"]
-    res = subprocess.run([sys.executable, "-m", "drill", "goodput", "--root", "/nowhere", "--db", db], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "drill", "goodput", "--root", "/nowhere", "--db", db], capture_output=True, text=True
+    )
     assert res.returncode == 2 and "no drill burst of this run is recorded" in res.stderr
 
 
-def test_a_recorded_burst_is_listed_shown_reported_and_exported(throttled: tuple[str, dict[str, str]], swept: tuple[dict, str], tmp_path: Path) -> None:  # type: ignore[type-arg]
+def test_a_recorded_burst_is_listed_shown_reported_and_exported(
+    throttled: tuple[str, dict[str, str]], swept: tuple[dict, str], tmp_path: Path
+) -> None:  # type: ignore[type-arg]
     root, env = throttled
     _, db = swept
     full = {**os.environ, **env}
-    shown = subprocess.run([sys.executable, "-m", "drill", "show", "1", "--burst", "--db", db], capture_output=True, text=True)
-    assert shown.returncode == 0 and "burst #1 of " in shown.stdout and "R = " in shown.stdout and "ceiling: " in shown.stdout, shown.stderr
-    listed = subprocess.run([sys.executable, "-m", "drill", "history", "--bursts", "--db", db], capture_output=True, text=True)
+    shown = subprocess.run(
+        [sys.executable, "-m", "drill", "show", "1", "--burst", "--db", db], capture_output=True, text=True
+    )
+    assert (
+        shown.returncode == 0
+        and "burst #1 of " in shown.stdout
+        and "R = " in shown.stdout
+        and "ceiling: " in shown.stdout
+    ), shown.stderr
+    listed = subprocess.run(
+        [sys.executable, "-m", "drill", "history", "--bursts", "--db", db], capture_output=True, text=True
+    )
     assert listed.returncode == 0 and "#1" in listed.stdout and "cold" in listed.stdout
-    shown = subprocess.run([sys.executable, "-m", "drill", "show", "1", "--burst", "--db", db, "--json"], capture_output=True, text=True)
+    shown = subprocess.run(
+        [sys.executable, "-m", "drill", "show", "1", "--burst", "--db", db, "--json"], capture_output=True, text=True
+    )
     assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == 1
-    missing = subprocess.run([sys.executable, "-m", "drill", "show", "7", "--burst", "--db", db], capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, "-m", "drill", "show", "7", "--burst", "--db", db], capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "no burst #7" in missing.stderr
     prom = tmp_path / "drill.prom"
-    res = subprocess.run([sys.executable, "-m", "drill", "metrics", "--textfile", str(prom), "--no-list", "--db", db], env=full, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "drill", "metrics", "--textfile", str(prom), "--no-list", "--db", db],
+        env=full,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     text = prom.read_text()
-    assert f'drill_burst_aggregate_bytes_per_second{{readers="2",run_root="{root}"}}' in text and "drill_burst_restart_seconds{" in text
+    assert (
+        f'drill_burst_aggregate_bytes_per_second{{readers="2",run_root="{root}"}}' in text
+        and "drill_burst_restart_seconds{" in text
+    )
     report = tmp_path / "r.html"
-    res = subprocess.run([sys.executable, "-m", "drill", "report", "--root", root, "--db", db, "-f", "html", "-o", str(report), "--no-list"], env=full, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "drill",
+            "report",
+            "--root",
+            root,
+            "--db",
+            db,
+            "-f",
+            "html",
+            "-o",
+            str(report),
+            "--no-list",
+        ],
+        env=full,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     html = report.read_text()
     assert "Restore burst #1: aggregate read bandwidth" in html and "R = " in html
@@ -118,7 +178,11 @@ def test_the_burst_runs_as_the_ranks_of_a_job(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     run = tmp_path / "run"
-    dcp.save({f"w{i}": torch.full((1 << 18,), float(i)) for i in range(6)}, storage_writer=dcp.FileSystemWriter(str(run / "step-1"), thread_count=3), no_dist=True)
+    dcp.save(
+        {f"w{i}": torch.full((1 << 18,), float(i)) for i in range(6)},
+        storage_writer=dcp.FileSystemWriter(str(run / "step-1"), thread_count=3),
+        no_dist=True,
+    )
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     procs = [subprocess.Popen([sys.executable, "-m", "drill", "burst", "--root", str(run), "--db", db, "--json"],
                               env={**os.environ, "RANK": str(r), "WORLD_SIZE": "3", "DRILL_DIST_INIT": f"file://{tmp_path}/rdzv"},
@@ -128,7 +192,9 @@ def test_the_burst_runs_as_the_ranks_of_a_job(tmp_path: Path) -> None:
     assert outs[1][0] == outs[2][0] == ""  # only rank 0 reports
     doc = json.loads(outs[0][0])
     assert [s["readers"] for s in doc["steps"]] == [1, 2, 3]
-    assert doc["rendezvous_seconds"] is not None and all(s["startup_seconds"] > 0 for s in doc["steps"])  # measured, not guessed
+    assert doc["rendezvous_seconds"] is not None and all(
+        s["startup_seconds"] > 0 for s in doc["steps"]
+    )  # measured, not guessed
     assert "to join the rank group" in doc["restart"]["explanation"][0]
     for s in doc["steps"]:
         assert sum(r["bytes"] for r in s["per_reader"]) == doc["bytes"] and len(s["per_reader"]) == s["readers"]

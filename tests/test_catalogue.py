@@ -62,8 +62,14 @@ def _emitted() -> dict[str, str]:
             elif isinstance(node, ast.Assign):
                 for target in node.targets:
                     names = target.elts if isinstance(target, ast.Tuple) else [target]
-                    values = node.value.elts if isinstance(node.value, ast.Tuple) and len(node.value.elts) == len(names) else [node.value] * len(names)
+                    values = (
+                        node.value.elts
+                        if isinstance(node.value, ast.Tuple) and len(node.value.elts) == len(names)
+                        else [node.value] * len(names)
+                    )
                     given += [v for t, v in zip(names, values, strict=True) if ast.unparse(t).lower().endswith("code")]
+                    # a table of codes (``_CODES = {"missing": ("file-missing", ...)}``)
+                    given += [node.value] if ast.unparse(target).upper().endswith("CODES") else []
             for value in given:
                 for code in _literals(value):
                     out.setdefault(code, str(path.relative_to(DRILL.parent)))

@@ -18,7 +18,9 @@ def _files_bytes(ckpt: Path) -> int:
     return sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file() and p.name != "drill-manifest.json")
 
 
-def test_coverage_is_bytes_proven_over_bytes_on_storage_naming_what_was_never_drilled(demo_run: Path, sqlite_url: str, tmp_path: Path) -> None:
+def test_coverage_is_bytes_proven_over_bytes_on_storage_naming_what_was_never_drilled(
+    demo_run: Path, sqlite_url: str, tmp_path: Path
+) -> None:
     """One checkpoint of three drilled: 1/3 of the checkpoints and of the bytes — in the report
     and the metrics alike — and the other two are named."""
     assert drill(demo_run, sqlite_url).status.value == "passed"
@@ -26,10 +28,15 @@ def test_coverage_is_bytes_proven_over_bytes_on_storage_naming_what_was_never_dr
     (run,) = doc["runs"]
     cover = run["coverage"]
     on_storage = sum(_files_bytes(demo_run / f"step-{s}") for s in (10, 20, 30))
-    assert cover["retained"] == 3 and cover["drilled_in_window"] == 1 and cover["never_drilled"] == ["step-10", "step-20"]
+    assert (
+        cover["retained"] == 3 and cover["drilled_in_window"] == 1 and cover["never_drilled"] == ["step-10", "step-20"]
+    )
     assert cover["bytes_retained"] == on_storage
     assert cover["bytes_verified_in_window"] == _files_bytes(demo_run / "step-30")
-    assert cover["share_bytes"] == pytest.approx(cover["bytes_verified_in_window"] / on_storage) and cover["share_bytes"] < 0.5
+    assert (
+        cover["share_bytes"] == pytest.approx(cover["bytes_verified_in_window"] / on_storage)
+        and cover["share_bytes"] < 0.5
+    )
     prom = tmp_path / "drill.prom"
     assert invoke(CliRunner(), "metrics", "--textfile", str(prom), "--db", sqlite_url).exit_code == 0
     ratio = next(line for line in prom.read_text().splitlines() if line.startswith("drill_verified_bytes_ratio{"))
@@ -57,7 +64,11 @@ def test_a_pass_carries_its_evidence_everywhere_it_is_shown(demo_run: Path, sqli
     assert outcome.status.value == "passed" and outcome.evidence_level == "structural"
     runner = CliRunner()
     shown = invoke(runner, "show", str(outcome.id), "--db", sqlite_url).stdout
-    assert "structurally consistent, no content hashes" in shown and "replay not run" in shown and "accepted missing: rng" in shown
+    assert (
+        "structurally consistent, no content hashes" in shown
+        and "replay not run" in shown
+        and "accepted missing: rng" in shown
+    )
     listed = invoke(runner, "history", "--db", sqlite_url).stdout
     assert "structural" in listed
     doc = json.loads(invoke(runner, "show", str(outcome.id), "--json", "--db", sqlite_url).stdout)
@@ -71,13 +82,20 @@ def test_last_good_says_how_good_and_holds_to_a_minimum_evidence(demo_run: Path,
     runner = CliRunner()
     default = invoke(runner, "last-good", "--root", str(demo_run), "--json", "--db", sqlite_url)
     doc = json.loads(default.stdout)
-    assert doc["checkpoint"]["name"] == "step-30" and doc["proof"]["evidence"] == "structural" and doc["proof"]["replay"] == "not run"
+    assert (
+        doc["checkpoint"]["name"] == "step-30"
+        and doc["proof"]["evidence"] == "structural"
+        and doc["proof"]["replay"] == "not run"
+    )
     sealed = invoke(runner, "last-good", "--root", str(demo_run), "--min-evidence", "sealed", "--db", sqlite_url)
     assert sealed.exit_code == 0 and sealed.stdout.strip().endswith("step-20")
     assert "sealed" in sealed.stderr  # what it relied on, said to the person
     none = invoke(runner, "last-good", "--root", str(demo_run), "--min-evidence", "authenticated", "--db", sqlite_url)
     assert none.exit_code == 3
-    assert invoke(runner, "last-good", "--root", str(demo_run), "--min-evidence", "bogus", "--db", sqlite_url).exit_code == 2
+    assert (
+        invoke(runner, "last-good", "--root", str(demo_run), "--min-evidence", "bogus", "--db", sqlite_url).exit_code
+        == 2
+    )
 
 
 def test_the_sdk_never_falls_back_to_a_checkpoint_whose_latest_drill_failed(demo_run: Path, sqlite_url: str) -> None:
@@ -110,12 +128,16 @@ def test_the_commonest_dcp_save_raises_no_false_alarm(tmp_path: Path, sqlite_url
     model, opt = _plain_model_and_optimizer()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, checkpoint_id=str(tmp_path / "run" / "step-1"))
+        dcp.save(
+            {"model": model.state_dict(), "optimizer": opt.state_dict()}, checkpoint_id=str(tmp_path / "run" / "step-1")
+        )
     outcome = drill(tmp_path / "run", sqlite_url)
     codes = {f.code for f in outcome.findings}
     assert "param-not-optimized" not in codes and "optimizer-slot-missing" not in codes, sorted(codes)
     opt_state = {k: v for k, v in opt.state_dict().items()}
-    opt_state["param_groups"] = [{**opt_state["param_groups"][0], "params": opt_state["param_groups"][0]["params"][:2]}]  # two of four
+    opt_state["param_groups"] = [
+        {**opt_state["param_groups"][0], "params": opt_state["param_groups"][0]["params"][:2]}
+    ]  # two of four
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save({"model": model.state_dict(), "optimizer": opt_state}, checkpoint_id=str(tmp_path / "run2" / "step-1"))
@@ -130,7 +152,10 @@ def test_a_bare_rng_state_in_a_torch_save_file_is_the_torch_generator(tmp_path: 
 
     model, opt = _plain_model_and_optimizer()
     (tmp_path / "run").mkdir()
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(), "step": 1}, tmp_path / "run" / "ckpt_step_1.pt")
+    torch.save(
+        {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(), "step": 1},
+        tmp_path / "run" / "ckpt_step_1.pt",
+    )
     outcome = drill(tmp_path / "run", sqlite_url)
     contract = outcome.check("contract")
     assert contract is not None and "RNG" in contract.summary and "not checked: RNG" not in contract.summary

@@ -29,7 +29,9 @@ def test_run_latest_passes_and_is_recorded(cli: CliRunner, demo_run: Path, db_ur
     assert done["status"] == "passed" and done["exit_code"] == 0
     assert done["checkpoint"]["step"] == 30
     assert done["timings"]["restore"] > 0 and done["bytes_read"] > 0
-    assert all(done["timings"][p] is not None for p in ("discover", "plan", "read", "load", "other", "checks", "replay"))
+    assert all(
+        done["timings"][p] is not None for p in ("discover", "plan", "read", "load", "other", "checks", "replay")
+    )
     t = done["timings"]
     assert t["restore"] == pytest.approx(t["discover"] + t["plan"] + t["read"] + t["load"] + t["other"])
 
@@ -39,8 +41,20 @@ def test_run_json_is_one_document_on_stdout(cli: CliRunner, demo_run: Path, sqli
     assert res.exit_code == 0
     doc = json.loads(res.stdout)
     assert doc["status"] == "passed" and doc["checkpoint"]["step"] == 20
-    assert [c["name"] for c in doc["checks"]] == ["discover", "resume", "integrity", "durable", "files", "load", "keys", "contract", "replay"]
-    assert doc["bytes_read"] == sum(p.stat().st_size for p in (demo_run / "step-20").iterdir() if p.name != "drill-manifest.json")
+    assert [c["name"] for c in doc["checks"]] == [
+        "discover",
+        "resume",
+        "integrity",
+        "durable",
+        "files",
+        "load",
+        "keys",
+        "contract",
+        "replay",
+    ]
+    assert doc["bytes_read"] == sum(
+        p.stat().st_size for p in (demo_run / "step-20").iterdir() if p.name != "drill-manifest.json"
+    )
     shown = invoke(cli, "show", str(doc["id"]), "--json", "--db", sqlite_url)
     assert json.loads(shown.stdout) == doc  # one document: what ran is what was recorded
 
@@ -61,7 +75,10 @@ def test_deleted_shard_fails_the_drill_naming_the_file(cli: CliRunner, demo_run:
         check = next(c for c in doc["checks"] if c["name"] == name)
         assert check["status"] == "failed"
         assert [(f["code"], f["subject"]) for f in check["findings"]] == [("file-missing", "__0_1.distcp")]
-    assert "__0_1.distcp" in res.stderr and len([ln for ln in res.stderr.splitlines() if ln.startswith("drill: failed")]) == 1
+    assert (
+        "__0_1.distcp" in res.stderr
+        and len([ln for ln in res.stderr.splitlines() if ln.startswith("drill: failed")]) == 1
+    )
     shown = invoke(cli, "show", str(doc["id"]), "--db", db_url)
     assert "file-missing [__0_1.distcp]" in shown.stdout
 
@@ -120,7 +137,9 @@ def test_bad_input_is_one_line_with_its_exit_code_and_keeps_records(
     res = invoke(cli, "run", *argv, "--quiet", "--db", db_url)
     assert res.exit_code == code
     lines = res.stderr.strip().splitlines()
-    assert stderr_has in lines[0] and (len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("hint: "))), res.stderr
+    assert stderr_has in lines[0] and (len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("hint: "))), (
+        res.stderr
+    )
     assert "Traceback" not in res.stdout + res.stderr
 
     after = _drills(db_url)
@@ -159,7 +178,17 @@ def test_history_and_show(cli: CliRunner, demo_run: Path, db_url: str, tmp_path:
     assert table.exit_code == 0 and "PASSED" in table.stdout and "FAILED" in table.stdout
 
     shown = json.loads(invoke(cli, "show", str(docs[1]["id"]), "--json", "--db", db_url).stdout)
-    assert [c["name"] for c in shown["checks"]] == ["discover", "resume", "integrity", "durable", "files", "load", "keys", "contract", "replay"]
+    assert [c["name"] for c in shown["checks"]] == [
+        "discover",
+        "resume",
+        "integrity",
+        "durable",
+        "files",
+        "load",
+        "keys",
+        "contract",
+        "replay",
+    ]
     assert shown["checks"][-1]["status"] == "skipped" and shown["replay"]["verdict"] == "not run"
     assert shown["checks"][4]["evidence"]["files_ok"] == 3
     assert shown["evidence_level"] == "sealed" and shown["sample"] == "all"
@@ -199,7 +228,9 @@ def test_demo_command(cli: CliRunner, tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "keep-last-0" in bad.stderr
 
 
-def test_internal_errors_are_one_line_unless_debug(cli: CliRunner, demo_run: Path, sqlite_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_internal_errors_are_one_line_unless_debug(
+    cli: CliRunner, demo_run: Path, sqlite_url: str, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     import drill.records.store as store
 
     def boom(*a, **k):  # type: ignore[no-untyped-def]
@@ -211,7 +242,10 @@ def test_internal_errors_are_one_line_unless_debug(cli: CliRunner, demo_run: Pat
     monkeypatch.setattr(store.Records, "history", boom)
     res = invoke(cli, "history", "--db", sqlite_url)
     assert res.exit_code == 70
-    assert res.stderr.strip() == "drill: error: internal error: RuntimeError: kaboom (re-run with --debug for the traceback)"
+    assert (
+        res.stderr.strip()
+        == "drill: error: internal error: RuntimeError: kaboom (re-run with --debug for the traceback)"
+    )
     with pytest.raises(RuntimeError):
         invoke(cli, "history", "--db", sqlite_url, "--debug")
 
@@ -291,8 +325,18 @@ def test_a_drill_left_running_by_a_dead_process_is_closed_as_aborted(demo_run: P
     from drill.records.store import Records
 
     records = Records(open_database(sqlite_url))
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
-    start = DrillStart(run_root="/r", selector="latest", trigger="manual", device="cpu", policy=None, started_at=datetime.now(timezone.utc), versions={})
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout
+    start = DrillStart(
+        run_root="/r",
+        selector="latest",
+        trigger="manual",
+        device="cpu",
+        policy=None,
+        started_at=datetime.now(timezone.utc),
+        versions={},
+    )
     orphan = records.begin_drill(start, pid=int(dead))
     records.db.close()
     drill(demo_run, sqlite_url)
@@ -331,8 +375,9 @@ def test_cli_conventions_a_new_user_expects(cli: CliRunner, demo_run: Path, sqli
     verdicts, comma-separated --allow-missing, and help examples that name files that exist."""
     import re
 
-    from drill.cli.app import app
     from typer.main import get_command
+
+    from drill.cli.app import app
 
     root = invoke(cli, "-h")
     assert root.exit_code == 0 and "Usage: drill" in root.stdout and "--install-completion" in root.stdout
@@ -344,7 +389,19 @@ def test_cli_conventions_a_new_user_expects(cli: CliRunner, demo_run: Path, sqli
             assert (Path(__file__).resolve().parent.parent / policy).is_file(), (name, policy)
     bogus = invoke(cli, "history", "--status", "bogus", "--db", sqlite_url)
     assert bogus.exit_code == 2 and "passed, failed, slo_breach, error, aborted" in bogus.stderr
-    both = invoke(cli, "run", "--root", str(demo_run), "--allow-missing", "rng,dataloader", "--no-replay", "--json", "-q", "--db", sqlite_url)
+    both = invoke(
+        cli,
+        "run",
+        "--root",
+        str(demo_run),
+        "--allow-missing",
+        "rng,dataloader",
+        "--no-replay",
+        "--json",
+        "-q",
+        "--db",
+        sqlite_url,
+    )
     assert both.exit_code == 0 and json.loads(both.stdout)["options"]["allow_missing"] == ["rng", "dataloader"]
 
 

@@ -5,8 +5,8 @@ rendezvous: nothing listens on a port); ranks killed and hung by failpoints."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import time
@@ -31,14 +31,30 @@ def sharded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def launch(world: int, args: list[str], tmp_path: Path, *, env: dict[str, str] | None = None, timeout: float = 180) -> list[subprocess.CompletedProcess]:
+def launch(
+    world: int, args: list[str], tmp_path: Path, *, env: dict[str, str] | None = None, timeout: float = 180
+) -> list[subprocess.CompletedProcess]:
     """``drill run ARGS`` as ``world`` ranks, each its own process, as srun would start them."""
     rdzv = tmp_path / f"rdzv-{time.monotonic_ns()}"
     rdzv.mkdir()
     procs = []
     for rank in range(world):
-        rank_env = {**os.environ, **(env or {}), "RANK": str(rank), "WORLD_SIZE": str(world), "DRILL_DIST_INIT": f"file://{rdzv}/store"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "drill", "run", *args], env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        rank_env = {
+            **os.environ,
+            **(env or {}),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "DRILL_DIST_INIT": f"file://{rdzv}/store",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "drill", "run", *args],
+                env=rank_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     results = []
     for p in procs:
         try:
@@ -55,7 +71,9 @@ def _data_files(ckpt: Path) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_a_4_rank_checkpoint_drilled_by_fewer_ranks_reads_every_byte_once(sharded_run: Path, tmp_path: Path, world: int) -> None:
+def test_a_4_rank_checkpoint_drilled_by_fewer_ranks_reads_every_byte_once(
+    sharded_run: Path, tmp_path: Path, world: int
+) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     ranks = launch(world, ["--root", str(sharded_run), "--db", db, "--json", "-q"], tmp_path)
     assert [r.returncode for r in ranks] == [0] * world, [r.stderr for r in ranks]
@@ -74,7 +92,11 @@ def test_a_4_rank_checkpoint_drilled_by_fewer_ranks_reads_every_byte_once(sharde
     assert checks["integrity"]["evidence"]["bytes_verified"] == checks["integrity"]["evidence"]["bytes_listed"]
     assert checks["contract"]["status"] == "passed" and checks["contract"]["evidence"]["ranks"] == [0, 1, 2, 3]
     (finding,) = checks["replay"]["findings"]  # said plainly: a 4-rank run's steps cannot be replayed in one process
-    assert "saved by 4 ranks" in finding["message"] and "multi-rank replay is not supported" in finding["message"] and "--replay" not in finding["hint"]
+    assert (
+        "saved by 4 ranks" in finding["message"]
+        and "multi-rank replay is not supported" in finding["message"]
+        and "--replay" not in finding["hint"]
+    )
     if world == 2:
         assert doc["distributed"]["balance"] <= 1.1 and max(per_rank) / min(per_rank) <= 1.1
     (recorded,) = history(db=db)
@@ -98,11 +120,27 @@ def test_a_corrupt_shard_fails_the_distributed_drill_and_is_recorded_once(sharde
     assert recorded.status == "failed"
 
 
-def _start(world: int, args: list[str], rdzv: Path, *, env: dict[str, str] | None = None, ranks: range | None = None) -> list[subprocess.Popen]:
+def _start(
+    world: int, args: list[str], rdzv: Path, *, env: dict[str, str] | None = None, ranks: range | None = None
+) -> list[subprocess.Popen]:
     procs = []
     for rank in ranks if ranks is not None else range(world):
-        rank_env = {**os.environ, **(env or {}), "RANK": str(rank), "WORLD_SIZE": str(world), "DRILL_DIST_INIT": f"file://{rdzv}"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "drill", "run", *args], env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        rank_env = {
+            **os.environ,
+            **(env or {}),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "DRILL_DIST_INIT": f"file://{rdzv}",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "drill", "run", *args],
+                env=rank_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -120,12 +158,28 @@ def test_a_rank_killed_mid_restore_is_named_and_recorded_once_every_time(sharded
     tries = []
     for n in range(10):
         db = f"sqlite:///{tmp_path / f'drill-{n}.db'}"
-        args = ["--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--lost-after", "5", "--rank-timeout", "300", "--verdict-file", str(tmp_path / f"v{n}.json")]
+        args = [
+            "--root",
+            str(sharded_run),
+            "--db",
+            db,
+            "-q",
+            "--no-replay",
+            "--lost-after",
+            "5",
+            "--rank-timeout",
+            "300",
+            "--verdict-file",
+            str(tmp_path / f"v{n}.json"),
+        ]
         tries.append((db, n, _start(2, args, tmp_path / f"rdzv-{n}", env={"DRILL_FAILPOINTS": "restored@1=kill"})))
     for db, n, procs in tries:
         rank0, rank1 = _finish(procs)
         assert rank1.returncode == -9 and rank0.returncode == 5, (n, rank0.stderr)
-        assert re.search(r"drill: error: rank 1 on \S+ \(pid \d+\) was lost at 'restored': no heartbeat for [\d.]+ s \(its process is gone: killed or crashed\)", rank0.stderr), rank0.stderr
+        assert re.search(
+            r"drill: error: rank 1 on \S+ \(pid \d+\) was lost at 'restored': no heartbeat for [\d.]+ s \(its process is gone: killed or crashed\)",
+            rank0.stderr,
+        ), rank0.stderr
         (recorded,) = history(db=db)
         assert recorded.status == "error" and "rank 1 on" in (recorded.message or "")
         verdict = json.loads((tmp_path / f"v{n}.json").read_text())
@@ -137,8 +191,16 @@ def test_a_rank_killed_mid_restore_is_named_and_recorded_once_every_time(sharded
 def test_a_hung_rank_fails_the_drill_within_the_rank_timeout(sharded_run: Path, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     started = time.monotonic()
-    ranks = launch(2, ["--root", str(sharded_run), "--db", db, "-q", "--rank-timeout", "8", "--timeout", "20"], tmp_path, env={"DRILL_FAILPOINTS": "restored@1=hang"})
-    assert ranks[0].returncode == 5 and "rank 1 did not reach 'restored' within 8 s, though alive (hung)" in ranks[0].stderr, ranks[0].stderr
+    ranks = launch(
+        2,
+        ["--root", str(sharded_run), "--db", db, "-q", "--rank-timeout", "8", "--timeout", "20"],
+        tmp_path,
+        env={"DRILL_FAILPOINTS": "restored@1=hang"},
+    )
+    assert (
+        ranks[0].returncode == 5
+        and "rank 1 did not reach 'restored' within 8 s, though alive (hung)" in ranks[0].stderr
+    ), ranks[0].stderr
     assert re.search(r"rank 1 on \S+ \(pid \d+\) last reached '", ranks[0].stderr)
     assert ranks[1].returncode == 5  # its own deadline ends the hung rank
     assert time.monotonic() - started < 90
@@ -147,9 +209,19 @@ def test_a_hung_rank_fails_the_drill_within_the_rank_timeout(sharded_run: Path, 
 
 def test_a_rank_that_never_joins_is_named_and_recorded(sharded_run: Path, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    rank0, rank1 = _finish(_start(3, ["--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--rank-timeout", "15"], tmp_path / "rdzv", ranks=range(0, 2)))
+    rank0, rank1 = _finish(
+        _start(
+            3,
+            ["--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--rank-timeout", "15"],
+            tmp_path / "rdzv",
+            ranks=range(0, 2),
+        )
+    )
     # rank 1 joined and was waited for; rank 2 was never started
-    assert rank0.returncode == rank1.returncode == 5 and "rank 2 never joined: no sign of it 15 s after this rank joined" in rank0.stderr, rank0.stderr
+    assert (
+        rank0.returncode == rank1.returncode == 5
+        and "rank 2 never joined: no sign of it 15 s after this rank joined" in rank0.stderr
+    ), rank0.stderr
     (recorded,) = history(db=db)
     assert recorded.status == "error" and "rank 2 never joined" in (recorded.message or "")
 
@@ -161,18 +233,33 @@ def test_a_rank_that_fails_early_is_heard_at_once(sharded_run: Path, tmp_path: P
     rank0, rank1 = _finish(_start(2, args, tmp_path / "rdzv", env={"DRILL_FAILPOINTS": "restored@1=raise"}))
     assert time.monotonic() - started < 120  # neither timeout was waited out
     assert rank0.returncode == rank1.returncode == 5
-    assert re.search(r"rank 1 on \S+ \(pid \d+\) stopped before 'restored': .*failpoint restored", rank0.stderr), rank0.stderr
+    assert re.search(r"rank 1 on \S+ \(pid \d+\) stopped before 'restored': .*failpoint restored", rank0.stderr), (
+        rank0.stderr
+    )
     assert history(db=db)[0].status == "error"
 
 
 def test_when_rank_0_is_lost_rank_1_closes_its_record(sharded_run: Path, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     verdict = tmp_path / "verdict.json"
-    args = ["--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--lost-after", "4", "--verdict-file", str(verdict)]
+    args = [
+        "--root",
+        str(sharded_run),
+        "--db",
+        db,
+        "-q",
+        "--no-replay",
+        "--lost-after",
+        "4",
+        "--verdict-file",
+        str(verdict),
+    ]
     rank0, rank1 = _finish(_start(2, args, tmp_path / "rdzv", env={"DRILL_FAILPOINTS": "restored@0=kill"}))
     assert rank0.returncode == -9 and rank1.returncode == 5
     (recorded,) = history(db=db)
-    assert recorded.status == "error" and re.search(r"rank 0 on \S+ \(pid \d+\) was lost", recorded.message or ""), recorded.message
+    assert recorded.status == "error" and re.search(r"rank 0 on \S+ \(pid \d+\) was lost", recorded.message or ""), (
+        recorded.message
+    )
     assert json.loads(verdict.read_text())["rank"] == 1
     from typer.testing import CliRunner
 
@@ -203,7 +290,9 @@ def _tcp_connections(pids: list[int]) -> int:
     return ends // 2
 
 
-def test_32_ranks_hold_o_n_connections_and_a_lost_rank_is_found_within_the_bound(sharded_run: Path, tmp_path: Path) -> None:
+def test_32_ranks_hold_o_n_connections_and_a_lost_rank_is_found_within_the_bound(
+    sharded_run: Path, tmp_path: Path
+) -> None:
     """The scale test: 32 ranks on one host meeting through a TCPStore (env://). While every
     rank is parked mid-drill, count the connections among them: one per rank to the store (a
     gloo mesh would hold 32·31/2 = 496). Rank 7 was killed on arrival; once released, rank 0
@@ -216,19 +305,50 @@ def test_32_ranks_hold_o_n_connections_and_a_lost_rank_is_found_within_the_bound
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1",
            "DRILL_FAILPOINTS": "restored@7=kill,restored=hold", "DRILL_FAILPOINTS_RELEASE": str(release)}  # fmt: skip
     env.pop("DRILL_DIST_INIT", None)
-    args = ["--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--lost-after", str(lost_after), "--rank-timeout", "600", "--timeout", "900"]
-    procs = [subprocess.Popen([sys.executable, "-m", "drill", "run", *args], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    args = [
+        "--root",
+        str(sharded_run),
+        "--db",
+        db,
+        "-q",
+        "--no-replay",
+        "--lost-after",
+        str(lost_after),
+        "--rank-timeout",
+        "600",
+        "--timeout",
+        "900",
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "drill", "run", *args],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
     try:
         deadline = time.monotonic() + 600
         parked = [r for r in range(world) if r != 7]
         while not all(Path(f"{release}.{r}").exists() for r in parked):
-            assert time.monotonic() < deadline and all(procs[r].poll() is None for r in parked), "the ranks did not all reach the failpoint"
+            assert time.monotonic() < deadline and all(procs[r].poll() is None for r in parked), (
+                "the ranks did not all reach the failpoint"
+            )
             time.sleep(0.2)
         connections = _tcp_connections([p.pid for p in procs])
         port = f"{int(env['MASTER_PORT']):04X}"
-        listening = {ln.split()[1] for t in ("/proc/net/tcp", "/proc/net/tcp6") for ln in Path(t).read_text().splitlines()[1:] if ln.split()[3] == "0A" and ln.split()[1].endswith(f":{port}")}
+        listening = {
+            ln.split()[1]
+            for t in ("/proc/net/tcp", "/proc/net/tcp6")
+            for ln in Path(t).read_text().splitlines()[1:]
+            if ln.split()[3] == "0A" and ln.split()[1].endswith(f":{port}")
+        }
         assert listening == {f"0100007F:{port}"}  # the store rank 0 hosts listens on MASTER_ADDR only
-        print(f"\n{world} ranks, {world - 1} alive: {connections} TCP connections among them (a gloo mesh: {world * (world - 1) // 2})")
+        print(
+            f"\n{world} ranks, {world - 1} alive: {connections} TCP connections among them (a gloo mesh: {world * (world - 1) // 2})"
+        )
         assert connections <= 2 * world
         release.touch()
         results = _finish(procs, timeout=600)
@@ -238,32 +358,51 @@ def test_32_ranks_hold_o_n_connections_and_a_lost_rank_is_found_within_the_bound
                 p.kill()
     assert results[7].returncode == -9 and results[0].returncode == 5, results[0].stderr
     assert all(r.returncode == 5 for i, r in enumerate(results) if i != 7)
-    found = re.search(r"rank 7 on \S+ \(pid \d+\) was lost at 'restored': no heartbeat for ([\d.]+) s", results[0].stderr)
+    found = re.search(
+        r"rank 7 on \S+ \(pid \d+\) was lost at 'restored': no heartbeat for ([\d.]+) s", results[0].stderr
+    )
     assert found, results[0].stderr
-    print(f"rank 7 found lost after {found.group(1)} s without a heartbeat (bound: --lost-after {lost_after:g} s + one heartbeat)")
-    assert float(found.group(1)) < lost_after + 30  # generous on a loaded machine: the point is it is not the 600 s rank timeout
+    print(
+        f"rank 7 found lost after {found.group(1)} s without a heartbeat (bound: --lost-after {lost_after:g} s + one heartbeat)"
+    )
+    assert (
+        float(found.group(1)) < lost_after + 30
+    )  # generous on a loaded machine: the point is it is not the 600 s rank timeout
     (recorded,) = history(db=db)
     assert recorded.status == "error" and "rank 7 on" in (recorded.message or "")
 
 
-def test_torchrun_max_restarts_records_each_attempt_once_and_keeps_the_exit_code(sharded_run: Path, tmp_path: Path) -> None:
+def test_torchrun_max_restarts_records_each_attempt_once_and_keeps_the_exit_code(
+    sharded_run: Path, tmp_path: Path
+) -> None:
     """torchrun restarts the group after rank 1 dies in attempt 0: attempt 0's record is closed
     (never left running), attempt 1 meets in keys of its own and passes; torchrun's exit code is
     its own, the verdict file keeps drill's. (In a network namespace of its own: torchrun's
     stores bind every interface.)"""
     import shutil
 
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0
+    ):
         pytest.skip("unshare -n is not available: torchrun's stores would listen on every interface")
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     verdict = tmp_path / "v.json"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "-m", "drill", "run",
                 "--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--lost-after", "5", "--verdict-file", str(verdict)]  # fmt: skip
     env = {**os.environ, "DRILL_FAILPOINTS": "restored@1:0=kill", "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *torchrun], env=env, capture_output=True, text=True, timeout=400)
+    res = subprocess.run(
+        ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *torchrun],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     drills = sorted(history(db=db), key=lambda d: d.id)
-    assert [d.status for d in drills][-1] == "passed" and all(d.status != "running" for d in drills), [(d.status, d.message) for d in drills]
+    assert [d.status for d in drills][-1] == "passed" and all(d.status != "running" for d in drills), [
+        (d.status, d.message) for d in drills
+    ]
     assert len(drills) == 2 and drills[0].status in ("aborted", "error")
     assert json.loads(verdict.read_text())["status"] == "passed"
     res = subprocess.run([sys.executable, "-m", "drill", "verdict", str(verdict)], capture_output=True, text=True)
@@ -276,28 +415,52 @@ def test_the_contract_wants_rng_and_loader_state_from_every_saved_rank() -> None
     layout = Layout(format="dcp", required=(), saved_ranks=[0, 1, 2, 3])
     rng = {f"rng.rank_{r}.{g}": torch.zeros(2) for r in (0, 1, 3) for g in ("python.state", "numpy.keys", "torch")}
     findings, evidence = check_rng(rng, layout)
-    assert [(f.code, f.subject) for f in findings] == [("rng-rank-missing", "rng.rank_2")] and evidence["ranks"] == {0: ["numpy", "python", "torch CPU"], 1: ["numpy", "python", "torch CPU"], 3: ["numpy", "python", "torch CPU"]}
-    loader = {f"dataloader.rank_{r}.{k}": v for r in (0, 1) for k, v in (("seed", 1), ("epoch", 0), ("position", 20), ("batch_size", 2), ("num_windows", 100))}
+    assert [(f.code, f.subject) for f in findings] == [("rng-rank-missing", "rng.rank_2")] and evidence["ranks"] == {
+        0: ["numpy", "python", "torch CPU"],
+        1: ["numpy", "python", "torch CPU"],
+        3: ["numpy", "python", "torch CPU"],
+    }
+    loader = {
+        f"dataloader.rank_{r}.{k}": v
+        for r in (0, 1)
+        for k, v in (("seed", 1), ("epoch", 0), ("position", 20), ("batch_size", 2), ("num_windows", 100))
+    }
     findings, _ = check_dataloader({**loader, "train_state.step": 10}, layout, required=True)
-    assert sorted(f.subject for f in findings if f.code == "dataloader-rank-missing") == ["dataloader.rank_2", "dataloader.rank_3"]
+    assert sorted(f.subject for f in findings if f.code == "dataloader-rank-missing") == [
+        "dataloader.rank_2",
+        "dataloader.rank_3",
+    ]
     findings, _ = check_dataloader({**loader, "train_state.step": 11}, layout, required=True)
-    assert sorted(f.subject for f in findings if f.code == "dataloader-step-mismatch") == ["dataloader.rank_0", "dataloader.rank_1"]
+    assert sorted(f.subject for f in findings if f.code == "dataloader-step-mismatch") == [
+        "dataloader.rank_0",
+        "dataloader.rank_1",
+    ]
 
 
 # -- launchers ------------------------------------------------------------------------------
 def _policy(tmp_path: Path, root: Path, allocation: str, name: str = "sharded") -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(f"name: {name}\ncheckpoints: {{root: {root}, format: dcp}}\nreplay: {{enabled: false}}\nlimits: {{timeout: 5m}}\nallocation:\n{allocation}")
+    path.write_text(
+        f"name: {name}\ncheckpoints: {{root: {root}, format: dcp}}\nreplay: {{enabled: false}}\nlimits: {{timeout: 5m}}\nallocation:\n{allocation}"
+    )
     return path
 
 
-def test_the_slurm_script_holds_the_allocation_and_no_password(sharded_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_slurm_script_holds_the_allocation_and_no_password(
+    sharded_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from typer.testing import CliRunner
 
     from tests.conftest import invoke
 
-    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  nodes: 2\n  ranks_per_node: 4\n  gpus_per_node: 8\n  partition: gpu\n  account: ml\n  rendezvous: /shared/rdzv\n  log_dir: {tmp_path}\n  sbatch_args: ['--qos=low']\n")
-    res = invoke(CliRunner(), "submit", "--policy", str(policy), "--dry-run", "--db", "postgresql://drill@db.internal/drill")
+    policy = _policy(
+        tmp_path,
+        sharded_run,
+        f"  launcher: slurm\n  nodes: 2\n  ranks_per_node: 4\n  gpus_per_node: 8\n  partition: gpu\n  account: ml\n  rendezvous: /shared/rdzv\n  log_dir: {tmp_path}\n  sbatch_args: ['--qos=low']\n",
+    )
+    res = invoke(
+        CliRunner(), "submit", "--policy", str(policy), "--dry-run", "--db", "postgresql://drill@db.internal/drill"
+    )
     assert res.exit_code == 0, res.stderr
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu", "#SBATCH --account=ml",
                  "#SBATCH --qos=low", "#SBATCH --time=15", f"#SBATCH --output={tmp_path}/drill-%j.out", 'export DRILL_DIST_INIT="file://$rdzv/store"',
@@ -306,12 +469,19 @@ def test_the_slurm_script_holds_the_allocation_and_no_password(sharded_run: Path
                  f"-m drill verdict {tmp_path}/drill-\"$SLURM_JOB_ID\".verdict.json"):  # fmt: skip
         assert line in res.stdout, line
     assert re.search(r'export DRILL_JOB_ID="slurm:\$SLURM_JOB_ID#[0-9a-f]{8}"', res.stdout)
-    assert f"run --policy {policy.resolve()} --trigger policy --quiet --db postgresql+psycopg://drill@db.internal/drill" in res.stdout
-    res = invoke(CliRunner(), "submit", "--policy", str(policy), "--dry-run", "--db", "postgresql://drill:s3cret@db/drill")
+    assert (
+        f"run --policy {policy.resolve()} --trigger policy --quiet --db postgresql+psycopg://drill@db.internal/drill"
+        in res.stdout
+    )
+    res = invoke(
+        CliRunner(), "submit", "--policy", str(policy), "--dry-run", "--db", "postgresql://drill:s3cret@db/drill"
+    )
     assert res.exit_code == 2 and "must not" in res.stderr and "s3cret" not in res.stderr + res.stdout
     monkeypatch.setenv("DRILL_DATABASE_URL", "postgresql://drill:s3cret@db/drill")
     res = invoke(CliRunner(), "submit", "--policy", str(policy), "--dry-run")
-    assert res.exit_code == 0 and "s3cret" not in res.stdout and "--db" not in res.stdout  # the job inherits the variable
+    assert (
+        res.exit_code == 0 and "s3cret" not in res.stdout and "--db" not in res.stdout
+    )  # the job inherits the variable
     bad = _policy(tmp_path, sharded_run, "  launcher: slurm\n  nodes: 2\n", name="bad")
     res = invoke(CliRunner(), "policy", "check", str(bad))
     assert res.exit_code == 2 and "allocation.rendezvous: required for more than one node" in res.stderr
@@ -330,13 +500,17 @@ def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_p
     from tests.conftest import invoke
     from tests.pss import restricted_violations
 
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed (pip install '.[dev]')")
+    kv = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate is not installed (pip install '.[dev]')"
+    )
     base = "  launcher: k8s\n  nodes: 4\n  ranks_per_node: 8\n  gpus_per_node: 8\n  image: registry.internal/drill:0.3\n  namespace: training\n"
     pvc = _policy(tmp_path, sharded_run, base + "  volume_claim: checkpoints\n  memory: 64GiB\n", name="Sharded_Run")
     text = pvc.read_text() + "schedule: {cron: '0 3 * * *', timezone: Europe/Paris}\n"
     pvc.write_text(text)
     s3 = tmp_path / "s3.yaml"
-    s3.write_text(f"name: s3run\ncheckpoints: {{root: s3://bucket/run7, format: dcp}}\nreplay: {{enabled: false}}\nallocation:\n{base}  s3_secret: drill-s3\n")
+    s3.write_text(
+        f"name: s3run\ncheckpoints: {{root: s3://bucket/run7, format: dcp}}\nreplay: {{enabled: false}}\nallocation:\n{base}  s3_secret: drill-s3\n"
+    )
     host = _policy(tmp_path, sharded_run, base + "  host_path: /mnt/checkpoints\n", name="hostpath")
     streams = {}
     for label, policy, extra in (("job", pvc, ()), ("cron", pvc, ("--cron",)), ("s3", s3, ()), ("hostpath", host, ())):
@@ -348,29 +522,66 @@ def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_p
             for version in K8S_VERSIONS:
                 kv.validate(doc, version, strict=True)  # raises on any field the API does not know
     config, service, job = streams["job"]
-    assert [config["kind"], service["kind"], job["kind"]] == ["ConfigMap", "Service", "Job"] and config["data"]["policy.yaml"] == text
-    assert re.fullmatch(r"drill-sharded-run-[0-9a-f]{6}", job["metadata"]["name"]) and job["metadata"]["namespace"] == "training"
+    assert [config["kind"], service["kind"], job["kind"]] == ["ConfigMap", "Service", "Job"] and config["data"][
+        "policy.yaml"
+    ] == text
+    assert (
+        re.fullmatch(r"drill-sharded-run-[0-9a-f]{6}", job["metadata"]["name"])
+        and job["metadata"]["namespace"] == "training"
+    )
     again = yaml.safe_load_all(invoke(CliRunner(), "submit", "--policy", str(pvc)).stdout)
     assert list(again)[2]["metadata"]["name"] != job["metadata"]["name"]  # tonight's Job never blocks tomorrow's
     spec = job["spec"]
-    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 4 and "activeDeadlineSeconds" not in spec
+    assert (
+        spec["completionMode"] == "Indexed"
+        and spec["completions"] == spec["parallelism"] == 4
+        and "activeDeadlineSeconds" not in spec
+    )
     pod = spec["template"]["spec"]
     assert restricted_violations(pod) == []
     (container,) = pod["containers"]
-    assert pod["activeDeadlineSeconds"] == 900 and pod["subdomain"] == service["metadata"]["name"] == "drill-sharded-run"
-    assert container["resources"] == {"requests": {"cpu": "8", "memory": "65536Mi"}, "limits": {"memory": "65536Mi", "nvidia.com/gpu": "8"}}
-    assert "--node-rank=$(JOB_COMPLETION_INDEX)" in container["command"] and "--master-addr=$(JOB_NAME)-0.drill-sharded-run" in container["command"]
-    assert {"name": "DRILL_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "drill-database", "key": "url"}}} in container["env"]
+    assert (
+        pod["activeDeadlineSeconds"] == 900 and pod["subdomain"] == service["metadata"]["name"] == "drill-sharded-run"
+    )
+    assert container["resources"] == {
+        "requests": {"cpu": "8", "memory": "65536Mi"},
+        "limits": {"memory": "65536Mi", "nvidia.com/gpu": "8"},
+    }
+    assert (
+        "--node-rank=$(JOB_COMPLETION_INDEX)" in container["command"]
+        and "--master-addr=$(JOB_NAME)-0.drill-sharded-run" in container["command"]
+    )
+    assert {
+        "name": "DRILL_DATABASE_URL",
+        "valueFrom": {"secretKeyRef": {"name": "drill-database", "key": "url"}},
+    } in container["env"]
     assert {"name": "checkpoints", "mountPath": str(sharded_run), "readOnly": True} in container["volumeMounts"]
-    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "checkpoints", "readOnly": True}} in pod["volumes"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "checkpoints", "readOnly": True}} in pod[
+        "volumes"
+    ]
     cron = streams["cron"][2]
-    assert cron["kind"] == "CronJob" and cron["spec"]["schedule"] == "0 3 * * *" and cron["spec"]["timeZone"] == "Europe/Paris"
-    assert cron["spec"]["concurrencyPolicy"] == "Forbid" and restricted_violations(cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]) == []
+    assert (
+        cron["kind"] == "CronJob"
+        and cron["spec"]["schedule"] == "0 3 * * *"
+        and cron["spec"]["timeZone"] == "Europe/Paris"
+    )
+    assert (
+        cron["spec"]["concurrencyPolicy"] == "Forbid"
+        and restricted_violations(cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]) == []
+    )
     s3_pod = streams["s3"][2]["spec"]["template"]["spec"]
-    assert s3_pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "drill-s3"}}] and restricted_violations(s3_pod) == []
-    assert restricted_violations(streams["hostpath"][2]["spec"]["template"]["spec"]) == ["volume checkpoints: hostPath is not allowed"]
+    assert (
+        s3_pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "drill-s3"}}]
+        and restricted_violations(s3_pod) == []
+    )
+    assert restricted_violations(streams["hostpath"][2]["spec"]["template"]["spec"]) == [
+        "volume checkpoints: hostPath is not allowed"
+    ]
     # what a cluster would refuse is refused here first
-    for bad, why in ((base, "allocation.volume_claim: required for k8s with a filesystem root"), (base + "  run_as_user: 0\n", "run_as_user: must be a non-root uid")):
+    for bad, why in (
+        (base, "allocation.volume_claim: required for k8s with a filesystem root"),
+        (base + "  run_as_user: 0\n", "run_as_user: must be a non-root uid"),
+    ):
         res = invoke(CliRunner(), "policy", "check", str(_policy(tmp_path, sharded_run, bad, name="bad")))
         assert res.exit_code == 2 and why in res.stderr, res.stderr
     res = invoke(CliRunner(), "submit", "--policy", str(s3), "--cron")
@@ -396,22 +607,37 @@ def _submit(policy: Path, db: str, monkeypatch: pytest.MonkeyPatch, slurm, *extr
     return invoke(CliRunner(), "submit", "--policy", str(policy), "--db", db, *extra)
 
 
-def test_a_real_slurm_job_drills_the_sharded_checkpoint_on_two_ranks(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_real_slurm_job_drills_the_sharded_checkpoint_on_two_ranks(
+    sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  ranks_per_node: 2\n  partition: debug\n  log_dir: {tmp_path}\n  sbatch_args: ['--chdir=/']\n")
+    policy = _policy(
+        tmp_path,
+        sharded_run,
+        f"  launcher: slurm\n  ranks_per_node: 2\n  partition: debug\n  log_dir: {tmp_path}\n  sbatch_args: ['--chdir=/']\n",
+    )
     monkeypatch.chdir(tmp_path)  # a relative policy path, and a job that runs elsewhere
     res = _submit(Path(policy.name), db, monkeypatch, slurm_cluster, "--json")
     assert res.exit_code == 0, res.stderr + res.stdout
     doc = json.loads(res.stdout)
-    assert doc["status"] == "passed" and re.fullmatch(r"slurm:\d+#[0-9a-f]{8}", doc["job_id"]) and doc["distributed"]["world_size"] == 2
-    assert re.search(r"drill: submitted slurm job \d+ \(output: .*/drill-\d+\.out\)", res.stderr) and "running" in res.stderr
+    assert (
+        doc["status"] == "passed"
+        and re.fullmatch(r"slurm:\d+#[0-9a-f]{8}", doc["job_id"])
+        and doc["distributed"]["world_size"] == 2
+    )
+    assert (
+        re.search(r"drill: submitted slurm job \d+ \(output: .*/drill-\d+\.out\)", res.stderr)
+        and "running" in res.stderr
+    )
     assert get_drill(doc["id"], db=db).job_id == doc["job_id"]
     slurm_id = doc["job_id"][6:].split("#")[0]
     assert json.loads((tmp_path / f"drill-{slurm_id}.verdict.json").read_text())["id"] == doc["id"]
     assert not list(Path("/tmp").glob(f"drill-rdzv-{slurm_id}-*"))  # the rendezvous is gone with the job
 
 
-def test_a_stale_rendezvous_or_record_of_a_reused_job_id_decides_nothing(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_stale_rendezvous_or_record_of_a_reused_job_id_decides_nothing(
+    sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     """Job ids restart from 1 on a new cluster: every id this job could get already has a
     rendezvous holding `aborted` and a record saying `passed`. The damaged checkpoint still
     fails, recorded once, and drill submit exits 1."""
@@ -443,10 +669,21 @@ def test_a_stale_rendezvous_or_record_of_a_reused_job_id_decides_nothing(sharded
             store = dist.FileStore(str(rdzv / name), -1)
             for prefix in ("drill/", f"drill/{job}/0/"):
                 dist.PrefixStore(prefix, store).set("published/verdict", pickle.dumps((None, "aborted", 143, "stale")))
-        start = DrillStart(run_root=str(run), selector="latest", trigger="policy", device="cpu", policy="sharded", started_at=datetime.now(timezone.utc), versions={"drill": "0"}, job_id=f"slurm:{job}")
+        start = DrillStart(
+            run_root=str(run),
+            selector="latest",
+            trigger="policy",
+            device="cpu",
+            policy="sharded",
+            started_at=datetime.now(timezone.utc),
+            versions={"drill": "0"},
+            job_id=f"slurm:{job}",
+        )
         records.record_lost(start, status=DrillStatus.PASSED, exit_code=0, reason="a drill of another cluster")
     database.close()
-    policy = _policy(tmp_path, run, f"  launcher: slurm\n  ranks_per_node: 2\n  rendezvous: {rdzv}\n  log_dir: {tmp_path}\n")
+    policy = _policy(
+        tmp_path, run, f"  launcher: slurm\n  ranks_per_node: 2\n  rendezvous: {rdzv}\n  log_dir: {tmp_path}\n"
+    )
     res = _submit(policy, db, monkeypatch, slurm_cluster)
     assert res.exit_code == 1, res.stderr
     mine = [d for d in history(db=db, limit=1000) if d.job_id and "#" in d.job_id]
@@ -454,13 +691,19 @@ def test_a_stale_rendezvous_or_record_of_a_reused_job_id_decides_nothing(sharded
     assert all(d.status == "passed" for d in history(db=db, limit=1000) if d not in mine)
 
 
-def test_a_job_that_can_never_run_fails_within_a_minute(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_job_that_can_never_run_fails_within_a_minute(
+    sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  partition: short\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n")  # asks 15 min of a 1 min partition
+    policy = _policy(
+        tmp_path, sharded_run, f"  launcher: slurm\n  partition: short\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n"
+    )  # asks 15 min of a 1 min partition
     started = time.monotonic()
     res = _submit(policy, db, monkeypatch, slurm_cluster)
     assert time.monotonic() - started < 60
-    assert res.exit_code == 5 and re.search(r"can never run as asked \(Slurm's reason: Partition(Config|TimeLimit)\)", res.stderr), res.stderr
+    assert res.exit_code == 5 and re.search(
+        r"can never run as asked \(Slurm's reason: Partition(Config|TimeLimit)\)", res.stderr
+    ), res.stderr
     (recorded,) = history(db=db)
     assert recorded.status == "error" and "job output: " in (recorded.message or "")
     from drill import __version__
@@ -469,7 +712,9 @@ def test_a_job_that_can_never_run_fails_within_a_minute(sharded_run: Path, tmp_p
     assert versions["drill"] == __version__ and versions["torch"]
 
 
-def test_slurm_refusing_the_job_is_recorded(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_slurm_refusing_the_job_is_recorded(
+    sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  partition: nope\n  log_dir: {tmp_path}\n")
     res = _submit(policy, db, monkeypatch, slurm_cluster)
@@ -478,16 +723,22 @@ def test_slurm_refusing_the_job_is_recorded(sharded_run: Path, tmp_path: Path, s
     assert recorded.status == "error" and recorded.policy == "sharded"
 
 
-def test_a_job_stuck_in_the_queue_is_cancelled_and_recorded(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_job_stuck_in_the_queue_is_cancelled_and_recorded(
+    sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 3s\n  log_dir: {tmp_path}\n")
+    policy = _policy(
+        tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 3s\n  log_dir: {tmp_path}\n"
+    )
     res = _submit(policy, db, monkeypatch, slurm_cluster)
     assert res.exit_code == 5 and "still pending after 3 s (Slurm's reason: PartitionDown)" in res.stderr
     (recorded,) = history(db=db)
     assert recorded.status == "error" and recorded.job_id and recorded.job_id.startswith("slurm:")
 
 
-def test_a_job_killed_under_the_drill_closes_its_record(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_job_killed_under_the_drill_closes_its_record(
+    sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     import threading
 
     db = f"sqlite:///{tmp_path / 'drill.db'}"
@@ -499,7 +750,11 @@ def test_a_job_killed_under_the_drill_closes_its_record(sharded_run: Path, tmp_p
         while time.monotonic() < deadline:
             running = [d for d in history(db=db) if d.status == "running"] if (tmp_path / "drill.db").exists() else []
             if running:
-                subprocess.run(["scancel", running[0].job_id.split(":")[1].split("#")[0]], env={**os.environ, **slurm_cluster.env}, check=False)  # type: ignore[union-attr]
+                subprocess.run(
+                    ["scancel", running[0].job_id.split(":")[1].split("#")[0]],
+                    env={**os.environ, **slurm_cluster.env},
+                    check=False,
+                )  # type: ignore[union-attr]
                 return
             time.sleep(0.5)
 
@@ -511,7 +766,11 @@ def test_a_job_killed_under_the_drill_closes_its_record(sharded_run: Path, tmp_p
     # outright, drill submit would have closed its record as an error. Never left running.
     assert "slurm job" in res.stderr and "ended CANCELLED" in res.stderr
     (recorded,) = history(db=db)
-    assert (res.exit_code, recorded.status) in ((143, "aborted"), (5, "error")), (res.exit_code, recorded.status, recorded.message)
+    assert (res.exit_code, recorded.status) in ((143, "aborted"), (5, "error")), (
+        res.exit_code,
+        recorded.status,
+        recorded.message,
+    )
     assert "SIGTERM" in (recorded.message or "") or "ended CANCELLED" in (recorded.message or "")
 
 
@@ -521,14 +780,20 @@ def _submit_process(policy: Path, db: str, slurm, env: dict[str, str] | None = N
 
 
 def _queue(slurm) -> str:  # type: ignore[no-untyped-def]
-    return subprocess.run(["squeue", "-h", "-o", "%i %T"], env={**os.environ, **slurm.env}, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["squeue", "-h", "-o", "%i %T"], env={**os.environ, **slurm.env}, capture_output=True, text=True
+    ).stdout
 
 
-def test_ctrl_c_on_submit_cancels_a_pending_job_and_records_it_aborted(sharded_run: Path, tmp_path: Path, slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_ctrl_c_on_submit_cancels_a_pending_job_and_records_it_aborted(
+    sharded_run: Path, tmp_path: Path, slurm_cluster
+) -> None:  # type: ignore[no-untyped-def]
     import signal
 
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n")
+    policy = _policy(
+        tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n"
+    )
     proc = _submit_process(policy, db, slurm_cluster)
     assert proc.stderr is not None
     for line in proc.stderr:  # the event: drill submit says the job is pending
@@ -539,11 +804,17 @@ def test_ctrl_c_on_submit_cancels_a_pending_job_and_records_it_aborted(sharded_r
     rest, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     (recorded,) = history(db=db)
-    assert recorded.status == "aborted" and f"drill submit was interrupted (SIGINT): slurm job {job} was cancelled while pending" in (recorded.message or "")
+    assert (
+        recorded.status == "aborted"
+        and f"drill submit was interrupted (SIGINT): slurm job {job} was cancelled while pending"
+        in (recorded.message or "")
+    )
     assert job not in _queue(slurm_cluster)
 
 
-def test_ctrl_c_on_submit_cancels_a_running_job_whose_drill_records_itself_aborted(sharded_run: Path, tmp_path: Path, slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_ctrl_c_on_submit_cancels_a_running_job_whose_drill_records_itself_aborted(
+    sharded_run: Path, tmp_path: Path, slurm_cluster
+) -> None:  # type: ignore[no-untyped-def]
     import signal
 
     db = f"sqlite:///{tmp_path / 'drill.db'}"
@@ -561,7 +832,9 @@ def test_ctrl_c_on_submit_cancels_a_running_job_whose_drill_records_itself_abort
     assert not _queue(slurm_cluster).strip()
 
 
-def test_a_scheduler_stopping_cancels_its_pending_job_and_records_it(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_scheduler_stopping_cancels_its_pending_job_and_records_it(
+    sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     import threading
 
     from drill.policy import load_policy
@@ -571,10 +844,20 @@ def test_a_scheduler_stopping_cancels_its_pending_job_and_records_it(sharded_run
 
     monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    policy = load_policy(_policy(tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n"))
+    policy = load_policy(
+        _policy(
+            tmp_path,
+            sharded_run,
+            f"  launcher: slurm\n  partition: drained\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n",
+        )
+    )
     stopping, results = threading.Event(), []
     database = open_database(db)
-    worker = threading.Thread(target=lambda: results.append(run_policy_drill(policy, db, Records(database), trigger="scheduler", stopping=stopping)))
+    worker = threading.Thread(
+        target=lambda: results.append(
+            run_policy_drill(policy, db, Records(database), trigger="scheduler", stopping=stopping)
+        )
+    )
     worker.start()
     deadline = time.monotonic() + 60
     while "PENDING" not in _queue(slurm_cluster):
@@ -584,12 +867,18 @@ def test_a_scheduler_stopping_cancels_its_pending_job_and_records_it(sharded_run
     worker.join(120)
     database.close()
     (result,) = results
-    assert result.status == "aborted" and result.exit_code == 143 and "the scheduler stopped (SIGTERM) before the job started" in (result.message or "")
+    assert (
+        result.status == "aborted"
+        and result.exit_code == 143
+        and "the scheduler stopped (SIGTERM) before the job started" in (result.message or "")
+    )
     assert not _queue(slurm_cluster).strip()
     assert [d.status for d in history(db=db)] == ["aborted"]
 
 
-def test_the_scheduler_submits_a_slurm_policy(sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_scheduler_submits_a_slurm_policy(
+    sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     from drill.policy import load_policy
     from drill.records.db import open_database
     from drill.records.store import Records
@@ -597,13 +886,19 @@ def test_the_scheduler_submits_a_slurm_policy(sharded_run: Path, tmp_path: Path,
 
     monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    policy = load_policy(_policy(tmp_path, sharded_run, f"  launcher: slurm\n  ranks_per_node: 2\n  log_dir: {tmp_path}\n"))
+    policy = load_policy(
+        _policy(tmp_path, sharded_run, f"  launcher: slurm\n  ranks_per_node: 2\n  log_dir: {tmp_path}\n")
+    )
     database = open_database(db)
     try:
         result = run_policy_drill(policy, db, Records(database), trigger="scheduler")
     finally:
         database.close()
-    assert result.status == "passed" and result.document["job_id"].startswith("slurm:") and result.document["trigger"] == "scheduler"  # type: ignore[index]
+    assert (
+        result.status == "passed"
+        and result.document["job_id"].startswith("slurm:")
+        and result.document["trigger"] == "scheduler"
+    )  # type: ignore[index]
 
 
 def test_on_a_gpu_node_each_rank_restores_onto_its_own_device(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,8 +64,19 @@ def test_the_readme_is_short_and_its_links_resolve() -> None:
 def test_the_docs_site_builds_strictly(tmp_path: Path) -> None:
     """Every page in the nav, every link and anchor resolving: mkdocs --strict fails otherwise."""
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -101,7 +112,9 @@ def test_verify_of_a_sealed_checkpoint_imports_no_torch(pristine_run: Path, tmp_
         "main()"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(pristine_run / "step-20"), f"sqlite:///{tmp_path / 'v.db'}"], capture_output=True, text=True
+        [sys.executable, "-c", code, str(pristine_run / "step-20"), f"sqlite:///{tmp_path / 'v.db'}"],
+        capture_output=True,
+        text=True,
     )
     assert (done.stdout.strip().splitlines()[-1], done.returncode) == ("False", 0)
 
@@ -116,4 +129,6 @@ def test_every_test_security_md_cites_exists() -> None:
     assert len(cited) >= 20
     for file, name in cited:
         source = (root / "tests" / file).read_text()
-        assert not name or re.search(rf"^def {name}\(", source, re.M), f"docs/security.md cites {file}::{name}, which does not exist"
+        assert not name or re.search(rf"^def {name}\(", source, re.M), (
+            f"docs/security.md cites {file}::{name}, which does not exist"
+        )

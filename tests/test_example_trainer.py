@@ -23,7 +23,12 @@ REPLAY = f"{EXAMPLE / 'replay.py'}:build_replay"
 @pytest.fixture(scope="module")
 def my_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("example") / "run"
-    subprocess.run([sys.executable, str(EXAMPLE / "trainer.py"), str(run), "--steps", "30", "--save-every", "10"], check=True, capture_output=True, cwd=run.parent)
+    subprocess.run(
+        [sys.executable, str(EXAMPLE / "trainer.py"), str(run), "--steps", "30", "--save-every", "10"],
+        check=True,
+        capture_output=True,
+        cwd=run.parent,
+    )
     return run
 
 
@@ -38,7 +43,9 @@ def test_the_example_uses_only_public_drill_names() -> None:
 
 
 def test_the_example_replays_bit_for_bit(my_run: Path, sqlite_url: str, cli: CliRunner) -> None:
-    result = invoke(cli, "run", "--root", str(my_run), "--checkpoint", "step:20", "--replay", REPLAY, "--db", sqlite_url, "--json")
+    result = invoke(
+        cli, "run", "--root", str(my_run), "--checkpoint", "step:20", "--replay", REPLAY, "--db", sqlite_url, "--json"
+    )
     assert result.exit_code == 0, result.stdout
     doc = json.loads(result.stdout)
     assert doc["replay"]["verdict"] == "passed" and len(doc["replay"]["steps"]) == 5
@@ -48,7 +55,9 @@ def test_the_example_replays_bit_for_bit(my_run: Path, sqlite_url: str, cli: Cli
     assert keys["status"] == "passed" and not keys["findings"]
 
 
-def test_a_run_that_resumed_on_other_data_is_caught(my_run: Path, sqlite_url: str, cli: CliRunner, tmp_path: Path) -> None:
+def test_a_run_that_resumed_on_other_data_is_caught(
+    my_run: Path, sqlite_url: str, cli: CliRunner, tmp_path: Path
+) -> None:
     import shutil
 
     run = tmp_path / "run"
@@ -59,7 +68,9 @@ def test_a_run_that_resumed_on_other_data_is_caught(my_run: Path, sqlite_url: st
         if line["step"] == 22:
             line["batch"] = "0" * 16  # the original run drew another batch at step 22
     log.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    result = invoke(cli, "run", "--root", str(run), "--checkpoint", "step:20", "--replay", REPLAY, "--db", sqlite_url, "--json")
+    result = invoke(
+        cli, "run", "--root", str(run), "--checkpoint", "step:20", "--replay", REPLAY, "--db", sqlite_url, "--json"
+    )
     assert result.exit_code == 1
     codes = [f["code"] for c in json.loads(result.stdout)["checks"] for f in c["findings"]]
     assert "replay-diverged-data" in codes
@@ -74,7 +85,9 @@ def test_a_relative_entrypoint_file_in_a_policy_is_read_against_the_policy() -> 
     assert policy.checkpoints.root == str(EXAMPLE.parent.parent / "my-run")
 
 
-def test_a_file_entrypoint_the_run_names_inside_itself_is_refused(my_run: Path, sqlite_url: str, cli: CliRunner, tmp_path: Path) -> None:
+def test_a_file_entrypoint_the_run_names_inside_itself_is_refused(
+    my_run: Path, sqlite_url: str, cli: CliRunner, tmp_path: Path
+) -> None:
     import shutil
 
     run = tmp_path / "run"

@@ -88,7 +88,9 @@ def _byte_entry(run: Path) -> tuple[Path, int, int]:
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     md = restricted_loads((_ckpt(run) / ".metadata").read_bytes())
-    idx, info = next((i, v) for i, v in md.storage_data.items() if isinstance(md.state_dict_metadata[i.fqn], BytesStorageMetadata))
+    idx, info = next(
+        (i, v) for i, v in md.storage_data.items() if isinstance(md.state_dict_metadata[i.fqn], BytesStorageMetadata)
+    )
     return _ckpt(run) / info.relative_path, info.offset, info.length
 
 
@@ -223,7 +225,9 @@ def malicious_metadata(run: Path, tmp: Path) -> list[str]:
 
 def malicious_torch_save_file(run: Path, tmp: Path) -> list[str]:
     (tmp / "files").mkdir()
-    torch.save({"model": {"w": torch.ones(2)}, "optimizer": _Payload(_marker(tmp)), "iter_num": 3}, tmp / "files" / "ckpt.pt")
+    torch.save(
+        {"model": {"w": torch.ones(2)}, "optimizer": _Payload(_marker(tmp)), "iter_num": 3}, tmp / "files" / "ckpt.pt"
+    )
     return _args(tmp / "files")
 
 
@@ -254,7 +258,9 @@ def metadata_claims_a_huge_tensor(run: Path, tmp: Path) -> list[str]:
     md = restricted_loads((_ckpt(run) / ".metadata").read_bytes())
     fqn, tmd = next((k, v) for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata))
     huge = torch.Size([1 << 40])
-    md.state_dict_metadata[fqn] = TensorStorageMetadata(tmd.properties, huge, [ChunkStorageMetadata(torch.Size([0]), huge)])
+    md.state_dict_metadata[fqn] = TensorStorageMetadata(
+        tmd.properties, huge, [ChunkStorageMetadata(torch.Size([0]), huge)]
+    )
     (_ckpt(run) / ".metadata").write_bytes(pickle.dumps(md))
     _unseal(run)
     return _args(run)
@@ -367,7 +373,10 @@ def deeply_nested_policy(run: Path, tmp: Path) -> list[str]:
 
 
 def object_tag_in_a_policy_value(run: Path, tmp: Path) -> list[str]:
-    return _policy(tmp, f"name: t\ncheckpoints: {{root: !!python/object/apply:os.system ['touch {_marker(tmp)}']}}\nschedule: {{cron: '0 3 * * *'}}\n")
+    return _policy(
+        tmp,
+        f"name: t\ncheckpoints: {{root: !!python/object/apply:os.system ['touch {_marker(tmp)}']}}\nschedule: {{cron: '0 3 * * *'}}\n",
+    )
 
 
 def sparse_terabyte_beside_the_shards(run: Path, tmp: Path) -> list[str]:
@@ -418,18 +427,66 @@ def verify_that_proves_nothing(run: Path, tmp: Path) -> list[str]:
 
 NEW_SUITE = [
     Case("torchscript-checkpoint-file", "code from a checkpoint", torchscript_checkpoint, 1, "unsafe-pickle"),
-    Case("escape-sequences-in-a-file-name", "terminal injection", escape_sequence_in_a_name, 1, "evil\\x1b[2J\\x1b[32mPASSED"),
-    Case("policy-alias-bomb", "hostile policies", alias_bomb_policy, 2, "once its aliases are expanded", subprocess=True),
-    Case("policy-nested-20000-deep", "hostile policies", deeply_nested_policy, 2, "nested more than 32 levels deep", subprocess=True),
-    Case("policy-object-tag-in-a-value", "hostile policies", object_tag_in_a_policy_value, 2, "plain values only", subprocess=True),
-    Case("sparse-terabyte-beside-the-shards", "bounded in time and memory", sparse_terabyte_beside_the_shards, 1, "file-unlisted"),
+    Case(
+        "escape-sequences-in-a-file-name",
+        "terminal injection",
+        escape_sequence_in_a_name,
+        1,
+        "evil\\x1b[2J\\x1b[32mPASSED",
+    ),
+    Case(
+        "policy-alias-bomb", "hostile policies", alias_bomb_policy, 2, "once its aliases are expanded", subprocess=True
+    ),
+    Case(
+        "policy-nested-20000-deep",
+        "hostile policies",
+        deeply_nested_policy,
+        2,
+        "nested more than 32 levels deep",
+        subprocess=True,
+    ),
+    Case(
+        "policy-object-tag-in-a-value",
+        "hostile policies",
+        object_tag_in_a_policy_value,
+        2,
+        "plain values only",
+        subprocess=True,
+    ),
+    Case(
+        "sparse-terabyte-beside-the-shards",
+        "bounded in time and memory",
+        sparse_terabyte_beside_the_shards,
+        1,
+        "file-unlisted",
+    ),
     Case("zip-bomb-torch-save-file", "bounded in time and memory", zip_bomb_checkpoint, 1, "zip-record-compressed"),
     Case("symlink-loop-in-a-checkpoint", "links and names", symlink_loop_in_a_checkpoint, 1, "leads back into itself"),
-    Case("directory-40-deep-in-a-checkpoint", "links and names", deep_directory_in_a_checkpoint, 1, "nested deeper than any checkpoint layout"),
+    Case(
+        "directory-40-deep-in-a-checkpoint",
+        "links and names",
+        deep_directory_in_a_checkpoint,
+        1,
+        "nested deeper than any checkpoint layout",
+    ),
     Case("bit-flip-under-a-recomputed-seal", "defence in depth", flip_under_a_recomputed_seal, 1, "crc-mismatch"),
-    Case("step-typo-is-not-a-record", "mistakes are not records", step_not_retained, 3, "retained: 10, 20, 30", recorded=False),
+    Case(
+        "step-typo-is-not-a-record",
+        "mistakes are not records",
+        step_not_retained,
+        3,
+        "retained: 10, 20, 30",
+        recorded=False,
+    ),
     Case("missing-root-is-not-a-record", "mistakes are not records", root_missing, 3, "does not exist", recorded=False),
-    Case("replay-module-that-does-not-exist", "mistakes are not records", replay_module_that_does_not_exist, 2, "no module 'no_such_trainer'", recorded=False),
+    Case(
+        "replay-module-that-does-not-exist",
+        "mistakes are not records",
+        replay_module_that_does_not_exist,
+        2,
+        "no module 'no_such_trainer'",
+        recorded=False,
+    ),
     Case("verify-that-proves-nothing", "claims never overstate", verify_that_proves_nothing, 8, "unproven"),
 ]
 
@@ -441,11 +498,15 @@ CASES = [
     Case("step-not-retained", "nothing to drill", step_not_retained, 3, "retained: 10, 20, 30"),
     Case("verify-an-incomplete-save", "not a checkpoint", verify_incomplete, 1, "incomplete-save"),
     Case("verify-an-empty-directory", "not a checkpoint", verify_empty, 3, "empty directory"),
-    Case("verify-a-run-root", "not a checkpoint", verify_run_root, 2, "holding checkpoints (step-10, step-20, step-30)"),
+    Case(
+        "verify-a-run-root", "not a checkpoint", verify_run_root, 2, "holding checkpoints (step-10, step-20, step-30)"
+    ),
     Case("seal-a-run-root", "not a checkpoint", seal_run_root, 2, "holding checkpoints (step-10, step-20, step-30)"),
     Case("seal-an-incomplete-save", "not a checkpoint", seal_incomplete, 1, "incomplete save"),
     Case("fifo-beside-the-shards", "hangs", fifo_beside_shards, 1, "file-unlisted", subprocess=True),
-    Case("fifo-beside-the-shards-unsealed", "hangs", fifo_beside_shards_unsealed, 1, "file-not-regular", subprocess=True),
+    Case(
+        "fifo-beside-the-shards-unsealed", "hangs", fifo_beside_shards_unsealed, 1, "file-not-regular", subprocess=True
+    ),
     Case("fifo-as-a-shard", "hangs", fifo_as_shard, 1, "file-not-regular", subprocess=True),
     Case("fifo-as-a-shard-unsealed", "hangs", fifo_as_shard_unsealed, 1, "file-not-regular", subprocess=True),
     Case("fifo-as-the-manifest", "hangs", fifo_as_manifest, 1, "manifest-unreadable", subprocess=True),
@@ -453,8 +514,23 @@ CASES = [
     Case("fifo-verify", "hangs", fifo_verify, 1, "file-not-regular", subprocess=True),
     Case("socket-in-a-checkpoint", "hangs", socket_in_checkpoint, 1, "file-unlisted", subprocess=True),
     Case("fifo-as-the-latest-pointer", "hangs", fifo_as_latest_pointer, 0, "PASSED", subprocess=True),
-    Case("planted-modules-in-the-working-directory", "code from the run directory", planted_modules_in_cwd, 0, "PASSED", subprocess=True, cwd="run"),
-    Case("run-json-names-a-planted-module", "code from the run directory", run_json_names_planted_module, 1, "replay-entrypoint-refused", subprocess=True),
+    Case(
+        "planted-modules-in-the-working-directory",
+        "code from the run directory",
+        planted_modules_in_cwd,
+        0,
+        "PASSED",
+        subprocess=True,
+        cwd="run",
+    ),
+    Case(
+        "run-json-names-a-planted-module",
+        "code from the run directory",
+        run_json_names_planted_module,
+        1,
+        "replay-entrypoint-refused",
+        subprocess=True,
+    ),
     Case("malicious-pickle-in-an-entry", "malicious pickles", malicious_pickle_in_entry, 1, "unsafe-pickle"),
     Case("malicious-metadata", "malicious pickles", malicious_metadata, 1, "unsafe-pickle"),
     Case("malicious-torch-save-file", "malicious pickles", malicious_torch_save_file, 1, "unsafe-pickle"),

@@ -115,7 +115,9 @@ def test_one_parameters_exp_avg_removed(demo_run: Path, sqlite_url: str) -> None
     rewrite_dcp(demo_run / "step-30", lambda s: s.pop("optimizer.state.blocks.0.attn.qkv.weight.exp_avg"))
     outcome = _drill(demo_run, sqlite_url)
     assert outcome.status == "failed"
-    assert _errors(outcome) == [("contract", "optimizer-slot-missing", "optimizer.state.blocks.0.attn.qkv.weight.exp_avg")]
+    assert _errors(outcome) == [
+        ("contract", "optimizer-slot-missing", "optimizer.state.blocks.0.attn.qkv.weight.exp_avg")
+    ]
     assert _check(outcome, "integrity").status.value == "passed"  # the bytes are as sealed
 
 
@@ -132,7 +134,9 @@ def test_scheduler_step_off_by_one(demo_run: Path, sqlite_url: str) -> None:
 
 
 def test_dataloader_state_from_an_earlier_step(demo_run: Path, sqlite_url: str) -> None:
-    earlier = restore(LocalStorage(), discover(LocalStorage(), str(demo_run / "step-10")).checkpoints[0], torch.device("cpu")).state
+    earlier = restore(
+        LocalStorage(), discover(LocalStorage(), str(demo_run / "step-10")).checkpoints[0], torch.device("cpu")
+    ).state
 
     def copy_loader(s: dict[str, Any]) -> None:
         for k in [k for k in s if k.startswith("dataloader.")]:
@@ -142,7 +146,10 @@ def test_dataloader_state_from_an_earlier_step(demo_run: Path, sqlite_url: str) 
     outcome = _drill(demo_run, sqlite_url)
     assert ("contract", "dataloader-step-mismatch", "dataloader") in _errors(outcome)
     (finding,) = [f for f in outcome.findings if f.code == "dataloader-step-mismatch"]
-    assert "consumed 10 batches but train_state is at step 30" in finding.message and "repeat 20 batches" in finding.message
+    assert (
+        "consumed 10 batches but train_state is at step 30" in finding.message
+        and "repeat 20 batches" in finding.message
+    )
 
 
 def test_nan_in_one_moment_tensor(demo_run: Path, sqlite_url: str) -> None:
@@ -203,10 +210,14 @@ def test_hf_highest_checkpoint_incomplete(hf_copy: Path, sqlite_url: str) -> Non
     os.remove(hf_copy / "checkpoint-4" / "trainer_state.json")
     outcome = _drill(hf_copy, sqlite_url)
     assert outcome.checkpoint is not None and outcome.checkpoint.name == "checkpoint-2"
-    assert ("resume", "pointer-incomplete", "Hugging Face's get_last_checkpoint") in _errors(outcome)  # it would pick the unfinished one
+    assert ("resume", "pointer-incomplete", "Hugging Face's get_last_checkpoint") in _errors(
+        outcome
+    )  # it would pick the unfinished one
 
 
-def test_training_args_are_read_for_their_seed_without_an_allow_list_or_an_import(hf_run: Path, sqlite_url: str) -> None:
+def test_training_args_are_read_for_their_seed_without_an_allow_list_or_an_import(
+    hf_run: Path, sqlite_url: str
+) -> None:
     """The current Trainer pickles accelerate's PartialState, its AcceleratorConfig and a
     torch.device into training_args.bin: read inert, every class is a stand-in — no allow-list
     to keep up with transformers, nothing of transformers imported (or billed as restore time)."""
@@ -222,7 +233,11 @@ def test_training_args_are_read_for_their_seed_without_an_allow_list_or_an_impor
         f"args = _load_training_args(memoryview(open({str(hf_run / 'checkpoint-4' / 'training_args.bin')!r}, 'rb').read())); "
         "print(args['seed'], 'transformers' in sys.modules, 'accelerate' in sys.modules)"
     )
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == ["7", "False", "False"]
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == [
+        "7",
+        "False",
+        "False",
+    ]
 
 
 def test_lightning_layout_without_lightning(tmp_path: Path, sqlite_url: str) -> None:
@@ -247,13 +262,20 @@ def test_lightning_layout_without_lightning(tmp_path: Path, sqlite_url: str) -> 
     assert _check(outcome, "keys").evidence["format"] == "lightning"
     del ckpt["optimizer_states"][0]["state"][0]["exp_avg"]
     torch.save(ckpt, tmp_path / "epoch=0-step=1.ckpt")
-    assert _errors(_drill(tmp_path, sqlite_url)) == [("contract", "optimizer-slot-missing", "optimizer.state.0.exp_avg")]
+    assert _errors(_drill(tmp_path, sqlite_url)) == [
+        ("contract", "optimizer-slot-missing", "optimizer.state.0.exp_avg")
+    ]
 
 
 def test_inventory_comes_from_the_dcp_index(demo_run: Path, sqlite_url: str) -> None:
     keys = _check(_drill(demo_run, sqlite_url), "keys")
     inv = {e["key"]: e for e in keys.evidence["inventory"]}
-    assert inv["model.head.weight"] == {"key": "model.head.weight", "shape": [64, 64], "dtype": "float32", "bytes": 64 * 64 * 4}
+    assert inv["model.head.weight"] == {
+        "key": "model.head.weight",
+        "shape": [64, 64],
+        "dtype": "float32",
+        "bytes": 64 * 64 * 4,
+    }
     assert keys.evidence["inventory_entries"] == sum(p["tensors"] for p in keys.evidence["tensors"].values())
 
 
@@ -267,7 +289,9 @@ def test_hf_inventory_names_rng_ranks(hf_copy: Path, sqlite_url: str) -> None:
 
 @pytest.mark.parametrize("damaged", [False, True], ids=["clean", "truncated"])
 @pytest.mark.parametrize("kind", ["dcp", "hf-trainer", "torch-save", "lightning"])
-def test_run_verify_and_the_sdk_give_one_structural_verdict(kind: str, damaged: bool, demo_run: Path, hf_run: Path, lightning_ckpts: Path, tmp_path: Path, sqlite_url: str) -> None:
+def test_run_verify_and_the_sdk_give_one_structural_verdict(
+    kind: str, damaged: bool, demo_run: Path, hf_run: Path, lightning_ckpts: Path, tmp_path: Path, sqlite_url: str
+) -> None:
     """The integrity check of ``drill run``, ``drill verify`` and ``drill.sdk.verified`` agree on
     the same bytes, for every format (the new writers' formats: tests/test_writers.py)."""
     import shutil
@@ -294,7 +318,10 @@ def test_run_verify_and_the_sdk_give_one_structural_verdict(kind: str, damaged: 
         os.truncate(shard, shard.stat().st_size * 3 // 4)
     integrity = next(c for c in _drill(run, sqlite_url, str(ckpt)).checks if c.name == "integrity")
     verified = verify_checkpoint(str(ckpt))
-    assert integrity.status.value == verified.result.status.value == ("failed" if damaged else "passed"), (integrity.findings, verified.result.findings)
+    assert integrity.status.value == verified.result.status.value == ("failed" if damaged else "passed"), (
+        integrity.findings,
+        verified.result.findings,
+    )
     assert verified.evidence == "structural"
     if damaged:
         with pytest.raises(drill.sdk.CheckpointCorrupt):

@@ -77,7 +77,12 @@ def test_manifest_bytes(sealed: Path, edits: list[tuple[int, int]], cut: int | N
 
 
 @FUZZ
-@given(field=st.sampled_from(["files", "chunk_size", "version", "format", "step", "frameworks", "path", "size", "chunks", "xxh3_128"]), value=JSON)
+@given(
+    field=st.sampled_from(
+        ["files", "chunk_size", "version", "format", "step", "frameworks", "path", "size", "chunks", "xxh3_128"]
+    ),
+    value=JSON,
+)
 @example(field="size", value=float("inf"))  # int(inf): OverflowError, once a crash
 @example(field="chunk_size", value=float("nan"))
 def test_manifest_fields(sealed: Path, field: str, value: Any) -> None:
@@ -108,7 +113,9 @@ def dcp_copy(sealed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @SLOW
 @given(edits=EDITS, cut=CUT)
 @example(edits=[(53114483, 65)], cut=None)  # a storage key's name turned into a tuple: once a crash in verify
-def test_dcp_metadata_in_a_restore_and_a_verify(sealed: Path, dcp_copy: Path, edits: list[tuple[int, int]], cut: int | None) -> None:
+def test_dcp_metadata_in_a_restore_and_a_verify(
+    sealed: Path, dcp_copy: Path, edits: list[tuple[int, int]], cut: int | None
+) -> None:
     import torch
 
     from drill.checkpoints import CheckpointRef
@@ -158,7 +165,11 @@ def test_dcp_value_entries(sealed: Path, edits: list[tuple[int, int]], cut: int 
 
 # -- safetensors headers -----------------------------------------------------------------------
 @FUZZ
-@given(header=st.dictionaries(st.text(max_size=8), JSON, max_size=4), data=st.binary(max_size=64), claim=st.none() | st.integers(0, 1 << 64 - 1))
+@given(
+    header=st.dictionaries(st.text(max_size=8), JSON, max_size=4),
+    data=st.binary(max_size=64),
+    claim=st.none() | st.integers(0, 1 << 64 - 1),
+)
 @example(header={"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 1 << 62]}}, data=b"\0" * 4, claim=None)
 def test_safetensors_headers(header: dict[str, Any], data: bytes, claim: int | None) -> None:
     body = json.dumps(header).encode()
@@ -180,7 +191,9 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @given(state=JSON, weights=EDITS)
 @example(state={"global_step": [1, 2], "epoch": "x"}, weights=[])
 @example(state={"global_step": float("nan")}, weights=[])
-def test_hf_trainer_state_and_weights(hf_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory, state: Any, weights: list[tuple[int, int]]) -> None:
+def test_hf_trainer_state_and_weights(
+    hf_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory, state: Any, weights: list[tuple[int, int]]
+) -> None:
     from drill.pipeline import NullRecorder, run_drill
     from drill.pipeline.request import DrillRequest
     from drill.replay import ReplaySpec
@@ -191,12 +204,19 @@ def test_hf_trainer_state_and_weights(hf_checkpoint: Path, tmp_path_factory: pyt
     header_end = 8 + struct.unpack("<Q", (ckpt / "model.safetensors").read_bytes()[:8])[0]
     model = (ckpt / "model.safetensors").read_bytes()
     (ckpt / "model.safetensors").write_bytes(_mutate(model[:header_end], weights, None) + model[header_end:])
-    outcome = run_drill(DrillRequest(selector="latest", root=str(run), replay=ReplaySpec(enabled=False)), recorder=NullRecorder())
+    outcome = run_drill(
+        DrillRequest(selector="latest", root=str(run), replay=ReplaySpec(enabled=False)), recorder=NullRecorder()
+    )
     assert outcome.status.value in {"passed", "failed"}, outcome.message
 
 
 # -- policy files ------------------------------------------------------------------------------
-POLICY = {"name": "nightly", "checkpoints": {"root": "/ckpt/run"}, "schedule": {"cron": "0 3 * * *"}, "selection": {"strategy": "latest"}}
+POLICY = {
+    "name": "nightly",
+    "checkpoints": {"root": "/ckpt/run"},
+    "schedule": {"cron": "0 3 * * *"},
+    "selection": {"strategy": "latest"},
+}
 
 
 @FUZZ
@@ -241,7 +261,16 @@ def test_the_direct_zip_directory_reader_agrees_with_zipfile(numel: int) -> None
         except Exception:  # noqa: BLE001
             return None
         names = {zi: zi.filename.split("/", 1)[1] if "/" in zi.filename else zi.filename for zi in infos}
-        return {names[zi]: e.Record(names[zi], zi.header_offset, zi.file_size, zi.compress_type == 0 and zi.compress_size == zi.file_size, zi.CRC) for zi in infos}
+        return {
+            names[zi]: e.Record(
+                names[zi],
+                zi.header_offset,
+                zi.file_size,
+                zi.compress_type == 0 and zi.compress_size == zi.file_size,
+                zi.CRC,
+            )
+            for zi in infos
+        }
 
     buf = io.BytesIO()
     torch.save(torch.randn(numel), buf)

@@ -19,9 +19,9 @@ import pytest
 from typer.testing import CliRunner
 
 from drill import history
-from tests.drive import start, wait_for
 from tests.conftest import drill as _drill
 from tests.conftest import invoke
+from tests.drive import start, wait_for
 
 pytestmark = pytest.mark.slow
 DRILL = str(Path(sys.executable).parent / "drill")
@@ -30,10 +30,19 @@ DRILL = str(Path(sys.executable).parent / "drill")
 # -- 1. SIGKILL at every phase ----------------------------------------------------------------
 @pytest.mark.parametrize(
     ("phase", "recorded"),
-    [("discover", None), ("plan", "plan"), ("restore", "restore"), ("read", "restore"), ("checks", "checks"), ("replay", "replay")],
+    [
+        ("discover", None),
+        ("plan", "plan"),
+        ("restore", "restore"),
+        ("read", "restore"),
+        ("checks", "checks"),
+        ("replay", "replay"),
+    ],
     ids=["discover", "plan", "restore", "inside-the-read", "checks", "replay"],
 )
-def test_sigkill_at_any_phase_is_reconciled_to_aborted_with_the_phase(demo_run: Path, sqlite_url: str, tmp_path: Path, phase: str, recorded: str | None) -> None:
+def test_sigkill_at_any_phase_is_reconciled_to_aborted_with_the_phase(
+    demo_run: Path, sqlite_url: str, tmp_path: Path, phase: str, recorded: str | None
+) -> None:
     marker = tmp_path / "arrived"
     extra = ("--replay", "tests.replay_targets:hanging") if phase == "replay" else ("--no-replay",)
     proc = start(phase, marker, "--root", str(demo_run), "--db", sqlite_url, *extra)
@@ -55,7 +64,18 @@ def test_sigkill_at_any_phase_is_reconciled_to_aborted_with_the_phase(demo_run: 
 # -- 2. the database stopped during a drill --------------------------------------------------
 def _pg(action: str) -> None:
     versions = os.listdir("/etc/postgresql")
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", versions[0], "main", action, *(["-m", "fast"] if action == "stop" else [])], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            versions[0],
+            "main",
+            action,
+            *(["-m", "fast"] if action == "stop" else []),
+        ],
+        check=True,
+        capture_output=True,
+    )
     if action == "start":
         for _ in range(60):
             if subprocess.run(["pg_isready", "-h", "127.0.0.1", "-p", "5432", "-q"]).returncode == 0:
@@ -65,7 +85,9 @@ def _pg(action: str) -> None:
 
 
 @pytest.mark.postgres
-def test_postgres_stopped_mid_drill_spools_the_verdict_and_flush_delivers_it_once(demo_run: Path, postgres_url: str, tmp_path: Path, private_spool: Path) -> None:
+def test_postgres_stopped_mid_drill_spools_the_verdict_and_flush_delivers_it_once(
+    demo_run: Path, postgres_url: str, tmp_path: Path, private_spool: Path
+) -> None:
     if shutil.which("pg_ctlcluster") is None or os.geteuid() != 0:
         pytest.skip("needs the right to stop and start the live PostgreSQL (pg_ctlcluster as root)")
     from drill.records.db import upgrade
@@ -73,7 +95,16 @@ def test_postgres_stopped_mid_drill_spools_the_verdict_and_flush_delivers_it_onc
     db_url = postgres_url
     upgrade(db_url)
     marker, release = tmp_path / "arrived", tmp_path / "go"
-    proc = start("checks", marker, "--root", str(demo_run), "--db", db_url, "--no-replay", env={"DRILL_TEST_RELEASE": str(release)})
+    proc = start(
+        "checks",
+        marker,
+        "--root",
+        str(demo_run),
+        "--db",
+        db_url,
+        "--no-replay",
+        env={"DRILL_TEST_RELEASE": str(release)},
+    )
     wait_for(marker, proc)
     _pg("stop")
     try:
@@ -94,11 +125,13 @@ def test_postgres_stopped_mid_drill_spools_the_verdict_and_flush_delivers_it_onc
     assert drilled.status == "passed" and drilled.finished_at is not None
 
 
-def test_a_flush_that_died_before_unlinking_delivers_nothing_twice(demo_run: Path, sqlite_url: str, private_spool: Path) -> None:
+def test_a_flush_that_died_before_unlinking_delivers_nothing_twice(
+    demo_run: Path, sqlite_url: str, private_spool: Path
+) -> None:
     from drill.records.db import open_database
-    from drill.records.urls import database_key
     from drill.records.recorder import DatabaseRecorder
     from drill.records.spool import Spool
+    from drill.records.urls import database_key
 
     outcome = _drill(demo_run, sqlite_url)
     doc = outcome.to_document()
@@ -133,12 +166,14 @@ SPOOL_FAULTS = {
 
 
 @pytest.mark.parametrize("fault", list(SPOOL_FAULTS))
-def test_a_spool_file_drill_cannot_vouch_for_is_named_never_delivered_and_blocks_nothing(demo_run: Path, sqlite_url: str, private_spool: Path, fault: str) -> None:
+def test_a_spool_file_drill_cannot_vouch_for_is_named_never_delivered_and_blocks_nothing(
+    demo_run: Path, sqlite_url: str, private_spool: Path, fault: str
+) -> None:
     """A planted "passed" verdict (another user's file, a file others could write, a link) is
     never delivered; a corrupt or misshapen one is named, not skipped silently; either way
     ``db flush`` exits 1 and later drills still run and record."""
-    from drill.records.urls import database_key
     from drill.records.spool import Spool
+    from drill.records.urls import database_key
 
     if fault == "another user's file" and os.geteuid() != 0:
         pytest.skip("chown to another user needs root")
@@ -156,15 +191,24 @@ def test_a_spool_file_drill_cannot_vouch_for_is_named_never_delivered_and_blocks
 
 
 def test_concurrent_flushes_deliver_each_spooled_verdict_once(demo_run: Path, db_url: str, private_spool: Path) -> None:
-    from drill.records.urls import database_key
     from drill.records.spool import Spool
+    from drill.records.urls import database_key
 
     base = _drill(demo_run, db_url).to_document()
     spool = Spool(database_key(db_url))
     for i in range(6):
         spool.put({**base, "id": None, "pid": 900_000 + i})
     with ThreadPoolExecutor(4) as pool:
-        codes = list(pool.map(lambda _: subprocess.run([DRILL, "db", "flush", "--db", db_url], capture_output=True, text=True, timeout=120).returncode, range(4)))
+        codes = list(
+            pool.map(
+                lambda _: (
+                    subprocess.run(
+                        [DRILL, "db", "flush", "--db", db_url], capture_output=True, text=True, timeout=120
+                    ).returncode
+                ),
+                range(4),
+            )
+        )
     assert codes == [0, 0, 0, 0]
     assert len(history(db=db_url)) == 7
     assert not list(private_spool.iterdir())
@@ -178,7 +222,12 @@ def test_flush_with_the_database_away_keeps_the_spool_and_exits_4(private_spool:
 # -- 3. many drills at once -------------------------------------------------------------------
 def _concurrent(demo_run: Path, db: str, n: int) -> list[subprocess.CompletedProcess]:
     def one(_: int) -> subprocess.CompletedProcess:
-        return subprocess.run([DRILL, "run", "--root", str(demo_run), "--db", db, "--no-replay", "-q"], capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [DRILL, "run", "--root", str(demo_run), "--db", db, "--no-replay", "-q"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     with ThreadPoolExecutor(n) as pool:
         return list(pool.map(one, range(n)))
@@ -222,7 +271,9 @@ def test_no_file_descriptor_or_thread_leaks_across_a_hundred_drills(demo_run: Pa
     assert len(history(db=sqlite_url, limit=1000)) == 103
 
 
-def test_scratch_space_is_cleaned_on_every_exit_path(demo_run: Path, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scratch_space_is_cleaned_on_every_exit_path(
+    demo_run: Path, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A drill restores into memory and stages nothing on disk; whatever a replay puts in the
     temporary directory goes with it, whether the replay passes or dies."""
     scratch = tmp_path / "scratch"
@@ -238,7 +289,9 @@ def test_scratch_space_is_cleaned_on_every_exit_path(demo_run: Path, sqlite_url:
     assert list(scratch.iterdir()) == []
 
 
-def test_a_spooled_file_claimed_by_another_flush_while_listed_is_not_rejected(private_spool: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_spooled_file_claimed_by_another_flush_while_listed_is_not_rejected(
+    private_spool: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Four flushes at once: one lists a file another has just claimed (renamed). That file is
     not "unreadable" — it is someone else's delivery — and must not turn the flush into exit 1."""
     import os as _os

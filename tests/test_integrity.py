@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from drill import DrillOutcome
 from drill.errors import ExitCode
 from drill.findings import CheckStatus
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
 from drill.integrity.manifest import MANIFEST_NAME, SealConflict, parse_manifest, read_manifest, seal
-from drill import DrillOutcome
 from drill.safe_pickle import restricted_loads
 from drill.storage import LocalStorage
 from drill.verifier import verify_checkpoint
@@ -151,7 +151,9 @@ class _RecordingStorage(LocalStorage):
 
 
 @pytest.mark.parametrize("evil", ["../../etc/passwd", "/etc/passwd"])
-def test_manifest_path_escaping_is_rejected_before_anything_is_opened(demo_run: Path, sqlite_url: str, evil: str) -> None:
+def test_manifest_path_escaping_is_rejected_before_anything_is_opened(
+    demo_run: Path, sqlite_url: str, evil: str
+) -> None:
     ckpt = demo_run / "step-30"
     manifest, _ = read_manifest(LocalStorage(), str(ckpt))
     assert manifest is not None
@@ -216,7 +218,10 @@ def test_megatron_integrity_json_is_verified_in_the_same_read(demo_run: Path, sq
     (ckpt / "integrity.json").write_text(json.dumps({"algorithm": "sha256", "files": shas}))
     clean = _drill(demo_run, sqlite_url)
     assert clean.status == "passed"
-    assert _integrity(clean).evidence["manifests"]["integrity.json"] == "integrity.json proved the content (SHA-256 per file) for 2 of 2 files"
+    assert (
+        _integrity(clean).evidence["manifests"]["integrity.json"]
+        == "integrity.json proved the content (SHA-256 per file) for 2 of 2 files"
+    )
     assert _integrity(clean).evidence["manifests"][MANIFEST_NAME] == "proved the content of 3 of 3 files"
 
     shas["__0_0.distcp"] = "0" * 64
@@ -232,7 +237,10 @@ def test_safetensors_index_proves_shard_presence(tmp_path: Path) -> None:
     ckpt = tmp_path / "model-export"  # what save_pretrained writes: shards and their index
     ckpt.mkdir()
     safetensors_torch.save_file({"a": torch.ones(3)}, str(ckpt / "model-00001-of-00002.safetensors"))
-    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {},
+        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     result = verify_checkpoint(str(ckpt)).result
     assert [(f.code, f.subject) for f in result.findings] == [("file-missing", "model-00002-of-00002.safetensors")]
@@ -303,7 +311,9 @@ def test_spans_of_a_large_file_hash_as_one_stream_does(tmp_path: Path) -> None:
     assert isinstance(grew, OSError) and f"{len(data)} bytes by the end of the read" in str(grew)
 
 
-def test_storage_without_positioned_reads_streams_each_file_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_storage_without_positioned_reads_streams_each_file_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Object storage reads ahead by itself: its files are hashed whole, one stream each."""
     import drill.integrity.parallel as parallel
 
@@ -317,11 +327,16 @@ def test_storage_without_positioned_reads_streams_each_file_whole(tmp_path: Path
     got = parallel.hash_files(Streaming(), str(tmp_path), {"big": len(data)}, 16 << 10)["big"]
     from drill.integrity.reading import hash_stream
 
-    assert not isinstance(got, OSError) and got.chunks == hash_stream(LocalStorage(), str(tmp_path / "big"), chunk_size=16 << 10).chunks
+    assert (
+        not isinstance(got, OSError)
+        and got.chunks == hash_stream(LocalStorage(), str(tmp_path / "big"), chunk_size=16 << 10).chunks
+    )
 
 
 @pytest.mark.parametrize("replay", [True, False])
-def test_a_flip_under_a_recomputed_unkeyed_seal_is_still_a_crc_finding(demo_run: Path, sqlite_url: str, replay: bool) -> None:
+def test_a_flip_under_a_recomputed_unkeyed_seal_is_still_a_crc_finding(
+    demo_run: Path, sqlite_url: str, replay: bool
+) -> None:
     """Whoever flips a bit can recompute an unkeyed manifest; the CRC-32s torch.save wrote
     into every entry are a second witness that keeps running under a seal: the drill fails
     (exit 1, crc-mismatch naming the tensor) with and without the replay — never an error,
@@ -376,7 +391,9 @@ def _remove_deep(top: Path) -> None:
 
 @pytest.mark.parametrize("sealed", [True, False])
 @pytest.mark.parametrize("hazard", ["a symlink loop", "a link cycle", "a 10,000-deep directory"])
-def test_a_link_loop_or_deep_tree_in_a_checkpoint_is_a_finding_on_that_path(demo_run: Path, sqlite_url: str, hazard: str, sealed: bool) -> None:
+def test_a_link_loop_or_deep_tree_in_a_checkpoint_is_a_finding_on_that_path(
+    demo_run: Path, sqlite_url: str, hazard: str, sealed: bool
+) -> None:
     """Neither a RecursionError nor an undrillable run: the path is named, the checkpoint
     fails (run and verify alike), and the run's other checkpoints still drill."""
     ckpt = demo_run / "step-30"
@@ -393,9 +410,15 @@ def test_a_link_loop_or_deep_tree_in_a_checkpoint_is_a_finding_on_that_path(demo
     try:
         outcome = _drill(demo_run, sqlite_url)
         assert (outcome.status.value, int(outcome.exit_code)) == ("failed", 1), outcome.message
-        assert any(f.subject is not None and f.subject.startswith(name) for f in outcome.findings if f.severity.value == "error"), [(f.code, f.subject) for f in outcome.findings]
+        assert any(
+            f.subject is not None and f.subject.startswith(name)
+            for f in outcome.findings
+            if f.severity.value == "error"
+        ), [(f.code, f.subject) for f in outcome.findings]
         verified = verify_checkpoint(str(ckpt)).result
-        assert verified.status is CheckStatus.FAILED and any((f.subject or "").startswith(name) for f in verified.findings)
+        assert verified.status is CheckStatus.FAILED and any(
+            (f.subject or "").startswith(name) for f in verified.findings
+        )
         other = drill(demo_run, sqlite_url, "step:20")
         assert other.status.value == "passed", (other.message, other.error)
     finally:

@@ -19,10 +19,19 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize(
     ("phase", "recorded_phase"),
-    [("discover", None), ("plan", "plan"), ("restore", "restore"), ("read", "restore"), ("checks", "checks"), ("replay", "replay")],
+    [
+        ("discover", None),
+        ("plan", "plan"),
+        ("restore", "restore"),
+        ("read", "restore"),
+        ("checks", "checks"),
+        ("replay", "replay"),
+    ],
     ids=["discover", "plan", "restore", "inside-dcp-load", "checks", "replay"],
 )
-def test_an_interrupt_at_any_phase_is_one_aborted_record(demo_run: Path, sqlite_url: str, tmp_path: Path, phase: str, recorded_phase: str | None, sig: int) -> None:
+def test_an_interrupt_at_any_phase_is_one_aborted_record(
+    demo_run: Path, sqlite_url: str, tmp_path: Path, phase: str, recorded_phase: str | None, sig: int
+) -> None:
     marker = tmp_path / "arrived"
     extra = ("--replay", "tests.replay_targets:hanging") if phase == "replay" else ("--no-replay",)
     proc = start(phase, marker, "--root", str(demo_run), "--db", sqlite_url, *extra)
@@ -38,16 +47,22 @@ def test_an_interrupt_at_any_phase_is_one_aborted_record(demo_run: Path, sqlite_
     lines = [ln for ln in err.splitlines() if not ln.startswith("drill: +")]
     name = signal.Signals(sig).name
     if recorded_phase is None:  # listing the run happens before the record opens: nothing to abort
-        assert lines == [f"drill: aborted: interrupted by {name} (nothing was recorded)"] and history(db=sqlite_url) == []
+        assert (
+            lines == [f"drill: aborted: interrupted by {name} (nothing was recorded)"] and history(db=sqlite_url) == []
+        )
         return
     (drill,) = history(db=sqlite_url)
-    assert lines == [f"drill: aborted: interrupted by {name} during {recorded_phase} (drill #{drill.id} recorded as aborted)"]
+    assert lines == [
+        f"drill: aborted: interrupted by {name} during {recorded_phase} (drill #{drill.id} recorded as aborted)"
+    ]
     assert drill.status == "aborted" and drill.phase == recorded_phase and drill.finished_at is not None
     assert int(drill.exit_code) == proc.returncode
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_an_interrupt_before_the_record_exists_claims_none(demo_run: Path, sqlite_url: str, tmp_path: Path, sig: int) -> None:
+def test_an_interrupt_before_the_record_exists_claims_none(
+    demo_run: Path, sqlite_url: str, tmp_path: Path, sig: int
+) -> None:
     marker = tmp_path / "arrived"
     proc = start("open-db", marker, "--root", str(demo_run), "--db", sqlite_url, "--no-replay")
     wait_for(marker, proc)
@@ -61,7 +76,9 @@ def test_an_interrupt_before_the_record_exists_claims_none(demo_run: Path, sqlit
 
 def test_the_replay_child_goes_with_the_drill(demo_run: Path, sqlite_url: str, tmp_path: Path) -> None:
     marker = tmp_path / "arrived"
-    proc = start("replay", marker, "--root", str(demo_run), "--db", sqlite_url, "--replay", "tests.replay_targets:hanging")
+    proc = start(
+        "replay", marker, "--root", str(demo_run), "--db", sqlite_url, "--replay", "tests.replay_targets:hanging"
+    )
     wait_for(marker, proc)
     time.sleep(1.0)
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()

@@ -54,7 +54,9 @@ def _as_controllers(cluster: FakeCluster, act) -> threading.Thread:  # type: ign
     return t
 
 
-def test_a_job_whose_pod_runs_the_drill_ends_with_its_record(cluster: FakeCluster, demo_run: Path, tmp_path: Path) -> None:
+def test_a_job_whose_pod_runs_the_drill_ends_with_its_record(
+    cluster: FakeCluster, demo_run: Path, tmp_path: Path
+) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
 
     def pod(job: dict) -> None:  # type: ignore[type-arg]
@@ -62,20 +64,30 @@ def test_a_job_whose_pod_runs_the_drill_ends_with_its_record(cluster: FakeCluste
         container = job["spec"]["template"]["spec"]["containers"][0]
         assert {"name": "DRILL_JOB_ID", "value": "k8s:$(JOB_NAME)"} in container["env"]
         env = {**os.environ, "DRILL_JOB_ID": f"k8s:{job['metadata']['name']}"}  # what the pod's $(JOB_NAME) expands to
-        res = subprocess.run([sys.executable, "-m", "drill", "run", "--root", str(demo_run), "--db", db, "-q", "--no-replay"], env=env, capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, "-m", "drill", "run", "--root", str(demo_run), "--db", db, "-q", "--no-replay"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         cluster.end_job(failed=res.returncode != 0, exit_code=res.returncode)
 
     controllers = _as_controllers(cluster, pod)
     res = invoke(CliRunner(), "submit", "--policy", str(_policy(tmp_path, demo_run)), "--db", db)
     controllers.join()
     assert res.exit_code == 0, res.stderr
-    assert re.search(r"drill: submitted kubernetes Job drill-nightly-[0-9a-f]{6} \(logs: kubectl logs -n training job/drill-nightly-[0-9a-f]{6}\)", res.stderr)
+    assert re.search(
+        r"drill: submitted kubernetes Job drill-nightly-[0-9a-f]{6} \(logs: kubectl logs -n training job/drill-nightly-[0-9a-f]{6}\)",
+        res.stderr,
+    )
     assert "ended COMPLETE" in res.stderr
     (recorded,) = history(db=db)
     assert recorded.status == "passed" and recorded.job_id == f"k8s:{cluster.job()['metadata']['name']}"
 
 
-def test_a_job_that_fails_under_its_drill_closes_the_record(cluster: FakeCluster, demo_run: Path, tmp_path: Path) -> None:
+def test_a_job_that_fails_under_its_drill_closes_the_record(
+    cluster: FakeCluster, demo_run: Path, tmp_path: Path
+) -> None:
     """The pod is killed (OOM, its node lost) with the drill's record open: drill submit closes
     it as an error naming the Job and why it failed."""
     from datetime import datetime, timezone
@@ -92,28 +104,47 @@ def test_a_job_that_fails_under_its_drill_closes_the_record(cluster: FakeCluster
         Records(database).begin_drill(DrillStart(run_root=str(demo_run), selector="latest", trigger="policy", device="cpu", policy="nightly",
                                                  started_at=datetime.now(timezone.utc), versions={"drill": "0"}, job_id=f"k8s:{job['metadata']['name']}"), pid=1)  # fmt: skip
         database.close()
-        cluster.end_job(failed=True, reason="BackoffLimitExceeded", message="Job has reached the specified backoff limit", exit_code=137)
+        cluster.end_job(
+            failed=True,
+            reason="BackoffLimitExceeded",
+            message="Job has reached the specified backoff limit",
+            exit_code=137,
+        )
 
     controllers = _as_controllers(cluster, pod)
     res = invoke(CliRunner(), "submit", "--policy", str(_policy(tmp_path, demo_run)), "--db", db)
     controllers.join()
     assert res.exit_code == 5, res.stderr
     (recorded,) = history(db=db)
-    assert recorded.status == "error" and re.search(r"kubernetes Job drill-nightly-\w+ ended FAILED \(BackoffLimitExceeded Job has reached", recorded.message or ""), recorded.message
+    assert recorded.status == "error" and re.search(
+        r"kubernetes Job drill-nightly-\w+ ended FAILED \(BackoffLimitExceeded Job has reached", recorded.message or ""
+    ), recorded.message
 
 
-def test_a_job_pending_past_the_queue_timeout_is_deleted_and_recorded(cluster: FakeCluster, demo_run: Path, tmp_path: Path) -> None:
+def test_a_job_pending_past_the_queue_timeout_is_deleted_and_recorded(
+    cluster: FakeCluster, demo_run: Path, tmp_path: Path
+) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    controllers = _as_controllers(cluster, lambda job: cluster.pending("Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."))
-    res = invoke(CliRunner(), "submit", "--policy", str(_policy(tmp_path, demo_run, "  queue_timeout: 3s\n")), "--db", db)
+    controllers = _as_controllers(
+        cluster, lambda job: cluster.pending("Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    )
+    res = invoke(
+        CliRunner(), "submit", "--policy", str(_policy(tmp_path, demo_run, "  queue_timeout: 3s\n")), "--db", db
+    )
     controllers.join()
     assert res.exit_code == 5 and cluster.job_deleted.is_set()
     (recorded,) = history(db=db)
-    assert recorded.status == "error" and "still pending after 3 s (Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)" in (recorded.message or "")
+    assert (
+        recorded.status == "error"
+        and "still pending after 3 s (Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)"
+        in (recorded.message or "")
+    )
     assert "job output: kubectl logs -n training job/drill-nightly-" in (recorded.message or "")
 
 
-def test_ctrl_c_deletes_the_job_and_records_the_drill_aborted(cluster: FakeCluster, demo_run: Path, tmp_path: Path) -> None:
+def test_ctrl_c_deletes_the_job_and_records_the_drill_aborted(
+    cluster: FakeCluster, demo_run: Path, tmp_path: Path
+) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     proc = subprocess.Popen([sys.executable, "-m", "drill", "submit", "--policy", str(_policy(tmp_path, demo_run)), "--db", db],
                             env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -128,10 +159,14 @@ def test_ctrl_c_deletes_the_job_and_records_the_drill_aborted(cluster: FakeClust
     assert proc.returncode == 130, err
     assert cluster.job_deleted.is_set()
     (recorded,) = history(db=db)
-    assert recorded.status == "aborted" and "drill submit was interrupted (SIGINT): kubernetes Job drill-nightly-" in (recorded.message or "")
+    assert recorded.status == "aborted" and "drill submit was interrupted (SIGINT): kubernetes Job drill-nightly-" in (
+        recorded.message or ""
+    )
 
 
-def test_without_a_cluster_the_manifests_are_printed(demo_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_cluster_the_manifests_are_printed(
+    demo_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     res = invoke(CliRunner(), "submit", "--policy", str(_policy(tmp_path, demo_run)))

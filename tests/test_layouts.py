@@ -38,7 +38,9 @@ def written(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
         _needs(kind)
         key = (kind, ranks, nan)
         if key not in cache:
-            cache[key] = layouts.spawn(kind, tmp_path_factory.mktemp(f"{kind}{ranks}{'nan' if nan else ''}"), ranks, nan=nan)
+            cache[key] = layouts.spawn(
+                kind, tmp_path_factory.mktemp(f"{kind}{ranks}{'nan' if nan else ''}"), ranks, nan=nan
+            )
         return cache[key]
 
     return get
@@ -62,12 +64,16 @@ def _check(outcome: DrillOutcome, name: str):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.parametrize("kind", KINDS)
-def test_clean_checkpoint_passes_with_at_most_a_warning_for_what_the_layout_never_saves(written, kind: str, ranks: int, sqlite_url: str) -> None:
+def test_clean_checkpoint_passes_with_at_most_a_warning_for_what_the_layout_never_saves(
+    written, kind: str, ranks: int, sqlite_url: str
+) -> None:
     outcome = _drill(written(kind, ranks), sqlite_url)
     assert outcome.status == "passed", _errors(outcome)
     keys = _check(outcome, "keys")
     assert keys.evidence["layout"].startswith(RECOGNISED[kind] + ":")
-    assert {"model", "optimizer", "lr_scheduler", "train_state"} <= set(keys.evidence["tensors"]) | set(keys.evidence.get("parts", {}))
+    assert {"model", "optimizer", "lr_scheduler", "train_state"} <= set(keys.evidence["tensors"]) | set(
+        keys.evidence.get("parts", {})
+    )
     warned = {(f.code, f.subject) for f in outcome.findings if f.severity.value == "warning"}
     assert ("part-not-saved-by-layout", NEVER_SAVED[kind]) in warned
     contract = _check(outcome, "contract")
@@ -112,7 +118,10 @@ def test_nan_in_a_weight_fails_naming_the_tensor(written, kind: str, sqlite_url:
     outcome = _drill(written(kind, 2, nan=True), sqlite_url)
     named = [f.subject for f in outcome.findings if f.code == "non-finite" and f.severity.value == "error"]
     assert outcome.status == "failed"
-    assert any(s is not None and s.startswith("model.") and s.endswith(layouts.NAN_IN[kind].removeprefix("model.")) for s in named), named
+    assert any(
+        s is not None and s.startswith("model.") and s.endswith(layouts.NAN_IN[kind].removeprefix("model."))
+        for s in named
+    ), named
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -165,7 +174,9 @@ def test_tracker_file_ahead_of_the_data_fails(copy_of, sqlite_url: str) -> None:
     assert ("resume", "pointer-ahead", "latest_checkpointed_iteration.txt") in _errors(outcome)
 
 
-def test_unreadable_metadata_still_names_a_missing_shard_from_the_listing(copy_of, sqlite_url: str, tmp_path: Path) -> None:
+def test_unreadable_metadata_still_names_a_missing_shard_from_the_listing(
+    copy_of, sqlite_url: str, tmp_path: Path
+) -> None:
     run = copy_of("megatron")
     ckpt = run / DIRS["megatron"]
     marker = tmp_path / "pwned"
@@ -245,7 +256,11 @@ def real_lightning(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_real_lightning_fsdp_sharded_checkpoint_passes(real_lightning: Path, sqlite_url: str) -> None:
     outcome = _drill(real_lightning, sqlite_url)
     assert outcome.status == "passed", _errors(outcome)
-    assert outcome.checkpoint is not None and outcome.checkpoint.name == "epoch=0-step=4.ckpt" and outcome.checkpoint.step == 4
+    assert (
+        outcome.checkpoint is not None
+        and outcome.checkpoint.name == "epoch=0-step=4.ckpt"
+        and outcome.checkpoint.step == 4
+    )
     assert _check(outcome, "keys").evidence["layout"].startswith("Lightning FSDP sharded")
     assert _check(outcome, "contract").evidence["step_counters"]["train_state.step"] == 4
     assert _drill(real_lightning, sqlite_url, format="lightning").status == "passed"
@@ -260,7 +275,9 @@ def test_real_lightning_fsdp_without_meta_pt_fails(real_lightning: Path, sqlite_
 
 
 @pytest.mark.parametrize(("kind", "name"), [("megatron", "common.pt"), ("lightning", "meta.pt")])
-def test_a_torchscript_side_file_is_refused_as_code_never_loaded(copy_of, kind: str, name: str, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_torchscript_side_file_is_refused_as_code_never_loaded(
+    copy_of, kind: str, name: str, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A side file is read with an unpickler that runs nothing — but torch.load would hand a
     TorchScript archive to torch.jit.load, which runs the archive's code."""
     import torch

@@ -14,8 +14,8 @@ from drill.integrity.coverage import CoverageUpdate
 from drill.records.db import open_database
 from drill.records.ledgers import open_ledger
 from drill.records.lite import SqliteLedger
-from drill.records.urls import SCHEMA_HEAD
 from drill.records.store import Records
+from drill.records.urls import SCHEMA_HEAD
 from tests.conftest import fresh_python, invoke
 
 SEALED = {"a.distcp": (600, "aa" * 16), "b.distcp": (300, "bb" * 16), ".metadata": (100, "mm" * 16)}
@@ -39,8 +39,12 @@ def _fresh(tmp_path: Path, name: str) -> str:
 
 def _rows(path: str) -> tuple[list[tuple], list[tuple]]:
     with sqlite3.connect(path) as conn:
-        ckpts = conn.execute("SELECT id, run_root, uri, step, format, bytes, file_count FROM checkpoints ORDER BY id").fetchall()
-        files = conn.execute("SELECT checkpoint_id, path, size, xxh3_128, drill_id FROM file_verifications ORDER BY path").fetchall()
+        ckpts = conn.execute(
+            "SELECT id, run_root, uri, step, format, bytes, file_count FROM checkpoints ORDER BY id"
+        ).fetchall()
+        files = conn.execute(
+            "SELECT checkpoint_id, path, size, xxh3_128, drill_id FROM file_verifications ORDER BY path"
+        ).fetchall()
     return ckpts, files
 
 
@@ -177,4 +181,6 @@ def test_verify_keeps_the_ledger_without_importing_sqlalchemy(demo_run: Path, tm
     assert fresh_python(code) == "[]"
     with sqlite3.connect(db) as conn:
         (stamp,) = conn.execute("SELECT max(verified_at) FROM file_verifications").fetchone()
-    assert datetime.fromisoformat(stamp) > datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(minutes=5)  # the second run wrote its proofs
+    assert datetime.fromisoformat(stamp) > datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(
+        minutes=5
+    )  # the second run wrote its proofs

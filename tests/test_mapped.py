@@ -58,10 +58,14 @@ def test_windows_and_chunks_off_the_page_grid_hash_alike(tmp_path: Path, monkeyp
     (tmp_path / "f").write_bytes(body)
     storage, uri = LocalStorage(), str(tmp_path / "f")
     spans = [(uri, 0, 20_000), (uri, 20_000, len(body) - 20_000)]
-    assert mapped.hash_mapped(storage.open_fd, spans, 5000, 2) == [hash_span(storage, u, a, n, 5000) for u, a, n in spans]
+    assert mapped.hash_mapped(storage.open_fd, spans, 5000, 2) == [
+        hash_span(storage, u, a, n, 5000) for u, a, n in spans
+    ]
 
 
-def test_hash_files_uses_the_workers_and_matches_a_stream(tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hash_files_uses_the_workers_and_matches_a_stream(
+    tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import drill.integrity.parallel as parallel
 
     monkeypatch.setattr(parallel, "hash_span", lambda *a, **k: pytest.fail("a span was read, not mapped"))
@@ -72,14 +76,18 @@ def test_hash_files_uses_the_workers_and_matches_a_stream(tmp_path: Path, files:
         assert not isinstance(got[name], OSError) and (got[name].chunks, got[name].size) == (want.chunks, want.size)
 
 
-def test_a_file_shorter_than_listed_is_read_again_and_reported(tmp_path: Path, files: dict[str, bytes], forking: None) -> None:
+def test_a_file_shorter_than_listed_is_read_again_and_reported(
+    tmp_path: Path, files: dict[str, bytes], forking: None
+) -> None:
     listed = {n: len(b) for n, b in files.items()} | {"a": len(files["a"]) + 4 * CHUNK}
     got = hash_files(LocalStorage(), str(tmp_path), listed, CHUNK, workers=2)
     assert isinstance(got["a"], OSError) and "shrank" in str(got["a"])
     assert not isinstance(got["b"], OSError) and not isinstance(got["c"], OSError)
 
 
-def test_a_worker_killed_by_sigbus_loses_only_the_spans_it_had_not_reported(tmp_path: Path, files: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_killed_by_sigbus_loses_only_the_spans_it_had_not_reported(
+    tmp_path: Path, files: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     storage, spans = LocalStorage(), _spans(tmp_path, files)
     real = mapped._digests
 
@@ -90,12 +98,16 @@ def test_a_worker_killed_by_sigbus_loses_only_the_spans_it_had_not_reported(tmp_
 
     monkeypatch.setattr(mapped, "_digests", dies_on_b)
     got = mapped.hash_mapped(storage.open_fd, spans, CHUNK, workers=len(spans))
-    for (uri, a, n), digests in zip(spans, got):  # what the dead worker had not reported is unreported, the rest exact
+    for (uri, a, n), digests in zip(
+        spans, got, strict=False
+    ):  # what the dead worker had not reported is unreported, the rest exact
         assert digests is None if uri.endswith("/b") else digests in (None, hash_span(storage, uri, a, n, CHUNK))
     assert sum(d is not None for d in got) > 0
 
 
-def test_a_fork_that_fails_leaves_its_spans_to_the_reads(tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fork_that_fails_leaves_its_spans_to_the_reads(
+    tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Under strict overcommit a large process may not fork: the hashing still completes."""
     import errno
 
@@ -106,10 +118,15 @@ def test_a_fork_that_fails_leaves_its_spans_to_the_reads(tmp_path: Path, files: 
     storage = LocalStorage()
     got = hash_files(storage, str(tmp_path), {n: len(b) for n, b in files.items()}, CHUNK, workers=2)
     for name in files:
-        assert not isinstance(got[name], OSError) and got[name].chunks == hash_stream(storage, str(tmp_path / name), chunk_size=CHUNK).chunks
+        assert (
+            not isinstance(got[name], OSError)
+            and got[name].chunks == hash_stream(storage, str(tmp_path / name), chunk_size=CHUNK).chunks
+        )
 
 
-def test_a_file_truncated_under_the_mapping_is_a_changed_file(tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_truncated_under_the_mapping_is_a_changed_file(
+    tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The real fault: the file is cut while a worker reads its mapping. The worker dies of
     SIGBUS; the drill re-reads the span and reports the file as changed."""
     victim = str(tmp_path / "a")
@@ -145,7 +162,9 @@ def test_the_drill_command_hashes_through_workers_and_names_damage(tmp_path: Pat
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
     (finding,) = [f for f in doc["findings"] if f["severity"] == "error"]
-    assert finding["subject"] == "a" and f"{3 * CHUNK}" in finding["message"] and f"{4 * CHUNK}" in finding["message"], finding
+    assert (
+        finding["subject"] == "a" and f"{3 * CHUNK}" in finding["message"] and f"{4 * CHUNK}" in finding["message"]
+    ), finding
 
 
 def test_more_spans_than_a_pipe_holds_are_all_hashed_by_whichever_worker_is_free(tmp_path: Path) -> None:

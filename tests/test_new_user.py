@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # -- the database ---------------------------------------------------------------------------
 @pytest.mark.parametrize("url", ["mysql://db/drill", "postgresql:/localhost/drill", "sqlite:relative.db", "redis://x"])
-def test_a_database_url_drill_does_not_know_is_refused_and_creates_nothing(tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_database_url_drill_does_not_know_is_refused_and_creates_nothing(
+    tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     res = invoke(CliRunner(), "history", "--db", url)
     assert res.exit_code == 2 and "expected sqlite:///PATH" in res.stderr
@@ -29,7 +31,9 @@ def test_a_database_url_drill_does_not_know_is_refused_and_creates_nothing(tmp_p
 
 
 def test_an_sqlite_file_in_a_directory_that_does_not_exist_is_refused(tmp_path: Path, demo_run: Path) -> None:
-    res = invoke(CliRunner(), "run", "--root", str(demo_run), "--no-replay", "--db", str(tmp_path / "no" / "such" / "drill.db"))
+    res = invoke(
+        CliRunner(), "run", "--root", str(demo_run), "--no-replay", "--db", str(tmp_path / "no" / "such" / "drill.db")
+    )
     assert res.exit_code == 2 and "does not exist (create it first)" in res.stderr
     assert not (tmp_path / "no").exists()
 
@@ -104,14 +108,31 @@ def test_show_prints_the_evidence_the_replayed_steps_and_the_alerts(demo_run: Pa
 
 
 def test_fewer_replay_steps_than_asked_says_why(demo_run: Path, sqlite_url: str) -> None:
-    res = invoke(CliRunner(), "run", "--root", str(demo_run), "--replay-steps", "20", "--json", "-q", "--db", sqlite_url)
+    res = invoke(
+        CliRunner(), "run", "--root", str(demo_run), "--replay-steps", "20", "--json", "-q", "--db", sqlite_url
+    )
     doc = json.loads(res.stdout)
     assert res.exit_code == 0
-    assert "6 of the 20 steps asked for: the original run's record (drill-steps.jsonl) has no more after step 30" in doc["replay"]["reason"]
+    assert (
+        "6 of the 20 steps asked for: the original run's record (drill-steps.jsonl) has no more after step 30"
+        in doc["replay"]["reason"]
+    )
 
 
 def test_a_sampled_drill_verifies_about_what_it_was_asked(demo_run: Path, sqlite_url: str) -> None:
-    res = invoke(CliRunner(), "run", "--root", str(demo_run), "--sample", "50%", "--no-replay", "--json", "-q", "--db", sqlite_url)
+    res = invoke(
+        CliRunner(),
+        "run",
+        "--root",
+        str(demo_run),
+        "--sample",
+        "50%",
+        "--no-replay",
+        "--json",
+        "-q",
+        "--db",
+        sqlite_url,
+    )
     integrity = next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "integrity")
     share = integrity["evidence"]["bytes_verified"] / integrity["evidence"]["bytes_listed"]
     assert 0.3 < share < 0.7, share
@@ -128,16 +149,22 @@ def test_long_drills_log_a_line_per_phase_when_stderr_is_not_a_terminal(demo_run
 
 def test_require_sealed_on_the_command_line_names_the_flag_not_a_policy(demo_run: Path, sqlite_url: str) -> None:
     os.remove(demo_run / "step-30" / "drill-manifest.json")
-    res = invoke(CliRunner(), "run", "--root", str(demo_run), "--require-sealed", "--no-replay", "-q", "--db", sqlite_url)
+    res = invoke(
+        CliRunner(), "run", "--root", str(demo_run), "--require-sealed", "--no-replay", "-q", "--db", sqlite_url
+    )
     assert res.exit_code == 1 and "(--require-sealed)" in res.stdout and "policy" not in res.stdout + res.stderr
 
 
 # -- policies -------------------------------------------------------------------------------
-def test_policy_check_warns_about_what_cannot_run_here(tmp_path: Path, demo_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_policy_check_warns_about_what_cannot_run_here(
+    tmp_path: Path, demo_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("NO_SUCH_HOOK", raising=False)
     path = tmp_path / "p.yaml"
     device = "cuda:0" if not torch.cuda.is_available() else "cpu"
-    path.write_text(f"name: p\ncheckpoints: {{root: {demo_run}}}\ndevice: {device}\nalerts: {{webhook: 'env:NO_SUCH_HOOK'}}\n")
+    path.write_text(
+        f"name: p\ncheckpoints: {{root: {demo_run}}}\ndevice: {device}\nalerts: {{webhook: 'env:NO_SUCH_HOOK'}}\n"
+    )
     res = invoke(CliRunner(), "policy", "check", str(path))
     assert res.exit_code == 0 and res.stdout.startswith("ok: ")
     assert "$NO_SUCH_HOOK is not set" in res.stderr
@@ -146,7 +173,9 @@ def test_policy_check_warns_about_what_cannot_run_here(tmp_path: Path, demo_run:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
-def test_a_policy_that_cannot_run_here_is_one_line_naming_its_field(tmp_path: Path, demo_run: Path, sqlite_url: str) -> None:
+def test_a_policy_that_cannot_run_here_is_one_line_naming_its_field(
+    tmp_path: Path, demo_run: Path, sqlite_url: str
+) -> None:
     path = tmp_path / "gpu.yaml"
     path.write_text(f"name: gpu\ncheckpoints: {{root: {demo_run}}}\ndevice: cuda\nreplay: {{enabled: false}}\n")
     res = subprocess.run(
@@ -168,7 +197,19 @@ def test_the_cron_example_names_drill_by_its_full_path() -> None:
 # -- code in the run directory --------------------------------------------------------------
 def test_an_entrypoint_the_user_names_may_live_in_the_run_directory(demo_run: Path, sqlite_url: str) -> None:
     (demo_run / "my_replay.py").write_text("from drill.demo.replay import build_replay as build\n")
-    res = invoke(CliRunner(), "run", "--root", str(demo_run), "--replay", "my_replay:build", "--replay-steps", "1", "-q", "--db", sqlite_url)
+    res = invoke(
+        CliRunner(),
+        "run",
+        "--root",
+        str(demo_run),
+        "--replay",
+        "my_replay:build",
+        "--replay-steps",
+        "1",
+        "-q",
+        "--db",
+        sqlite_url,
+    )
     assert res.exit_code == 0, res.stdout + res.stderr
 
 

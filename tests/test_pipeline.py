@@ -36,7 +36,9 @@ def _recorded(db: str, outcome: DrillOutcome) -> dict[str, Any]:
     ],
     ids=["no-rng", "no-dataloader", "no-lr_scheduler", "no-exp_avg"],
 )
-def test_a_checkpoint_missing_a_part_fails_with_exit_1_even_with_the_replay_on(demo_run: Path, sqlite_url: str, drop, check: str, code: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_checkpoint_missing_a_part_fails_with_exit_1_even_with_the_replay_on(
+    demo_run: Path, sqlite_url: str, drop, check: str, code: str
+) -> None:  # type: ignore[no-untyped-def]
     rewrite_dcp(demo_run / "step-30", drop)
     outcome = drill(demo_run, sqlite_url, replay=ReplaySpec())
     assert (outcome.status, int(outcome.exit_code)) == ("failed", 1)
@@ -56,21 +58,32 @@ def test_every_drill_lists_every_check_and_why_one_did_not_run(tmp_path: Path) -
     assert (outcome.status, int(outcome.exit_code)) == ("failed", 3)
     assert outcome.check("discover").status is CheckStatus.FAILED  # type: ignore[union-attr]
     skipped = [c for c in outcome.checks[2:]]
-    assert all(c.status is CheckStatus.SKIPPED and c.summary.startswith("not checked: nothing to drill") for c in skipped)
+    assert all(
+        c.status is CheckStatus.SKIPPED and c.summary.startswith("not checked: nothing to drill") for c in skipped
+    )
 
 
 @pytest.mark.parametrize(
     ("root", "selector", "error"),
-    [("absent", "latest", "NothingToDrill"), ("empty", "latest", "NothingToDrill"), ("run", "step:7", "NothingToDrill"), ("run", "latest", "UsageError")],
+    [
+        ("absent", "latest", "NothingToDrill"),
+        ("empty", "latest", "NothingToDrill"),
+        ("run", "step:7", "NothingToDrill"),
+        ("run", "latest", "UsageError"),
+    ],
 )
-def test_a_mistake_is_raised_before_anything_is_recorded(demo_run: Path, tmp_path: Path, sqlite_url: str, root: str, selector: str, error: str) -> None:
+def test_a_mistake_is_raised_before_anything_is_recorded(
+    demo_run: Path, tmp_path: Path, sqlite_url: str, root: str, selector: str, error: str
+) -> None:
     """No such root, a run with nothing in it, a step that is not retained, a replay module that
     does not exist: each is raised before the record is opened, never an audit record."""
     from drill.errors import DrillError
 
     (tmp_path / "empty").mkdir()
     path = {"absent": tmp_path / "absent", "empty": tmp_path / "empty", "run": demo_run}[root]
-    replay = ReplaySpec(entrypoint="no_such_trainer.replay:build") if error == "UsageError" else ReplaySpec(enabled=False)
+    replay = (
+        ReplaySpec(entrypoint="no_such_trainer.replay:build") if error == "UsageError" else ReplaySpec(enabled=False)
+    )
     with pytest.raises(DrillError) as raised:
         run_drill(DrillRequest(root=str(path), selector=selector, replay=replay), db=sqlite_url)
     assert type(raised.value).__name__ == error
@@ -132,7 +145,9 @@ def full_disk():  # type: ignore[no-untyped-def]
     event.remove(Engine, "connect", cap)
 
 
-def test_a_full_disk_closes_the_row_as_error_with_the_real_verdict(demo_run: Path, sqlite_url: str, full_disk, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_full_disk_closes_the_row_as_error_with_the_real_verdict(
+    demo_run: Path, sqlite_url: str, full_disk, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr("drill.records.recorder.BACKOFF", (0.01, 0.01))
     history(db=sqlite_url)  # the database exists, at its head revision
     drill(demo_run, sqlite_url)
@@ -184,7 +199,9 @@ def test_a_lock_held_past_the_busy_timeout_spools_the_verdict_for_the_next_drill
     assert delivered["status"] == "passed" and delivered["checks"] == outcome.to_document()["checks"]
 
 
-def test_a_database_away_when_the_drill_began_still_gets_the_drill(demo_run: Path, sqlite_url: str, private_spool: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_database_away_when_the_drill_began_still_gets_the_drill(
+    demo_run: Path, sqlite_url: str, private_spool: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from drill.records.store import Records
 
     history(db=sqlite_url)
@@ -213,7 +230,9 @@ def test_a_database_away_when_the_drill_began_still_gets_the_drill(demo_run: Pat
     ],
     ids=["bit-flip", "truncated-while-read", "grew-while-read", "io-error-mid-file"],
 )
-def test_faults_during_the_read_fail_the_drill_with_their_finding(demo_run: Path, sqlite_url: str, fault, check: str, code: str) -> None:  # type: ignore[no-untyped-def]
+def test_faults_during_the_read_fail_the_drill_with_their_finding(
+    demo_run: Path, sqlite_url: str, fault, check: str, code: str
+) -> None:  # type: ignore[no-untyped-def]
     outcome = drill(demo_run, sqlite_url, storage=FaultyStorage({"__0_0.distcp": fault}))
     assert outcome.status == "failed"
     assert (code, "__0_0.distcp") in [(f.code, f.subject) for f in outcome.check(check).findings]  # type: ignore[union-attr]
@@ -234,7 +253,9 @@ def test_the_public_api(demo_run: Path, sqlite_url: str) -> None:
     assert {"run_drill", "DrillRequest", "DrillOutcome", "verify_checkpoint", "seal"} <= set(api.__all__)
     verified = api.verify_checkpoint(str(demo_run / "step-20"))
     assert verified.exit_code == 0 and "every byte matches" in verified.result.summary
-    outcome = api.run_drill(api.DrillRequest(root=str(demo_run), selector="step:20", replay=ReplaySpec(enabled=False)), db=sqlite_url)
+    outcome = api.run_drill(
+        api.DrillRequest(root=str(demo_run), selector="step:20", replay=ReplaySpec(enabled=False)), db=sqlite_url
+    )
     assert outcome.status is api.DrillStatus.PASSED and outcome.exit_code is api.ExitCode.PASSED
 
 
@@ -256,7 +277,9 @@ def test_a_read_that_never_returns_ends_the_drill_at_its_timeout(demo_run: Path,
     assert _recorded(sqlite_url, outcome)["status"] == "error"
 
 
-def test_no_checkpoint_file_is_ever_memory_mapped(demo_run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_checkpoint_file_is_ever_memory_mapped(
+    demo_run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A file truncated while mapped kills the reader with SIGBUS: drill maps none."""
     import mmap
 

@@ -52,7 +52,10 @@ def test_typos_are_not_ignored() -> None:
 
 
 def test_step_and_latest_together() -> None:
-    assert "sets both step: 1200 and strategy: latest" in _problems(BASE + "selection: {strategy: latest, step: 1200}\n")[0]
+    assert (
+        "sets both step: 1200 and strategy: latest"
+        in _problems(BASE + "selection: {strategy: latest, step: 1200}\n")[0]
+    )
     assert "sets both strategy: step:5 and step: 6" in _problems(BASE + "selection: {strategy: 'step:5', step: 6}\n")[0]
     assert parse_policy(BASE + "selection: {strategy: 'step:5'}\n").selection == Selection(strategy="step", step=5)
 
@@ -93,9 +96,9 @@ def test_policy_check_command(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert res.stdout.count("ok: ") == len(POLICIES)
     errors = [line for line in res.stderr.splitlines() if not line.startswith("warning: ")]
-    assert errors == [f"{bad}:3: schedule.cron: invalid cron expression 'every night': Error validating expression 'every night'"] or (
-        len(errors) == 1 and errors[0].startswith(f"{bad}:3: schedule.cron: invalid cron expression 'every night'")
-    )
+    assert errors == [
+        f"{bad}:3: schedule.cron: invalid cron expression 'every night': Error validating expression 'every night'"
+    ] or (len(errors) == 1 and errors[0].startswith(f"{bad}:3: schedule.cron: invalid cron expression 'every night'"))
     # valid policies meant for other hosts: their storage, devices and secrets are not here
     assert "warning: " in res.stderr and "s3" in res.stderr
 
@@ -105,7 +108,9 @@ NOW = 1_000_000.0
 
 
 def _disc(*steps: int, age: float = 3600.0) -> Discovery:
-    return Discovery(root="/r", checkpoints=[CheckpointRef(f"/r/step-{s}", f"step-{s}", s, "dcp", NOW - age) for s in steps])
+    return Discovery(
+        root="/r", checkpoints=[CheckpointRef(f"/r/step-{s}", f"step-{s}", s, "dcp", NOW - age) for s in steps]
+    )
 
 
 def test_selection_skips_young_saves_and_what_retention_purges_next() -> None:
@@ -153,8 +158,15 @@ HOSTILE = {
     "an alias bomb": "name: b\na: &a [x,x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
     "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\n"
     "checkpoints: {root: /r}\nschedule: {cron: '0 3 * * *'}\ncontract: {allow_missing: *f}\n",
-    "deep nesting": "name: d\ncheckpoints: {root: /r}\nschedule: {cron: '0 3 * * *'}\nreplay: " + "[" * 20000 + "]" * 20000 + "\n",
-    "deep mappings": "name: d\ncheckpoints: {root: /r}\nschedule: {cron: '0 3 * * *'}\nalerts: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n",
+    "deep nesting": "name: d\ncheckpoints: {root: /r}\nschedule: {cron: '0 3 * * *'}\nreplay: "
+    + "[" * 20000
+    + "]" * 20000
+    + "\n",
+    "deep mappings": "name: d\ncheckpoints: {root: /r}\nschedule: {cron: '0 3 * * *'}\nalerts: "
+    + "{a: " * 5000
+    + "1"
+    + "}" * 5000
+    + "\n",
     "a recursive alias": "name: r\ncheckpoints: &r {root: /r, s3: *r}\nschedule: {cron: '0 3 * * *'}\n",
     "an object tag in a value": "name: t\ncheckpoints: {root: !!python/object/apply:os.system [id]}\nschedule: {cron: '0 3 * * *'}\n",
     "a local tag": "name: t\ncheckpoints: {root: !mytag /r}\nschedule: {cron: '0 3 * * *'}\n",
@@ -176,7 +188,10 @@ def test_a_hostile_policy_is_a_policy_error_with_its_line_fast_and_small(what: s
     path = tmp_path / "hostile.yaml"
     path.write_text(HOSTILE[what])
     drill = str(Path(sys.executable).parent / "drill")
-    for args in (["policy", "check", str(path)], ["run", "--policy", str(path), "--db", f"sqlite:///{tmp_path / 'd.db'}"]):
+    for args in (
+        ["policy", "check", str(path)],
+        ["run", "--policy", str(path), "--db", f"sqlite:///{tmp_path / 'd.db'}"],
+    ):
         started = time.monotonic()
         done = subprocess.run(
             [drill, *args], capture_output=True, text=True, timeout=60,

@@ -83,18 +83,33 @@ def test_drill_row_is_visible_while_running_and_completed_at_the_end(db_url: str
     ckpt = CheckpointInfo(uri="/r/step-3", name="step-3", step=3, format="dcp", bytes=100, files=2)
     records.attach_checkpoint(drill_id, ckpt, selection="latest", evidence_level="sealed", sample="all")
     finding = Finding(check="files", code="file-missing", severity=Severity.ERROR, subject="a.distcp", message="gone")
-    records.add_checks(drill_id, [CheckResult(name="files", summary="1 missing", findings=[finding], evidence={"n": (1, 2)})])
+    records.add_checks(
+        drill_id, [CheckResult(name="files", summary="1 missing", findings=[finding], evidence={"n": (1, 2)})]
+    )
     outcome = records.get(drill_id)
     outcome.status, outcome.exit_code, outcome.message = DrillStatus.FAILED, ExitCode.FAILED, "gone"
-    outcome.timings, outcome.bytes_read, outcome.finished_at = Timings(restore=2.0, read=1.0, load=0.5), 3000, datetime.now(timezone.utc)
+    outcome.timings, outcome.bytes_read, outcome.finished_at = (
+        Timings(restore=2.0, read=1.0, load=0.5),
+        3000,
+        datetime.now(timezone.utc),
+    )
     records.finish_drill(outcome)
 
     doc = records.get(drill_id).to_document()
     assert doc["status"] == "failed" and doc["exit_code"] == 1 and doc["message"] == "gone"
-    assert doc["checkpoint"] == {"uri": "/r/step-3", "name": "step-3", "step": 3, "format": "dcp", "bytes": 100, "files": 2}
+    assert doc["checkpoint"] == {
+        "uri": "/r/step-3",
+        "name": "step-3",
+        "step": 3,
+        "format": "dcp",
+        "bytes": 100,
+        "files": 2,
+    }
     assert doc["throughput_bps"] == pytest.approx(2000.0)
     assert doc["checks"][0]["evidence"] == {"n": [1, 2]}
-    assert doc["checks"][0]["findings"] == [{"check": "files", "code": "file-missing", "severity": "error", "subject": "a.distcp", "message": "gone"}]
+    assert doc["checks"][0]["findings"] == [
+        {"check": "files", "code": "file-missing", "severity": "error", "subject": "a.distcp", "message": "gone"}
+    ]
     assert records.history()[0].started_at.utcoffset() == timezone.utc.utcoffset(None)
     records.db.close()
 
@@ -189,7 +204,10 @@ def test_a_damaged_row_does_not_stop_the_next_drill(demo_run: Path, tmp_path: Pa
     db = tmp_path / "d.db"
     first = run_one(demo_run, f"sqlite:///{db}")
     with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE drills SET status = 'running', started_at = 'garbage', process_start = NULL WHERE id = ?", (first.id,))
+        conn.execute(
+            "UPDATE drills SET status = 'running', started_at = 'garbage', process_start = NULL WHERE id = ?",
+            (first.id,),
+        )
     outcome = run_one(demo_run, f"sqlite:///{db}")
     assert outcome.status == DrillStatus.PASSED and outcome.id is not None and outcome.id != first.id
     assert "cannot read" in (outcome.record_problem or "")

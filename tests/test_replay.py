@@ -113,7 +113,9 @@ def test_hanging_replay_is_killed_at_its_timeout(demo_run: Path, sqlite_url: str
 def test_compare_is_exact_on_the_same_device() -> None:
     ref = {1: StepRecord(step=1, loss=2.0, grad_norm=1.0, batch="a"), 2: StepRecord(step=2, loss=1.5, batch="b")}
     assert compare_steps(ref, [StepRecord(step=1, loss=2.0, grad_norm=1.0, batch="a")], SAME_DEVICE) is None
-    d = compare_steps(ref, [StepRecord(step=1, loss=2.0, batch="a"), StepRecord(step=2, loss=1.5000001, batch="b")], SAME_DEVICE)
+    d = compare_steps(
+        ref, [StepRecord(step=1, loss=2.0, batch="a"), StepRecord(step=2, loss=1.5000001, batch="b")], SAME_DEVICE
+    )
     assert d is not None and (d.step, d.what) == (2, "loss")
     assert compare_steps(ref, [StepRecord(step=1, loss=2.0000001, batch="a")], CROSS_DEVICE) is None
     d = compare_steps(ref, [StepRecord(step=1, loss=2.0, grad_norm=1.1, batch="a")], Tolerance(0.01, 0))

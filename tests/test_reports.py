@@ -54,31 +54,61 @@ def test_the_json_report_holds_the_evidence(history_db: tuple[str, Path]) -> Non
     (section,) = doc["runs"]
     assert section["run_root"] == str(run) and section["retention"] == "storage"
     rows = {c["name"]: c for c in section["checkpoints"]}
-    assert [rows[n]["proven_restorable"] for n in ("step-10", "step-20", "step-30")] == [False, True, False]  # latest verdicts: slo_breach, passed, failed
-    assert rows["step-20"]["last_drill_id"] == 5 and rows["step-20"]["evidence_level"] == "sealed" and rows["step-20"]["bytes_verified"] > 0
-    assert section["coverage"]["retained"] == 3 and section["coverage"]["drilled_in_window"] == 3 and section["coverage"]["share"] == 1.0
-    assert section["restore_seconds"]["n"] == 5 and section["restore_seconds"]["p95"] >= section["restore_seconds"]["p50"] > 0
+    assert [rows[n]["proven_restorable"] for n in ("step-10", "step-20", "step-30")] == [
+        False,
+        True,
+        False,
+    ]  # latest verdicts: slo_breach, passed, failed
+    assert (
+        rows["step-20"]["last_drill_id"] == 5
+        and rows["step-20"]["evidence_level"] == "sealed"
+        and rows["step-20"]["bytes_verified"] > 0
+    )
+    assert (
+        section["coverage"]["retained"] == 3
+        and section["coverage"]["drilled_in_window"] == 3
+        and section["coverage"]["share"] == 1.0
+    )
+    assert (
+        section["restore_seconds"]["n"] == 5
+        and section["restore_seconds"]["p95"] >= section["restore_seconds"]["p50"] > 0
+    )
     assert section["ttfs_seconds"]["n"] == 2
     failed = [d for d in section["drills"] if d["status"] == "failed"]
     assert [f["code"] for f in failed[0]["findings"] if f["check"] == "integrity"] == ["digest-mismatch"]
     assert failed[0]["rerun"] == f"drill run --checkpoint '{run}/step-30' --no-replay --db {url}"  # the drill as it ran
     replayed = section["drills"][0]["replay"]
     assert replayed["verdict"] == "passed" and replayed["steps"][0]["reference_loss"] == replayed["steps"][0]["loss"]
-    assert section["slo_breaches"][0]["drill_id"] == 4 and "over the 1e-06 s target" in section["slo_breaches"][0]["breaches"][0]
-    assert section["goodput"]["restart_s"] > 0 and [r["gpus"] for r in section["goodput"]["rows"]] == [4096, 16384, 65536]
+    assert (
+        section["slo_breaches"][0]["drill_id"] == 4
+        and "over the 1e-06 s target" in section["slo_breaches"][0]["breaches"][0]
+    )
+    assert section["goodput"]["restart_s"] > 0 and [r["gpus"] for r in section["goodput"]["rows"]] == [
+        4096,
+        16384,
+        65536,
+    ]
     assert doc["chain"]["intact"] and doc["chain"]["head"]["seq"] == 5
 
 
 def test_the_markdown_report_escapes_what_it_did_not_write(history_db: tuple[str, Path]) -> None:
     url, _ = history_db
     md = _report(url, "-f", "md")
-    prose = re.sub(r"(?ms)^(`{3,})sh\n.*?\n\1$", "", md)  # commands stay literal inside code blocks, which never render markup
-    assert "<script>" not in prose and "&lt;script&gt;" in prose and "```sh\ndrill run --checkpoint 'run <script>" not in md
+    prose = re.sub(
+        r"(?ms)^(`{3,})sh\n.*?\n\1$", "", md
+    )  # commands stay literal inside code blocks, which never render markup
+    assert (
+        "<script>" not in prose
+        and "&lt;script&gt;" in prose
+        and "```sh\ndrill run --checkpoint 'run <script>" not in md
+    )
     overview, heading = [line for line in md.splitlines() if line.startswith("## ")]
     assert overview == "## Overview"
     assert heading.endswith("/run &lt;script&gt;alert(1)&lt;/script&gt; \\| \\`tick\\` \\*star\\* \\[x\\](y)")
     for line in md.splitlines():
-        if line.startswith("| ") and "step-" in line and "step-" in line.split("|")[1]:  # every checkpoint row keeps its columns
+        if (
+            line.startswith("| ") and "step-" in line and "step-" in line.split("|")[1]
+        ):  # every checkpoint row keeps its columns
             header_cols = 11
             assert len(re.findall(r"(?<!\\)\|", line)) == header_cols + 1, line
     assert "drill run --checkpoint" in md and "### What your measured restore time costs" in md
@@ -139,15 +169,26 @@ def test_the_html_report_renders_in_headless_chromium(history_db: tuple[str, Pat
     page = tmp_path / "report.html"
     _report(url, "-o", str(page))
     shot = tmp_path / "shot.png"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--hide-scrollbars", "--window-size=1100,1400"]
-    subprocess.run([browser, *flags, f"--screenshot={shot}", page.as_uri()], check=True, capture_output=True, timeout=120)
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--hide-scrollbars",
+        "--window-size=1100,1400",
+    ]
+    subprocess.run(
+        [browser, *flags, f"--screenshot={shot}", page.as_uri()], check=True, capture_output=True, timeout=120
+    )
     width, height, rows = _png_pixels(shot.read_bytes())
     assert (width, height) == (1100, 1400)
     colors = {row[i : i + 3] for row in rows[::4] for i in range(0, len(row), 12)}
     assert len(colors) > 50  # text, tables and charts, not a blank or error page
     blue, green, red = bytes((0x25, 0x63, 0xEB)), bytes((0x15, 0x80, 0x3D)), bytes((0xDC, 0x26, 0x26))
     assert blue in colors and green in colors and red in colors  # the latency series, passed and failed verdicts drawn
-    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], check=True, capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(
+        [browser, *flags, "--dump-dom", page.as_uri()], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
     assert dom.count("<polyline") >= 2 and dom.count("<circle") >= 7 and "<script" not in dom
 
 
@@ -165,7 +206,9 @@ def test_report_filters_and_bad_flags(history_db: tuple[str, Path], tmp_path: Pa
     assert json.loads(_report(url, "-f", "json", "--policy", "nope"))["runs"] == []
     assert json.loads(_report(url, "-f", "json", "--root", str(run)))["totals"]["drills"] == 5
     idle = json.loads(_report(url, "-f", "json", "--since", "1s"))
-    assert idle["totals"]["drills"] == 0 and idle["runs"][0]["coverage"]["drilled_in_window"] == 0  # a run that stopped being drilled shows
+    assert (
+        idle["totals"]["drills"] == 0 and idle["runs"][0]["coverage"]["drilled_in_window"] == 0
+    )  # a run that stopped being drilled shows
     for args, message in (
         (["-f", "pdf"], "--format: 'pdf' is not one of html, md, json"),
         (["--since", "soon"], "--since:"),
@@ -185,15 +228,26 @@ def test_the_metrics_textfile_parses_and_tells_the_state(history_db: tuple[str, 
     res = invoke(CliRunner(), "metrics", "--db", url, "--textfile", str(path))
     assert res.exit_code == 0 and f"series to {path}" in res.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["drill.prom"]  # written by rename: no temporary left
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(path.read_text()) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(path.read_text())
+        for s in f.samples
+    }
     src = (("policy", ""), ("run_root", str(run)))
     assert samples[("drill_last_verdict", (*src, ("status", "passed")))] == 1.0
     assert samples[("drill_last_verdict", (*src, ("status", "failed")))] == 0.0
     assert samples[("drill_last_exit_code", src)] == 0.0
     assert 0 <= samples[("drill_last_success_age_seconds", src)] < 3600
-    assert samples[("drill_restore_seconds", src)] > 0 and samples[("drill_ttfs_seconds", src)] > 0 and samples[("drill_verified_bytes", src)] > 0
+    assert (
+        samples[("drill_restore_seconds", src)] > 0
+        and samples[("drill_ttfs_seconds", src)] > 0
+        and samples[("drill_verified_bytes", src)] > 0
+    )
     run_label = (("run_root", str(run)),)
-    assert samples[("drill_checkpoints_retained", run_label)] == 3 and samples[("drill_checkpoints_proven", run_label)] == 1
+    assert (
+        samples[("drill_checkpoints_retained", run_label)] == 3
+        and samples[("drill_checkpoints_proven", run_label)] == 1
+    )
     assert samples[("drill_coverage_ratio", run_label)] == 1.0
     assert samples[("drill_audit_chain_intact", ())] == 1.0 and samples[("drill_audit_chain_entries", ())] == 5
 
@@ -224,13 +278,50 @@ def test_goodput_follows_young_daly() -> None:
 
 
 def test_goodput_cli_table_json_and_errors() -> None:
-    res = invoke(CliRunner(), "goodput", "--json", "--gpus", "4096", "--gpus", "16384", "--gpus", "65536", "--blocking-s", "30", "--restart-s", "300", "--restart-s", "900")
+    res = invoke(
+        CliRunner(),
+        "goodput",
+        "--json",
+        "--gpus",
+        "4096",
+        "--gpus",
+        "16384",
+        "--gpus",
+        "65536",
+        "--blocking-s",
+        "30",
+        "--restart-s",
+        "300",
+        "--restart-s",
+        "900",
+    )
     rows = json.loads(res.stdout)["rows"]
-    assert [(r["gpus"], r["restart_s"]) for r in rows] == [(4096, 300), (4096, 900), (16384, 300), (16384, 900), (65536, 300), (65536, 900)]
-    assert {"gpus", "mtbf_hours", "blocking_s", "restart_s", "interval_s", "waste_fraction", "checkpoint_stall_cost_per_day", "restart_cost_per_day", "total_waste_cost_per_day"} <= set(rows[0])
-    assert rows[0]["restart_cost_per_day"] is None and rows[0]["checkpoint_stall_cost_per_day"] is None  # no price, no cost
+    assert [(r["gpus"], r["restart_s"]) for r in rows] == [
+        (4096, 300),
+        (4096, 900),
+        (16384, 300),
+        (16384, 900),
+        (65536, 300),
+        (65536, 900),
+    ]
+    assert {
+        "gpus",
+        "mtbf_hours",
+        "blocking_s",
+        "restart_s",
+        "interval_s",
+        "waste_fraction",
+        "checkpoint_stall_cost_per_day",
+        "restart_cost_per_day",
+        "total_waste_cost_per_day",
+    } <= set(rows[0])
+    assert (
+        rows[0]["restart_cost_per_day"] is None and rows[0]["checkpoint_stall_cost_per_day"] is None
+    )  # no price, no cost
     table = invoke(CliRunner(), "goodput", "--price-per-gpu-hour", "2")
-    assert table.exit_code == 0 and "65,536" in table.stdout and "$/year" in table.stdout and "ckpt stall" in table.stdout
+    assert (
+        table.exit_code == 0 and "65,536" in table.stdout and "$/year" in table.stdout and "ckpt stall" in table.stdout
+    )
     for args, message in (
         (["--gpus", "-8"], "--gpus must be a whole number"),
         (["--mtbf-hours", "0"], "--mtbf-hours must be a positive number"),
@@ -248,25 +339,48 @@ def test_goodput_takes_r_from_a_policys_drills(demo_run: Path, sqlite_url: str) 
     res = invoke(CliRunner(), "goodput", "--json", "--policy", "nightly", "--gpus", "16384", "--db", sqlite_url)
     doc = json.loads(res.stdout)
     ttfs = doc["restart"]["restart_s"]
-    assert res.exit_code == 0 and ttfs > 0 and doc["rows"][0]["restart_s"] == ttfs and "p95 time to first step of 1 drill" in doc["restart"]["how"]
+    assert (
+        res.exit_code == 0
+        and ttfs > 0
+        and doc["rows"][0]["restart_s"] == ttfs
+        and "p95 time to first step of 1 drill" in doc["restart"]["how"]
+    )
     assert "warm: these drills read from the page cache" in doc["restart"]["how"]  # no cold drill: said plainly
     assert "applied to 16,384 GPUs as it is" in res.stderr  # a one-process drill stretched to a big job: said
-    res = invoke(CliRunner(), "goodput", "--json", "--policy", "nightly", "--checkpoint-bytes", "2TB", "--restore-bandwidth", "100GB/s", "--db", sqlite_url)
+    res = invoke(
+        CliRunner(),
+        "goodput",
+        "--json",
+        "--policy",
+        "nightly",
+        "--checkpoint-bytes",
+        "2TB",
+        "--restore-bandwidth",
+        "100GB/s",
+        "--db",
+        sqlite_url,
+    )
     assert "R extrapolates" in res.stderr and "× the" in res.stderr
     scaled = json.loads(res.stdout)
     t = measured.timings
-    assert scaled["restart"]["restart_s"] == pytest.approx(t.ttfs - t.restore + 20)  # the restore replaced by 2 TB at 100 GB/s
+    assert scaled["restart"]["restart_s"] == pytest.approx(
+        t.ttfs - t.restore + 20
+    )  # the restore replaced by 2 TB at 100 GB/s
     res = invoke(CliRunner(), "goodput", "--policy", "other", "--db", sqlite_url)
     assert res.exit_code == 2 and "no drill of it has a time to first step" in res.stderr
 
 
-def test_a_finding_about_the_whole_drill_renders_in_every_format(demo_run: Path, sqlite_url: str, tmp_path: Path) -> None:
+def test_a_finding_about_the_whole_drill_renders_in_every_format(
+    demo_run: Path, sqlite_url: str, tmp_path: Path
+) -> None:
     """A finding may name no subject (a replay that raised is about the drill, not a key):
     every report format renders it (once a KeyError in the Markdown report)."""
     from drill.replay import ReplaySpec
     from tests.conftest import drill as _drill
 
-    outcome = _drill(demo_run, sqlite_url, replay=ReplaySpec(enabled=True, steps=1, entrypoint="tests.replay_targets:raising"))
+    outcome = _drill(
+        demo_run, sqlite_url, replay=ReplaySpec(enabled=True, steps=1, entrypoint="tests.replay_targets:raising")
+    )
     assert any(f.subject is None for f in outcome.findings)
     runner = CliRunner()
     for fmt in ("md", "html", "json"):
@@ -326,11 +440,17 @@ def test_a_report_lists_the_newest_drills_and_the_failures_and_counts_them_all(h
     url, _ = history_db
     doc = json.loads(_report(url, "-f", "json", "--drills", "1"))
     (section,) = doc["runs"]
-    assert doc["totals"]["drills"] == 5 and section["drills_in_window"] == 5 and section["counts"] == {"passed": 2, "failed": 2, "slo_breach": 1}
+    assert (
+        doc["totals"]["drills"] == 5
+        and section["drills_in_window"] == 5
+        and section["counts"] == {"passed": 2, "failed": 2, "slo_breach": 1}
+    )
     assert [d["id"] for d in section["drills"]] == [4, 5]  # the newest, and the slo_breach among the newest two
     assert section["restore_seconds"]["n"] == 5 and section["coverage"]["drilled_in_window"] == 3
     full = json.loads(_report(url, "-f", "json", "--drills", "all"))
-    assert [d["id"] for d in full["runs"][0]["drills"]] == [1, 2, 3, 4, 5] and full["runs"][0]["checkpoints"] == section["checkpoints"]
+    assert [d["id"] for d in full["runs"][0]["drills"]] == [1, 2, 3, 4, 5] and full["runs"][0][
+        "checkpoints"
+    ] == section["checkpoints"]
     assert "2 of the 5 drills in the window" in _report(url, "-f", "md", "--drills", "1")
     assert "Every drill in the window" in _report(url, "-f", "md")
     res = invoke(CliRunner(), "report", "--db", url, "--drills", "some")
@@ -352,7 +472,9 @@ def test_records_outside_the_window_are_not_read_into_a_report(demo_run: Path, s
     db = open_database(sqlite_url)
     old = datetime.now(timezone.utc) - timedelta(days=90)
     with db.engine.begin() as c:  # step-10 and its drill belong to last quarter
-        c.execute(sa.text("UPDATE checkpoints SET last_seen = :t, first_seen = :t WHERE uri LIKE '%step-10'"), {"t": old})
+        c.execute(
+            sa.text("UPDATE checkpoints SET last_seen = :t, first_seen = :t WHERE uri LIKE '%step-10'"), {"t": old}
+        )
         c.execute(sa.text("UPDATE drills SET started_at = :t WHERE id = 1"), {"t": old})
     db.close()
     doc = json.loads(_report(sqlite_url, "-f", "json", "--no-list", "--since", "30d"))

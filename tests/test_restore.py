@@ -133,14 +133,37 @@ def test_a_cold_drill_drops_the_checkpoint_from_the_page_cache_and_says_so(demo_
     for p in files:
         p.read_bytes()  # warm
     assert sum(resident_bytes(str(p)) for p in files) > 0
-    res = _sp.run([_sys.executable, "-m", "drill", "run", "--root", str(demo_run), "--db", db, "--no-replay", "--cold", "--json", "-q"], capture_output=True, text=True)
+    res = _sp.run(
+        [
+            _sys.executable,
+            "-m",
+            "drill",
+            "run",
+            "--root",
+            str(demo_run),
+            "--db",
+            db,
+            "--no-replay",
+            "--cold",
+            "--json",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+    )
     doc = _json.loads(res.stdout)
     assert doc["status"] == "passed" and "--cold" in doc["options"]["flags"] and doc["options"]["cold"] is True
     cache = doc["page_cache"]
     assert cache["cold"] is True and cache["resident"] == 0 and cache["bytes"] == sum(p.stat().st_size for p in files)
     assert sum(resident_bytes(str(p)) for p in files) > 0  # the drill's own read brought them back
-    res = _sp.run([_sys.executable, "-m", "drill", "run", "--root", str(demo_run), "--db", db, "--no-replay", "--json", "-q"], capture_output=True, text=True)
+    res = _sp.run(
+        [_sys.executable, "-m", "drill", "run", "--root", str(demo_run), "--db", db, "--no-replay", "--json", "-q"],
+        capture_output=True,
+        text=True,
+    )
     warm = _json.loads(res.stdout)["page_cache"]
     assert warm["cold"] is False and warm["resident"] > 0
-    show = _sp.run([_sys.executable, "-m", "drill", "show", str(doc["id"]), "--db", db], capture_output=True, text=True).stdout
+    show = _sp.run(
+        [_sys.executable, "-m", "drill", "show", str(doc["id"]), "--db", db], capture_output=True, text=True
+    ).stdout
     assert "read from" in show and "cold: 0 B (0%)" in show

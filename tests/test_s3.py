@@ -8,9 +8,9 @@ Nothing is monkeypatched: drill talks to them through boto3 over HTTP.
 from __future__ import annotations
 
 import json
-import uuid
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,10 +70,18 @@ def test_a_sealed_run_drills_from_s3_replay_included(demo_run: Path, s3, sqlite_
     doc = json.loads(res.stdout)
     assert doc["checkpoint"]["uri"] == f"{root}/step-30" and doc["run_root"] == root
     checks = {c["name"]: c for c in doc["checks"]}
-    assert checks["integrity"]["summary"].startswith("sealed, unauthenticated: every byte matches the manifest (3 files")
-    assert checks["replay"]["status"] == "passed" and "bit for bit" in checks["replay"]["summary"]  # the child loads from S3 too
-    assert doc["bytes_read"] == sum(p.stat().st_size for p in (demo_run / "step-30").iterdir() if p.name != "drill-manifest.json")
-    assert not _leaks(res.stdout, res.stderr, Path(sqlite_url.removeprefix("sqlite:///")).read_bytes().decode("latin-1"))
+    assert checks["integrity"]["summary"].startswith(
+        "sealed, unauthenticated: every byte matches the manifest (3 files"
+    )
+    assert (
+        checks["replay"]["status"] == "passed" and "bit for bit" in checks["replay"]["summary"]
+    )  # the child loads from S3 too
+    assert doc["bytes_read"] == sum(
+        p.stat().st_size for p in (demo_run / "step-30").iterdir() if p.name != "drill-manifest.json"
+    )
+    assert not _leaks(
+        res.stdout, res.stderr, Path(sqlite_url.removeprefix("sqlite:///")).read_bytes().decode("latin-1")
+    )
 
     shard = demo_run / "step-30" / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
@@ -152,12 +160,17 @@ def test_a_missing_bucket_names_it(s3, sqlite_url: str) -> None:  # type: ignore
     assert history(db=sqlite_url) == []  # a root that is not there is no audit record
 
 
-def test_access_denied_is_an_error_naming_bucket_and_key_without_retries(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_access_denied_is_an_error_naming_bucket_and_key_without_retries(
+    demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str
+) -> None:  # type: ignore[no-untyped-def]
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     proxy.rules.append(Rule("step-30/__0_1.distcp", "forbid", method="GET"))
     outcome = drill(root, sqlite_url)
-    assert (outcome.status.value, int(outcome.exit_code)) == ("error", 5)  # the credentials' fault, not the checkpoint's
+    assert (outcome.status.value, int(outcome.exit_code)) == (
+        "error",
+        5,
+    )  # the credentials' fault, not the checkpoint's
     (finding,) = [f for f in outcome.findings if f.check == "files"]
     assert finding.code == "storage-denied" and finding.subject == "__0_1.distcp"
     assert f"s3://{bucket}/run/step-30/__0_1.distcp" in finding.message and "access denied" in finding.message
@@ -181,10 +194,15 @@ def test_an_object_deleted_between_listing_and_reading(demo_run: Path, s3, sqlit
     assert ("files", "file-missing", "__0_0.distcp") in [(f.check, f.code, f.subject) for f in outcome.findings]
 
 
-def test_throttling_and_resets_are_retried_and_bounded(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_throttling_and_resets_are_retried_and_bounded(
+    demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
-    proxy.rules += [Rule("__0_0.distcp", "slowdown", times=3, method="GET"), Rule("__0_1.distcp", "reset", times=1, method="GET")]
+    proxy.rules += [
+        Rule("__0_0.distcp", "slowdown", times=3, method="GET"),
+        Rule("__0_1.distcp", "reset", times=1, method="GET"),
+    ]
     outcome = drill(root, sqlite_url)
     assert outcome.status == "passed", [f.message for f in outcome.findings]
     files = {f["path"]: f for f in outcome.check("files").evidence["files"]}  # type: ignore[union-attr]
@@ -197,7 +215,11 @@ def test_throttling_and_resets_are_retried_and_bounded(demo_run: Path, s3, proxy
     throttled = drill(root, sqlite_url)
     assert time.monotonic() - started < 60
     (finding,) = [f for f in throttled.findings if f.check == "files"]
-    assert finding.subject == "__0_0.distcp" and "SlowDown" in finding.message and "gave up after 6 attempts" in finding.message
+    assert (
+        finding.subject == "__0_0.distcp"
+        and "SlowDown" in finding.message
+        and "gave up after 6 attempts" in finding.message
+    )
 
 
 def test_an_object_shorter_than_its_manifest_says(demo_run: Path, s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
@@ -220,7 +242,9 @@ def test_a_policy_denying_list_bucket_is_a_clear_error(demo_run: Path, s3, proxy
     assert history(db=sqlite_url) == []
 
 
-def test_an_s3_root_with_a_scratch_copy_verifies_and_loads_the_copy(demo_run: Path, s3, sqlite_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_an_s3_root_with_a_scratch_copy_verifies_and_loads_the_copy(
+    demo_run: Path, s3, sqlite_url: str, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     scratch = tmp_path / "scratch"
@@ -228,11 +252,14 @@ def test_an_s3_root_with_a_scratch_copy_verifies_and_loads_the_copy(demo_run: Pa
     assert outcome.status == "passed"
     assert "scratch copy" in outcome.check("discover").summary  # type: ignore[union-attr]
     assert not scratch.exists() or not any(scratch.iterdir())  # cleaned up afterwards
-    assert outcome.checkpoint is not None and outcome.checkpoint.uri == f"{root}/step-30"  # the record names the checkpoint, not its copy
+    assert (
+        outcome.checkpoint is not None and outcome.checkpoint.uri == f"{root}/step-30"
+    )  # the record names the checkpoint, not its copy
 
 
-
-def test_without_list_bucket_even_a_named_checkpoint_is_refused_with_the_permission_named(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_without_list_bucket_even_a_named_checkpoint_is_refused_with_the_permission_named(
+    demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str
+) -> None:  # type: ignore[no-untyped-def]
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     proxy.rules.append(Rule(f"/{bucket}", "forbid", method="GET", query="list-type"))
@@ -242,7 +269,9 @@ def test_without_list_bucket_even_a_named_checkpoint_is_refused_with_the_permiss
     assert history(db=sqlite_url) == []
 
 
-def test_a_second_real_implementation_ceph_radosgw(demo_run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_real_implementation_ceph_radosgw(
+    demo_run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same drill against Ceph's gateway (where Debian's ceph packages are installed):
     ranged GETs with If-Match, listing with delimiters and 404s as a real store serves them."""
     from tests.radosgw import RadosGateway, available
@@ -252,7 +281,11 @@ def test_a_second_real_implementation_ceph_radosgw(demo_run: Path, sqlite_url: s
     import boto3
 
     with RadosGateway(memstore_bytes=256 << 20) as rgw:
-        for name, value in (("AWS_ACCESS_KEY_ID", rgw.access_key), ("AWS_SECRET_ACCESS_KEY", rgw.secret_key), ("AWS_ENDPOINT_URL", rgw.url)):
+        for name, value in (
+            ("AWS_ACCESS_KEY_ID", rgw.access_key),
+            ("AWS_SECRET_ACCESS_KEY", rgw.secret_key),
+            ("AWS_ENDPOINT_URL", rgw.url),
+        ):
             monkeypatch.setenv(name, value)
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
         monkeypatch.setenv("DRILL_S3_ADDRESSING_STYLE", "path")
@@ -271,7 +304,9 @@ def test_a_second_real_implementation_ceph_radosgw(demo_run: Path, sqlite_url: s
         client.delete_object(Bucket="ckpt", Key="run7/step-30/__0_0.distcp")
         bad = drill(root, sqlite_url)
         found = {(f.check, f.code, f.subject) for f in bad.findings}
-        assert {("integrity", "digest-mismatch", "__0_1.distcp"), ("files", "file-missing", "__0_0.distcp")} <= found, found
+        assert {("integrity", "digest-mismatch", "__0_1.distcp"), ("files", "file-missing", "__0_0.distcp")} <= found, (
+            found
+        )
         from drill.errors import NothingToDrill
 
         with pytest.raises(NothingToDrill, match="no such bucket"):  # refused before a record is opened (exit 3)
@@ -298,7 +333,9 @@ def test_scratch_copies_go_on_every_exit_path(demo_run: Path, s3, sqlite_url: st
     assert sorted(p.name for p in scratch.iterdir()) == [live.name]
 
 
-def test_every_command_is_bounded_on_a_listing_that_never_ends(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_every_command_is_bounded_on_a_listing_that_never_ends(
+    demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str
+) -> None:  # type: ignore[no-untyped-def]
     """A storage whose listing says "more follow" forever: last-good ends as an error within its
     --timeout; a report falls back to the record for that run, saying so."""
     client, bucket = s3
@@ -313,14 +350,20 @@ def test_every_command_is_bounded_on_a_listing_that_never_ends(demo_run: Path, s
     assert run["retention"] == "records" and "could not be listed" in run["retention_note"]
 
 
-def test_a_server_error_on_listing_is_a_storage_error_never_an_internal_one(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_server_error_on_listing_is_a_storage_error_never_an_internal_one(
+    demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     proxy.rules.append(Rule(f"/{bucket}", "error", method="GET", query="list-type"))
     runner = CliRunner()
     for args in (["verify", f"{root}/step-30"], ["run", "--root", root, "--no-replay"], ["last-good", "--root", root]):
         res = invoke(runner, *args, "--db", sqlite_url)
-        assert res.exit_code == 5 and "internal error" not in res.stderr and "InternalError" in res.stderr, (args, res.exit_code, res.stderr)
+        assert res.exit_code == 5 and "internal error" not in res.stderr and "InternalError" in res.stderr, (
+            args,
+            res.exit_code,
+            res.stderr,
+        )
     assert history(db=sqlite_url) == []
 
 
@@ -344,7 +387,9 @@ def test_a_dcp_save_straight_to_s3_is_sealed_as_it_is_written(s3, tmp_path: Path
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"])
     assert keys == ["run/step-10/.metadata", "run/step-10/__0_0.distcp", "run/step-10/drill-manifest.json"]
     res = subprocess.run([sys.executable, "-m", "drill", "verify", uri], capture_output=True, text=True)
-    assert res.returncode == 0 and "sealed, unauthenticated: every byte matches the manifest (2 files" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "sealed, unauthenticated: every byte matches the manifest (2 files" in res.stdout, (
+        res.stdout + res.stderr
+    )
     body = bytearray(client.get_object(Bucket=bucket, Key="run/step-10/__0_0.distcp")["Body"].read())
     body[100] ^= 0x01
     client.put_object(Bucket=bucket, Key="run/step-10/__0_0.distcp", Body=bytes(body))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from drill.integrity.sampling import SampleSpec, SampleSpecError, parse_sample, select_sample
 from drill import history
+from drill.integrity.sampling import SampleSpec, SampleSpecError, parse_sample, select_sample
 from tests.conftest import drill
 
 SIZES = {f"__{i}_0.distcp": 1000 + i for i in range(40)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -49,7 +50,19 @@ def _drills(db: str, policy: str | None = None) -> list[dict]:
 
 def _start(db: str, *policies: Path, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "drill", "scheduler", "start", *map(str, policies), "--db", db, "--heartbeat", "0.5", *extra],
+        [
+            sys.executable,
+            "-m",
+            "drill",
+            "scheduler",
+            "start",
+            *map(str, policies),
+            "--db",
+            db,
+            "--heartbeat",
+            "0.5",
+            *extra,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -76,7 +89,9 @@ def _example_demo_policy(demo_run: Path) -> Path:
     return path
 
 
-def test_scheduler_fires_records_never_overlaps_survives_a_crash(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+def test_scheduler_fires_records_never_overlaps_survives_a_crash(
+    demo_run: Path, tmp_path: Path, sqlite_url: str
+) -> None:
     good = _example_demo_policy(demo_run)
     demo_run = demo_run.parent / "demo-run"
     crashy = _policy(
@@ -84,7 +99,11 @@ def test_scheduler_fires_records_never_overlaps_survives_a_crash(demo_run: Path,
     )
     proc = _start(sqlite_url, good, crashy, extra=("--concurrency", "2"))
     try:
-        _wait(lambda: len([d for d in _drills(sqlite_url, "demo-nightly") if d["status"] == "passed"]) >= 3, 90, "three passed drills")
+        _wait(
+            lambda: len([d for d in _drills(sqlite_url, "demo-nightly") if d["status"] == "passed"]) >= 3,
+            90,
+            "three passed drills",
+        )
         _wait(lambda: any(d["status"] == "error" for d in _drills(sqlite_url, "crashy")), 30, "the crashing drill")
         status = invoke(CliRunner(), "scheduler", "status", "--json", "--db", sqlite_url)
         assert status.exit_code == 0
@@ -101,7 +120,7 @@ def test_scheduler_fires_records_never_overlaps_survives_a_crash(demo_run: Path,
     runs = [d for d in _drills(sqlite_url, "demo-nightly") if d["status"] != "running"]
     assert all(d["trigger"] == "scheduler" for d in runs)
     assert {d["replay"]["verdict"] for d in runs if d["status"] == "passed"} == {"passed"}  # replayed bit for bit
-    for before, after in zip(runs, runs[1:]):  # one policy never has two drills at once
+    for before, after in itertools.pairwise(runs):  # one policy never has two drills at once
         assert after["started_at"] >= before["finished_at"]
     crashed = next(d for d in _drills(sqlite_url, "crashy") if d["status"] == "error")
     assert "memory limit was 67.1 MB" in crashed["message"]
@@ -113,9 +132,18 @@ def test_two_schedulers_on_one_database(demo_run: Path, tmp_path: Path, db_url: 
     policy = _policy(tmp_path, "p", demo_run, "schedule: {cron: '0 3 * * *'}\n")
     first = _start(sqlite_url, policy)
     try:
-        _wait(lambda: json.loads(invoke(CliRunner(), "scheduler", "status", "--json", "--db", sqlite_url).stdout)["alive"], 30, "the first scheduler")
+        _wait(
+            lambda: json.loads(invoke(CliRunner(), "scheduler", "status", "--json", "--db", sqlite_url).stdout)[
+                "alive"
+            ],
+            30,
+            "the first scheduler",
+        )
         second = subprocess.run(
-            [sys.executable, "-m", "drill", "scheduler", "start", str(policy), "--db", sqlite_url], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "drill", "scheduler", "start", str(policy), "--db", sqlite_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert second.returncode == 7
         assert "another scheduler holds this database's lease" in second.stderr
@@ -125,7 +153,9 @@ def test_two_schedulers_on_one_database(demo_run: Path, tmp_path: Path, db_url: 
     assert first.returncode == 0
 
 
-def test_scheduler_killed_mid_drill_leaves_the_drill_aborted_after_restart(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+def test_scheduler_killed_mid_drill_leaves_the_drill_aborted_after_restart(
+    demo_run: Path, tmp_path: Path, sqlite_url: str
+) -> None:
     policy = _policy(
         tmp_path,
         "hangs",
@@ -133,17 +163,32 @@ def test_scheduler_killed_mid_drill_leaves_the_drill_aborted_after_restart(demo_
         "schedule: {cron: '*/2 * * * * *'}\nreplay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\nlimits: {timeout: 20m}\n",
     )
     proc = _start(sqlite_url, policy)
-    drill = _wait(lambda: next((d for d in _drills(sqlite_url) if d["status"] == "running" and d["phase"] == "replay"), None), 60, "a drill in its replay")
+    drill = _wait(
+        lambda: next((d for d in _drills(sqlite_url) if d["status"] == "running" and d["phase"] == "replay"), None),
+        60,
+        "a drill in its replay",
+    )
     proc.kill()  # SIGKILL: no chance to clean up
     proc.communicate(timeout=30)
     _wait(lambda: not _alive(drill["pid"]), 15, "the drill's process to die with its scheduler")
     assert next(d for d in _drills(sqlite_url) if d["id"] == drill["id"])["status"] == "running"
-    _wait(lambda: invoke(CliRunner(), "scheduler", "status", "--db", sqlite_url).exit_code == 3, 30, "the dead scheduler's lease to lapse")
+    _wait(
+        lambda: invoke(CliRunner(), "scheduler", "status", "--db", sqlite_url).exit_code == 3,
+        30,
+        "the dead scheduler's lease to lapse",
+    )
 
     again = _start(sqlite_url, policy, extra=("--grace", "1"))
     try:
-        after = _wait(lambda: next((d for d in _drills(sqlite_url) if d["id"] == drill["id"] and d["status"] == "aborted"), None), 30, "recovery")
-        assert "is gone and never closed this record" in after["message"] and "(last phase reached: replay)" in after["message"]
+        after = _wait(
+            lambda: next((d for d in _drills(sqlite_url) if d["id"] == drill["id"] and d["status"] == "aborted"), None),
+            30,
+            "recovery",
+        )
+        assert (
+            "is gone and never closed this record" in after["message"]
+            and "(last phase reached: replay)" in after["message"]
+        )
     finally:
         again.send_signal(signal.SIGTERM)
         again.communicate(timeout=60)
@@ -151,12 +196,20 @@ def test_scheduler_killed_mid_drill_leaves_the_drill_aborted_after_restart(demo_
 
 
 def test_oom_killed_drill_child_is_recorded(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
-    policy = load_policy(_policy(tmp_path, "oom", demo_run, "replay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\n"))
+    policy = load_policy(
+        _policy(tmp_path, "oom", demo_run, "replay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\n")
+    )
     db = open_database(sqlite_url)
     result: dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: result.update(r=run_isolated(policy, sqlite_url, Records(db), trigger="policy")))
+    worker = threading.Thread(
+        target=lambda: result.update(r=run_isolated(policy, sqlite_url, Records(db), trigger="policy"))
+    )
     worker.start()
-    drill = _wait(lambda: next((d for d in _drills(sqlite_url) if d["status"] == "running" and d["phase"] == "replay"), None), 60, "the replay")
+    drill = _wait(
+        lambda: next((d for d in _drills(sqlite_url) if d["status"] == "running" and d["phase"] == "replay"), None),
+        60,
+        "the replay",
+    )
     os.kill(drill["pid"], signal.SIGKILL)  # what the kernel's OOM killer does
     worker.join(60)
     r = result["r"]
@@ -168,14 +221,21 @@ def test_oom_killed_drill_child_is_recorded(demo_run: Path, tmp_path: Path, sqli
 
 def test_drill_timeout_kills_the_child(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
     policy = load_policy(
-        _policy(tmp_path, "slow", demo_run, "replay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\nlimits: {timeout: 12s}\n")
+        _policy(
+            tmp_path,
+            "slow",
+            demo_run,
+            "replay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\nlimits: {timeout: 12s}\n",
+        )
     )
     db = open_database(sqlite_url)
     r = run_isolated(policy, sqlite_url, Records(db), trigger="policy")
     # The child stops itself a little before the policy's timeout, to record the phase it was
     # in; on a loaded machine the parent's kill at the timeout itself may come first.
     assert r.status == "error" and r.exit_code == 5
-    assert "ran past its 10.8 s timeout during replay" in r.message or "killed at the policy's 12 s timeout" in r.message, r.message
+    assert (
+        "ran past its 10.8 s timeout during replay" in r.message or "killed at the policy's 12 s timeout" in r.message
+    ), r.message
     assert get_drill(r.drill_id, db=sqlite_url).status == "error"
     from drill.api import verify_audit_chain
 
@@ -186,11 +246,17 @@ def test_drill_timeout_kills_the_child(demo_run: Path, tmp_path: Path, sqlite_ur
 
 def test_run_policy_from_crontab(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
     ok = _policy(tmp_path, "ok", demo_run, "replay: {enabled: false}\n")
-    res = subprocess.run([sys.executable, "-m", "drill", "run", "--policy", str(ok), "--db", sqlite_url], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "drill", "run", "--policy", str(ok), "--db", sqlite_url], capture_output=True, text=True
+    )
     assert res.returncode == 0 and res.stdout == "" and res.stderr == ""  # quiet for cron
 
     slow = _policy(tmp_path, "slo", demo_run, "replay: {enabled: false}\nslo: {max_restore_seconds: 0.000001}\n")
-    res = subprocess.run([sys.executable, "-m", "drill", "run", "--policy", str(slow), "--json", "--db", sqlite_url], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "drill", "run", "--policy", str(slow), "--json", "--db", sqlite_url],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 6
     doc = json.loads(res.stdout)
     assert doc["status"] == "slo_breach" and "over the 1e-06 s target" in doc["message"] and doc["policy"] == "slo"
@@ -198,7 +264,11 @@ def test_run_policy_from_crontab(demo_run: Path, tmp_path: Path, sqlite_url: str
     assert "drill: slo_breach: drill #" in res.stderr
 
     gone = _policy(tmp_path, "gone", tmp_path / "absent", "replay: {enabled: false}\n")
-    res = subprocess.run([sys.executable, "-m", "drill", "run", "--policy", str(gone), "--db", sqlite_url], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "drill", "run", "--policy", str(gone), "--db", sqlite_url],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 3 and "does not exist" in res.stderr
     statuses = [d["status"] for d in _drills(sqlite_url)]
     assert statuses == ["passed", "slo_breach"]  # a root that is not there is no audit record
@@ -222,16 +292,24 @@ def test_last_good(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
     runner = CliRunner()
     none = invoke(runner, "last-good", "--root", str(demo_run), "--db", sqlite_url)
     assert none.exit_code == 3 and "no retained checkpoint" in none.stderr
-    assert invoke(runner, "run", "--root", str(demo_run), "-c", "step:20", "--no-replay", "--db", sqlite_url).exit_code == 0
+    assert (
+        invoke(runner, "run", "--root", str(demo_run), "-c", "step:20", "--no-replay", "--db", sqlite_url).exit_code
+        == 0
+    )
     os.remove(demo_run / "step-30" / "__0_0.distcp")
-    assert invoke(runner, "run", "--root", str(demo_run), "-c", "step:30", "--no-replay", "--db", sqlite_url).exit_code == 1
+    assert (
+        invoke(runner, "run", "--root", str(demo_run), "-c", "step:30", "--no-replay", "--db", sqlite_url).exit_code
+        == 1
+    )
     good = invoke(runner, "last-good", "--root", str(demo_run), "--db", sqlite_url)
     assert good.exit_code == 0 and good.stdout == f"{demo_run / 'step-20'}\n"
     doc = json.loads(invoke(runner, "last-good", "--root", str(demo_run), "--json", "--db", sqlite_url).stdout)
     assert doc["checkpoint"]["step"] == 20
 
 
-def test_a_scheduler_stopped_mid_drill_records_that_drill_once_and_starts_no_other(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+def test_a_scheduler_stopped_mid_drill_records_that_drill_once_and_starts_no_other(
+    demo_run: Path, tmp_path: Path, sqlite_url: str
+) -> None:
     hook = tmp_path / "alerts.jsonl"
     policy = _policy(
         tmp_path,
@@ -241,7 +319,11 @@ def test_a_scheduler_stopped_mid_drill_records_that_drill_once_and_starts_no_oth
         f"limits: {{timeout: 20m}}\nalerts: {{command: 'cat >> {hook}', on: [aborted]}}\n",
     )
     proc = _start(sqlite_url, policy, extra=("--grace", "1"))
-    drill = _wait(lambda: next((d for d in _drills(sqlite_url) if d["status"] == "running" and d["phase"] == "replay"), None), 60, "a drill in its replay")
+    drill = _wait(
+        lambda: next((d for d in _drills(sqlite_url) if d["status"] == "running" and d["phase"] == "replay"), None),
+        60,
+        "a drill in its replay",
+    )
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -252,7 +334,9 @@ def test_a_scheduler_stopped_mid_drill_records_that_drill_once_and_starts_no_oth
     assert alert["drill_id"] == drill_id and alert["status"] == "aborted"  # the drill that was stopped, alerted once
 
 
-def test_a_scheduled_drill_that_does_not_run_is_on_the_record_and_counted(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
+def test_a_scheduled_drill_that_does_not_run_is_on_the_record_and_counted(
+    demo_run: Path, tmp_path: Path, sqlite_url: str
+) -> None:
     """A policy whose run root is gone is refused before a drill record is opened — and the
     scheduler records that (and a missed fire time) as events the metrics count."""
     from datetime import datetime, timezone
@@ -262,14 +346,20 @@ def test_a_scheduled_drill_that_does_not_run_is_on_the_record_and_counted(demo_r
 
     from drill.scheduling import scheduler as sched
 
-    gone = load_policy(_policy(tmp_path, "gone", tmp_path / "absent", "schedule: {cron: '0 3 * * *'}\nreplay: {enabled: false}\n"))
+    gone = load_policy(
+        _policy(tmp_path, "gone", tmp_path / "absent", "schedule: {cron: '0 3 * * *'}\nreplay: {enabled: false}\n")
+    )
     db = open_database(sqlite_url)
     try:
         assert Records(db).acquire_lease("tester", 60, ["gone"]) is None
         sched._CONTEXT.db_url, sched._CONTEXT.holder, sched._CONTEXT.policies = sqlite_url, "tester", {"gone": gone}
         sched._CONTEXT.stopping.clear()
         sched.fire("gone")
-        sched._on_job_event(SimpleNamespace(code=EVENT_JOB_MISSED, job_id="gone", scheduled_run_time=datetime(2026, 12, 1, 3, tzinfo=timezone.utc)))
+        sched._on_job_event(
+            SimpleNamespace(
+                code=EVENT_JOB_MISSED, job_id="gone", scheduled_run_time=datetime(2026, 12, 1, 3, tzinfo=timezone.utc)
+            )
+        )
         events = Records(db).scheduler_events(policy="gone")
     finally:
         sched._CONTEXT.policies = {}

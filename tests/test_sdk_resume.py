@@ -14,9 +14,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import drill.sdk
-from drill.errors import DatabaseError
 from drill.demo.config import DemoConfig
 from drill.demo.train import build
+from drill.errors import DatabaseError
 from tests.conftest import recorded
 
 
@@ -44,7 +44,7 @@ def test_resume_through_drill_is_dcp_load_and_is_recorded(run: Path, sqlite_url:
     ours, theirs = _objects(run), _objects(run)
     report = drill.sdk.load(ours.stateful(), str(ckpt), db=sqlite_url)  # the one line a trainer changes
     dcp.load(theirs.stateful(), checkpoint_id=str(ckpt), no_dist=True)
-    for (name, a), (_, b) in zip(ours.model.state_dict().items(), theirs.model.state_dict().items()):
+    for (name, a), (_, b) in zip(ours.model.state_dict().items(), theirs.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     assert ours.train_state.step == theirs.train_state.step == int(ckpt.name.split("-")[1])
     assert ours.optimizer.state_dict()["state"].keys() == theirs.optimizer.state_dict()["state"].keys()
@@ -114,7 +114,13 @@ def test_no_database_layer_on_the_trainers_host(run: Path, sqlite_url: str) -> N
         "heavy = sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('sqlalchemy', 'alembic', 'psycopg') or m.startswith('drill.records.db'))\n"
         "print(heavy)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
     assert drill.sdk.flush_records(sqlite_url) == 1 and recorded(sqlite_url)[0].trigger == "resume"
@@ -125,7 +131,13 @@ def _two_ranks(ckpt: Path, db: str) -> list[dict]:
         procs, outs = [], []
         for rank in range(2):
             out = Path(rdzv) / f"rank{rank}.json"
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "DRILL_DIST_INIT": f"file://{rdzv}/s", "DRILL_DB": db}
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "DRILL_DIST_INIT": f"file://{rdzv}/s",
+                "DRILL_DB": db,
+            }
             procs.append(subprocess.Popen([sys.executable, "-m", "tests.sdk_ranks", str(ckpt), str(out)], env=env, cwd=Path(__file__).resolve().parent.parent,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
             outs.append(out)

@@ -42,15 +42,21 @@ def test_a_sealed_save_has_the_digests_drill_seal_would_write_and_reads_nothing_
     report = save(_state(), ckpt, no_dist=True, thread_count=2)
     names = sorted(p.name for p in ckpt.iterdir())
     assert names == [".metadata", "__0_0.distcp", "__0_1.distcp", "drill-manifest.json"]
-    assert report.files == 3 and report.bytes == sum((ckpt / n).stat().st_size for n in names if n != "drill-manifest.json")
-    assert report.bytes_read_back == 0 and report.hash_seconds > 0 and report.manifest == str(ckpt / "drill-manifest.json")
+    assert report.files == 3 and report.bytes == sum(
+        (ckpt / n).stat().st_size for n in names if n != "drill-manifest.json"
+    )
+    assert (
+        report.bytes_read_back == 0 and report.hash_seconds > 0 and report.manifest == str(ckpt / "drill-manifest.json")
+    )
     twin = tmp_path / "twin" / "step-10"
     shutil.copytree(ckpt, twin)
     (twin / "drill-manifest.json").unlink()
     seal(twin)  # one read of every byte: what the writer saved the reading of
     assert _files(ckpt / "drill-manifest.json") == _files(twin / "drill-manifest.json")
     res = _verify(ckpt)
-    assert res.returncode == 0 and "sealed, unauthenticated: every byte matches the manifest (3 files" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "sealed, unauthenticated: every byte matches the manifest (3 files" in res.stdout, (
+        res.stdout + res.stderr
+    )
 
 
 def test_a_byte_flipped_after_the_save_is_caught(tmp_path: Path) -> None:
@@ -71,7 +77,9 @@ def test_the_keyed_seal_authenticates_and_another_key_does_not(tmp_path: Path) -
     good.write_bytes(KEY)
     bad.write_bytes(b"x" * 32)
     res = _verify(ckpt, "--key-file", str(good))
-    assert res.returncode == 0 and "sealed and authenticated" in res.stdout and "evidence: authenticated" in res.stdout, res.stdout + res.stderr
+    assert (
+        res.returncode == 0 and "sealed and authenticated" in res.stdout and "evidence: authenticated" in res.stdout
+    ), res.stdout + res.stderr
     res = _verify(ckpt, "--key-file", str(bad))
     assert res.returncode == 1 and "sealed with another key" in res.stdout
 
@@ -87,7 +95,12 @@ def test_async_save_seals_in_the_background(tmp_path: Path) -> None:
 def test_a_save_killed_mid_write_leaves_neither_manifest_nor_metadata(tmp_path: Path) -> None:
     ckpt = tmp_path / "step-10"
     code = f"import torch; from drill.sdk import save; from tests.test_sealed_save import _state; save(_state(), {str(ckpt)!r}, no_dist=True, thread_count=2)"
-    res = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DRILL_FAILPOINTS": "sealed-file=kill"}, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "DRILL_FAILPOINTS": "sealed-file=kill"},
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == -9, res.stderr
     names = {p.name for p in ckpt.iterdir()}
     assert names and not names & {"drill-manifest.json", ".metadata"}  # a data file or two, never sealed or committed
@@ -100,15 +113,26 @@ def test_the_sharded_demo_saves_sealed_on_every_rank_and_loads_on_one_and_two(tm
     from tests.test_distributed import launch
 
     run = tmp_path / "run"
-    subprocess.run([sys.executable, "-m", "drill", "demo", str(run), "--ranks", "2", "--steps", "10", "--save-every", "5"], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "drill", "demo", str(run), "--ranks", "2", "--steps", "10", "--save-every", "5"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     ckpt = run / "step-10"
     listed = {f["path"] for f in _files(ckpt / "drill-manifest.json")}
     assert listed == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     db = f"sqlite:///{tmp_path / 'one.db'}"
-    res = subprocess.run([sys.executable, "-m", "drill", "run", "--root", str(run), "--db", db, "--json", "-q", "--no-replay"], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "drill", "run", "--root", str(run), "--db", db, "--json", "-q", "--no-replay"],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
-    assert doc["evidence_level"] == "sealed" and {c["name"]: c for c in doc["checks"]}["integrity"]["status"] == "passed"
+    assert (
+        doc["evidence_level"] == "sealed" and {c["name"]: c for c in doc["checks"]}["integrity"]["status"] == "passed"
+    )
     db2 = f"sqlite:///{tmp_path / 'two.db'}"
     ranks = launch(2, ["--root", str(run), "--db", db2, "-q", "--no-replay"], tmp_path)
     assert [r.returncode for r in ranks] == [0, 0], ranks[0].stderr
@@ -137,11 +161,31 @@ def test_the_trainer_callback_seals_every_checkpoint_as_it_is_saved(tmp_path: Pa
 
     callback = DrillSealCallback(key=KEY)
     run = hf_trainer_run(tmp_path / "run", callbacks=[callback])
-    assert [r.files > 0 and r.manifest for r in callback.reports] == [str(run / f"checkpoint-{s}" / "drill-manifest.json") for s in (2, 4)]
+    assert [r.files > 0 and r.manifest for r in callback.reports] == [
+        str(run / f"checkpoint-{s}" / "drill-manifest.json") for s in (2, 4)
+    ]
     key = tmp_path / "seal.key"
     key.write_bytes(KEY)
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    res = subprocess.run([sys.executable, "-m", "drill", "run", "--root", str(run), "--db", db, "-q", "--no-replay", "--key-file", str(key), "--json"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "drill",
+            "run",
+            "--root",
+            str(run),
+            "--db",
+            db,
+            "-q",
+            "--no-replay",
+            "--key-file",
+            str(key),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr
     assert json.loads(res.stdout)["evidence_level"] == "authenticated"
     weights = run / "checkpoint-4" / "model.safetensors"
@@ -154,10 +198,11 @@ def test_the_trainer_callback_seals_every_checkpoint_as_it_is_saved(tmp_path: Pa
 
 
 def test_a_sealed_save_is_recorded_and_the_report_shows_what_the_seal_cost(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
     from drill.records.db import open_database
     from drill.records.store import Records
     from tests.conftest import invoke
-    from typer.testing import CliRunner
 
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     ckpt = tmp_path / "run" / "step-10"
@@ -169,17 +214,26 @@ def test_a_sealed_save_is_recorded_and_the_report_shows_what_the_seal_cost(tmp_p
     database = open_database(db)
     (row,) = Records(database).saves()
     database.close()
-    assert (row["checkpoint"], row["step"], row["method"], row["files"], row["bytes"], row["keyed"], row["bytes_read_back"]) == (str(ckpt), 10, "writer", report.files, report.bytes, True, 0) and report.files >= 2
+    assert (
+        row["checkpoint"],
+        row["step"],
+        row["method"],
+        row["files"],
+        row["bytes"],
+        row["keyed"],
+        row["bytes_read_back"],
+    ) == (str(ckpt), 10, "writer", report.files, report.bytes, True, 0) and report.files >= 2
     res = invoke(CliRunner(), "report", "--db", db, "--root", str(tmp_path / "run"), "-f", "md")
     assert res.exit_code == 0, res.stderr
     assert "| sealed at save |" in res.stdout and "yes (hashing " in res.stdout and ", keyed)" in res.stdout
 
 
 def test_a_save_whose_database_is_away_is_spooled_and_delivered_later_never_failing_the_save(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
     from drill.records.db import open_database
     from drill.records.store import Records
     from tests.conftest import invoke
-    from typer.testing import CliRunner
 
     away = tmp_path / "not-yet"
     db = f"sqlite:///{away / 'drill.db'}"
@@ -211,7 +265,9 @@ def test_lightning_fsdp_checkpoints_are_sealed_after_the_strategy_saves_them(tmp
         listed = {f["path"] for f in _files(ckpt / "drill-manifest.json")}
         assert "meta.pt" in listed and ".metadata" in listed and any(p.endswith(".distcp") for p in listed)
         res = _verify(ckpt)
-        assert res.returncode == 0 and "sealed, unauthenticated: every byte matches" in res.stdout, res.stdout + res.stderr
+        assert res.returncode == 0 and "sealed, unauthenticated: every byte matches" in res.stdout, (
+            res.stdout + res.stderr
+        )
 
 
 def test_recording_a_save_imports_no_database_layer_into_the_trainer(tmp_path: Path) -> None:

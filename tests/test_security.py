@@ -29,17 +29,25 @@ def _flip(path: Path) -> None:
 
 
 @pytest.mark.postgres
-def test_no_secret_reaches_output_records_reports_metrics_or_spool(demo_run: Path, postgres_url: str, tmp_path: Path, private_spool: Path) -> None:
+def test_no_secret_reaches_output_records_reports_metrics_or_spool(
+    demo_run: Path, postgres_url: str, tmp_path: Path, private_spool: Path
+) -> None:
     """A failing policy drill with every kind of secret in play — a database password in the
     URL, a seal key, a webhook URL with a token — then every place drill writes is searched."""
     from drill.records.db import upgrade
 
-    url = postgres_url.replace("://127.0.0.1", f"://postgres:{DB_PASSWORD}@127.0.0.1", 1)  # trust auth: any password works
+    url = postgres_url.replace(
+        "://127.0.0.1", f"://postgres:{DB_PASSWORD}@127.0.0.1", 1
+    )  # trust auth: any password works
     assert DB_PASSWORD in url
     upgrade(url)
     key = tmp_path / "seal.key"
     key.write_text(SEAL_KEY)
-    env = {**os.environ, "DRILL_SEAL_KEY_FILE": str(key), "DRILL_TEST_HOOK": f"http://127.0.0.1:9/hooks/{WEBHOOK_TOKEN}"}
+    env = {
+        **os.environ,
+        "DRILL_SEAL_KEY_FILE": str(key),
+        "DRILL_TEST_HOOK": f"http://127.0.0.1:9/hooks/{WEBHOOK_TOKEN}",
+    }
     for ckpt in sorted(demo_run.glob("step-*")):
         subprocess.run([DRILL, "seal", str(ckpt), "--force"], env=env, check=True, capture_output=True)
     _flip(sorted(demo_run.glob("step-*"))[-1] / "__0_0.distcp")
@@ -52,7 +60,13 @@ def test_no_secret_reaches_output_records_reports_metrics_or_spool(demo_run: Pat
     for args in (
         ["run", "--policy", str(policy), "--db", url],
         ["run", "--root", str(demo_run), "--db", url, "--no-replay"],
-        ["run", "--root", str(demo_run), "--db", "postgresql://postgres:" + DB_PASSWORD + "@127.0.0.1:9/nowhere?connect_timeout=2"],
+        [
+            "run",
+            "--root",
+            str(demo_run),
+            "--db",
+            "postgresql://postgres:" + DB_PASSWORD + "@127.0.0.1:9/nowhere?connect_timeout=2",
+        ],
         ["verify", str(sorted(demo_run.glob("step-*"))[-1]), "--db", url],
         ["history", "--db", url, "--json"],
         ["report", "--db", url, "--format", "html", "-o", str(tmp_path / "r.html")],
@@ -61,11 +75,16 @@ def test_no_secret_reaches_output_records_reports_metrics_or_spool(demo_run: Pat
         ["metrics", "--db", url, "--textfile", str(tmp_path / "drill.prom")],
         ["db", "status", "--db", url],
     ):
-        done = subprocess.run([DRILL, *args, "--debug"] if args[0] == "run" else [DRILL, *args], env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            [DRILL, *args, "--debug"] if args[0] == "run" else [DRILL, *args], env=env, capture_output=True, text=True
+        )
         outputs += [done.stdout, done.stderr]
         if args[0] == "report":
             assert done.returncode == 0, (args, done.stderr[-2000:])
-    written = [p.read_text(errors="replace") for p in (tmp_path / "r.html", tmp_path / "r.md", tmp_path / "r.json", tmp_path / "drill.prom")]
+    written = [
+        p.read_text(errors="replace")
+        for p in (tmp_path / "r.html", tmp_path / "r.md", tmp_path / "r.json", tmp_path / "drill.prom")
+    ]
     spooled = [p.read_text(errors="replace") for p in private_spool.rglob("*") if p.is_file()]
     assert any("digest-mismatch" in o for o in outputs)  # the drills really ran and failed
     haystack = "\n".join([*outputs, *written, *spooled, _database_text(url)])
@@ -92,13 +111,29 @@ def _database_text(url: str) -> str:
 def test_files_drill_creates_are_its_owners(demo_run: Path, tmp_path: Path) -> None:
     db = tmp_path / "records" / "drill.db"
     db.parent.mkdir()
-    subprocess.run([DRILL, "run", "--root", str(demo_run), "--db", f"sqlite:///{db}", "--no-replay", "-q"], check=True, capture_output=True)
+    subprocess.run(
+        [DRILL, "run", "--root", str(demo_run), "--db", f"sqlite:///{db}", "--no-replay", "-q"],
+        check=True,
+        capture_output=True,
+    )
     report = tmp_path / "report.html"
-    subprocess.run([DRILL, "report", "--db", f"sqlite:///{db}", "-o", str(report)], check=True, capture_output=True, preexec_fn=lambda: os.umask(0o022))
+    subprocess.run(
+        [DRILL, "report", "--db", f"sqlite:///{db}", "-o", str(report)],
+        check=True,
+        capture_output=True,
+        preexec_fn=lambda: os.umask(0o022),
+    )
     assert stat.S_IMODE(db.stat().st_mode) == 0o600
-    assert stat.S_IMODE(report.stat().st_mode) == 0o644  # a report is published: the umask decides (a web root's server reads it)
+    assert (
+        stat.S_IMODE(report.stat().st_mode) == 0o644
+    )  # a report is published: the umask decides (a web root's server reads it)
     private = tmp_path / "private.html"
-    subprocess.run([DRILL, "report", "--db", f"sqlite:///{db}", "-o", str(private)], check=True, capture_output=True, preexec_fn=lambda: os.umask(0o077))
+    subprocess.run(
+        [DRILL, "report", "--db", f"sqlite:///{db}", "-o", str(private)],
+        check=True,
+        capture_output=True,
+        preexec_fn=lambda: os.umask(0o077),
+    )
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     for wal in db.parent.glob("drill.db-*"):
         assert stat.S_IMODE(wal.stat().st_mode) & 0o077 == 0, wal
@@ -198,7 +233,9 @@ def test_postgres_url_fixture_is_local() -> None:
 
 
 @pytest.mark.parametrize("where", ["../outside.distcp", "/etc/hostname", "sub/../../outside.distcp"])
-def test_an_index_naming_a_file_outside_the_checkpoint_is_refused_not_read(demo_run: Path, sqlite_url: str, where: str) -> None:
+def test_an_index_naming_a_file_outside_the_checkpoint_is_refused_not_read(
+    demo_run: Path, sqlite_url: str, where: str
+) -> None:
     from drill.safe_pickle import restricted_loads
     from drill.verifier import verify_checkpoint
     from tests.conftest import drill as _drill
@@ -213,7 +250,9 @@ def test_an_index_naming_a_file_outside_the_checkpoint_is_refused_not_read(demo_
     (ckpt / ".metadata").write_bytes(pickle.dumps(metadata))
     outcome = _drill(demo_run, sqlite_url)
     assert outcome.status.value == "failed"
-    assert any(f.code == "path-escapes" or "escapes" in f.message or "outside" in f.message for f in outcome.findings), [f.message for f in outcome.findings]
+    assert any(
+        f.code == "path-escapes" or "escapes" in f.message or "outside" in f.message for f in outcome.findings
+    ), [f.message for f in outcome.findings]
     assert outcome.bytes_read is None or outcome.bytes_read < outside.stat().st_size
     assert verify_checkpoint(str(ckpt)).result.status.value == "failed"
 
@@ -243,7 +282,9 @@ def jit_load_never_called(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return calls
 
 
-def test_a_torchscript_archive_never_reaches_torch_jit_load_through_any_reader(jit_load_never_called: list[object]) -> None:
+def test_a_torchscript_archive_never_reaches_torch_jit_load_through_any_reader(
+    jit_load_never_called: list[object],
+) -> None:
     """Every reader of checkpoint-controlled torch.save bytes: the inert side-file reader
     (Lightning meta.pt, Megatron common.pt) and the weights-only loader (HF's files,
     torch.save checkpoints) refuse a TorchScript archive as code, before torch sees it."""
@@ -257,7 +298,9 @@ def test_a_torchscript_archive_never_reaches_torch_jit_load_through_any_reader(j
     assert jit_load_never_called == []
 
 
-def test_a_torchscript_checkpoint_file_is_an_unsafe_pickle_finding(tmp_path: Path, sqlite_url: str, jit_load_never_called: list[object]) -> None:
+def test_a_torchscript_checkpoint_file_is_an_unsafe_pickle_finding(
+    tmp_path: Path, sqlite_url: str, jit_load_never_called: list[object]
+) -> None:
     from tests.conftest import drill as _drill
 
     run = tmp_path / "run"
@@ -265,7 +308,9 @@ def test_a_torchscript_checkpoint_file_is_an_unsafe_pickle_finding(tmp_path: Pat
     (run / "ckpt.pt").write_bytes(_torchscript_bytes())
     outcome = _drill(run, sqlite_url)
     assert outcome.status.value == "failed", outcome.message
-    assert any(f.code == "unsafe-pickle" and "TorchScript" in f.message for f in outcome.findings), [(f.code, f.message) for f in outcome.findings]
+    assert any(f.code == "unsafe-pickle" and "TorchScript" in f.message for f in outcome.findings), [
+        (f.code, f.message) for f in outcome.findings
+    ]
     assert jit_load_never_called == []
 
 
@@ -290,12 +335,20 @@ def test_the_inert_reader_imports_no_module_merely_named_like_numpy(tmp_path: Pa
     assert isinstance(obj, StandIn) and seen == {"numpy_evil.XDType"}
 
 
-HOSTILE_NAMES = (b"evil\x1b[2J\x1b[31mPASSED\x1b[0m\x07.bin", b"cr\rPASSED.bin", b"bidi\xe2\x80\xaetxt.exe", b"not-utf8-\xff\xfe.bin", b"c1-\xc2\x9b31m.bin")
+HOSTILE_NAMES = (
+    b"evil\x1b[2J\x1b[31mPASSED\x1b[0m\x07.bin",
+    b"cr\rPASSED.bin",
+    b"bidi\xe2\x80\xaetxt.exe",
+    b"not-utf8-\xff\xfe.bin",
+    b"c1-\xc2\x9b31m.bin",
+)
 """File names a checkpoint's writer could choose: terminal escapes, a carriage return that
 rewrites the line, a bidi override, bytes that are not UTF-8, a C1 CSI."""
 
 
-def test_hostile_file_names_are_escaped_on_every_output_and_recorded_losslessly(demo_run: Path, db_url: str, cli, tmp_path: Path, private_spool: Path) -> None:
+def test_hostile_file_names_are_escaped_on_every_output_and_recorded_losslessly(
+    demo_run: Path, db_url: str, cli, tmp_path: Path, private_spool: Path
+) -> None:
     from tests.conftest import invoke, recorded
 
     ckpt = sorted(demo_run.glob("step-*"))[-1]
@@ -355,7 +408,9 @@ def test_a_zip_bomb_is_refused_before_it_is_inflated_in_run_and_verify(tmp_path:
     outcome = _drill(run, sqlite_url)
     verified = verify_checkpoint(str(run / "ckpt.pt"))
     grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) << 10
-    assert outcome.status.value == "failed" and any(f.code == "zip-record-compressed" for f in outcome.findings), [(f.code, f.message) for f in outcome.findings]
+    assert outcome.status.value == "failed" and any(f.code == "zip-record-compressed" for f in outcome.findings), [
+        (f.code, f.message) for f in outcome.findings
+    ]
     assert any(f.code == "zip-record-compressed" for f in verified.result.findings)
     assert grew < 256 << 20
 
@@ -365,6 +420,9 @@ def test_the_memory_budget_binds_a_torch_save_checkpoint(tmp_path: Path, sqlite_
 
     run = tmp_path / "run"
     run.mkdir()
-    torch.save({"model": {"w": torch.zeros(1 << 16)}, "optimizer": {"state": {}, "param_groups": []}, "iter_num": 3}, run / "ckpt.pt")
+    torch.save(
+        {"model": {"w": torch.zeros(1 << 16)}, "optimizer": {"state": {}, "param_groups": []}, "iter_num": 3},
+        run / "ckpt.pt",
+    )
     outcome = _drill(run, sqlite_url, memory_budget=16)
     assert outcome.status.value == "error" and "needs" in (outcome.message or ""), outcome.message

@@ -66,7 +66,10 @@ def test_select_missing_step_lists_the_retained_ones() -> None:
 
 
 def test_missing_step_among_checkpoints_without_steps_gives_a_usable_hint() -> None:
-    plain = Discovery(root="/r", checkpoints=[CheckpointRef(uri="/r/final.pt", name="final.pt", step=None, format="torch-save", mtime=0.0)])
+    plain = Discovery(
+        root="/r",
+        checkpoints=[CheckpointRef(uri="/r/final.pt", name="final.pt", step=None, format="torch-save", mtime=0.0)],
+    )
     with pytest.raises(NothingToDrill, match="retained: final.pt") as info:
         select(plain, Selector("step", step=12))
     assert "step:None" not in str(info.value.hint) and "/r/final.pt" in str(info.value.hint)

@@ -44,7 +44,10 @@ def test_the_ring_fills_a_target_piece_by_piece(tmp_path: Path, target: torch.Te
     stager.finish()
     assert bytes(byte_view(target.contiguous())) == data  # random bytes hold NaNs: compare bytes, not values
     assert crc == zlib.crc32(data)
-    assert hashes is not None and hashes.chunks == hash_stream(LocalStorage(), str(tmp_path / "blob"), chunk_size=8192).chunks
+    assert (
+        hashes is not None
+        and hashes.chunks == hash_stream(LocalStorage(), str(tmp_path / "blob"), chunk_size=8192).chunks
+    )
     assert len(stager._buffers) == 3  # host memory: depth × piece, whatever the tensor's size
 
 
@@ -79,8 +82,16 @@ def test_a_resume_into_targets_that_are_not_contiguous(tmp_path: Path, monkeypat
     ckpt, saved = _sealed_checkpoint(tmp_path)
     staged: list[tuple[int, ...]] = []
     copy = Stager.copy
-    monkeypatch.setattr(Stager, "copy", lambda self, source, target, crc=False: staged.append(tuple(target.shape)) or copy(self, source, target, crc))
-    state = {"w": torch.empty(513, 700).t(), "v": torch.empty(300, 2048, dtype=torch.bfloat16).t(), "step": torch.tensor(0)}
+    monkeypatch.setattr(
+        Stager,
+        "copy",
+        lambda self, source, target, crc=False: staged.append(tuple(target.shape)) or copy(self, source, target, crc),
+    )
+    state = {
+        "w": torch.empty(513, 700).t(),
+        "v": torch.empty(300, 2048, dtype=torch.bfloat16).t(),
+        "step": torch.tensor(0),
+    }
     report = drill.sdk.load(state, str(ckpt), record=False)
     assert sorted(staged) == [(700, 513), (2048, 300)]
     assert report.sealed and report.verified_files >= 2
@@ -95,7 +106,11 @@ def test_a_damaged_entry_through_the_ring_names_its_file(tmp_path: Path) -> None
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x20
     shard.write_bytes(bytes(data))
-    state = {"w": torch.empty(513, 700).t(), "v": torch.empty(300, 2048, dtype=torch.bfloat16).t(), "step": torch.tensor(0)}
+    state = {
+        "w": torch.empty(513, 700).t(),
+        "v": torch.empty(300, 2048, dtype=torch.bfloat16).t(),
+        "step": torch.tensor(0),
+    }
     with pytest.raises(drill.sdk.CheckpointCorrupt, match=shard.name):
         drill.sdk.load(state, str(ckpt), record=False)
 
@@ -104,7 +119,11 @@ def test_a_damaged_entry_through_the_ring_names_its_file(tmp_path: Path) -> None
 def test_a_resume_onto_the_gpu_lands_every_byte(tmp_path: Path) -> None:
     ckpt, saved = _sealed_checkpoint(tmp_path)
     device = torch.device("cuda")
-    state = {"w": torch.empty(700, 513, device=device), "v": torch.empty(300, 2048, dtype=torch.bfloat16, device=device).t(), "step": torch.tensor(0)}
+    state = {
+        "w": torch.empty(700, 513, device=device),
+        "v": torch.empty(300, 2048, dtype=torch.bfloat16, device=device).t(),
+        "step": torch.tensor(0),
+    }
     drill.sdk.load(state, str(ckpt), record=False)
     for key, value in saved.items():
         assert torch.equal(state[key].cpu(), value), key

@@ -27,7 +27,9 @@ OUTCOME, ALERT = _schema("outcome-v1.schema.json"), _schema("alert-v1.schema.jso
 
 def _valid(doc: dict[str, Any], schema: dict[str, Any]) -> None:
     jsonschema.Draft202012Validator.check_schema(schema)
-    errors = sorted(jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).iter_errors(doc), key=str)
+    errors = sorted(
+        jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).iter_errors(doc), key=str
+    )
     assert not errors, "; ".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors[:5])
 
 
@@ -37,12 +39,18 @@ def _flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_run_and_show_json_of_a_passing_and_a_failing_drill_match_the_schema(demo_run: Path, sqlite_url: str, cli: CliRunner) -> None:
-    passed = invoke(cli, "run", "--root", str(demo_run), "--checkpoint", "latest", "--db", sqlite_url, "--json", "--no-replay")
+def test_run_and_show_json_of_a_passing_and_a_failing_drill_match_the_schema(
+    demo_run: Path, sqlite_url: str, cli: CliRunner
+) -> None:
+    passed = invoke(
+        cli, "run", "--root", str(demo_run), "--checkpoint", "latest", "--db", sqlite_url, "--json", "--no-replay"
+    )
     assert passed.exit_code == 0, passed.stdout
     shard = next((demo_run / "step-30").glob("*.distcp"))
     _flip(shard, shard.stat().st_size // 2)
-    failed = invoke(cli, "run", "--root", str(demo_run), "--checkpoint", "latest", "--db", sqlite_url, "--json", "--no-replay")
+    failed = invoke(
+        cli, "run", "--root", str(demo_run), "--checkpoint", "latest", "--db", sqlite_url, "--json", "--no-replay"
+    )
     assert failed.exit_code == 1, failed.stdout
     docs = [json.loads(passed.stdout), json.loads(failed.stdout)]
     assert any(f["severity"] == "error" for c in docs[1]["checks"] for f in c["findings"])
@@ -55,7 +63,9 @@ def test_run_and_show_json_of_a_passing_and_a_failing_drill_match_the_schema(dem
         _valid(payload(doc, "nightly"), ALERT)  # what a webhook and an alert command receive
 
 
-def test_a_spooled_resume_and_save_carry_their_versions(demo_run: Path, sqlite_url: str, private_spool: Path, tmp_path: Path) -> None:
+def test_a_spooled_resume_and_save_carry_their_versions(
+    demo_run: Path, sqlite_url: str, private_spool: Path, tmp_path: Path
+) -> None:
     import torch
 
     import drill.sdk
@@ -74,7 +84,9 @@ def test_a_spooled_resume_and_save_carry_their_versions(demo_run: Path, sqlite_u
     assert drill.sdk.flush_records(sqlite_url) == 2
 
 
-def test_a_document_from_a_newer_drill_is_refused_and_kept(demo_run: Path, sqlite_url: str, private_spool: Path) -> None:
+def test_a_document_from_a_newer_drill_is_refused_and_kept(
+    demo_run: Path, sqlite_url: str, private_spool: Path
+) -> None:
     from drill.records.db import open_database
     from drill.records.recorder import DatabaseRecorder
     from drill.records.spool import Spool

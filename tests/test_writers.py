@@ -153,7 +153,11 @@ def test_a_clean_checkpoint_passes_in_run_and_verify(written, kind: str, sqlite_
     run = written(kind) / w.root
     outcome = _drill(run, sqlite_url)
     assert outcome.status == "passed", _errors(outcome)
-    assert outcome.checkpoint is not None and outcome.checkpoint.name == w.checkpoint and outcome.checkpoint.format == w.format
+    assert (
+        outcome.checkpoint is not None
+        and outcome.checkpoint.name == w.checkpoint
+        and outcome.checkpoint.format == w.format
+    )
     warned = {str(f.subject) for f in outcome.findings if f.code == "part-not-saved-by-layout"}
     assert warned == set(w.never_saved)
     verified = verify_checkpoint(str(run / w.checkpoint))
@@ -165,7 +169,9 @@ DAMAGE = ("flip-sealed", "delete", "truncate", "slot", "rng", "pointer")
 
 @pytest.mark.parametrize("damage", DAMAGE)
 @pytest.mark.parametrize("kind", WRITERS)
-def test_damage_fails_naming_the_file_or_part_in_run_and_verify(copy_of, kind: str, damage: str, sqlite_url: str) -> None:
+def test_damage_fails_naming_the_file_or_part_in_run_and_verify(
+    copy_of, kind: str, damage: str, sqlite_url: str
+) -> None:
     w = WRITERS[kind]
     run, ckpt = copy_of(kind)
     shard = sorted(ckpt.glob(w.shard))[0]
@@ -208,7 +214,9 @@ def test_damage_fails_naming_the_file_or_part_in_run_and_verify(copy_of, kind: s
         return  # the file is beside the sealed directory: verify proves its structure, which a re-save keeps
     verified = verify_checkpoint(str(ckpt))
     assert verified.status == "failed", verified.result.findings
-    assert _names([f.subject for f in verified.result.findings if f.severity.value == "error"], named), verified.result.findings
+    assert _names([f.subject for f in verified.result.findings if f.severity.value == "error"], named), (
+        verified.result.findings
+    )
 
 
 def test_a_torchtune_recipe_state_older_than_the_weights_fails_in_run_and_verify(copy_of, sqlite_url: str) -> None:
@@ -217,7 +225,11 @@ def test_a_torchtune_recipe_state_older_than_the_weights_fails_in_run_and_verify
     run, ckpt = copy_of("torchtune")
     _rewrite(lambda obj: obj.update(epochs_run=1))(run / "recipe_state" / "recipe_state.pt")
     outcome = _drill(run, sqlite_url)
-    assert outcome.status == "failed" and ("integrity", "recipe-state-stale", "../recipe_state/recipe_state.pt") in _errors(outcome)
+    assert outcome.status == "failed" and (
+        "integrity",
+        "recipe-state-stale",
+        "../recipe_state/recipe_state.pt",
+    ) in _errors(outcome)
     verified = verify_checkpoint(str(ckpt))
     assert verified.status == "failed" and any(f.code == "recipe-state-stale" for f in verified.result.findings)
 
@@ -233,7 +245,9 @@ def test_an_older_torchtune_epoch_is_weights_only_and_says_why(written, sqlite_u
 @pytest.mark.parametrize("kind", WRITERS)
 def test_the_memory_budget_binds_every_writers_checkpoint(written, kind: str, sqlite_url: str) -> None:
     outcome = _drill(written(kind) / WRITERS[kind].root, sqlite_url, memory_budget=16)
-    assert outcome.status.value == "error" and "needs" in (outcome.message or "") and "16 B" in (outcome.message or ""), outcome.message
+    assert (
+        outcome.status.value == "error" and "needs" in (outcome.message or "") and "16 B" in (outcome.message or "")
+    ), outcome.message
 
 
 @pytest.mark.parametrize("damaged", [False, True], ids=["clean", "truncated"])
@@ -250,7 +264,10 @@ def test_run_verify_and_the_sdk_give_one_structural_verdict(copy_of, kind: str, 
         os.truncate(shard, shard.stat().st_size // 2)
     integrity = next(c for c in _drill(run, sqlite_url).checks if c.name == "integrity")
     verified = verify_checkpoint(str(ckpt))
-    assert integrity.status.value == verified.result.status.value == ("failed" if damaged else "passed"), (integrity.findings, verified.result.findings)
+    assert integrity.status.value == verified.result.status.value == ("failed" if damaged else "passed"), (
+        integrity.findings,
+        verified.result.findings,
+    )
     assert {f.subject for f in integrity.errors} == {f.subject for f in verified.result.errors}
     if damaged:
         with pytest.raises(drill.sdk.CheckpointCorrupt):

@@ -44,7 +44,9 @@ main()
 
 
 def _drill(log: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", SPY, str(log), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", SPY, str(log), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _gone(pid: int, within: float = 10) -> bool:
@@ -95,7 +97,9 @@ def test_no_fork_without_a_replay(demo_run: Path, tmp_path: Path) -> None:
 
 def test_a_replay_that_fails_in_the_fork_is_reported(demo_run: Path, tmp_path: Path) -> None:
     log = tmp_path / "zygote.log"
-    done = _drill(log, "run", "--root", str(demo_run), "--db", str(tmp_path / "d.db"), "--json", "--replay", "json:loads")
+    done = _drill(
+        log, "run", "--root", str(demo_run), "--db", str(tmp_path / "d.db"), "--json", "--replay", "json:loads"
+    )
     doc = json.loads(done.stdout)
     assert "launched" in log.read_text()
     assert doc["replay"]["verdict"] in ("error", "refused"), doc["replay"]
@@ -137,6 +141,8 @@ def test_library_drills_start_a_fresh_child(demo_run: Path, tmp_path: Path, repl
     from drill import DrillRequest, run_drill
     from drill.replay import ReplaySpec
 
-    outcome = run_drill(DrillRequest(root=str(demo_run), replay=ReplaySpec(enabled=replay)), db=f"sqlite:///{tmp_path}/d.db")
+    outcome = run_drill(
+        DrillRequest(root=str(demo_run), replay=ReplaySpec(enabled=replay)), db=f"sqlite:///{tmp_path}/d.db"
+    )
     assert outcome.status.value == "passed"
     assert take() is None

@@ -27,8 +27,25 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-RANKS = {"hf-deepspeed": 1, "deepspeed-zero1": 2, "deepspeed-zero2": 2, "deepspeed-zero3": 2, "accelerate": 1, "accelerate-fsdp": 2, "torchsnapshot": 1, "torchtune": 1, "dcp-app": 1, "dcp-hf": 1}
-NEEDS = {"hf": "transformers", "deepspeed": "deepspeed", "accelerate": "accelerate", "torchsnapshot": "torchsnapshot", "torchtune": "torchtune"}
+RANKS = {
+    "hf-deepspeed": 1,
+    "deepspeed-zero1": 2,
+    "deepspeed-zero2": 2,
+    "deepspeed-zero3": 2,
+    "accelerate": 1,
+    "accelerate-fsdp": 2,
+    "torchsnapshot": 1,
+    "torchtune": 1,
+    "dcp-app": 1,
+    "dcp-hf": 1,
+}
+NEEDS = {
+    "hf": "transformers",
+    "deepspeed": "deepspeed",
+    "accelerate": "accelerate",
+    "torchsnapshot": "torchsnapshot",
+    "torchtune": "torchtune",
+}
 """Writer prefix → the module it needs (its tests skip where it does not install)."""
 
 
@@ -37,7 +54,14 @@ def spawn(kind: str, out: Path, timeout: float = 600) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     ranks = RANKS[kind]
     with tempfile.TemporaryDirectory() as rdzv:
-        env = {**os.environ, "WORLD_SIZE": str(ranks), "WRITER_INIT": f"file://{rdzv}/s", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
+        env = {
+            **os.environ,
+            "WORLD_SIZE": str(ranks),
+            "WRITER_INIT": f"file://{rdzv}/s",
+            "DS_ACCELERATOR": "cpu",
+            "CUDA_VISIBLE_DEVICES": "",
+            "HF_HUB_OFFLINE": "1",
+        }
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "tests.writers", kind, str(out)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
@@ -91,7 +115,13 @@ def deepspeed(stage: int, out: Path) -> None:
     if hasattr(ds_comm, "build_shm_op"):
         ds_comm.build_shm_op = lambda *a, **k: None  # a JIT-compiled speed-up over gloo: minutes to build, not needed
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    ds.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, init_method=os.environ["WRITER_INIT"], rank=rank, world_size=world)
+    ds.init_distributed(
+        dist_backend="gloo",
+        auto_mpi_discovery=False,
+        init_method=os.environ["WRITER_INIT"],
+        rank=rank,
+        world_size=world,
+    )
     model = _model()
     config = {
         "train_batch_size": 4 * world,
@@ -114,8 +144,12 @@ def hf_deepspeed(out: Path) -> None:
     import deepspeed.comm.torch as ds_comm
 
     ds_comm.build_shm_op = lambda *a, **k: None
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", ACCELERATE_USE_DEEPSPEED="true")  # read, never dialled: the group is up
-    ds.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, init_method=os.environ["WRITER_INIT"], rank=0, world_size=1)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT="1", ACCELERATE_USE_DEEPSPEED="true"
+    )  # read, never dialled: the group is up
+    ds.init_distributed(
+        dist_backend="gloo", auto_mpi_discovery=False, init_method=os.environ["WRITER_INIT"], rank=0, world_size=1
+    )
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     from tests.frameworks import _TokenDataset
@@ -123,7 +157,17 @@ def hf_deepspeed(out: Path) -> None:
     config = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
               "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}}}  # fmt: skip
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
-    args = TrainingArguments(output_dir=str(out), max_steps=4, save_steps=2, per_device_train_batch_size=4, report_to=[], use_cpu=True, seed=7, disable_tqdm=True, deepspeed=config)
+    args = TrainingArguments(
+        output_dir=str(out),
+        max_steps=4,
+        save_steps=2,
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        seed=7,
+        disable_tqdm=True,
+        deepspeed=config,
+    )
     Trainer(model=model, args=args, train_dataset=_TokenDataset()).train()
 
 
@@ -153,7 +197,9 @@ def accelerate(out: Path, fsdp: bool) -> None:
     if fsdp:
         from accelerate.utils import FullyShardedDataParallelPlugin
 
-        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT", cpu_ram_efficient_loading=False)
+        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
+            fsdp_version=2, state_dict_type="SHARDED_STATE_DICT", cpu_ram_efficient_loading=False
+        )
     acc = Accelerator(
         cpu=True,
         project_config=ProjectConfiguration(project_dir=str(out), automatic_checkpoint_naming=True),
@@ -170,7 +216,10 @@ def accelerate(out: Path, fsdp: bool) -> None:
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, 2)
-    data = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=torch.Generator().manual_seed(3)), torch.randn(64, 4, generator=torch.Generator().manual_seed(4)))
+    data = torch.utils.data.TensorDataset(
+        torch.randn(64, 8, generator=torch.Generator().manual_seed(3)),
+        torch.randn(64, 4, generator=torch.Generator().manual_seed(4)),
+    )
     loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
     model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
     counter = Counter()
@@ -228,11 +277,23 @@ def torchtune(out: Path, epochs_saved: int = 2) -> None:
     model = llama3(**TUNE)
     base = out / "base"
     base.mkdir(parents=True)
-    config = {"num_attention_heads": TUNE["num_heads"], "num_key_value_heads": TUNE["num_kv_heads"], "hidden_size": TUNE["embed_dim"], "model_type": "llama"}
+    config = {
+        "num_attention_heads": TUNE["num_heads"],
+        "num_key_value_heads": TUNE["num_kv_heads"],
+        "hidden_size": TUNE["embed_dim"],
+        "model_type": "llama",
+    }
     (base / "config.json").write_text(json.dumps(config))
-    hf = convert_weights.tune_to_hf(model.state_dict(), num_heads=TUNE["num_heads"], num_kv_heads=TUNE["num_kv_heads"], dim=TUNE["embed_dim"])
+    hf = convert_weights.tune_to_hf(
+        model.state_dict(), num_heads=TUNE["num_heads"], num_kv_heads=TUNE["num_kv_heads"], dim=TUNE["embed_dim"]
+    )
     save_file({k: v.contiguous() for k, v in hf.items()}, str(base / "model.safetensors"))
-    ckpt = FullModelHFCheckpointer(checkpoint_dir=str(base), checkpoint_files=["model.safetensors"], model_type="LLAMA3", output_dir=str(out / "output"))
+    ckpt = FullModelHFCheckpointer(
+        checkpoint_dir=str(base),
+        checkpoint_files=["model.safetensors"],
+        model_type="LLAMA3",
+        output_dir=str(out / "output"),
+    )
     model.load_state_dict(ckpt.load_checkpoint()[training.MODEL_KEY])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tokens = torch.randint(0, TUNE["vocab_size"], (24, TUNE["max_seq_len"]), generator=torch.Generator().manual_seed(5))
@@ -243,7 +304,9 @@ def torchtune(out: Path, epochs_saved: int = 2) -> None:
         sampler.set_epoch(epoch)
         for batch in loader:
             logits = model(batch)
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, TUNE["vocab_size"]), batch[:, 1:].reshape(-1))
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, TUNE["vocab_size"]), batch[:, 1:].reshape(-1)
+            )
             loss.backward()
             opt.step()
             opt.zero_grad()

@@ -47,7 +47,11 @@ class Expectations:
             raise ValueError(f"finite scan must be {', '.join(FINITE_SCANS)}, not {self.finite_scan!r}")
 
     def parts_required(self, layout: Layout | None) -> tuple[str, ...]:
-        base = self.required_parts if self.required_parts is not None else (layout.required if layout else parts.CANONICAL_PARTS)
+        base = (
+            self.required_parts
+            if self.required_parts is not None
+            else (layout.required if layout else parts.CANONICAL_PARTS)
+        )
         return tuple(p for p in base if p not in self.allow_missing)
 
     def parts_recommended(self, layout: Layout | None) -> tuple[str, ...]:

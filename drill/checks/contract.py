@@ -9,7 +9,6 @@ finding names the part, the key path and the rank, and what a resume would suffe
 from __future__ import annotations
 
 import math
-
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -70,9 +69,13 @@ def _adam_slots(opt: Mapping[str, Any]) -> tuple[str, ...]:
     """The slots every parameter's state must hold: Adam's two moments, and a per-parameter
     step where the optimizer keeps one (Megatron keeps its step in the param groups)."""
     state_keys = [k for k in opt if k.startswith("state.")]
-    if not (any(k.endswith(".exp_avg") for k in state_keys) or any(re.match(r"^param_groups\..+\.betas", k) for k in opt)):
+    if not (
+        any(k.endswith(".exp_avg") for k in state_keys) or any(re.match(r"^param_groups\..+\.betas", k) for k in opt)
+    ):
         return ()
-    return ("exp_avg", "exp_avg_sq", "step") if any(k.endswith(".step") for k in state_keys) else ("exp_avg", "exp_avg_sq")
+    return (
+        ("exp_avg", "exp_avg_sq", "step") if any(k.endswith(".step") for k in state_keys) else ("exp_avg", "exp_avg_sq")
+    )
 
 
 def _missing_slots(opt: Mapping[str, Any], param: str, label: str, slots: tuple[str, ...]) -> list[Finding]:
@@ -99,7 +102,11 @@ def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Find
         return check_partitions(opt, layout)
     grouped = [p for g in _param_groups(opt) for p in g]
     findings = [
-        _f("param-in-two-groups", f"optimizer.param_groups[*].params: {p}", f"parameter {p} is in more than one param group: a resume would step it twice")
+        _f(
+            "param-in-two-groups",
+            f"optimizer.param_groups[*].params: {p}",
+            f"parameter {p} is in more than one param group: a resume would step it twice",
+        )
         for p in sorted(str(p) for p, n in Counter(grouped).items() if n > 1)
     ]
     members = grouped
@@ -128,34 +135,80 @@ def check_partitions(opt: Mapping[str, Any], layout: Layout) -> tuple[list[Findi
     for key, value in opt.items():
         if m := _PARTITION.match(key):
             held.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2)), {})[m.group(3)] = value
-    adam = any("exp_avg" in g for r in held.values() for g in r.values()) or any(re.match(r"^param_groups\.\d+\.betas", k) for k in opt)
+    adam = any("exp_avg" in g for r in held.values() for g in r.values()) or any(
+        re.match(r"^param_groups\.\d+\.betas", k) for k in opt
+    )
     slots = ("exp_avg", "exp_avg_sq") if adam else ()
     groups = max(len(layout.flat_groups), 1 + max((g for r in held.values() for g in r), default=-1))
     findings: list[Finding] = []
     for rank in sorted(set(layout.saved_ranks) - set(held)):
-        findings.append(_f("optimizer-partition-missing", f"optimizer.partitions.rank_{rank}", f"rank {rank} holds no optimizer partition: a resume would lose its share of the fp32 weights and AdamW moments", rank=rank))
+        findings.append(
+            _f(
+                "optimizer-partition-missing",
+                f"optimizer.partitions.rank_{rank}",
+                f"rank {rank} holds no optimizer partition: a resume would lose its share of the fp32 weights and AdamW moments",
+                rank=rank,
+            )
+        )
     for rank, mine in sorted(held.items()):
         for g in range(groups):
             findings += _partition_findings(rank, g, mine.get(g, {}), slots)
     findings += _coverage(held, layout, groups)
     steps = {r: s for r, mine in held.items() for g in mine.values() if (s := _as_int(g.get("step"))) is not None}
     if len(set(steps.values())) > 1:
-        findings.append(_f("step-mismatch", "optimizer.partitions", f"the ranks' optimizer partitions are at different steps ({', '.join(f'rank {r}: {s}' for r, s in sorted(steps.items()))}): a resume would mix optimizer states of different steps", actual=steps))
-    return findings, {"params_checked": sum(len(m) for m in held.values()), "slots": ["fp32", *slots], "keyed_by": "flat partition", "ranks": sorted(held)}
+        findings.append(
+            _f(
+                "step-mismatch",
+                "optimizer.partitions",
+                f"the ranks' optimizer partitions are at different steps ({', '.join(f'rank {r}: {s}' for r, s in sorted(steps.items()))}): a resume would mix optimizer states of different steps",
+                actual=steps,
+            )
+        )
+    return findings, {
+        "params_checked": sum(len(m) for m in held.values()),
+        "slots": ["fp32", *slots],
+        "keyed_by": "flat partition",
+        "ranks": sorted(held),
+    }
 
 
 def _partition_findings(rank: int, group: int, slots: Mapping[str, Any], moments: tuple[str, ...]) -> list[Finding]:
     where = f"optimizer.partitions.rank_{rank}.{group}"
     fp32 = slots.get("fp32")
     if not isinstance(fp32, torch.Tensor):
-        return [_f("optimizer-partition-missing", f"{where}.fp32", f"rank {rank} holds no fp32 partition of parameter group {group}: a resume would lose its share of the master weights", rank=rank)]
+        return [
+            _f(
+                "optimizer-partition-missing",
+                f"{where}.fp32",
+                f"rank {rank} holds no fp32 partition of parameter group {group}: a resume would lose its share of the master weights",
+                rank=rank,
+            )
+        ]
     out = []
     for slot in moments:
         value = slots.get(slot)
         if not isinstance(value, torch.Tensor):
-            out.append(_f("optimizer-slot-missing", f"{where}.{slot}", f"no {slot} for rank {rank}'s partition of parameter group {group}: a resume would restart its AdamW moments from zero and spike the loss", rank=rank, expected=slot, actual="absent"))
+            out.append(
+                _f(
+                    "optimizer-slot-missing",
+                    f"{where}.{slot}",
+                    f"no {slot} for rank {rank}'s partition of parameter group {group}: a resume would restart its AdamW moments from zero and spike the loss",
+                    rank=rank,
+                    expected=slot,
+                    actual="absent",
+                )
+            )
         elif value.numel() != fp32.numel():
-            out.append(_f("optimizer-slot-mismatch", f"{where}.{slot}", f"{slot} of rank {rank}'s partition of group {group} holds {value.numel()} elements, the partition {fp32.numel()}: the optimizer state belongs to a different partitioning", rank=rank, expected=fp32.numel(), actual=value.numel()))
+            out.append(
+                _f(
+                    "optimizer-slot-mismatch",
+                    f"{where}.{slot}",
+                    f"{slot} of rank {rank}'s partition of group {group} holds {value.numel()} elements, the partition {fp32.numel()}: the optimizer state belongs to a different partitioning",
+                    rank=rank,
+                    expected=fp32.numel(),
+                    actual=value.numel(),
+                )
+            )
     return out
 
 
@@ -164,15 +217,32 @@ def _coverage(held: Mapping[int, Mapping[int, Mapping[str, Any]]], layout: Layou
     for g in range(groups):
         sizes = {r: t.numel() for r, mine in held.items() if isinstance(t := mine.get(g, {}).get("fp32"), torch.Tensor)}
         if len(set(sizes.values())) > 1:
-            out.append(_f("optimizer-partition-mismatch", f"optimizer.partitions.*.{g}", f"the ranks' partitions of parameter group {g} differ in size ({', '.join(f'rank {r}: {n}' for r, n in sorted(sizes.items()))}): they were not cut from one group", actual=sizes))
+            out.append(
+                _f(
+                    "optimizer-partition-mismatch",
+                    f"optimizer.partitions.*.{g}",
+                    f"the ranks' partitions of parameter group {g} differ in size ({', '.join(f'rank {r}: {n}' for r, n in sorted(sizes.items()))}): they were not cut from one group",
+                    actual=sizes,
+                )
+            )
         need = layout.flat_groups[g] if g < len(layout.flat_groups) else None
         if need is not None and len(sizes) == len(layout.saved_ranks) and sum(sizes.values()) < need:
-            out.append(_f("optimizer-partition-mismatch", f"optimizer.partitions.*.{g}", f"the partitions of parameter group {g} hold {sum(sizes.values())} elements, its parameters {need}: the optimizer state belongs to a different model", expected=need, actual=sum(sizes.values())))
+            out.append(
+                _f(
+                    "optimizer-partition-mismatch",
+                    f"optimizer.partitions.*.{g}",
+                    f"the partitions of parameter group {g} hold {sum(sizes.values())} elements, its parameters {need}: the optimizer state belongs to a different model",
+                    expected=need,
+                    actual=sum(sizes.values()),
+                )
+            )
     return out
 
 
 def _trainable(model: Mapping[str, torch.Tensor]) -> list[str]:
-    return [fqn for fqn, t in model.items() if t.is_floating_point() and fqn.endswith(("weight", "bias"))]  # buffers are not optimized
+    return [
+        fqn for fqn, t in model.items() if t.is_floating_point() and fqn.endswith(("weight", "bias"))
+    ]  # buffers are not optimized
 
 
 def _unoptimized_by_count(model: Mapping[str, torch.Tensor], members: list[Any]) -> list[Finding]:
@@ -194,7 +264,9 @@ def _unoptimized_by_count(model: Mapping[str, torch.Tensor], members: list[Any])
     ]
 
 
-def _slots_by_name(opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], members: list[Any], slots: tuple[str, ...]) -> list[Finding]:
+def _slots_by_name(
+    opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], members: list[Any], slots: tuple[str, ...]
+) -> list[Finding]:
     """Optimizer state keyed by parameter name (DCP): each slot against its parameter."""
     findings: list[Finding] = []
     for fqn in members:
@@ -229,7 +301,9 @@ def _slots_by_name(opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], me
     return findings
 
 
-def _slots_by_index(opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], members: list[Any], slots: tuple[str, ...]) -> list[Finding]:
+def _slots_by_index(
+    opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], members: list[Any], slots: tuple[str, ...]
+) -> list[Finding]:
     """torch.optim's own index-keyed state: slots present, and moments shaped like some parameter."""
     findings: list[Finding] = []
     shapes = Counter(tuple(t.shape) for t in model.values() if t.is_floating_point())
@@ -261,12 +335,15 @@ def step_counters(state: Mapping[str, Any], layout: Layout) -> dict[str, int]:
     opt_steps = [
         _as_int(v) for k, v in _part(state, parts.OPTIMIZER).items() if k.startswith("state.") and k.endswith(".step")
     ]
-    opt_steps = [s for s in opt_steps if s is not None]
-    if opt_steps:
-        counters["optimizer step"] = max(opt_steps)
-    group_steps = [_as_int(v) for k, v in _part(state, parts.OPTIMIZER).items() if re.match(r"^param_groups\.\d+\.step$", k)]
-    if group_steps and None not in group_steps:  # Megatron: the step is kept per param group
-        counters["optimizer param_groups step"] = max(group_steps)  # type: ignore[type-var]
+    known = [s for s in opt_steps if s is not None]
+    if known:
+        counters["optimizer step"] = max(known)
+    group_steps = [
+        _as_int(v) for k, v in _part(state, parts.OPTIMIZER).items() if re.match(r"^param_groups\.\d+\.step$", k)
+    ]
+    group_known = [s for s in group_steps if s is not None]
+    if group_steps and len(group_known) == len(group_steps):  # Megatron: the step is kept per param group
+        counters["optimizer param_groups step"] = max(group_known)
     if layout.scheduler_per_step and (v := _as_int(state.get(f"{parts.LR_SCHEDULER}.last_epoch"))) is not None:
         counters["lr_scheduler.last_epoch"] = v
     if layout.scheduler_per_step and (v := _as_int(state.get(f"{parts.LR_SCHEDULER}._step_count"))) is not None:
@@ -284,7 +361,11 @@ def check_steps(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding]
     listing = ", ".join(f"{k}={v}" for k, v in counters.items())
     what = []
     if any(k.startswith("lr_scheduler") for k in odd):
-        what.append("the learning-rate schedule would resume off by " + ", ".join(str(v - reference) for k, v in odd.items() if k.startswith("lr_scheduler")) + " step(s)")
+        what.append(
+            "the learning-rate schedule would resume off by "
+            + ", ".join(str(v - reference) for k, v in odd.items() if k.startswith("lr_scheduler"))
+            + " step(s)"
+        )
     if "optimizer step" in odd:
         what.append("AdamW bias correction would use the wrong step")
     if any(k in odd for k in ("directory name", "file name", "trainer_state.json global_step")):
@@ -293,7 +374,8 @@ def check_steps(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding]
         _f(
             "step-mismatch",
             ", ".join(sorted(odd)),
-            f"step counters disagree ({listing}): " + ("; ".join(what) or "a resume would not know which step it is at"),
+            f"step counters disagree ({listing}): "
+            + ("; ".join(what) or "a resume would not know which step it is at"),
             expected=reference,
             actual=odd,
         )
@@ -312,11 +394,19 @@ def _generator_missing(gen: str, rank: int | None, saved_by_writer: bool = False
     the checkpoint cannot tell: a warning that says so, unless the writer always saves them
     (then one missing is damage)."""
     required = gen == "torch CPU" or saved_by_writer
-    use = " (its writer always saves it)" if saved_by_writer and gen != "torch CPU" else "" if required else " (if the run draws from it: data augmentation, a loader shuffling with it)"
+    use = (
+        " (its writer always saves it)"
+        if saved_by_writer and gen != "torch CPU"
+        else ""
+        if required
+        else " (if the run draws from it: data augmentation, a loader shuffling with it)"
+    )
     return _f(
         "rng-generator-missing",
         "rng" if rank is None else f"rng.rank_{rank}",
-        f"no {gen} generator state" + ("" if rank is None else f" for rank {rank}") + f": a resume would draw different {gen} random numbers than the original run{use}",
+        f"no {gen} generator state"
+        + ("" if rank is None else f" for rank {rank}")
+        + f": a resume would draw different {gen} random numbers than the original run{use}",
         rank=rank,
         severity=Severity.ERROR if required else Severity.WARNING,
     )
@@ -347,10 +437,24 @@ def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], 
                 findings.append(_generator_missing(gen, rank, layout.rng_generators is not None))
     if cuda_ranks and len(cuda_ranks) != len(per_rank):
         for rank in sorted((r for r in per_rank if r not in cuda_ranks), key=lambda r: -1 if r is None else r):
-            findings.append(_f("rng-generator-missing", f"rng.rank_{rank}.cuda", f"rank {rank} saved no CUDA RNG state while other ranks did", rank=rank))
+            findings.append(
+                _f(
+                    "rng-generator-missing",
+                    f"rng.rank_{rank}.cuda",
+                    f"rank {rank} saved no CUDA RNG state while other ranks did",
+                    rank=rank,
+                )
+            )
     ranked = [r for r in per_rank if r is not None]
     if ranked and len(layout.saved_ranks) > 1:
-        findings += _ranks_missing("rng", "rng-rank-missing", layout.saved_ranks, ranked, "RNG state", "would draw different dropout masks and random numbers than the original run")
+        findings += _ranks_missing(
+            "rng",
+            "rng-rank-missing",
+            layout.saved_ranks,
+            ranked,
+            "RNG state",
+            "would draw different dropout masks and random numbers than the original run",
+        )
     saved = layout.rank_files.get(parts.RNG, [])
     if layout.multi_rank:
         expected = range(max(max(saved) + 1, 2))  # rank-suffixed files exist only when world size > 1
@@ -380,7 +484,14 @@ def check_dataloader(state: Mapping[str, Any], layout: Layout, required: bool) -
     findings: list[Finding] = []
     ranks = sorted({int(m.group(1)) for k in loader if (m := _RANKED.match(k.split(".", 1)[0]))})
     if ranks and len(layout.saved_ranks) > 1:
-        findings += _ranks_missing("dataloader", "dataloader-rank-missing", [r for r in layout.saved_ranks if r > max(ranks)], ranks, "data-loader state", "would restart its data at epoch start")
+        findings += _ranks_missing(
+            "dataloader",
+            "dataloader-rank-missing",
+            [r for r in layout.saved_ranks if r > max(ranks)],
+            ranks,
+            "data-loader state",
+            "would restart its data at epoch start",
+        )
     for rank in range(max(ranks) + 1 if ranks else 0):
         if rank not in ranks:
             findings.append(
@@ -428,7 +539,12 @@ def check_dataloader(state: Mapping[str, Any], layout: Layout, required: bool) -
 def _ranks_missing(part: str, code: str, expected: list[int], have: list[int], what: str, harm: str) -> list[Finding]:
     """A finding per rank that saved the checkpoint but left no ``part.rank_N`` state."""
     return [
-        _f(code, f"{part}.rank_{rank}", f"rank {rank} saved its shard of the checkpoint but no {what}: on resume rank {rank} {harm}", rank=rank)
+        _f(
+            code,
+            f"{part}.rank_{rank}",
+            f"rank {rank} saved its shard of the checkpoint but no {what}: on resume rank {rank} {harm}",
+            rank=rank,
+        )
         for rank in expected
         if rank not in have
     ]
@@ -454,7 +570,9 @@ def _inf_severity(key: str, params: frozenset[str]) -> Severity:
     return Severity.WARNING
 
 
-def check_finite(stats: dict[str, list[int]], mode: str, trained: bool, params: frozenset[str] = frozenset()) -> tuple[list[Finding], dict[str, Any]]:
+def check_finite(
+    stats: dict[str, list[int]], mode: str, trained: bool, params: frozenset[str] = frozenset()
+) -> tuple[list[Finding], dict[str, Any]]:
     if mode == "off":
         return [], {"finite_scan": "off"}
     findings: list[Finding] = []
@@ -468,8 +586,20 @@ def check_finite(stats: dict[str, list[int]], mode: str, trained: bool, params: 
                 if severity is Severity.INFO
                 else "not a parameter, but not expected either"
             )
-            findings.append(_f("non-finite", key, f"{key} holds {nan} NaN and {inf} Inf values: {harm}", actual={"nan": nan, "inf": inf}, severity=severity))
-        elif trained and zero and (key.startswith(parts.MODEL + ".") and key.endswith("weight") or key.endswith("exp_avg_sq")):
+            findings.append(
+                _f(
+                    "non-finite",
+                    key,
+                    f"{key} holds {nan} NaN and {inf} Inf values: {harm}",
+                    actual={"nan": nan, "inf": inf},
+                    severity=severity,
+                )
+            )
+        elif (
+            trained
+            and zero
+            and (key.startswith(parts.MODEL + ".") and key.endswith("weight") or key.endswith("exp_avg_sq"))
+        ):
             findings.append(
                 _f(
                     "still-zero",
@@ -511,7 +641,12 @@ def check_contract(inputs: CheckInputs) -> CheckResult:
         lambda: check_steps(state, layout),
         lambda: check_rng(state, layout),
         lambda: check_dataloader(state, layout, parts.DATALOADER in required),
-        lambda: check_finite(_finite(restore, state, expectations.finite_scan), expectations.finite_scan, _trained(state, layout), layout.params),
+        lambda: check_finite(
+            _finite(restore, state, expectations.finite_scan),
+            expectations.finite_scan,
+            _trained(state, layout),
+            layout.params,
+        ),
     ):
         f, ev = fn()
         findings += f
@@ -520,10 +655,14 @@ def check_contract(inputs: CheckInputs) -> CheckResult:
         evidence["notes"] = layout.notes
     if layout.recognized:
         evidence["layout"] = layout.recognized
-    return CheckResult(name=NAME, summary=_summary(findings, evidence, state, layout, restore), findings=findings, evidence=evidence)
+    return CheckResult(
+        name=NAME, summary=_summary(findings, evidence, state, layout, restore), findings=findings, evidence=evidence
+    )
 
 
-def _summary(findings: list[Finding], evidence: dict[str, Any], state: Mapping[str, Any], layout: Layout, restore: Any) -> str:
+def _summary(
+    findings: list[Finding], evidence: dict[str, Any], state: Mapping[str, Any], layout: Layout, restore: Any
+) -> str:
     """What was checked — only that — and why the rest was not."""
     errors = [f for f in findings if f.severity is Severity.ERROR]
     if errors:

@@ -57,39 +57,80 @@ def check_durable(inputs: CheckInputs) -> CheckResult:
     try:
         present = list_files(storage, copy)
     except PathEscapesCheckpoint as exc:
-        return CheckResult(name=NAME, summary="refused: a path leads out of the durable copy", findings=[_f("path-escapes", copy, str(exc))])
+        return CheckResult(
+            name=NAME,
+            summary="refused: a path leads out of the durable copy",
+            findings=[_f("path-escapes", copy, str(exc))],
+        )
     except OSError as exc:
-        finding = _f("durable-missing", copy, f"the durable copy {copy} cannot be listed ({exc.strerror or exc}): the drain never started, or it is not where expected")
-        return CheckResult(name=NAME, summary=f"durable copy not found at {copy}", findings=[finding], evidence={"copy": copy})
+        finding = _f(
+            "durable-missing",
+            copy,
+            f"the durable copy {copy} cannot be listed ({exc.strerror or exc}): the drain never started, or it is not where expected",
+        )
+        return CheckResult(
+            name=NAME, summary=f"durable copy not found at {copy}", findings=[finding], evidence={"copy": copy}
+        )
     findings = _compare(copy, expected, present.files, storage, chunk)
-    evidence = {"copy": copy, "against": source, "files_expected": len(expected), "files_present": len(present.files), "bytes": sum(s for s, _ in expected.values())}
+    evidence = {
+        "copy": copy,
+        "against": source,
+        "files_expected": len(expected),
+        "files_present": len(present.files),
+        "bytes": sum(s for s, _ in expected.values()),
+    }
+    total = sum(s for s, _ in expected.values())
     if not findings:
-        summary = f"durable copy complete and identical: {len(expected)} files, {human_bytes(evidence['bytes'])} at {copy}"
+        summary = f"durable copy complete and identical: {len(expected)} files, {human_bytes(total)} at {copy}"
     else:
         kinds = sorted({f.code.removeprefix("durable-") for f in findings if f.severity is Severity.ERROR})
         summary = f"durable copy at {copy} is not the drilled checkpoint: {', '.join(kinds) or 'extra files'}"
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
 
 
-def _compare(copy: str, expected: dict[str, tuple[int, tuple[str, ...]]], present: dict[str, int], storage: Any, chunk: int) -> list[Finding]:
+def _compare(
+    copy: str, expected: dict[str, tuple[int, tuple[str, ...]]], present: dict[str, int], storage: Any, chunk: int
+) -> list[Finding]:
     findings = [
-        _f("durable-missing", path, f"{path} is not in the durable copy {copy}: the drain did not finish; a restore from it would fail", expected=size, actual="missing")
+        _f(
+            "durable-missing",
+            path,
+            f"{path} is not in the durable copy {copy}: the drain did not finish; a restore from it would fail",
+            expected=size,
+            actual="missing",
+        )
         for path, (size, _) in sorted(expected.items())
         if path not in present
     ]
     same_size = {p: present[p] for p, (size, _) in expected.items() if present.get(p) == size}
     findings += [
-        _f("durable-size-mismatch", p, f"{p} is {present[p]} bytes in the durable copy, {expected[p][0]} in the checkpoint", expected=expected[p][0], actual=present[p])
+        _f(
+            "durable-size-mismatch",
+            p,
+            f"{p} is {present[p]} bytes in the durable copy, {expected[p][0]} in the checkpoint",
+            expected=expected[p][0],
+            actual=present[p],
+        )
         for p in sorted(expected)
         if p in present and p not in same_size
     ]
     for path, got in sorted(hash_files(storage, copy, same_size, chunk).items()):
         if isinstance(got, OSError):
-            findings.append(_f("durable-unreadable", path, f"{path} in the durable copy cannot be read ({got.strerror or got})"))
+            findings.append(
+                _f("durable-unreadable", path, f"{path} in the durable copy cannot be read ({got.strerror or got})")
+            )
         elif tuple(got.chunk_hex) != expected[path][1]:
-            bad = [i for i, (a, b) in enumerate(zip(got.chunk_hex, expected[path][1])) if a != b]
+            bad = [i for i, (a, b) in enumerate(zip(got.chunk_hex, expected[path][1], strict=False)) if a != b]
             where = f"bytes {bad[0] * chunk}.." if bad else "its bytes"
-            findings.append(_f("durable-digest-mismatch", path, f"{path} in the durable copy differs from the checkpoint from {where}: the copies are not identical"))
+            findings.append(
+                _f(
+                    "durable-digest-mismatch",
+                    path,
+                    f"{path} in the durable copy differs from the checkpoint from {where}: the copies are not identical",
+                )
+            )
     extra = sorted(set(present) - set(expected) - {MANIFEST_NAME})
-    findings += [_f("durable-extra", p, f"{p} is in the durable copy but not in the checkpoint", Severity.WARNING) for p in extra]
+    findings += [
+        _f("durable-extra", p, f"{p} is in the durable copy but not in the checkpoint", Severity.WARNING) for p in extra
+    ]
     return findings

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from drill import formats
 from drill.checks import CheckInputs
+from drill.findings import CheckResult, Finding, Severity
 from drill.integrity.manifest import MANIFEST_NAME
 from drill.integrity.reading import INFRASTRUCTURE
-from drill.findings import CheckResult, Finding, Severity
 from drill.restore import FileRead
 from drill.units import human_bytes
 
@@ -30,29 +31,21 @@ def check_files(inputs: CheckInputs) -> CheckResult:
     assert restore is not None
     listed = inputs.plan.on_storage if inputs.plan is not None else {}
     findings = [_unreadable(f) for f in restore.files if f.error_kind is not None]
+    findings += _changed(restore.files, listed)
     findings += [
-        Finding(
-            check=NAME,
-            code="file-changed",
-            severity=Severity.ERROR,
-            subject=f.relative_path,
-            message=f"{f.relative_path} changed while the drill ran: {listed[f.relative_path]} bytes when listed, {f.size} when read "
-            "(a save writing into this checkpoint?)",
-            expected=listed[f.relative_path],
-            actual=f.size,
-            hint="drill a checkpoint no save is writing into, or give saves time to settle (a policy's selection.settle)",
-        )
-        for f in restore.files
-        if f.error_kind is None and f.size is not None and listed.get(f.relative_path, f.size) != f.size
+        _layout_missing(name, why) for name, why in (restore.layout.missing_files if restore.layout else {}).items()
     ]
-    findings += [_layout_missing(name, why) for name, why in (restore.layout.missing_files if restore.layout else {}).items()]
     findings += [replace(f, check=NAME) for f in formats.get(restore.format).missing_files(listed, restore)]
     infra = [f for f in restore.files if f.error_kind in INFRASTRUCTURE]
     ok = [f for f in restore.files if f.error_kind is None]
     read = {f.relative_path for f in restore.files}
     total = restore.bytes_read
     others = sum(1 for p in listed if p not in read and p != MANIFEST_NAME)
-    why = "not read: the checkpoint's index could not be loaded" if restore.metadata_error else "in the directory not needed to resume"
+    why = (
+        "not read: the checkpoint's index could not be loaded"
+        if restore.metadata_error
+        else "in the directory not needed to resume"
+    )
     beside = f"; {others} other file(s) {why} (listed in the evidence)" if others else ""
     if findings:
         summary = f"{len({f.subject for f in findings})} file(s) missing, unreadable or changed of {len(restore.files)} the checkpoint needs{beside}"
@@ -77,8 +70,29 @@ def check_files(inputs: CheckInputs) -> CheckResult:
     }
     # The storage's fault, and nothing wrong with the checkpoint found besides: drill could not
     # judge it (error, exit 5) — never a verdict that blames the checkpoint.
-    errored = bool(infra) and all(f.code in ("storage-denied", "storage-unavailable") for f in findings if f.severity is Severity.ERROR)
+    errored = bool(infra) and all(
+        f.code in ("storage-denied", "storage-unavailable") for f in findings if f.severity is Severity.ERROR
+    )
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence, errored=errored)
+
+
+def _changed(files: list[Any], listed: dict[str, int]) -> list[Finding]:
+    """Files whose size when read differs from their size when listed: a save writing into it."""
+    return [
+        Finding(
+            check=NAME,
+            code="file-changed",
+            severity=Severity.ERROR,
+            subject=f.relative_path,
+            message=f"{f.relative_path} changed while the drill ran: {listed[f.relative_path]} bytes when listed, {f.size} when read "
+            "(a save writing into this checkpoint?)",
+            expected=listed[f.relative_path],
+            actual=f.size,
+            hint="drill a checkpoint no save is writing into, or give saves time to settle (a policy's selection.settle)",
+        )
+        for f in files
+        if f.error_kind is None and f.size is not None and listed.get(f.relative_path, f.size) != f.size
+    ]
 
 
 def _layout_missing(name: str, why: str) -> Finding:

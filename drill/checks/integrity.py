@@ -15,7 +15,9 @@ def check_integrity(inputs: CheckInputs) -> CheckResult:
     if plan.refuse or restore is None:
         return prove(inputs.storage, plan, {}, read_rest=False)
     # The format's structural proof, held under a seal too: an independent witness (README: Integrity).
-    structure = formats.get(restore.format).restored_structure(restore, inputs.storage, plan.checkpoint, plan.on_storage)
+    structure = formats.get(restore.format).restored_structure(
+        restore, inputs.storage, plan.checkpoint, plan.on_storage
+    )
     return prove(
         inputs.storage, plan, observed_by(restore.files), structure=structure, require_sealed=inputs.require_sealed,
         ledger=inputs.ledger, coverage_days=inputs.coverage_days,

@@ -4,6 +4,7 @@ RNG and train state — and each part holds what that part is made of."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from drill import parts
 from drill.checks import CheckInputs
@@ -11,6 +12,7 @@ from drill.findings import CheckResult, Finding, Severity
 
 NAME = "keys"
 INVENTORY_SHOWN = 200
+
 
 def _part_shape(layout) -> dict[str, tuple[str, ...]]:  # type: ignore[no-untyped-def]
     """Sub-keys without which a part cannot be loaded back into its object (a flat-partitioned
@@ -28,8 +30,15 @@ def check_keys(inputs: CheckInputs) -> CheckResult:
     required = expectations.parts_required(restore.layout)
     recommended = expectations.parts_recommended(restore.layout)
     hint = restore.layout.save_hint if restore.layout else "save every part with the checkpoint"
-    findings = _missing(counts, required, recommended, hint) + _never_saved(counts, restore.layout, expectations) + _incomplete(counts, restore.state, restore.layout) + _unknown(counts)
-    if counts[parts.MODEL] and not any(k.startswith(parts.MODEL + ".") and hasattr(v, "shape") for k, v in restore.state.items()):
+    findings = (
+        _missing(counts, required, recommended, hint)
+        + _never_saved(counts, restore.layout, expectations)
+        + _incomplete(counts, restore.state, restore.layout)
+        + _unknown(counts)
+    )
+    if counts[parts.MODEL] and not any(
+        k.startswith(parts.MODEL + ".") and hasattr(v, "shape") for k, v in restore.state.items()
+    ):
         findings.append(
             Finding(
                 check=NAME,
@@ -44,7 +53,9 @@ def check_keys(inputs: CheckInputs) -> CheckResult:
     if errors:
         summary = "missing: " + ", ".join(errors)
     else:
-        summary = f"{fmt}: holds " + ", ".join(f"{p} ({counts[p]})" for p in (*parts.CANONICAL_PARTS, parts.EXTRA) if counts[p])
+        summary = f"{fmt}: holds " + ", ".join(
+            f"{p} ({counts[p]})" for p in (*parts.CANONICAL_PARTS, parts.EXTRA) if counts[p]
+        )
     evidence = {
         "format": fmt,
         **({"layout": restore.layout.recognized} if restore.layout and restore.layout.recognized else {}),
@@ -73,7 +84,9 @@ def _missing(counts: Counter[str], required: tuple[str, ...], recommended: tuple
                 message=f"no {part} state in the checkpoint: {parts.WHAT_A_RESUME_LOSES.get(part, 'a resume would lose it')}",
                 expected=f"{part}.*",
                 actual="absent",
-                hint=hint if is_required else f"accepted for this format; save it for a bitwise resume, or pass --allow-missing {part}",
+                hint=hint
+                if is_required
+                else f"accepted for this format; save it for a bitwise resume, or pass --allow-missing {part}",
             )
         )
     return out
@@ -98,7 +111,7 @@ def _never_saved(counts: Counter[str], layout, expectations) -> list[Finding]:  
     ]
 
 
-def _incomplete(counts: Counter[str], state: dict, layout) -> list[Finding]:  # type: ignore[type-arg,no-untyped-def]
+def _incomplete(counts: Counter[str], state: dict[str, Any], layout: Any) -> list[Finding]:
     out = []
     for part, needed in _part_shape(layout).items():
         if not counts[part]:
@@ -134,7 +147,7 @@ def _unknown(counts: Counter[str]) -> list[Finding]:
     ]
 
 
-def _inventory(inventory: list) -> dict:  # type: ignore[type-arg]
+def _inventory(inventory: list) -> dict:
     tensors: dict[str, dict[str, int]] = {}
     for info in inventory:
         slot = tensors.setdefault(info.key.split(".", 1)[0], {"tensors": 0, "bytes": 0})
@@ -145,7 +158,13 @@ def _inventory(inventory: list) -> dict:  # type: ignore[type-arg]
         "inventory_entries": len(inventory),
         # The first entries in full (key, shape, dtype, bytes, rank); a 70B model has ~10^5.
         "inventory": [
-            {"key": i.key, "shape": list(i.shape), "dtype": i.dtype, "bytes": i.nbytes, **({"rank": i.rank} if i.rank is not None else {})}
+            {
+                "key": i.key,
+                "shape": list(i.shape),
+                "dtype": i.dtype,
+                "bytes": i.nbytes,
+                **({"rank": i.rank} if i.rank is not None else {}),
+            }
             for i in inventory[:INVENTORY_SHOWN]
         ],
     }

@@ -15,7 +15,21 @@ SHOWN_KEYS = 5
 
 
 ALLOW_HINT = "if the class is legitimate for this layout, allow-list it: --allow-class module.Class"
-DANGEROUS = ("os.", "posix.", "nt.", "subprocess.", "builtins.", "__builtin__.", "sys.", "shutil.", "socket.", "importlib.", "runpy.", "pty.", "webbrowser.")
+DANGEROUS = (
+    "os.",
+    "posix.",
+    "nt.",
+    "subprocess.",
+    "builtins.",
+    "__builtin__.",
+    "sys.",
+    "shutil.",
+    "socket.",
+    "importlib.",
+    "runpy.",
+    "pty.",
+    "webbrowser.",
+)
 """Modules whose globals run commands or code: a pickle naming them is hostile, not a layout to allow."""
 
 
@@ -41,7 +55,12 @@ def check_load(inputs: CheckInputs) -> CheckResult:
         "failed": len(restore.failures),
     }
     if restore.metadata_error is not None:
-        return CheckResult(name=NAME, summary="the checkpoint's index could not be loaded", findings=[_index_finding(restore)], evidence=evidence)
+        return CheckResult(
+            name=NAME,
+            summary="the checkpoint's index could not be loaded",
+            findings=[_index_finding(restore)],
+            evidence=evidence,
+        )
     findings = [_entry_finding(f) for f in restore.failures if not _lost_with_file(f)] + _lost_files(restore.failures)
     if findings:
         summary = f"{len(restore.failures)} entries failed to load onto {restore.device}"
@@ -55,13 +74,22 @@ def _index_finding(restore: RestoreResult) -> Finding:
     unsafe = [f for f in restore.failures if f.code == "unsafe-pickle"]
     error = restore.metadata_error or ""
     if restore.metadata_code == "metadata-implausible":
-        code, hint = restore.metadata_code, "the index does not describe the files beside it: damaged or forged; nothing was allocated"
+        code, hint = (
+            restore.metadata_code,
+            "the index does not describe the files beside it: damaged or forged; nothing was allocated",
+        )
     elif unsafe or "allow-list" in error:
         code, hint = "unsafe-pickle", unsafe_hint(unsafe[0].reason if unsafe else error)
     elif any(f.error_kind == "missing" for f in restore.files):
-        code, hint = "metadata-unreadable", "the save may not have finished; drill an older checkpoint: drill run --checkpoint step:N"
+        code, hint = (
+            "metadata-unreadable",
+            "the save may not have finished; drill an older checkpoint: drill run --checkpoint step:N",
+        )
     else:
-        code, hint = "metadata-unreadable", "the index is damaged; restore it from a replica or drill an older checkpoint"
+        code, hint = (
+            "metadata-unreadable",
+            "the index is damaged; restore it from a replica or drill an older checkpoint",
+        )
     subject = unsafe[0].relative_path if unsafe else (restore.index_file or restore.uri)
     return Finding(
         check=NAME,
@@ -98,7 +126,9 @@ def _lost_files(failures: list[ItemFailure]) -> list[Finding]:
             by_file[str(failure.relative_path)].append(failure.key)
     out = []
     for path, keys in sorted(by_file.items()):
-        shown = ", ".join(sorted(keys)[:SHOWN_KEYS]) + (f" and {len(keys) - SHOWN_KEYS} more" if len(keys) > SHOWN_KEYS else "")
+        shown = ", ".join(sorted(keys)[:SHOWN_KEYS]) + (
+            f" and {len(keys) - SHOWN_KEYS} more" if len(keys) > SHOWN_KEYS else ""
+        )
         out.append(
             Finding(
                 check=NAME,

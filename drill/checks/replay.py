@@ -31,23 +31,34 @@ def replay_rows(outcome: ReplayOutcome) -> list[dict[str, Any]]:
     return rows
 
 
-def check_replay(inputs: CheckInputs) -> CheckResult:
-    outcome = inputs.replay
-    assert outcome is not None
-    evidence: dict[str, Any] = {
+def _evidence(outcome: Any) -> dict[str, Any]:
+    return {
         "verdict": outcome.verdict,
         "entrypoint": outcome.entrypoint,
         "entrypoint_source": outcome.entrypoint_source,
         "reference": outcome.reference_source,
-        "tolerance": None if outcome.tolerance is None else {"rtol": outcome.tolerance.rtol, "atol": outcome.tolerance.atol},
+        "tolerance": None
+        if outcome.tolerance is None
+        else {"rtol": outcome.tolerance.rtol, "atol": outcome.tolerance.atol},
         "restore_seconds": outcome.restore_seconds,
         "seconds": outcome.seconds,
         "steps": replay_rows(outcome),
     }
+
+
+def check_replay(inputs: CheckInputs) -> CheckResult:
+    outcome = inputs.replay
+    assert outcome is not None
+    evidence = _evidence(outcome)
     if outcome.verdict == PASSED:
         return CheckResult(name=NAME, summary=outcome.reason, evidence=evidence)
     if outcome.verdict == NOT_RUN:
-        return CheckResult(name=NAME, summary=f"not run — a gap in the evidence, not a pass: {outcome.reason}", evidence=evidence, skipped=True)
+        return CheckResult(
+            name=NAME,
+            summary=f"not run — a gap in the evidence, not a pass: {outcome.reason}",
+            evidence=evidence,
+            skipped=True,
+        )
     if outcome.verdict == NOT_REPLAYABLE:
         finding = Finding(
             check=NAME,
@@ -55,10 +66,15 @@ def check_replay(inputs: CheckInputs) -> CheckResult:
             severity=Severity.INFO,
             subject=None,
             message=f"not replayable: {outcome.reason}",
-            hint=outcome.hint or "log steps with drill.sdk.StepLog and name a replay entrypoint (--replay module:function)",
+            hint=outcome.hint
+            or "log steps with drill.sdk.StepLog and name a replay entrypoint (--replay module:function)",
         )
         return CheckResult(
-            name=NAME, summary=f"not replayable — a gap in the evidence, not a pass: {outcome.reason}", findings=[finding], evidence=evidence, skipped=True
+            name=NAME,
+            summary=f"not replayable — a gap in the evidence, not a pass: {outcome.reason}",
+            findings=[finding],
+            evidence=evidence,
+            skipped=True,
         )
     if outcome.verdict == DIVERGED:
         div = outcome.divergence
@@ -85,4 +101,6 @@ def check_replay(inputs: CheckInputs) -> CheckResult:
     assert outcome.verdict == ERROR
     evidence["traceback"] = outcome.traceback
     finding = Finding(check=NAME, code="replay-error", severity=Severity.ERROR, subject=None, message=outcome.reason)
-    return CheckResult(name=NAME, summary=f"error: {outcome.reason}", findings=[finding], evidence=evidence, errored=True)
+    return CheckResult(
+        name=NAME, summary=f"error: {outcome.reason}", findings=[finding], evidence=evidence, errored=True
+    )

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from drill import formats
-from drill.checks import CheckInputs
 from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave, step_of
+from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity, not_run
 from drill.formats.base import read_pointer
 from drill.storage import Entry, Storage
@@ -54,7 +54,13 @@ def _judge(
                 actual=target,
             )
         ], False
-    return [_f("pointer-dangling", pointer, f"{pointer} points at {target!r}, which is not a checkpoint here: auto-resume would fail")], False
+    return [
+        _f(
+            "pointer-dangling",
+            pointer,
+            f"{pointer} points at {target!r}, which is not a checkpoint here: auto-resume would fail",
+        )
+    ], False
 
 
 def check_resume(inputs: CheckInputs) -> CheckResult:
@@ -82,11 +88,16 @@ def check_resume(inputs: CheckInputs) -> CheckResult:
     if not verdicts and newest is not None:
         verdicts.append(("newest complete checkpoint", newest.name, True))
     evidence["would_resume_from"] = [{"by": by, "target": t, "works": ok} for by, t, ok in verdicts]
-    summary = "; ".join(f"{by} → {t} ({'works' if ok else 'would fail'})" for by, t, ok in verdicts) or "no checkpoint a resume could use"
+    summary = (
+        "; ".join(f"{by} → {t} ({'works' if ok else 'would fail'})" for by, t, ok in verdicts)
+        or "no checkpoint a resume could use"
+    )
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
 
 
-def _pointers(storage: Storage, root: str, here: dict[str, Entry], found: Discovery | None = None) -> list[tuple[str, str]]:
+def _pointers(
+    storage: Storage, root: str, here: dict[str, Entry], found: Discovery | None = None
+) -> list[tuple[str, str]]:
     """(who follows it, target) for every resume pointer in the run root that names something:
     the generic ``latest`` files, then each format's own."""
     out = [(name, target) for name in GENERIC_POINTERS if (target := read_pointer(storage, root, here.get(name)))]
@@ -94,7 +105,7 @@ def _pointers(storage: Storage, root: str, here: dict[str, Entry], found: Discov
 
 
 def _newest_name(discovery: Discovery) -> str | None:
-    saves = [(s.step, s.name) for s in [*discovery.checkpoints, *discovery.incomplete] if s.step is not None]
+    saves = [(s.step, s.name) for s in discovery.saves if s.step is not None]
     return max(saves)[1] if saves else None
 
 
@@ -104,7 +115,7 @@ def _newest_incomplete(discovery: Discovery, newest: CheckpointRef | None) -> li
     newer = [s for s in discovery.incomplete if s.step is not None and s.step > newest.step]
     if not newer:
         return []
-    lost = max(s.step for s in newer) - newest.step  # type: ignore[operator]
+    lost = max(s.step for s in newer if s.step is not None) - newest.step
     return [
         _f(
             "newest-incomplete",

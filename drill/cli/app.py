@@ -39,22 +39,23 @@ class OneLineErrors(TyperGroup):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.commands = _Commands(self.lazy, self.commands)  # type: ignore[assignment]
+        self.commands = _Commands(self.lazy, dict(self.commands))
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
+            kwargs["standalone_mode"] = False  # errors come back here, rendered as one line
+            rv = super().main(*args, **kwargs)
         except typer.Abort:
             rv = int(ExitCode.INTERRUPTED)
         except typer.TyperException as exc:  # click's usage errors, as vendored by typer
-            stderr().print(f"drill: error: {exc.format_message()}", markup=False)  # type: ignore[attr-defined]
+            stderr().print(f"drill: error: {exc.format_message()}", markup=False)
             rv = getattr(exc, "exit_code", int(ExitCode.USAGE))
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-class _Commands(dict):  # type: ignore[type-arg]
+class _Commands(dict):
     """A group's commands by name, in the order ``--help`` lists them; each lazy one is
     imported and converted by typer the first time it is looked up."""
 
@@ -68,13 +69,13 @@ class _Commands(dict):  # type: ignore[type-arg]
             command = self[name] = _build(name, *self._lazy[name])
         return command
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return self[name] if name in self else default
 
-    def values(self) -> Any:  # type: ignore[override]
+    def values(self) -> Any:
         return [self[name] for name in self]
 
-    def items(self) -> Any:  # type: ignore[override]
+    def items(self) -> Any:
         return [(name, self[name]) for name in self]
 
 
@@ -86,7 +87,9 @@ def _build(name: str, module: str, function: str) -> Any:
     in the group, behind the shared error boundary."""
     import importlib
 
-    single = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False, context_settings=HELP)
+    single = typer.Typer(
+        add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False, context_settings=HELP
+    )
     single.command(name)(error_boundary(getattr(importlib.import_module(f"drill.cli.{module}"), function)))
     command = typer.main.get_command(single)
     command.name = name
@@ -95,7 +98,15 @@ def _build(name: str, module: str, function: str) -> Any:
 
 def _group(help: str, commands: dict[str, tuple[str, str]], *, completion: bool = False, **kw: Any) -> typer.Typer:
     cls = type("OneLineErrors", (OneLineErrors,), {"lazy": commands})
-    return typer.Typer(cls=cls, help=help, no_args_is_help=True, add_completion=completion, rich_markup_mode=None, context_settings=HELP, **kw)
+    return typer.Typer(
+        cls=cls,
+        help=help,
+        no_args_is_help=True,
+        add_completion=completion,
+        rich_markup_mode=None,
+        context_settings=HELP,
+        **kw,
+    )
 
 
 app = _group(
@@ -147,7 +158,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
 ) -> None:
     pass
 

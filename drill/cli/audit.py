@@ -12,15 +12,24 @@ from drill.cli.common import DbOption, DebugOption, JsonOption, print_json, stde
 def audit_verify(
     head: Annotated[
         str | None,
-        typer.Option("--head", help="A chain head pinned earlier (from a report, or this command): fail if the log no longer reaches it."),
+        typer.Option(
+            "--head",
+            help="A chain head pinned earlier (from a report, or this command): fail if the log no longer reaches it.",
+        ),
     ] = None,
     keyed_from: Annotated[
         int | None,
-        typer.Option("--keyed-from", help="With an audit key introduced on an existing log: the first entry it sealed; earlier entries may lack its HMAC."),
+        typer.Option(
+            "--keyed-from",
+            help="With an audit key introduced on an existing log: the first entry it sealed; earlier entries may lack its HMAC.",
+        ),
     ] = None,
     full: Annotated[
         bool,
-        typer.Option("--full", help="Recompute every entry and every record, not only what came after the head the last intact pass verified."),
+        typer.Option(
+            "--full",
+            help="Recompute every entry and every record, not only what came after the head the last intact pass verified.",
+        ),
     ] = False,
     db: DbOption = None,
     json: JsonOption = False,
@@ -64,7 +73,9 @@ def _summary(report) -> str:  # type: ignore[no-untyped-def]
     auth += f", {report.unkeyed_before} sealed before the key" if report.unkeyed_before else ""
     before = f"; {report.before_chain} older record(s) predate the chain" if report.before_chain else ""
     since = report.verified_from
-    scope = f" since entry {since.seq} (verified {since.verified_at.isoformat()[:19]}Z; --full for all)" if since else ""
+    scope = (
+        f" since entry {since.seq} (verified {since.verified_at.isoformat()[:19]}Z; --full for all)" if since else ""
+    )
     return (
         f"audit chain {state}: {report.entries} entries, {report.records} records match{scope}{auth}{before}; "
         f"head {h.hash} (entry {h.seq}, drill #{h.drill_id}, sealed {h.sealed_at.isoformat()[:19]}Z)"

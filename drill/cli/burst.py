@@ -12,12 +12,36 @@ from drill.errors import UsageError
 
 def burst(
     root: Annotated[str, typer.Option("--root", help="Run directory (or s3:// prefix) holding the checkpoints.")],
-    checkpoint: Annotated[str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a path.")] = "latest",
-    readers: Annotated[str, typer.Option("--readers", help="Reader counts to sweep, comma-separated (default: 1,2,4 and on, doubling, to twice the cores).")] = "",
-    warm: Annotated[bool, typer.Option("--warm", help="Read from the page cache as it is (default: drop the checkpoint first, a restart's cold read).")] = False,
-    replicated: Annotated[bool, typer.Option("--replicated", help="Every reader reads every file (replicated state), not its share.")] = False,
-    job_bytes: Annotated[str | None, typer.Option("--job-bytes", help="R for a job whose checkpoint is this big (e.g. 5.7TB); default: this checkpoint.")] = None,
-    job_readers: Annotated[int | None, typer.Option("--job-readers", help="R for a job of this many reading ranks; default: the sweep's largest.")] = None,
+    checkpoint: Annotated[
+        str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a path.")
+    ] = "latest",
+    readers: Annotated[
+        str,
+        typer.Option(
+            "--readers",
+            help="Reader counts to sweep, comma-separated (default: 1,2,4 and on, doubling, to twice the cores).",
+        ),
+    ] = "",
+    warm: Annotated[
+        bool,
+        typer.Option(
+            "--warm",
+            help="Read from the page cache as it is (default: drop the checkpoint first, a restart's cold read).",
+        ),
+    ] = False,
+    replicated: Annotated[
+        bool, typer.Option("--replicated", help="Every reader reads every file (replicated state), not its share.")
+    ] = False,
+    job_bytes: Annotated[
+        str | None,
+        typer.Option(
+            "--job-bytes", help="R for a job whose checkpoint is this big (e.g. 5.7TB); default: this checkpoint."
+        ),
+    ] = None,
+    job_readers: Annotated[
+        int | None,
+        typer.Option("--job-readers", help="R for a job of this many reading ranks; default: the sweep's largest."),
+    ] = None,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -91,7 +115,10 @@ def _sweep(uri: str, counts: list[int], *, cold: bool, replicated: bool, as_rank
         joining = (age, time.perf_counter() - started)
     try:
         if dist is None or dist.is_root:
-            err.print(f"drill: burst of {uri}: {', '.join(map(str, counts))} readers{' (ranks)' if dist else ''}, {'cold' if cold else 'warm'}", markup=False)
+            err.print(
+                f"drill: burst of {uri}: {', '.join(map(str, counts))} readers{' (ranks)' if dist else ''}, {'cold' if cold else 'warm'}",
+                markup=False,
+            )
         return run_burst(uri, readers=counts, cold=cold, replicated=replicated, dist=dist, joining=joining,
                          on_step=lambda st: err.print(f"drill: {st.readers} reader(s): {human_rate(st.aggregate_bps)}", markup=False))  # fmt: skip
     finally:
@@ -125,7 +152,9 @@ def _counts(text: str, world: int | None = None) -> list[int]:
         raise UsageError(f"--readers {text!r}: give reader counts, comma-separated, e.g. 1,2,4,8") from None
     top = world or 4096
     if not counts or any(c < 1 or c > top for c in counts):
-        raise UsageError(f"--readers {text!r}: each count must be between 1 and {top}" + (" (the job's ranks)" if world else ""))
+        raise UsageError(
+            f"--readers {text!r}: each count must be between 1 and {top}" + (" (the job's ranks)" if world else "")
+        )
     return sorted(set(counts))
 
 
@@ -138,7 +167,7 @@ def _size(text: str | None, parse) -> int | None:  # type: ignore[no-untyped-def
         raise UsageError(f"--job-bytes {text!r}: {exc}") from None
 
 
-def _record(run_root: str, document: dict, db: str | None) -> int | None:  # type: ignore[type-arg]
+def _record(run_root: str, document: dict, db: str | None) -> int | None:
     from drill.errors import DrillError
     from drill.records.db import open_database
     from drill.records.store import Records
@@ -152,5 +181,3 @@ def _record(run_root: str, document: dict, db: str | None) -> int | None:  # typ
     except DrillError as exc:
         stderr().print(f"drill: warning: the burst could not be recorded ({exc.message})", markup=False)
         return None
-
-

@@ -38,7 +38,10 @@ SampleOption = Annotated[
     ),
 ]
 RequireSealedOption = Annotated[
-    bool, typer.Option("--require-sealed", help="Fail a checkpoint without a drill manifest instead of accepting a structural proof.")
+    bool,
+    typer.Option(
+        "--require-sealed", help="Fail a checkpoint without a drill manifest instead of accepting a structural proof."
+    ),
 ]
 CoverageDaysOption = Annotated[
     float, typer.Option("--coverage-days", help="Report the share of bytes verified within this many days.")
@@ -60,7 +63,9 @@ KeyFileOption = Annotated[
     ),
 ]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks for unexpected errors.")]
-QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (errors and the verdict line still print).")]
+QuietOption = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No progress on stderr (errors and the verdict line still print).")
+]
 
 
 class _Console(Console):
@@ -132,7 +137,9 @@ def error_boundary(fn: F) -> F:
             raise
         except KeyboardInterrupt as exc:  # outside a drill (a drill records its own interrupt)
             code = ExitCode.TERMINATED if isinstance(exc, Terminated) else ExitCode.INTERRUPTED
-            stderr().print(f"drill: aborted: {str(exc) or 'interrupted by SIGINT'} (nothing was recorded)", markup=False)
+            stderr().print(
+                f"drill: aborted: {str(exc) or 'interrupted by SIGINT'} (nothing was recorded)", markup=False
+            )
             raise typer.Exit(int(code)) from None
         except Exception as exc:
             if kwargs.get("debug"):
@@ -182,6 +189,8 @@ def write_output(path: str, text: str) -> None:
     if not os.path.isdir(directory):
         raise UsageError(f"--output: directory {directory} does not exist")
     try:
-        LocalStorage().write(path, text.encode(), replace=True, mode=0o666)  # the umask decides who may read it (a web root: 0644)
+        LocalStorage().write(
+            path, text.encode(), replace=True, mode=0o666
+        )  # the umask decides who may read it (a web root: 0644)
     except OSError as exc:
         raise UsageError(f"--output: cannot write {path} ({exc.strerror or exc})") from None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,7 +18,9 @@ def demo(
     keep: Annotated[int, typer.Option(help="Keep the last L checkpoints (older ones are deleted).")] = 3,
     n_layer: Annotated[int, typer.Option("--n-layer", help="Transformer blocks.")] = 2,
     n_embd: Annotated[int, typer.Option("--n-embd", help="Embedding width (≈ 12·layers·width² parameters).")] = 64,
-    ranks: Annotated[int, typer.Option("--ranks", help="Train with N CPU ranks (FSDP2, gloo): a genuinely sharded checkpoint.")] = 1,
+    ranks: Annotated[
+        int, typer.Option("--ranks", help="Train with N CPU ranks (FSDP2, gloo): a genuinely sharded checkpoint.")
+    ] = 1,
     json: JsonOption = False,
     debug: DebugOption = False,
 ) -> None:
@@ -42,8 +44,10 @@ def demo(
     if ranks != 1:
         return _demo_ranks(directory, cfg, ranks, json=json)
     with stderr().status("training", spinner="dots") as status:
-        result = train(directory, cfg, on_step=lambda r: status.update(f"training: step {r.step}/{cfg.steps}, loss {r.loss:.4f}"))
-    doc = {
+        result = train(
+            directory, cfg, on_step=lambda r: status.update(f"training: step {r.step}/{cfg.steps}, loss {r.loss:.4f}")
+        )
+    doc: dict[str, Any] = {
         "run_dir": str(directory.resolve()),
         "steps": cfg.steps,
         "seconds": result.seconds,
@@ -56,14 +60,17 @@ def demo(
         print_json(doc)
         return
     out = stdout()
-    out.print(f"trained {cfg.steps} steps in {result.seconds:.1f} s: loss {doc['first_loss']:.4f} → {doc['last_loss']:.4f}", markup=False)
+    out.print(
+        f"trained {cfg.steps} steps in {result.seconds:.1f} s: loss {doc['first_loss']:.4f} → {doc['last_loss']:.4f}",
+        markup=False,
+    )
     out.print(f"retained checkpoints: {', '.join(doc['retained'])} in {doc['run_dir']}", markup=False)
     out.print(f"next: drill run --root {directory} --checkpoint latest", markup=False, style="dim")
 
 
 def _demo_ranks(directory: Path, cfg: object, ranks: int, *, json: bool) -> None:
-    from drill.demo.distributed import train_distributed
     from drill.checkpoints import step_of
+    from drill.demo.distributed import train_distributed
     from drill.runlog import read_step_log
 
     if not 2 <= ranks <= 64:
@@ -75,11 +82,26 @@ def _demo_ranks(directory: Path, cfg: object, ranks: int, *, json: bool) -> None
             raise UsageError(f"the {ranks}-rank demo failed: {exc}") from None
     log = read_step_log(directory)
     retained = sorted((p.name for p in directory.iterdir() if p.is_dir() and step_of(p.name) is not None), key=step_of)  # type: ignore[arg-type]
-    doc = {"run_dir": str(directory.resolve()), "ranks": ranks, "steps": len(log), "seconds": seconds, "first_loss": log[0].loss, "last_loss": log[-1].loss, "retained": retained}
+    doc = {
+        "run_dir": str(directory.resolve()),
+        "ranks": ranks,
+        "steps": len(log),
+        "seconds": seconds,
+        "first_loss": log[0].loss,
+        "last_loss": log[-1].loss,
+        "retained": retained,
+    }
     if json:
         print_json(doc)
         return
     out = stdout()
-    out.print(f"trained {len(log)} steps on {ranks} ranks in {seconds:.1f} s: loss {log[0].loss:.4f} → {log[-1].loss:.4f}", markup=False)
+    out.print(
+        f"trained {len(log)} steps on {ranks} ranks in {seconds:.1f} s: loss {log[0].loss:.4f} → {log[-1].loss:.4f}",
+        markup=False,
+    )
     out.print(f"retained sharded checkpoints: {', '.join(retained)} in {doc['run_dir']}", markup=False)
-    out.print(f"next: drill run --root {directory} --checkpoint latest   (or under torchrun/srun, one rank per process)", markup=False, style="dim")
+    out.print(
+        f"next: drill run --root {directory} --checkpoint latest   (or under torchrun/srun, one rank per process)",
+        markup=False,
+        style="dim",
+    )

@@ -13,7 +13,9 @@ if TYPE_CHECKING:
     from drill.pipeline import DrillOutcome
 
 
-def leave_verdict(path: str | None, drill_id: int | None, status: str, code: int, message: str | None, rank: int | None = None) -> None:
+def leave_verdict(
+    path: str | None, drill_id: int | None, status: str, code: int, message: str | None, rank: int | None = None
+) -> None:
     """``--verdict-file``: the verdict where a launcher reads it; a path that cannot be written is a warning."""
     if path is None:
         return
@@ -35,7 +37,11 @@ def report(outcome: DrillOutcome, *, json: bool, where: str | None = None) -> No
         render_outcome(stdout(), outcome, where)
     err = stderr()
     if outcome.status is not DrillStatus.PASSED and outcome.message:
-        recorded = f" (drill #{outcome.id} recorded as {outcome.status.value})" if outcome.id is not None else " (nothing was recorded)"
+        recorded = (
+            f" (drill #{outcome.id} recorded as {outcome.status.value})"
+            if outcome.id is not None
+            else " (nothing was recorded)"
+        )
         tail = recorded if outcome.status is DrillStatus.ABORTED else ""
         err.print(f"drill: {outcome.status.value}: {outcome.message}{tail}", markup=False)
     if outcome.record_problem:
@@ -43,8 +49,9 @@ def report(outcome: DrillOutcome, *, json: bool, where: str | None = None) -> No
     if outcome.status is DrillStatus.ABORTED and sys.stdout is sys.__stdout__:
         # Interrupted: the record is written; reads still in flight (a hung mount) must not
         # hold the process, and interpreter shutdown would wait for them.
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
         os._exit(int(outcome.exit_code))
     raise exit_with(outcome.exit_code)
 

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from drill.errors import UsageError
 from drill.cli.common import (
     AllowClassOption,
     CoverageDaysOption,
@@ -23,6 +22,7 @@ from drill.cli.common import (
     stderr,
     stdout,
 )
+from drill.errors import UsageError
 
 
 def seal(
@@ -50,9 +50,22 @@ def seal(
         raise IntegrityConflict(str(exc), hint=f"verify it first: drill verify {checkpoint}") from None
     m = result.manifest
     if json:
-        print_json({"manifest": result.path, "written": result.written, "keyed": m.key_id is not None, "step": m.step, "files": len(m.files), "bytes": m.total_bytes})
+        print_json(
+            {
+                "manifest": result.path,
+                "written": result.written,
+                "keyed": m.key_id is not None,
+                "step": m.step,
+                "files": len(m.files),
+                "bytes": m.total_bytes,
+            }
+        )
         return
-    verb = ("sealed with key " + m.key_id if m.key_id else "sealed") if result.written else "already sealed (identical manifest)"
+    verb = (
+        ("sealed with key " + m.key_id if m.key_id else "sealed")
+        if result.written
+        else "already sealed (identical manifest)"
+    )
     stdout().print(f"{verb}: {len(m.files)} files, {human_bytes(m.total_bytes)} → {result.path}", markup=False)
 
 
@@ -61,7 +74,9 @@ def verify(
     sample: SampleOption = "all",
     require_sealed: RequireSealedOption = False,
     coverage_days: CoverageDaysOption = 7.0,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds the verification may take before it ends as an error.")] = 3600.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds the verification may take before it ends as an error.")
+    ] = 3600.0,
     key_file: KeyFileOption = None,
     allow_class: AllowClassOption = None,
     db: DbOption = None,
@@ -93,7 +108,11 @@ def verify(
     try:
         with deadline(timeout, f"drill verify {checkpoint}"):
             outcome = verify_checkpoint(
-                checkpoint, sample=spec, require_sealed=require_sealed, records=ledger, coverage_days=coverage_days,
+                checkpoint,
+                sample=spec,
+                require_sealed=require_sealed,
+                records=ledger,
+                coverage_days=coverage_days,
                 key=seal_key(key_file),
                 allow_classes=tuple(allow_class or ()),
             )
@@ -101,13 +120,30 @@ def verify(
         ledger.close()
     r = outcome.result
     if json:
-        print_json({**r.to_dict(), "checkpoint": outcome.uri, "status": outcome.status, "evidence_level": outcome.evidence, "exit_code": int(outcome.exit_code), "seconds": outcome.seconds, "bytes_hashed": outcome.bytes_hashed})
+        print_json(
+            {
+                **r.to_dict(),
+                "checkpoint": outcome.uri,
+                "status": outcome.status,
+                "evidence_level": outcome.evidence,
+                "exit_code": int(outcome.exit_code),
+                "seconds": outcome.seconds,
+                "bytes_hashed": outcome.bytes_hashed,
+            }
+        )
     else:
         out = stdout()
         render_check(out, r)
-        out.print(f"{human_bytes(outcome.bytes_hashed)} hashed in {human_seconds(outcome.seconds)}; evidence: {outcome.evidence}", markup=False, style="dim")
+        out.print(
+            f"{human_bytes(outcome.bytes_hashed)} hashed in {human_seconds(outcome.seconds)}; evidence: {outcome.evidence}",
+            markup=False,
+            style="dim",
+        )
     if r.errors:
         stderr().print(f"drill: failed: {r.errors[0].message}", markup=False)
     elif outcome.status == "unproven":
-        stderr().print(f"drill: unproven: {outcome.uri}: no seal, and no structural proof for this format: nothing about its bytes was proven (seal it: drill seal)", markup=False)
+        stderr().print(
+            f"drill: unproven: {outcome.uri}: no seal, and no structural proof for this format: nothing about its bytes was proven (seal it: drill seal)",
+            markup=False,
+        )
     raise exit_with(outcome.exit_code)

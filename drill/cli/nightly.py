@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -42,7 +42,7 @@ def policy_check(
     from drill.policy import PolicyError, load_policy
     from drill.policy.check import warnings_for
 
-    report = []
+    report: list[dict[str, Any]] = []
     for f in files:
         try:
             pol = load_policy(f)
@@ -67,9 +67,15 @@ def policy_check(
 
 def scheduler_start(
     policies: Annotated[list[Path], typer.Argument(help="Policy files to schedule (each needs a schedule: section).")],
-    concurrency: Annotated[int, typer.Option("--concurrency", help="At most this many drills at once, all policies together.")] = 1,
-    grace: Annotated[float, typer.Option("--grace", help="On SIGTERM/SIGINT, seconds a running drill gets to finish.")] = 60.0,
-    heartbeat: Annotated[float, typer.Option("--heartbeat", help="Seconds between heartbeats (the lease lasts 6 of them).")] = 5.0,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", help="At most this many drills at once, all policies together.")
+    ] = 1,
+    grace: Annotated[
+        float, typer.Option("--grace", help="On SIGTERM/SIGINT, seconds a running drill gets to finish.")
+    ] = 60.0,
+    heartbeat: Annotated[
+        float, typer.Option("--heartbeat", help="Seconds between heartbeats (the lease lasts 6 of them).")
+    ] = 5.0,
     db: DbOption = None,
     debug: DebugOption = False,
 ) -> None:
@@ -104,7 +110,9 @@ def scheduler_start(
         raise UsageError(f"two policies share a name: {', '.join(sorted(n for n in names if names.count(n) > 1))}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    DrillScheduler(loaded, resolve_url(db), concurrency=concurrency, grace=grace, heartbeat=heartbeat, lease_ttl=6 * heartbeat).run()
+    DrillScheduler(
+        loaded, resolve_url(db), concurrency=concurrency, grace=grace, heartbeat=heartbeat, lease_ttl=6 * heartbeat
+    ).run()
 
 
 def scheduler_status(db: DbOption = None, json: JsonOption = False, debug: DebugOption = False) -> None:
@@ -140,10 +148,22 @@ def scheduler_status(db: DbOption = None, json: JsonOption = False, debug: Debug
 def last_good(
     root: Annotated[str, typer.Option("--root", help="Run directory holding the checkpoints.")],
     min_evidence: Annotated[
-        str, typer.Option("--min-evidence", help="Weakest proof a pass may rest on: structural, sealed or authenticated (default structural).")
+        str,
+        typer.Option(
+            "--min-evidence",
+            help="Weakest proof a pass may rest on: structural, sealed or authenticated (default structural).",
+        ),
     ] = "structural",
-    require_replay: Annotated[bool, typer.Option("--require-replay", help="Only a checkpoint whose passing drill also replayed bit for bit.")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds listing the run may take (a storage that never answers ends as an error, exit 5).")] = 300.0,
+    require_replay: Annotated[
+        bool, typer.Option("--require-replay", help="Only a checkpoint whose passing drill also replayed bit for bit.")
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            help="Seconds listing the run may take (a storage that never answers ends as an error, exit 5).",
+        ),
+    ] = 300.0,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -162,17 +182,31 @@ def last_good(
 
     level = flag("--min-evidence", parse_level, min_evidence)
     if level == "none":
-        raise UsageError("--min-evidence none would vouch for a pass that proved nothing about the bytes: use structural or stronger")
+        raise UsageError(
+            "--min-evidence none would vouch for a pass that proved nothing about the bytes: use structural or stronger"
+        )
     if not timeout > 0:
         raise UsageError(f"--timeout must be positive, not {timeout:g}")
     good = proven(root, db=db, min_evidence=level, require_replay=require_replay, timeout=timeout)
     if good is None or good.checkpoint is None:
         asked = f" on {level} evidence or better" + (" with a replay" if require_replay else "")
-        raise NothingToDrill(f"no retained checkpoint under {root} has passed its latest drill{asked}", hint=f"drill one: drill run --root {root}")
+        raise NothingToDrill(
+            f"no retained checkpoint under {root} has passed its latest drill{asked}",
+            hint=f"drill one: drill run --root {root}",
+        )
     proof = proof_of(good)
     if json:
-        print_json({"checkpoint": good.to_document(with_checks=False)["checkpoint"], "drill_id": good.id, "drilled_at": good.started_at.isoformat(), "proof": proof.to_dict()})
+        print_json(
+            {
+                "checkpoint": good.to_document(with_checks=False)["checkpoint"],
+                "drill_id": good.id,
+                "drilled_at": good.started_at.isoformat(),
+                "proof": proof.to_dict(),
+            }
+        )
         return
     uri = good.checkpoint.uri
-    sys.stdout.write((printable(uri) if sys.stdout.isatty() else uri) + "\n")  # data for a script, escaped for a terminal
+    sys.stdout.write(
+        (printable(uri) if sys.stdout.isatty() else uri) + "\n"
+    )  # data for a script, escaped for a terminal
     stderr().print(f"drill #{good.id}, {good.started_at.isoformat()[:19]}Z: {proof.describe()}", markup=False)

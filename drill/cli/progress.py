@@ -10,7 +10,15 @@ from __future__ import annotations
 import threading
 import time
 
-from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
 
 from drill.cli.common import stderr
 from drill.units import human_bytes
@@ -62,7 +70,11 @@ class RichProgress:
                 self._bytes.console.print(f"[dim]{name}: {_WHAT.get(name, name)}[/]")
             elif not self._quiet:
                 size = f" ({human_bytes(total_bytes)})" if total_bytes else ""
-                self._console.print(f"drill: +{time.monotonic() - self._started:6.1f}s {name}: {_WHAT.get(name, name)}{size}", markup=False, highlight=False)
+                self._console.print(
+                    f"drill: +{time.monotonic() - self._started:6.1f}s {name}: {_WHAT.get(name, name)}{size}",
+                    markup=False,
+                    highlight=False,
+                )
 
     def advance(self, nbytes: int) -> None:
         with self._lock:

@@ -22,7 +22,16 @@ if TYPE_CHECKING:
     from drill.pipeline import DrillOutcome, DrillRequest
 
 
-def run_ranks(request: DrillRequest, *, db: str | None, json: bool, quiet: bool, rank_timeout: float, lost_after: float, verdict_file: str | None) -> None:
+def run_ranks(
+    request: DrillRequest,
+    *,
+    db: str | None,
+    json: bool,
+    quiet: bool,
+    rank_timeout: float,
+    lost_after: float,
+    verdict_file: str | None,
+) -> None:
     """One rank of a distributed drill: rank 0 records and reports, the others only restore."""
     from drill.dist.context import connect
     from drill.records.db import resolve_url, safe_url
@@ -89,11 +98,18 @@ def _close_for_lost_root(outcome: DrillOutcome, db: str | None) -> None:
     try:
         database = open_database(db)
         try:
-            Records(database).close_dead_drill(outcome.id, status=DrillStatus.ERROR, exit_code=int(ExitCode.ERROR), reason=outcome.message or "rank 0 was lost")
+            Records(database).close_dead_drill(
+                outcome.id,
+                status=DrillStatus.ERROR,
+                exit_code=int(ExitCode.ERROR),
+                reason=outcome.message or "rank 0 was lost",
+            )
         finally:
             database.close()
     except DrillError as exc:
-        stderr().print(f"drill: warning: rank 0's drill #{outcome.id} could not be closed ({exc.message})", markup=False)
+        stderr().print(
+            f"drill: warning: rank 0's drill #{outcome.id} could not be closed ({exc.message})", markup=False
+        )
 
 
 def local_device(request: DrillRequest) -> DrillRequest:

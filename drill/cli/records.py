@@ -11,7 +11,9 @@ from drill.cli.common import DbOption, DebugOption, JsonOption, exit_with, flag,
 from drill.errors import ExitCode, UsageError
 
 Since = Annotated[str | None, typer.Option("--since", help="Only drills started within this long (e.g. 7d, 12h).")]
-Status = Annotated[str | None, typer.Option("--status", help="Only drills with this verdict (passed, failed, error, …).")]
+Status = Annotated[
+    str | None, typer.Option("--status", help="Only drills with this verdict (passed, failed, error, …).")
+]
 Policy = Annotated[str | None, typer.Option("--policy", help="Only drills of this policy.")]
 
 
@@ -21,7 +23,9 @@ def history(
     status: Status = None,
     policy: Policy = None,
     limit: Annotated[int, typer.Option(help="Show at most this many drills, newest first.")] = 50,
-    bursts: Annotated[bool, typer.Option("--bursts", help="List recorded restore bursts (drill burst) instead of drills.")] = False,
+    bursts: Annotated[
+        bool, typer.Option("--bursts", help="List recorded restore bursts (drill burst) instead of drills.")
+    ] = False,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -47,7 +51,9 @@ def history(
     if json:
         print_json([d.to_document(with_checks=False) for d in drills])
     elif not drills:
-        stderr().print("no drills recorded" + (" matching the filters" if root or since or status or policy else ""), markup=False)
+        stderr().print(
+            "no drills recorded" + (" matching the filters" if root or since or status or policy else ""), markup=False
+        )
     else:
         from drill.cli.render import render_history
 
@@ -70,8 +76,12 @@ def _bursts(root: str | None, limit: int, db: str | None, json: bool) -> None:
 
 
 def show(
-    drill_id: Annotated[int, typer.Argument(help="The drill's id, as `drill history` lists it (with --burst: a burst's).")],
-    burst: Annotated[bool, typer.Option("--burst", help="The id is a restore burst's (drill history --bursts).")] = False,
+    drill_id: Annotated[
+        int, typer.Argument(help="The drill's id, as `drill history` lists it (with --burst: a burst's).")
+    ],
+    burst: Annotated[
+        bool, typer.Option("--burst", help="The id is a restore burst's (drill history --bursts).")
+    ] = False,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -142,9 +152,19 @@ def db_flush(db: DbOption = None, json: JsonOption = False, debug: DebugOption =
         database.close()
     where = safe_url(database.url)
     if json:
-        print_json({"url": where, "delivered": result.delivered, "left": result.left, "waiting": result.waiting, "rejected": result.rejected})
+        print_json(
+            {
+                "url": where,
+                "delivered": result.delivered,
+                "left": result.left,
+                "waiting": result.waiting,
+                "rejected": result.rejected,
+            }
+        )
     else:
-        stdout().print(f"delivered {result.delivered} spooled verdict(s) to {where}; {result.left} left in the spool", markup=False)
+        stdout().print(
+            f"delivered {result.delivered} spooled verdict(s) to {where}; {result.left} left in the spool", markup=False
+        )
         for path, why in result.rejected.items():
             stderr().print(f"drill: not delivered: {path}: {why}", markup=False)
     if result.waiting:
@@ -165,21 +185,36 @@ def db_status(db: DbOption = None, json: JsonOption = False, debug: DebugOption 
 
     status = schema_status(db)
     if json:
-        print_json({"url": status.url, "current": status.current, "head": status.head, "state": status.state, "tables": list(status.tables)})
+        print_json(
+            {
+                "url": status.url,
+                "current": status.current,
+                "head": status.head,
+                "state": status.state,
+                "tables": list(status.tables),
+            }
+        )
     else:
         advice = {
             "current": "up to date",
             "behind": "behind: run `drill db upgrade`",
             "ahead": "ahead: this drill is older than the database; install the drill that upgraded it",
         }[status.state]
-        stdout().print(f"{status.url}: revision {status.current or 'none'}, drill needs {status.head} ({advice})", markup=False)
+        stdout().print(
+            f"{status.url}: revision {status.current or 'none'}, drill needs {status.head} ({advice})", markup=False
+        )
     if status.state != "current":
         raise exit_with(ExitCode.DATABASE)
 
 
 def runs(
-    root: Annotated[str | None, typer.Argument(help="One run directory: every checkpoint it retains. Default: every run on the record.")] = None,
-    no_list: Annotated[bool, typer.Option("--no-list", help="Do not list storage: checkpoints as drills last saw them.")] = False,
+    root: Annotated[
+        str | None,
+        typer.Argument(help="One run directory: every checkpoint it retains. Default: every run on the record."),
+    ] = None,
+    no_list: Annotated[
+        bool, typer.Option("--no-list", help="Do not list storage: checkpoints as drills last saw them.")
+    ] = False,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -197,7 +232,14 @@ def runs(
 
     report = build_report(db, ReportOptions(since=None, root=root, list_storage=not no_list))
     if json:
-        print_json({"runs": [{k: v for k, v in r.to_dict().items() if k not in ("drills", "goodput", "slo_breaches")} for r in report.runs]})
+        print_json(
+            {
+                "runs": [
+                    {k: v for k, v in r.to_dict().items() if k not in ("drills", "goodput", "slo_breaches")}
+                    for r in report.runs
+                ]
+            }
+        )
         return
     if not report.runs:
         stderr().print("no runs on the record" if root is None else f"no drills of {root} on the record", markup=False)

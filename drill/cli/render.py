@@ -14,8 +14,8 @@ from rich.markup import escape
 
 from drill.claims import proof_of
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
-from drill.verdict import DrillStatus
 from drill.units import human_bytes, human_rate, human_seconds
+from drill.verdict import DrillStatus
 
 if TYPE_CHECKING:  # drill verify renders checks without importing torch
     from rich.table import Table
@@ -45,7 +45,7 @@ def _table(**kw: Any) -> Table:
 
 
 def _styled(status: str) -> str:
-    style = next((v for k, v in STATUS_STYLE.items() if k.value == status), "")
+    style = next((v for k, v in STATUS_STYLE.items() if k == status), "")
     return f"[{style}]{status.upper()}[/]"
 
 
@@ -69,7 +69,12 @@ def render_check(console: Console, check: CheckResult) -> None:
 
 def _latency(o: DrillOutcome) -> str:
     t = o.timings
-    parts = [f"discover {human_seconds(t.discover)}", f"plan {human_seconds(t.plan)}", f"read {human_seconds(t.read)}", f"load {human_seconds(t.load)}"]
+    parts = [
+        f"discover {human_seconds(t.discover)}",
+        f"plan {human_seconds(t.plan)}",
+        f"read {human_seconds(t.read)}",
+        f"load {human_seconds(t.load)}",
+    ]
     parts.append(f"other {human_seconds(t.other)}")
     return f"restore {human_seconds(t.restore)} = " + " + ".join(parts)
 
@@ -94,7 +99,9 @@ def render_outcome(console: Console, o: DrillOutcome, where: str | None = None) 
         console.print(f"{_latency(o)}; checks {human_seconds(o.timings.checks)}", markup=False)
         console.print(f"read {human_bytes(o.bytes_read)} at {human_rate(o.throughput_bps)}", markup=False)
     if o.timings.ttfs is not None:
-        console.print(f"time to first step {human_seconds(o.timings.ttfs)} (drill start → first replayed step done)", markup=False)
+        console.print(
+            f"time to first step {human_seconds(o.timings.ttfs)} (drill start → first replayed step done)", markup=False
+        )
     if o.distributed:
         render_ranks(console, o.distributed)
     if o.job_id:
@@ -105,12 +112,14 @@ def render_outcome(console: Console, o: DrillOutcome, where: str | None = None) 
         console.print(f"re-check the bytes without restoring: drill verify {ck.uri}", markup=False, style="dim")
 
 
-def render_ranks(console: Console, dist: dict) -> None:  # type: ignore[type-arg]
+def render_ranks(console: Console, dist: dict) -> None:
     """A distributed drill's ranks: who read what, how fast; the balance and the slowest."""
     balance = dist.get("balance")
     slowest = dist.get("slowest") or {}
     console.print(
-        f"{dist['world_size']} ranks, byte balance {balance:.2f} (max/min)" if balance else f"{dist['world_size']} ranks (a rank read nothing)",
+        f"{dist['world_size']} ranks, byte balance {balance:.2f} (max/min)"
+        if balance
+        else f"{dist['world_size']} ranks (a rank read nothing)",
         markup=False,
     )
     for r in dist.get("ranks", []):
@@ -119,10 +128,24 @@ def render_ranks(console: Console, dist: dict) -> None:  # type: ignore[type-arg
             markup=False,
         )
     if slowest:
-        console.print(f"  slowest: rank {slowest['rank']}, {human_seconds(slowest['seconds'])}: {slowest['why']}", markup=False)
+        console.print(
+            f"  slowest: rank {slowest['rank']}, {human_seconds(slowest['seconds'])}: {slowest['why']}", markup=False
+        )
 
 
-HISTORY_COLUMNS = ("id", "started (UTC)", "status", "checkpoint", "evidence", "replay", "restore", "first step", "read", "rate", "trigger")
+HISTORY_COLUMNS = (
+    "id",
+    "started (UTC)",
+    "status",
+    "checkpoint",
+    "evidence",
+    "replay",
+    "restore",
+    "first step",
+    "read",
+    "rate",
+    "trigger",
+)
 HISTORY_NARROW = ("id", "started (UTC)", "status", "checkpoint", "evidence", "replay", "restore")
 """What fits 80 columns: the rest (first step, bytes, rate, trigger) on a wider terminal and in --json."""
 
@@ -132,15 +155,23 @@ def render_history(console: Console, drills: list[DrillOutcome]) -> None:
     table = _table(header_style="bold")
     right = ("id", "restore", "first step", "read", "rate")
     for col in columns:
-        table.add_column(col, justify="right" if col in right else "left", overflow="fold" if col == "checkpoint" else "ellipsis")
+        table.add_column(
+            col, justify="right" if col in right else "left", overflow="fold" if col == "checkpoint" else "ellipsis"
+        )
     for d in drills:
         proof = proof_of(d)
         cells = {
             "id": str(d.id),
             "started (UTC)": d.started_at.isoformat()[:16].replace("T", " "),
             "status": _styled(d.status.value),
-            "checkpoint": escape(d.checkpoint.name if d.checkpoint and console.width < 120 else (d.checkpoint.uri if d.checkpoint else d.run_root)),
-            "evidence": escape(proof.evidence if proof.sample in (None, "all") else f"{proof.evidence} ({proof.sample})"),
+            "checkpoint": escape(
+                d.checkpoint.name
+                if d.checkpoint and console.width < 120
+                else (d.checkpoint.uri if d.checkpoint else d.run_root)
+            ),
+            "evidence": escape(
+                proof.evidence if proof.sample in (None, "all") else f"{proof.evidence} ({proof.sample})"
+            ),
             "replay": escape(proof.replay),
             "restore": human_seconds(d.timings.restore),
             "first step": human_seconds(d.timings.ttfs),
@@ -171,7 +202,9 @@ def render_burst(console: Console, doc: dict[str, Any]) -> None:
     """A burst's document (``drill burst``, ``drill show --burst``): the sweep, the ceiling, R."""
     head = f"burst #{doc.get('id') if doc.get('id') is not None else '-'} of {doc['checkpoint']}: {human_bytes(doc['bytes'])} in {doc['files']} files, "
     extra = f" on {doc['host']} at {doc['started_at']}" if doc.get("host") else ""
-    console.print(head + ("cold" if doc["cold"] else "warm") + (", replicated" if doc["replicated"] else "") + extra, markup=False)
+    console.print(
+        head + ("cold" if doc["cold"] else "warm") + (", replicated" if doc["replicated"] else "") + extra, markup=False
+    )
     table = _table(header_style="bold")
     for col in ("readers", "aggregate", "per reader", "slowest", "tail", "first byte", "start-up"):
         table.add_column(col, justify="right")
@@ -181,7 +214,12 @@ def render_burst(console: Console, doc: dict[str, Any]) -> None:
                       human_seconds(st["ttfb_seconds"]) if st["ttfb_seconds"] is not None else "-", human_seconds(st["startup_seconds"]))  # fmt: skip
     console.print(table)
     last = doc["steps"][-1]["readers"] if doc["steps"] else 0
-    console.print(f"ceiling: {human_rate(doc['ceiling_bps'])} at {doc['ceiling_readers']} readers" if doc["ceiling_readers"] else f"no ceiling within {last} readers (best {human_rate(doc['ceiling_bps'])})", markup=False)
+    console.print(
+        f"ceiling: {human_rate(doc['ceiling_bps'])} at {doc['ceiling_readers']} readers"
+        if doc["ceiling_readers"]
+        else f"no ceiling within {last} readers (best {human_rate(doc['ceiling_bps'])})",
+        markup=False,
+    )
     restart = doc.get("restart")
     if restart:
         console.print(f"R = {restart['restart_s']:,.1f} s", markup=False)
@@ -198,7 +236,11 @@ def render_bursts(console: Console, docs: list[dict[str, Any]]) -> None:
         table.add_column(col)
     for d in docs:
         readers = ",".join(str(st["readers"]) for st in d["steps"])
-        ceiling = f"{human_rate(d['ceiling_bps'])} at {d['ceiling_readers']}" if d["ceiling_readers"] else f"none ({human_rate(d['ceiling_bps'])} best)"
+        ceiling = (
+            f"{human_rate(d['ceiling_bps'])} at {d['ceiling_readers']}"
+            if d["ceiling_readers"]
+            else f"none ({human_rate(d['ceiling_bps'])} best)"
+        )
         r = (d.get("restart") or {}).get("restart_s")
         table.add_row(f"#{d['id']}", d["started_at"][:16].replace("T", " "), escape(d["checkpoint"]), "cold" if d["cold"] else "warm", readers, ceiling,
                       f"{r:,.1f} s" if r is not None else "-")  # fmt: skip
@@ -210,7 +252,10 @@ def render_drill(console: Console, o: DrillOutcome) -> None:
     ck = o.checkpoint
     console.print(f"drill #{o.id}  {_styled(o.status.value)}  (exit code {int(o.exit_code)})")
     rows = [
-        ("checkpoint", f"{ck.uri} (step {ck.step}, {ck.format}, {human_bytes(ck.bytes)} in {ck.files} files)" if ck else "-"),
+        (
+            "checkpoint",
+            f"{ck.uri} (step {ck.step}, {ck.format}, {human_bytes(ck.bytes)} in {ck.files} files)" if ck else "-",
+        ),
         ("run root", o.run_root),
         ("trigger", o.trigger + (f" (policy {o.policy})" if o.policy else "")),
         ("selection", o.selection or o.selector),
@@ -258,7 +303,9 @@ def _slo(o: DrillOutcome) -> str:
 
     targets = (o.options or {}).get("slo")
     if isinstance(targets, dict):
-        return SLO(**{k: v for k, v in targets.items() if k in ("max_restore_seconds", "max_ttfs_seconds")}).describe(o.timings.restore, o.timings.ttfs)
+        return SLO(**{k: v for k, v in targets.items() if k in ("max_restore_seconds", "max_ttfs_seconds")}).describe(
+            o.timings.restore, o.timings.ttfs
+        )
     return "; ".join(str(b.get("message", b)) for b in o.slo_breaches.values()) or "no SLO recorded"
 
 
@@ -278,10 +325,22 @@ def _render_replay_steps(console: Console, o: DrillOutcome) -> None:
         return
     console.print()
     table = _table(title="replayed steps", header_style="bold", title_justify="left")
-    for col in ("step", "loss (original)", "loss (replayed)", "grad norm (original)", "grad norm (replayed)", "batch", "match"):
+    for col in (
+        "step",
+        "loss (original)",
+        "loss (replayed)",
+        "grad norm (original)",
+        "grad norm (replayed)",
+        "batch",
+        "match",
+    ):
         table.add_column(col, justify="right" if col not in ("batch", "match") else "left")
     for r in o.replay.steps:
-        same_batch = "same" if r.get("reference_batch") and r.get("reference_batch") == r.get("batch") else (r.get("batch") or "-")
+        same_batch = (
+            "same"
+            if r.get("reference_batch") and r.get("reference_batch") == r.get("batch")
+            else (r.get("batch") or "-")
+        )
         table.add_row(
             str(r["step"]),
             _num(r.get("reference_loss")),
@@ -315,7 +374,9 @@ def render_scheduler(console: Console, state: dict[str, Any]) -> None:
             f"heartbeat {sched['heartbeat_age_seconds']:.0f} s ago, since {sched['started_at'][:19]}"
         )
     elif sched:
-        console.print(f"scheduler [bold red]NOT RUNNING[/]  last heartbeat {sched['heartbeat_at'][:19]} from {escape(sched['host'])} pid {sched['pid']}")
+        console.print(
+            f"scheduler [bold red]NOT RUNNING[/]  last heartbeat {sched['heartbeat_at'][:19]} from {escape(sched['host'])} pid {sched['pid']}"
+        )
     else:
         console.print("scheduler [bold red]NOT RUNNING[/]  (never started on this database)")
     table = _table(header_style="bold")
@@ -335,13 +396,20 @@ def render_scheduler(console: Console, state: dict[str, Any]) -> None:
     console.print(table)
 
 
-def render_goodput(console: Console, rows: list, *, priced: bool) -> None:  # type: ignore[type-arg]
+def render_goodput(console: Console, rows: list, *, priced: bool) -> None:
     """``drill goodput``'s table: one row per combination of GPUs, C and R; priced, each part of
     the waste apart — the blocking saves' stall, the rework, the restarts — and their total."""
     table = _table(header_style="bold")
     cols = ["GPUs", "MTBF", "C", "R", "interval", "saves/day", "waste", "restart share", "wasted GPU-h/day"]
     if priced:
-        cols += ["ckpt stall $/day", "ckpt stall $/year", "rework $/day", "restart $/day", "waste $/day", "waste $/year"]
+        cols += [
+            "ckpt stall $/day",
+            "ckpt stall $/year",
+            "rework $/day",
+            "restart $/day",
+            "waste $/day",
+            "waste $/year",
+        ]
     for col in cols:
         table.add_column(col, justify="right")
     for r in rows:
@@ -356,7 +424,11 @@ def render_goodput(console: Console, rows: list, *, priced: bool) -> None:  # ty
         table.add_row(*cells)
     console.print(table)
     if any(not r.valid for r in rows):
-        console.print("note: rows where the interval reaches the MTBF or waste reaches 100% are outside the first-order model", markup=False, style="dim")
+        console.print(
+            "note: rows where the interval reaches the MTBF or waste reaches 100% are outside the first-order model",
+            markup=False,
+            style="dim",
+        )
 
 
 def _usd(v: float) -> str:
@@ -369,14 +441,24 @@ def _age(t: Any) -> str:
     if t is None:
         return "never"
     s = (datetime.now(timezone.utc) - t).total_seconds()
-    return f"{s / 86400:.1f} d ago" if s >= 86400 else f"{s / 3600:.1f} h ago" if s >= 3600 else f"{max(0.0, s) / 60:.0f} min ago"
+    return (
+        f"{s / 86400:.1f} d ago"
+        if s >= 86400
+        else f"{s / 3600:.1f} h ago"
+        if s >= 3600
+        else f"{max(0.0, s) / 60:.0f} min ago"
+    )
 
 
 def render_runs(console: Console, runs: list[Any]) -> None:
     """``drill runs``: one line per run on the record, those needing attention first."""
     table = _table(header_style="bold")
     for col in ("run", "retained", "proven", "never drilled", "last drill", "verdict"):
-        table.add_column(col, justify="right" if col in ("retained", "proven", "never drilled") else "left", overflow="fold" if col == "run" else "ellipsis")
+        table.add_column(
+            col,
+            justify="right" if col in ("retained", "proven", "never drilled") else "left",
+            overflow="fold" if col == "run" else "ellipsis",
+        )
     for r in runs:
         last = r.last
         table.add_row(
@@ -388,11 +470,23 @@ def render_runs(console: Console, runs: list[Any]) -> None:
 
 def render_run(console: Console, run: Any) -> None:
     """``drill runs ROOT``: every checkpoint of the run, as restic's snapshots lists a repository's."""
-    console.print(f"[bold]{escape(run.run_root)}[/]  {run.proven} of {run.coverage.retained} retained checkpoints proven restorable")
+    console.print(
+        f"[bold]{escape(run.run_root)}[/]  {run.proven} of {run.coverage.retained} retained checkpoints proven restorable"
+    )
     if run.retention_note:
         console.print(run.retention_note, markup=False, style="dim")
     table = _table(header_style="bold")
-    for col in ("checkpoint", "step", "retained", "proven", "last verdict", "evidence", "replay", "last drill", "on storage"):
+    for col in (
+        "checkpoint",
+        "step",
+        "retained",
+        "proven",
+        "last verdict",
+        "evidence",
+        "replay",
+        "last drill",
+        "on storage",
+    ):
         table.add_column(col, justify="right" if col in ("step", "on storage") else "left")
     for k in run.checkpoints:
         table.add_row(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Annotated
 
@@ -12,12 +13,40 @@ import typer
 from drill.cli.common import DbOption, DebugOption, JsonOption, flag, print_json, stderr, stdout, write_output
 from drill.errors import UsageError
 
-Since = Annotated[str, typer.Option("--since", help="Start of the window: a date (2026-11-01), a time (2026-11-01T06:00Z), a duration back from now (30d, 12h), or 'all'.")]
-Until = Annotated[str | None, typer.Option("--until", help="End of the window (exclusive; a date means the end of that day), as --since takes it. Default: now.")]
-GpusOption = Annotated[list[int] | None, typer.Option("--gpus", help="Job size in GPUs (repeatable). Default: 4096, 16384, 65536.")]
-PriceOption = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Prices each part: the blocking saves' stall, rework, restarts, and their total, per day and per year.")]
-NoListOption = Annotated[bool, typer.Option("--no-list", help="Do not list run roots on storage: take retained checkpoints from the record.")]
-ListTimeout = Annotated[float, typer.Option("--timeout", help="Seconds each run's storage listing may take before the report falls back to the record for it.")]
+Since = Annotated[
+    str,
+    typer.Option(
+        "--since",
+        help="Start of the window: a date (2026-11-01), a time (2026-11-01T06:00Z), a duration back from now (30d, 12h), or 'all'.",
+    ),
+]
+Until = Annotated[
+    str | None,
+    typer.Option(
+        "--until",
+        help="End of the window (exclusive; a date means the end of that day), as --since takes it. Default: now.",
+    ),
+]
+GpusOption = Annotated[
+    list[int] | None, typer.Option("--gpus", help="Job size in GPUs (repeatable). Default: 4096, 16384, 65536.")
+]
+PriceOption = Annotated[
+    float | None,
+    typer.Option(
+        "--price-per-gpu-hour",
+        help="Prices each part: the blocking saves' stall, rework, restarts, and their total, per day and per year.",
+    ),
+]
+NoListOption = Annotated[
+    bool, typer.Option("--no-list", help="Do not list run roots on storage: take retained checkpoints from the record.")
+]
+ListTimeout = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        help="Seconds each run's storage listing may take before the report falls back to the record for it.",
+    ),
+]
 SUFFIXES = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json", ".csv": "csv"}
 
 
@@ -48,16 +77,25 @@ def report(
     until: Until = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Only this policy's drills.")] = None,
     root: Annotated[str | None, typer.Option("--root", help="Only this run directory.")] = None,
-    fmt: Annotated[str | None, typer.Option("--format", "-f", help="html, md, json or csv (default: from -o's suffix, else md).")] = None,
-    output: Annotated[str | None, typer.Option("--output", "-o", help="Write the report here (atomically) instead of stdout.")] = None,
+    fmt: Annotated[
+        str | None, typer.Option("--format", "-f", help="html, md, json or csv (default: from -o's suffix, else md).")
+    ] = None,
+    output: Annotated[
+        str | None, typer.Option("--output", "-o", help="Write the report here (atomically) instead of stdout.")
+    ] = None,
     gpus: GpusOption = None,
-    blocking_s: Annotated[float, typer.Option("--blocking-s", help="Blocking checkpoint time C for the goodput section.")] = 60.0,
+    blocking_s: Annotated[
+        float, typer.Option("--blocking-s", help="Blocking checkpoint time C for the goodput section.")
+    ] = 60.0,
     price: PriceOption = None,
     no_list: NoListOption = False,
     timeout: ListTimeout = 60.0,
     drills: Annotated[
         str | None,
-        typer.Option("--drills", help="Drills each run lists in full: the newest N and the failures among the newest 2N (counts and percentiles cover all), or 'all'. Default: 200."),
+        typer.Option(
+            "--drills",
+            help="Drills each run lists in full: the newest N and the failures among the newest 2N (counts and percentiles cover all), or 'all'. Default: 200.",
+        ),
     ] = None,
     db: DbOption = None,
     debug: DebugOption = False,
@@ -103,7 +141,7 @@ def _listed(value: str) -> int | None:
     return n
 
 
-def _check_goodput_inputs(gpus: tuple[int, ...] | list[int], blocking: list[float], price: float | None) -> None:
+def _check_goodput_inputs(gpus: Sequence[int], blocking: list[float], price: float | None) -> None:
     from drill.goodput import GoodputError, goodput
 
     try:
@@ -115,7 +153,9 @@ def _check_goodput_inputs(gpus: tuple[int, ...] | list[int], blocking: list[floa
 
 
 def metrics(
-    textfile: Annotated[str, typer.Option("--textfile", help="The .prom file node_exporter's textfile collector reads.")],
+    textfile: Annotated[
+        str, typer.Option("--textfile", help="The .prom file node_exporter's textfile collector reads.")
+    ],
     coverage_days: Annotated[float, typer.Option("--coverage-days", help="Window for the coverage gauges.")] = 7.0,
     no_list: NoListOption = False,
     db: DbOption = None,
@@ -145,16 +185,44 @@ def metrics(
 
 def goodput(
     gpus: GpusOption = None,
-    blocking_s: Annotated[list[float] | None, typer.Option("--blocking-s", help="Blocking checkpoint time C, seconds (repeatable). Default 60.")] = None,
-    restart_s: Annotated[list[float] | None, typer.Option("--restart-s", help="Restart time R, seconds (repeatable). Default 600, or measured with --policy.")] = None,
-    mtbf_hours: Annotated[float | None, typer.Option("--mtbf-hours", help="Job MTBF. Default: Llama 3 405B's rate scaled as 1/N.")] = None,
-    interval_s: Annotated[float | None, typer.Option("--interval-s", help="A fixed checkpoint interval instead of the optimum.")] = None,
+    blocking_s: Annotated[
+        list[float] | None,
+        typer.Option("--blocking-s", help="Blocking checkpoint time C, seconds (repeatable). Default 60."),
+    ] = None,
+    restart_s: Annotated[
+        list[float] | None,
+        typer.Option(
+            "--restart-s", help="Restart time R, seconds (repeatable). Default 600, or measured with --policy."
+        ),
+    ] = None,
+    mtbf_hours: Annotated[
+        float | None, typer.Option("--mtbf-hours", help="Job MTBF. Default: Llama 3 405B's rate scaled as 1/N.")
+    ] = None,
+    interval_s: Annotated[
+        float | None, typer.Option("--interval-s", help="A fixed checkpoint interval instead of the optimum.")
+    ] = None,
     price: PriceOption = None,
-    policy: Annotated[str | None, typer.Option("--policy", help="Take R from this policy's drills: p95 time to first step.")] = None,
-    root: Annotated[str | None, typer.Option("--root", help="Take R from this run's latest drill burst (drill burst), for each --gpus as that many readers.")] = None,
+    policy: Annotated[
+        str | None, typer.Option("--policy", help="Take R from this policy's drills: p95 time to first step.")
+    ] = None,
+    root: Annotated[
+        str | None,
+        typer.Option(
+            "--root",
+            help="Take R from this run's latest drill burst (drill burst), for each --gpus as that many readers.",
+        ),
+    ] = None,
     since: Since = "30d",
-    checkpoint_bytes: Annotated[str | None, typer.Option("--checkpoint-bytes", help="With --policy: full checkpoint size (e.g. 2TB) to scale the restore to.")] = None,
-    restore_bandwidth: Annotated[str | None, typer.Option("--restore-bandwidth", help="With --checkpoint-bytes: aggregate restore bandwidth, e.g. 200GB/s.")] = None,
+    checkpoint_bytes: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint-bytes", help="With --policy: full checkpoint size (e.g. 2TB) to scale the restore to."
+        ),
+    ] = None,
+    restore_bandwidth: Annotated[
+        str | None,
+        typer.Option("--restore-bandwidth", help="With --checkpoint-bytes: aggregate restore bandwidth, e.g. 200GB/s."),
+    ] = None,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -171,8 +239,20 @@ def goodput(
     measured = None
     if root is not None:
         if policy or restart_s or restore_bandwidth:
-            raise UsageError("--root takes R from the run's latest burst: drop --policy, --restart-s and --restore-bandwidth")
-        return _goodput_from_burst(root, gpus or [4096, 16384, 65536], blocking_s or [60.0], mtbf_hours, interval_s, price, checkpoint_bytes, db, json)
+            raise UsageError(
+                "--root takes R from the run's latest burst: drop --policy, --restart-s and --restore-bandwidth"
+            )
+        return _goodput_from_burst(
+            root,
+            gpus or [4096, 16384, 65536],
+            blocking_s or [60.0],
+            mtbf_hours,
+            interval_s,
+            price,
+            checkpoint_bytes,
+            db,
+            json,
+        )
     if policy is not None:
         if restart_s:
             raise UsageError("--restart-s and --policy both set R: give one")
@@ -183,11 +263,25 @@ def goodput(
     elif checkpoint_bytes or restore_bandwidth:
         raise UsageError("--checkpoint-bytes and --restore-bandwidth scale a policy's measured restore: add --policy")
     try:
-        rows = table(gpus=gpus or [4096, 16384, 65536], blocking_s=blocking_s or [60.0], restart_s=restart_s or [600.0], mtbf_hours=mtbf_hours, interval_s=interval_s, price_per_gpu_hour=price)
+        rows = table(
+            gpus=gpus or [4096, 16384, 65536],
+            blocking_s=blocking_s or [60.0],
+            restart_s=restart_s or [600.0],
+            mtbf_hours=mtbf_hours,
+            interval_s=interval_s,
+            price_per_gpu_hour=price,
+        )
     except GoodputError as exc:
         raise UsageError(str(exc)) from None
     if json:
-        print_json({"rows": [r.to_dict() for r in rows], "restart": None if measured is None else {"restart_s": measured.restart_s, "drills": measured.drills, "how": measured.how}})
+        print_json(
+            {
+                "rows": [r.to_dict() for r in rows],
+                "restart": None
+                if measured is None
+                else {"restart_s": measured.restart_s, "drills": measured.drills, "how": measured.how},
+            }
+        )
         return
     from drill.cli.render import render_goodput
 
@@ -216,12 +310,24 @@ def _goodput_from_burst(root: str, gpus: list[int], blocking: list[float], mtbf:
         for n in gpus:
             est = restart_estimate(result, job_bytes=size, job_readers=n)
             estimates.append((n, est))
-            rows += table(gpus=[n], blocking_s=blocking, restart_s=[est.restart_s], mtbf_hours=mtbf, interval_s=interval, price_per_gpu_hour=price)
+            rows += table(
+                gpus=[n],
+                blocking_s=blocking,
+                restart_s=[est.restart_s],
+                mtbf_hours=mtbf,
+                interval_s=interval,
+                price_per_gpu_hour=price,
+            )
     except (GoodputError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     source = f"burst #{doc['id']} of {doc['checkpoint']} on {doc['host']} at {doc['started_at']} ({'cold' if doc['cold'] else 'warm'})"
     if json:
-        print_json({"rows": [r.to_dict() for r in rows], "restart": {"source": source, "per_gpus": {str(n): e.to_dict() for n, e in estimates}}})
+        print_json(
+            {
+                "rows": [r.to_dict() for r in rows],
+                "restart": {"source": source, "per_gpus": {str(n): e.to_dict() for n, e in estimates}},
+            }
+        )
         return
     render_goodput(stdout(), rows, priced=price is not None)
     out = stdout()
@@ -244,7 +350,9 @@ def _measured(policy: str, since: datetime | None, checkpoint_bytes: str | None,
     rate = flag("--restore-bandwidth", parse_size, bandwidth.removesuffix("/s")) if bandwidth else None
     drills = [d for d in history(db=db, policy=policy, since=since, limit=100_000) if d.timings.ttfs is not None]
     if not drills:
-        raise UsageError(f"--policy {policy}: no drill of it has a time to first step in the window (run one with its replay enabled)")
+        raise UsageError(
+            f"--policy {policy}: no drill of it has a time to first step in the window (run one with its replay enabled)"
+        )
     cold = [d for d in drills if d.page_cache and d.page_cache.get("cold")]
     samples = [(d.timings.ttfs, d.timings.restore) for d in cold or drills]
     try:
@@ -254,9 +362,13 @@ def _measured(policy: str, since: datetime | None, checkpoint_bytes: str | None,
     used = cold or drills
     read = sorted(d.bytes_read or 0 for d in used)[len(used) // 2]
     if cold:
-        return dataclasses.replace(measured, how=f"{measured.how}, from its {len(cold)} cold drill(s) (page cache dropped first, as a restart reads)"), read
+        return dataclasses.replace(
+            measured,
+            how=f"{measured.how}, from its {len(cold)} cold drill(s) (page cache dropped first, as a restart reads)",
+        ), read
     return dataclasses.replace(
-        measured, how=f"{measured.how} — warm: these drills read from the page cache, a restart reads cold; run cold ones (drill run --cold, checkpoints.cold: true)"
+        measured,
+        how=f"{measured.how} — warm: these drills read from the page cache, a restart reads cold; run cold ones (drill run --cold, checkpoints.cold: true)",
     ), read
 
 

@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from drill.formats import FORMATS
-
 from drill.cli.common import (
     AllowClassOption,
     CoverageDaysOption,
@@ -27,43 +25,103 @@ from drill.cli.common import (
 )
 from drill.cli.ending import leave_verdict, report
 from drill.errors import DrillError, ExitCode, UsageError
+from drill.formats import FORMATS
 from drill.verdict import DrillStatus
 
 if TYPE_CHECKING:
     from drill.pipeline import DrillRequest
 
-Root = Annotated[str | None, typer.Option("--root", help="Run directory holding the checkpoints (step-N/, checkpoint-N/, *.pt).")]
-Checkpoint = Annotated[str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")]
+Root = Annotated[
+    str | None, typer.Option("--root", help="Run directory holding the checkpoints (step-N/, checkpoint-N/, *.pt).")
+]
+Checkpoint = Annotated[
+    str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")
+]
 PolicyFile = Annotated[
-    Path | None, typer.Option("--policy", help="Run the drill a policy file describes, isolated in a child process (quiet unless it fails).")
+    Path | None,
+    typer.Option(
+        "--policy", help="Run the drill a policy file describes, isolated in a child process (quiet unless it fails)."
+    ),
 ]
 Device = Annotated[str, typer.Option("--device", help="Restore onto auto (CUDA if present), cpu, cuda or cuda:N.")]
 Format = Annotated[str, typer.Option("--format", help=f"Force a format: {', '.join(FORMATS)}.")]
-AllowMissing = Annotated[list[str] | None, typer.Option("--allow-missing", help="Accept a missing part (repeatable, or comma-separated), e.g. rng or rng,dataloader.")]
-FiniteScan = Annotated[str, typer.Option("--finite-scan", help="NaN/Inf scan of weights and moments: full, sampled or off.")]
-Replay = Annotated[str | None, typer.Option("--replay", help="Replay entrypoint module:function or path/to/file.py:function (default: the one the run's run.json names).")]
+AllowMissing = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-missing", help="Accept a missing part (repeatable, or comma-separated), e.g. rng or rng,dataloader."
+    ),
+]
+FiniteScan = Annotated[
+    str, typer.Option("--finite-scan", help="NaN/Inf scan of weights and moments: full, sampled or off.")
+]
+Replay = Annotated[
+    str | None,
+    typer.Option(
+        "--replay",
+        help="Replay entrypoint module:function or path/to/file.py:function (default: the one the run's run.json names).",
+    ),
+]
 ReplaySteps = Annotated[int, typer.Option("--replay-steps", help="K: training steps to replay and compare.")]
 ReplayTimeout = Annotated[float, typer.Option("--replay-timeout", help="Wall-clock limit for the replay, seconds.")]
-Rtol = Annotated[float | None, typer.Option("--rtol", help="Relative tolerance for loss/grad norm (default: exact on the same device type).")]
+Rtol = Annotated[
+    float | None,
+    typer.Option("--rtol", help="Relative tolerance for loss/grad norm (default: exact on the same device type)."),
+]
 Atol = Annotated[float | None, typer.Option("--atol", help="Absolute tolerance for loss/grad norm.")]
 NoReplay = Annotated[bool, typer.Option("--no-replay", help="Skip the replay (the drill then proves restore only).")]
-MemoryBudget = Annotated[str | None, typer.Option("--memory-budget", help="Most the restored state may occupy (e.g. 16GiB); default: what the device has free.")]
-Timeout = Annotated[float, typer.Option("--timeout", help="Seconds the whole drill may take before it ends as an error (a hung mount).")]
-Cold = Annotated[bool, typer.Option("--cold", help="Drop the checkpoint's pages from the page cache first: a cold restore from the storage, as a restart's.")]
-Durable = Annotated[str | None, typer.Option("--durable", help="The run's copy on a durable tier (e.g. s3://bucket/run7): verify the drilled checkpoint's copy there too.")]
+MemoryBudget = Annotated[
+    str | None,
+    typer.Option(
+        "--memory-budget", help="Most the restored state may occupy (e.g. 16GiB); default: what the device has free."
+    ),
+]
+Timeout = Annotated[
+    float, typer.Option("--timeout", help="Seconds the whole drill may take before it ends as an error (a hung mount).")
+]
+Cold = Annotated[
+    bool,
+    typer.Option(
+        "--cold",
+        help="Drop the checkpoint's pages from the page cache first: a cold restore from the storage, as a restart's.",
+    ),
+]
+Durable = Annotated[
+    str | None,
+    typer.Option(
+        "--durable",
+        help="The run's copy on a durable tier (e.g. s3://bucket/run7): verify the drilled checkpoint's copy there too.",
+    ),
+]
 RankTimeout = Annotated[
-    float, typer.Option("--rank-timeout", help="Under torchrun/srun: seconds a rank may lag behind the others before it counts as dead or hung.")
+    float,
+    typer.Option(
+        "--rank-timeout",
+        help="Under torchrun/srun: seconds a rank may lag behind the others before it counts as dead or hung.",
+    ),
 ]
 LostAfter = Annotated[
     float,
-    typer.Option("--lost-after", help="Under torchrun/srun: seconds without a heartbeat before a rank counts as lost (killed, crashed, node gone)."),
+    typer.Option(
+        "--lost-after",
+        help="Under torchrun/srun: seconds without a heartbeat before a rank counts as lost (killed, crashed, node gone).",
+    ),
 ]
 VerdictFileOption = Annotated[
     str | None,
-    typer.Option("--verdict-file", envvar="DRILL_VERDICT_FILE", help="Also write the verdict (id, status, exit code) here as JSON, for a launcher: `drill verdict FILE` exits with its code."),
+    typer.Option(
+        "--verdict-file",
+        envvar="DRILL_VERDICT_FILE",
+        help="Also write the verdict (id, status, exit code) here as JSON, for a launcher: `drill verdict FILE` exits with its code.",
+    ),
 ]
 Trigger = Annotated[str, typer.Option("--trigger", hidden=True)]
-DryRun = Annotated[bool, typer.Option("--dry-run", help="Say what would be drilled — the checkpoint chosen, its files, the replay — and record nothing.")]
+DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Say what would be drilled — the checkpoint chosen, its files, the replay — and record nothing.",
+    ),
+]
 
 
 def run(
@@ -117,14 +175,24 @@ def run(
 
     ranks, as_trigger = launched_world() is not None, "policy" if trigger == "manual" or dry_run else trigger
     if policy is not None and not ranks and not dry_run:
-        return run_policy(_only_policy(policy, root, checkpoint), db=db, json=json, trigger=as_trigger, verdict_file=verdict_file)
+        return run_policy(
+            _only_policy(policy, root, checkpoint), db=db, json=json, trigger=as_trigger, verdict_file=verdict_file
+        )
     request = policy_request(_only_policy(policy, root, checkpoint), as_trigger) if policy else build_request(locals())
     if dry_run:
         return show_plan(request, db=db, json=json)
     if ranks:
         from drill.cli.ranks import run_ranks
 
-        return run_ranks(request, db=db, json=json, quiet=quiet, rank_timeout=rank_timeout, lost_after=lost_after, verdict_file=verdict_file)
+        return run_ranks(
+            request,
+            db=db,
+            json=json,
+            quiet=quiet,
+            rank_timeout=rank_timeout,
+            lost_after=lost_after,
+            verdict_file=verdict_file,
+        )
     run_one(request, db=db, json=json, quiet=quiet, verdict_file=verdict_file)
 
 
@@ -139,13 +207,25 @@ def show_plan(request: DrillRequest, *, db: str | None, json: bool) -> None:
     out = stdout()
     ck = plan["checkpoint"]
     if ck is None:
-        out.print(f"would drill {plan['run_root']}: no complete checkpoint — {plan.get('would_fail', 'nothing retained')} (recorded as failed, exit 3)", markup=False)
+        out.print(
+            f"would drill {plan['run_root']}: no complete checkpoint — {plan.get('would_fail', 'nothing retained')} (recorded as failed, exit 3)",
+            markup=False,
+        )
         return None
     sealed = "sealed" if ck["sealed"] else "unsealed"
-    out.print(f"would drill {ck['uri']} (step {ck['step']}, {ck['format']}, {ck['files']} files, {human_bytes(ck['bytes'])}, {sealed})", markup=False)
+    out.print(
+        f"would drill {ck['uri']} (step {ck['step']}, {ck['format']}, {ck['files']} files, {human_bytes(ck['bytes'])}, {sealed})",
+        markup=False,
+    )
     out.print(f"  chosen: {plan['selection']}; retained: {', '.join(plan['retained'])}", markup=False)
     replay = plan["replay"]
-    out.print("  replay: not run" if replay is None else f"  replay: {replay['steps']} steps through {replay['entrypoint'] or 'no entrypoint (not replayable)'}" + (f" (named by {replay['named_by']})" if replay["named_by"] else ""), markup=False)
+    out.print(
+        "  replay: not run"
+        if replay is None
+        else f"  replay: {replay['steps']} steps through {replay['entrypoint'] or 'no entrypoint (not replayable)'}"
+        + (f" (named by {replay['named_by']})" if replay["named_by"] else ""),
+        markup=False,
+    )
     out.print(f"  options: {' '.join(plan['flags']) or '(defaults)'}; recorded in {plan['database']}", markup=False)
     return None
 
@@ -198,7 +278,7 @@ def policy_request(path: Path, trigger: str) -> DrillRequest:
     return request_from_policy(load_policy_or_fail(path), trigger)
 
 
-def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
+def build_request(opts: dict) -> DrillRequest:
     """The request the flags describe; every flag is checked here, before any I/O."""
     from drill.checks import Expectations
     from drill.pipeline import DrillRequest
@@ -206,10 +286,18 @@ def build_request(opts: dict) -> DrillRequest:  # type: ignore[type-arg]
     from drill.replay.spec import anchored
 
     try:
-        tolerance = None if opts["rtol"] is None and opts["atol"] is None else Tolerance(opts["rtol"] or 0.0, opts["atol"] or 0.0)
+        tolerance = (
+            None
+            if opts["rtol"] is None and opts["atol"] is None
+            else Tolerance(opts["rtol"] or 0.0, opts["atol"] or 0.0)
+        )
         expectations = Expectations(allow_missing=split_list(opts["allow_missing"]), finite_scan=opts["finite_scan"])
         replay = ReplaySpec(
-            entrypoint=opts["replay"] and anchored(opts["replay"], os.getcwd()), steps=opts["replay_steps"], timeout=opts["replay_timeout"], tolerance=tolerance, enabled=not opts["no_replay"]
+            entrypoint=opts["replay"] and anchored(opts["replay"], os.getcwd()),
+            steps=opts["replay_steps"],
+            timeout=opts["replay_timeout"],
+            tolerance=tolerance,
+            enabled=not opts["no_replay"],
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

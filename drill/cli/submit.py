@@ -13,11 +13,21 @@ from drill.errors import UsageError
 
 
 def submit(
-    policy: Annotated[Path, typer.Option("--policy", help="The policy whose drill to launch (its allocation: section sizes the job).")],
-    launcher: Annotated[str | None, typer.Option("--launcher", help="slurm or k8s (default: the policy's allocation.launcher).")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch script (or manifests) without submitting or applying.")] = False,
-    output: Annotated[str | None, typer.Option("--output", "-o", help="k8s: write the manifests here instead of stdout.")] = None,
-    cron: Annotated[bool, typer.Option("--cron", help="k8s: a CronJob on the policy's schedule instead of a Job for now.")] = False,
+    policy: Annotated[
+        Path, typer.Option("--policy", help="The policy whose drill to launch (its allocation: section sizes the job).")
+    ],
+    launcher: Annotated[
+        str | None, typer.Option("--launcher", help="slurm or k8s (default: the policy's allocation.launcher).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the batch script (or manifests) without submitting or applying.")
+    ] = False,
+    output: Annotated[
+        str | None, typer.Option("--output", "-o", help="k8s: write the manifests here instead of stdout.")
+    ] = None,
+    cron: Annotated[
+        bool, typer.Option("--cron", help="k8s: a CronJob on the policy's schedule instead of a Job for now.")
+    ] = False,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -45,18 +55,27 @@ def submit(
     loaded = load_policy_or_fail(policy)
     kind = launcher or loaded.allocation.launcher
     if kind not in ("slurm", "k8s"):
-        raise UsageError(f"--launcher: {kind!r}: expected slurm or k8s (policy {loaded.name} has allocation.launcher: {loaded.allocation.launcher})")
+        raise UsageError(
+            f"--launcher: {kind!r}: expected slurm or k8s (policy {loaded.name} has allocation.launcher: {loaded.allocation.launcher})"
+        )
     if kind == "slurm" and (output is not None or cron):
-        raise UsageError("--output and --cron are for k8s manifests; a Slurm job's script prints with --dry-run, and the scheduler runs Slurm policies nightly")
+        raise UsageError(
+            "--output and --cron are for k8s manifests; a Slurm job's script prints with --dry-run, and the scheduler runs Slurm policies nightly"
+        )
     try:
         if kind == "k8s":
             sub = _k8s(loaded, db=db, dry_run=dry_run, output=output, cron=cron)
             if sub is None:
                 return None
         else:
-            sub = submit_slurm(loaded, db=db, dry_run=dry_run, on_state=_Progress("slurm job", lambda job: f"output: {log_dir(loaded)}/drill-{job}.out"))
+            sub = submit_slurm(
+                loaded,
+                db=db,
+                dry_run=dry_run,
+                on_state=_Progress("slurm job", lambda job: f"output: {log_dir(loaded)}/drill-{job}.out"),
+            )
     except Interrupted as stopped:  # Ctrl-C or SIGTERM: the job was cancelled and the drill recorded aborted
-        sub = stopped.submission  # type: ignore[assignment]
+        sub = stopped.submission
     if dry_run:
         return _emit(sub.text, None)
     _report(sub, json=json)
@@ -72,11 +91,19 @@ def _k8s(policy, *, db: str | None, dry_run: bool, output: str | None, cron: boo
     api = None if (dry_run or output is not None or cron) else configured_api()
     if api is None:
         if not (dry_run or output is not None or cron):
-            stderr().print("drill: no Kubernetes cluster is configured (a service account, $KUBECONFIG or ~/.kube/config): the manifests, to apply", markup=False)
+            stderr().print(
+                "drill: no Kubernetes cluster is configured (a service account, $KUBECONFIG or ~/.kube/config): the manifests, to apply",
+                markup=False,
+            )
         _emit(render_k8s(policy, cron=cron).text, output)
         return None
     namespace = policy.allocation.namespace or "default"
-    return submit_k8s(policy, api, db=db, on_state=_Progress("kubernetes Job", lambda job: f"logs: kubectl logs -n {namespace} job/{job}"))
+    return submit_k8s(
+        policy,
+        api,
+        db=db,
+        on_state=_Progress("kubernetes Job", lambda job: f"logs: kubectl logs -n {namespace} job/{job}"),
+    )
 
 
 class _Progress:
@@ -103,8 +130,8 @@ def _emit(text: str, output: str | None) -> None:
 
 
 def _report(sub, *, json: bool) -> None:  # type: ignore[no-untyped-def]
-    from drill.cli.render import render_outcome
     from drill.cli.common import stdout
+    from drill.cli.render import render_outcome
 
     outcome = sub.outcome
     assert outcome is not None

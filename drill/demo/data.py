@@ -7,8 +7,6 @@ from typing import Any
 import torch
 import xxhash
 
-from drill.sdk.state import fingerprint as batch_fingerprint
-
 
 def synthetic_corpus(vocab_size: int, length: int, seed: int) -> torch.Tensor:
     """A token stream with learnable structure: a sparse random Markov chain.

@@ -41,7 +41,9 @@ def train_distributed(run_dir: str | Path, cfg: DemoConfig, ranks: int, *, timeo
         for rank in range(ranks):
             log = open(Path(rdzv) / f"rank{rank}.log", "w+b")
             cmd = [sys.executable, "-m", "drill.demo.distributed", str(run_dir)]
-            procs.append((subprocess.Popen(cmd, env={**env, "RANK": str(rank)}, stdout=log, stderr=subprocess.STDOUT), log))
+            procs.append(
+                (subprocess.Popen(cmd, env={**env, "RANK": str(rank)}, stdout=log, stderr=subprocess.STDOUT), log)
+            )
         _wait_all(procs, timeout)
     return time.perf_counter() - started
 
@@ -96,11 +98,14 @@ def _step(o: dict[str, Any], cfg: DemoConfig, rank: int, world: int) -> dict[str
     import torch
     import torch.distributed as dist
 
-    from drill.demo.data import batch_fingerprint
+    from drill.sdk.state import fingerprint as batch_fingerprint
 
     o["model"].train()
     x_all, y_all = o["loader"].next_batch()
-    x, y = x_all[rank * cfg.batch_size : (rank + 1) * cfg.batch_size], y_all[rank * cfg.batch_size : (rank + 1) * cfg.batch_size]
+    x, y = (
+        x_all[rank * cfg.batch_size : (rank + 1) * cfg.batch_size],
+        y_all[rank * cfg.batch_size : (rank + 1) * cfg.batch_size],
+    )
     loss = o["model"](x, y)
     o["optimizer"].zero_grad(set_to_none=True)
     loss.backward()
@@ -113,7 +118,14 @@ def _step(o: dict[str, Any], cfg: DemoConfig, rank: int, world: int) -> dict[str
     mean = loss.detach().clone()
     dist.all_reduce(mean)
     grad = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    return {"step": o["step"], "loss": mean.item() / world, "grad_norm": float(grad), "batch": batch_fingerprint(x_all), "lr": lr, "tokens": o["tokens"]}
+    return {
+        "step": o["step"],
+        "loss": mean.item() / world,
+        "grad_norm": float(grad),
+        "batch": batch_fingerprint(x_all),
+        "lr": lr,
+        "tokens": o["tokens"],
+    }
 
 
 def _state(o: dict[str, Any], rank: int) -> dict[str, Any]:

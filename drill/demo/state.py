@@ -7,6 +7,7 @@ import math
 
 from drill.sdk.state import ModelState, OptimizerState, RNGState, TrainState
 
+
 class WarmupCosine:
     """Linear warm-up then cosine decay to 10%; a callable object, so LambdaLR saves it."""
 

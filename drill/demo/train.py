@@ -20,13 +20,14 @@ import numpy as np
 import torch
 
 from drill import parts
+from drill.checkpoints import step_of
 from drill.demo.config import DemoConfig
-from drill.demo.data import ShuffledWindowLoader, batch_fingerprint, synthetic_corpus
+from drill.demo.data import ShuffledWindowLoader, synthetic_corpus
 from drill.demo.model import TinyGPT
 from drill.demo.state import ModelState, OptimizerState, RNGState, TrainState, WarmupCosine
-from drill.checkpoints import step_of
 from drill.integrity.keys import load_key
 from drill.runlog import StepLog, StepRecord
+from drill.sdk.state import fingerprint as batch_fingerprint
 
 
 @dataclass(slots=True)

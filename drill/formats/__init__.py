@@ -49,7 +49,7 @@ def parse_format(name: str) -> str:
 def get(name: str) -> Format:
     """The registered format called ``name`` (a detected or forced one)."""
     module, _, cls = _REGISTRY[parse_format(name)].partition(":")
-    return getattr(importlib.import_module(module), cls)()  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), cls)()
 
 
 def registered() -> list[Format]:
@@ -110,7 +110,9 @@ def pointers(storage: Storage, root: str, entries: dict[str, Entry], found: Disc
     return out
 
 
-def structure(name: str, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+def structure(
+    name: str, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
+) -> Structure | None:
     """The structural proof of the unsealed checkpoint ``uri`` of format ``name``, made without
     loading it; None for a format without one."""
     return get(name).structure(storage, uri, sizes, allow_classes)
@@ -128,4 +130,17 @@ def restore(storage: Storage, ref: CheckpointRef, device: Any, **context: Any) -
     return get(resolve_format(name, ref.format)).restore(storage, ref, RestoreContext(device=device, **context))
 
 
-__all__ = ["FORMATS", "get", "markers", "nested", "parse_format", "pointers", "recognize", "recognize_file", "registered", "resolve_format", "restore", "structure"]
+__all__ = [
+    "FORMATS",
+    "get",
+    "markers",
+    "nested",
+    "parse_format",
+    "pointers",
+    "recognize",
+    "recognize_file",
+    "registered",
+    "resolve_format",
+    "restore",
+    "structure",
+]

@@ -32,10 +32,20 @@ from drill.storage import Entry, Storage
 
 _RNG = re.compile(r"^random_states_(\d+)\.pkl$")
 _CUSTOM = re.compile(r"^custom_checkpoint_(\d+)\.pkl$")
-_NUMBERED = re.compile(r"^(model|pytorch_model|optimizer|scheduler|sampler|dl_state_dict)(?:_(\d+))?\.(safetensors|bin)$")
+_NUMBERED = re.compile(
+    r"^(model|pytorch_model|optimizer|scheduler|sampler|dl_state_dict)(?:_(\d+))?\.(safetensors|bin)$"
+)
 _SHARDED = re.compile(r"^(pytorch_model_fsdp|optimizer)_(\d+)$")
 _SAVE_INDEX = re.compile(r"^checkpoint_(\d+)$")
-PART_OF = {"model": parts.MODEL, "pytorch_model": parts.MODEL, "pytorch_model_fsdp": parts.MODEL, "optimizer": parts.OPTIMIZER, "scheduler": parts.LR_SCHEDULER, "sampler": parts.DATALOADER, "dl_state_dict": parts.DATALOADER}
+PART_OF = {
+    "model": parts.MODEL,
+    "pytorch_model": parts.MODEL,
+    "pytorch_model_fsdp": parts.MODEL,
+    "optimizer": parts.OPTIMIZER,
+    "scheduler": parts.LR_SCHEDULER,
+    "sampler": parts.DATALOADER,
+    "dl_state_dict": parts.DATALOADER,
+}
 _STEP_KEYS = ("step", "global_step", "completed_steps", "iteration", "iter_num")
 NEVER_SAVED = {
     parts.DATALOADER: "accelerate saves the data loader's position only with use_stateful_dataloader=True (dl_state_dict.bin) or a seedable sampler (sampler.bin)",
@@ -54,29 +64,49 @@ class Accelerate(Format):
     label = "accelerate save_state (plain and FSDP sharded)"
     marker = "random_states_0.pkl"
 
-    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+    def recognize(
+        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+    ) -> CheckpointRef | IncompleteSave | None:
         names = {e.name for e in entries}
         ranks = sorted(int(m.group(1)) for n in names if (m := _RNG.match(n)))
         if not ranks and not _parts_of(names):
             return None
         step = None if _SAVE_INDEX.match(name) else step_of(name)  # checkpoint_<i> counts saves: ordered by time
         if 0 not in ranks:
-            if not any(_SHARDED.match(e.name) and e.is_dir for e in entries) and not any(n.endswith(".bin") and _NUMBERED.match(n) for n in names):
+            if not any(_SHARDED.match(e.name) and e.is_dir for e in entries) and not any(
+                n.endswith(".bin") and _NUMBERED.match(n) for n in names
+            ):
                 return None  # a lone model.safetensors is not accelerate's (an export, a torchtune epoch)
-            return IncompleteSave(uri, name, step, "accelerate writes random_states_0.pkl after the model, optimizer, scheduler and loader, and it is missing: the save never finished")
+            return IncompleteSave(
+                uri,
+                name,
+                step,
+                "accelerate writes random_states_0.pkl after the model, optimizer, scheduler and loader, and it is missing: the save never finished",
+            )
         gap = next((r for r in range(max(ranks) + 1) if r not in ranks), None)
         if gap is not None:
-            return IncompleteSave(uri, name, step, f"random_states_{gap}.pkl is missing while rank {max(ranks)}'s is there: rank {gap} never finished its save")
+            return IncompleteSave(
+                uri,
+                name,
+                step,
+                f"random_states_{gap}.pkl is missing while rank {max(ranks)}'s is there: rank {gap} never finished its save",
+            )
         rng = next(e for e in entries if e.name == "random_states_0.pkl")
         return CheckpointRef(uri=uri, name=name, step=step, format=self.name, mtime=rng.mtime)
 
-    def pointers(self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery) -> list[tuple[str, str]]:
+    def pointers(
+        self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery
+    ) -> list[tuple[str, str]]:
         """``load_state()`` with automatic checkpoint naming: the highest ``checkpoint_<i>``, complete or not."""
-        named = [(int(m.group(1)), c.name) for c in [*found.checkpoints, *found.incomplete] if (m := _SAVE_INDEX.match(c.name))]
-        ours = any(c.format == self.name for c in found.checkpoints) or any("random_states_0.pkl" in s.reason for s in found.incomplete)
+        named = [(int(m.group(1)), c.name) for c in found.saves if (m := _SAVE_INDEX.match(c.name))]
+        ours = any(c.format == self.name for c in found.checkpoints) or any(
+            "random_states_0.pkl" in s.reason for s in found.incomplete
+        )
         return [("accelerate's load_state (automatic_checkpoint_naming)", max(named)[1])] if named and ours else []
 
-    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+    def structure(
+        self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
+    ) -> Structure | None:
         from drill.formats import bundle
         from drill.formats.base import nested_structure
 
@@ -89,9 +119,20 @@ class Accelerate(Format):
             if sub is not None:
                 findings += sub[0]
                 evidence.update(sub[1])
-            writers.update(fmt.writers({p[len(subdir) + 1 :]: n for p, n in sizes.items() if p.startswith(subdir + "/")}))
+            writers.update(
+                fmt.writers({p[len(subdir) + 1 :]: n for p, n in sizes.items() if p.startswith(subdir + "/")})
+            )
         findings += [_rng_missing(r, sorted(writers)) for r in sorted(writers) if f"random_states_{r}.pkl" not in sizes]
-        findings += [Finding(check="integrity", code="file-missing", severity=Severity.ERROR, subject=n, message=f"{n} is missing: {why}") for n, why in _expected({p.split("/", 1)[0] for p in sizes}).items()]
+        findings += [
+            Finding(
+                check="integrity",
+                code="file-missing",
+                severity=Severity.ERROR,
+                subject=n,
+                message=f"{n} is missing: {why}",
+            )
+            for n, why in _expected({p.split("/", 1)[0] for p in sizes}).items()
+        ]
         return findings, evidence
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
@@ -107,9 +148,22 @@ class Accelerate(Format):
         for subdir, fmt in _nested(storage, ref.uri, listed):
             sub = restore_nested(fmt, storage, ref, subdir, ctx, result)
             nested[subdir] = sub
-            proof = fmt.restored_structure(sub, storage, sub.uri, {f.relative_path[len(subdir) + 1 :]: f.size for f in sub.files if f.size is not None})
+            proof = fmt.restored_structure(
+                sub,
+                storage,
+                sub.uri,
+                {f.relative_path[len(subdir) + 1 :]: f.size for f in sub.files if f.size is not None},
+            )
             if proof is not None:
-                proofs.append(([replace(f, subject=f"{subdir}/{f.subject}") if f.subject and "/" not in f.subject else f for f in proof[0]], {subdir: proof[1]}))
+                proofs.append(
+                    (
+                        [
+                            replace(f, subject=f"{subdir}/{f.subject}") if f.subject and "/" not in f.subject else f
+                            for f in proof[0]
+                        ],
+                        {subdir: proof[1]},
+                    )
+                )
         restore_members(storage, ref.uri, members, ctx, result, lambda loaded: _canonical(loaded, nested, result))
         for findings, evidence in proofs:
             result.structure[0].extend(findings)
@@ -117,11 +171,19 @@ class Accelerate(Format):
         present = {e.name for e in listed}
         result.layout.missing_files.update(_expected(present))
         if any(s.layout is not None and s.layout.saved_ranks for s in nested.values()):
-            result.layout.saved_ranks = max((s.layout.saved_ranks for s in nested.values() if s.layout is not None), key=len)
+            result.layout.saved_ranks = max(
+                (s.layout.saved_ranks for s in nested.values() if s.layout is not None), key=len
+            )
         for rank in result.layout.saved_ranks:
             if f"random_states_{rank}.pkl" not in present:
-                result.layout.missing_files[f"random_states_{rank}.pkl"] = _rng_missing(rank, result.layout.saved_ranks).message.split(": ", 1)[1]
-        result.layout.optimizer_keys = "fqn" if any(_SHARDED.match(n).group(1) == "optimizer" for n in nested) else "index"  # type: ignore[union-attr]
+                result.layout.missing_files[f"random_states_{rank}.pkl"] = _rng_missing(
+                    rank, result.layout.saved_ranks
+                ).message.split(": ", 1)[1]
+        result.layout.optimizer_keys = (
+            "fqn"
+            if any((sharded := _SHARDED.match(n)) is not None and sharded.group(1) == "optimizer" for n in nested)
+            else "index"
+        )
         return result
 
 
@@ -131,9 +193,13 @@ def _expected(names: set[str]) -> dict[str, str]:
     out = {}
     has = {PART_OF[m.group(1)] for n in names if (m := _NUMBERED.match(n) or _SHARDED.match(n))}
     if parts.MODEL not in has and has & {parts.OPTIMIZER, parts.LR_SCHEDULER}:
-        out["model.safetensors"] = "accelerate saves the prepared model's weights with every save_state (model.safetensors, pytorch_model.bin or pytorch_model_fsdp_0/) and load_state reads them"
+        out["model.safetensors"] = (
+            "accelerate saves the prepared model's weights with every save_state (model.safetensors, pytorch_model.bin or pytorch_model_fsdp_0/) and load_state reads them"
+        )
     if parts.OPTIMIZER not in has and parts.LR_SCHEDULER in has:
-        out["optimizer.bin"] = "accelerate saves the prepared optimizer with its scheduler (optimizer.bin or optimizer_0/) and load_state reads it"
+        out["optimizer.bin"] = (
+            "accelerate saves the prepared optimizer with its scheduler (optimizer.bin or optimizer_0/) and load_state reads it"
+        )
     return out
 
 
@@ -152,7 +218,9 @@ def _nested(storage: Storage, uri: str, listed: list[Entry] | None = None) -> li
     """The sharded sub-checkpoints (``pytorch_model_fsdp_0/``, ``optimizer_0/``): each in the format that recognizes it."""
     from drill import formats
 
-    return formats.nested(storage, uri, listed if listed is not None else storage.list(uri), lambda name: _SHARDED.match(name) is not None)
+    return formats.nested(
+        storage, uri, listed if listed is not None else storage.list(uri), lambda name: _SHARDED.match(name) is not None
+    )
 
 
 def _member(name: str, size: int = 0) -> Member | None:
@@ -193,7 +261,11 @@ def _canonical(loaded: dict[str, Any], nested: Mapping[str, RestoreResult], resu
         kind, index = _SHARDED.match(subdir).groups()  # type: ignore[union-attr]
         for key, value in sub.state.items():
             head, _, rest = key.partition(".")
-            state[_numbered(PART_OF[kind], int(index)) + "." + rest if head in (parts.MODEL, parts.OPTIMIZER) else f"{parts.EXTRA}.{subdir}.{key}"] = value
+            state[
+                _numbered(PART_OF[kind], int(index)) + "." + rest
+                if head in (parts.MODEL, parts.OPTIMIZER)
+                else f"{parts.EXTRA}.{subdir}.{key}"
+            ] = value
     for path, obj in sorted(loaded.items()):
         if m := _RNG.match(path):
             _rng(plain(obj), int(m.group(1)), state, result)
@@ -221,7 +293,9 @@ def _scheduler_steps(state: dict[str, Any], processes: int, layout: Any) -> None
         return
     layout.scheduler_per_step = False
     if last % processes == 0:
-        layout.step_counters[f"lr_scheduler.last_epoch / {processes} processes" if processes > 1 else "lr_scheduler.last_epoch"] = last // processes
+        layout.step_counters[
+            f"lr_scheduler.last_epoch / {processes} processes" if processes > 1 else "lr_scheduler.last_epoch"
+        ] = last // processes
 
 
 def _numbered(part: str, index: int) -> str:
@@ -233,10 +307,17 @@ def _rng(obj: Any, rank: int, state: dict[str, Any], result: RestoreResult) -> N
 
     if not isinstance(obj, dict):
         return
-    names = {"random_state": "python", "numpy_random_seed": "numpy", "torch_manual_seed": "torch", "torch_cuda_manual_seed": "cuda"}
+    names = {
+        "random_state": "python",
+        "numpy_random_seed": "numpy",
+        "torch_manual_seed": "torch",
+        "torch_cuda_manual_seed": "cuda",
+    }
     for key, value in obj.items():
         if key == "step":
-            state[f"{parts.EXTRA}.accelerate_step.rank_{rank}"] = value  # gradient-accumulation boundaries, not optimizer steps
+            state[f"{parts.EXTRA}.accelerate_step.rank_{rank}"] = (
+                value  # gradient-accumulation boundaries, not optimizer steps
+            )
         else:
             flatten(value, f"{parts.RNG}.rank_{rank}.{names.get(key, key)}", state)
 
@@ -246,7 +327,9 @@ def _custom(obj: Any, index: int, state: dict[str, Any]) -> None:
     from drill.formats.canonical import flatten
 
     if isinstance(obj, dict):
-        step = next((obj[k] for k in _STEP_KEYS if isinstance(obj.get(k), int) and not isinstance(obj.get(k), bool)), None)
+        step = next(
+            (obj[k] for k in _STEP_KEYS if isinstance(obj.get(k), int) and not isinstance(obj.get(k), bool)), None
+        )
         if step is not None and f"{parts.TRAIN_STATE}.step" not in state:
             state[f"{parts.TRAIN_STATE}.step"] = step
     flatten(obj, f"{parts.EXTRA}.custom_checkpoint_{index}", state)

@@ -78,7 +78,9 @@ class Format(ABC):
     restores_across_ranks: bool = False
     """A distributed drill splits its files among the ranks; otherwise rank 0 restores it all."""
 
-    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+    def recognize(
+        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+    ) -> CheckpointRef | IncompleteSave | None:
         """The directory ``uri`` (named ``name``, holding ``entries``): one of this format's
         complete saves, an unfinished one, or None when it is not this format's."""
         return None
@@ -95,12 +97,16 @@ class Format(ABC):
         """Files at a run's top that are this format's final export (reported, never drilled)."""
         return []
 
-    def pointers(self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery) -> list[tuple[str, str]]:
+    def pointers(
+        self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery
+    ) -> list[tuple[str, str]]:
         """(who follows it, the checkpoint name it names) for each resume pointer of this
         format's trainer that the run root holds."""
         return []
 
-    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+    def structure(
+        self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
+    ) -> Structure | None:
         """The structural proof of an unsealed checkpoint of this format, made without loading
         it (``sizes``: its files as listed); None when the format has none."""
         return None
@@ -113,28 +119,34 @@ class Format(ABC):
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
         """Read and load ``ref``; every problem is recorded in the result, never raised."""
 
-    def restored_structure(self, result: RestoreResult, storage: Storage, uri: str, sizes: dict[str, int]) -> Structure | None:
+    def restored_structure(
+        self, result: RestoreResult, storage: Storage, uri: str, sizes: dict[str, int]
+    ) -> Structure | None:
         """The structural proof of a checkpoint once :meth:`restore` has read it (the same
         verdict :meth:`structure` gives without loading; by default what the restore found)."""
-        return result.structure  # type: ignore[no-any-return]
+        return result.structure
 
     def missing_files(self, sizes: dict[str, int], result: RestoreResult) -> list[Finding]:
         """Files the format's own naming says should be there beyond those the restore
         recorded as missing (DCP's shards when its index could not be read)."""
         return []
 
-    def finish_merged(self, result: RestoreResult, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> None:
+    def finish_merged(self, result: RestoreResult, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> None:  # noqa: B027 - an optional hook
         """Rank 0 of a distributed drill, with every rank's share merged into ``result``:
         what :meth:`restore` does once the state is complete (a trainer's layout applied)."""
 
 
-def restore_nested(fmt: Format, storage: Storage, outer: CheckpointRef, subdir: str, ctx: RestoreContext, result: RestoreResult) -> RestoreResult:
+def restore_nested(
+    fmt: Format, storage: Storage, outer: CheckpointRef, subdir: str, ctx: RestoreContext, result: RestoreResult
+) -> RestoreResult:
     """Restore the checkpoint ``fmt`` wrote in ``subdir`` of ``outer`` (accelerate's FSDP
     sub-directories, the Trainer's DeepSpeed ``global_stepN/``) as part of ``outer``: one
     checkpoint, its files named relative to ``outer`` and recorded in ``result``."""
     from dataclasses import replace
 
-    ref = CheckpointRef(uri=storage.child(outer.uri, subdir), name=subdir, step=outer.step, format=fmt.name, mtime=outer.mtime)
+    ref = CheckpointRef(
+        uri=storage.child(outer.uri, subdir), name=subdir, step=outer.step, format=fmt.name, mtime=outer.mtime
+    )
     sub = fmt.restore(storage, ref, replace(ctx, hash_plan=ctx.hash_plan.under(subdir + "/")))
     for f in sub.files:
         f.relative_path = f"{subdir}/{f.relative_path}"
@@ -146,20 +158,39 @@ def restore_nested(fmt: Format, storage: Storage, outer: CheckpointRef, subdir: 
     result.read_seconds += sub.read_seconds
     result.load_seconds += sub.load_seconds
     if sub.metadata_error is not None:
-        result.failures.append(ItemFailure(subdir, subdir, f"the checkpoint in {subdir}/ cannot be loaded ({sub.metadata_error})", code=sub.metadata_code or "metadata-unreadable"))
+        result.failures.append(
+            ItemFailure(
+                subdir,
+                subdir,
+                f"the checkpoint in {subdir}/ cannot be loaded ({sub.metadata_error})",
+                code=sub.metadata_code or "metadata-unreadable",
+            )
+        )
     return sub
 
 
-def nested_structure(fmt: Format, storage: Storage, uri: str, subdir: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+def nested_structure(
+    fmt: Format, storage: Storage, uri: str, subdir: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
+) -> Structure | None:
     """``fmt``'s structural proof of the checkpoint in ``subdir``, its subjects named relative to ``uri``."""
     from dataclasses import replace
 
     prefix = subdir + "/"
-    proof = fmt.structure(storage, storage.child(uri, subdir), {p[len(prefix) :]: n for p, n in sizes.items() if p.startswith(prefix)}, allow_classes)
+    proof = fmt.structure(
+        storage,
+        storage.child(uri, subdir),
+        {p[len(prefix) :]: n for p, n in sizes.items() if p.startswith(prefix)},
+        allow_classes,
+    )
     if proof is None:
         return None
     findings, evidence = proof
-    named = [replace(f, subject=f"{prefix}{f.subject}") if f.subject and not f.subject.startswith(("/", prefix)) and "://" not in f.subject else f for f in findings]
+    named = [
+        replace(f, subject=f"{prefix}{f.subject}")
+        if f.subject and not f.subject.startswith(("/", prefix)) and "://" not in f.subject
+        else f
+        for f in findings
+    ]
     return named, {subdir: evidence}
 
 
@@ -176,7 +207,6 @@ def read_pointer(storage: Storage, root: str, entry: Entry | None) -> str | None
             return f.read(4096).decode("utf-8", "replace").strip() or None
     except OSError:
         return None
-
 
 
 def read_file(
@@ -218,7 +248,9 @@ def check_budget(need: int, ctx: RestoreContext) -> None:
 
     budget = ctx.memory_budget if ctx.memory_budget is not None else available_memory(ctx.device)
     if budget is not None and need > budget:
-        raise ResourceLimit(f"restoring this checkpoint needs {human_bytes(need)} on {ctx.device}, which has {human_bytes(budget)} available")
+        raise ResourceLimit(
+            f"restoring this checkpoint needs {human_bytes(need)} on {ctx.device}, which has {human_bytes(budget)} available"
+        )
 
 
 def available_memory(device: torch.device) -> int | None:

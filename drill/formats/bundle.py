@@ -58,7 +58,9 @@ def file_structure(path: str, view: memoryview) -> list[Finding]:
     return []
 
 
-def structure(storage: Storage, uri: str, sizes: Mapping[str, int], paths: Iterable[str], evidence: dict[str, Any] | None = None) -> Structure | None:
+def structure(
+    storage: Storage, uri: str, sizes: Mapping[str, int], paths: Iterable[str], evidence: dict[str, Any] | None = None
+) -> Structure | None:
     """The structural proof of ``paths`` (files of the checkpoint at ``uri``) without loading
     them: a listed file that is gone or cannot be read is a finding; None when there is no file."""
     from drill.integrity.reading import describe_read_error, read_whole
@@ -70,13 +72,25 @@ def structure(storage: Storage, uri: str, sizes: Mapping[str, int], paths: Itera
     findings: list[Finding] = []
     for name in names:
         if name not in sizes:
-            findings.append(Finding(check=NAME, code="file-missing", severity=Severity.ERROR, subject=name, message=f"{name} is missing"))
+            findings.append(
+                Finding(
+                    check=NAME, code="file-missing", severity=Severity.ERROR, subject=name, message=f"{name} is missing"
+                )
+            )
             continue
         try:
             view = read_whole(storage, storage.child(uri, name), sizes[name], hash=False).view
         except (OSError, EOFError) as exc:
             why, _ = describe_read_error(exc)
-            findings.append(Finding(check=NAME, code="file-unreadable", severity=Severity.ERROR, subject=name, message=f"{name} cannot be read ({why})"))
+            findings.append(
+                Finding(
+                    check=NAME,
+                    code="file-unreadable",
+                    severity=Severity.ERROR,
+                    subject=name,
+                    message=f"{name} cannot be read ({why})",
+                )
+            )
             continue
         findings += file_structure(name, view)
     return findings, {"files": len(names), **(evidence or {})}
@@ -86,7 +100,9 @@ Loaded = dict[str, Any]
 """Path → what the file held (only the files that loaded)."""
 
 
-def read_members(storage: Storage, uri: str, members: list[Member], ctx: RestoreContext, result: RestoreResult) -> tuple[Loaded, list[Finding]]:
+def read_members(
+    storage: Storage, uri: str, members: list[Member], ctx: RestoreContext, result: RestoreResult
+) -> tuple[Loaded, list[Finding]]:
     """Read and load every member once, in order; failures are recorded in ``result`` (a file
     that cannot be read, an entry that will not load), never raised. Returns what loaded and
     the structural findings. Refuses, before reading, members that would not fit the budget."""
@@ -121,7 +137,9 @@ def load_member(member: Member, view: memoryview, ctx: RestoreContext, result: R
 
         obj, stand_ins = load_inert(view, map_location=ctx.device)
         if stand_ins and result.layout is not None:
-            result.layout.notes.append(f"{member.path}: {', '.join(sorted(stand_ins))} read as inert stand-ins (never constructed)")
+            result.layout.notes.append(
+                f"{member.path}: {', '.join(sorted(stand_ins))} read as inert stand-ins (never constructed)"
+            )
         return obj
     return load_torch(view, (*ctx.allow_classes, *(NUMPY_ARRAYS if member.numpy else ())), map_location=ctx.device)
 
@@ -130,7 +148,12 @@ def member_failure(path: str, exc: BaseException) -> ItemFailure:
     from drill.formats.safeload import UnsafePickle, load_failure
 
     if isinstance(exc, UnsafePickle):
-        return ItemFailure(path, path, f"refused to unpickle: it names {exc}, outside the allow-list; nothing in it was executed", code="unsafe-pickle")
+        return ItemFailure(
+            path,
+            path,
+            f"refused to unpickle: it names {exc}, outside the allow-list; nothing in it was executed",
+            code="unsafe-pickle",
+        )
     if "Weights only" in str(exc):
         code, reason = load_failure(exc)
         return ItemFailure(path, path, reason, code=code)
@@ -138,7 +161,12 @@ def member_failure(path: str, exc: BaseException) -> ItemFailure:
 
 
 def restore_members(
-    storage: Storage, uri: str, members: list[Member], ctx: RestoreContext, result: RestoreResult, canonical: Callable[[Loaded], dict[str, Any]]
+    storage: Storage,
+    uri: str,
+    members: list[Member],
+    ctx: RestoreContext,
+    result: RestoreResult,
+    canonical: Callable[[Loaded], dict[str, Any]],
 ) -> None:
     """Read the members, canonicalize what loaded (``canonical``: path → object becomes the
     canonical view; it may add findings to ``result.structure``) and fill ``result``: state,
@@ -154,7 +182,11 @@ def restore_members(
     finally:
         result.load_seconds += time.perf_counter() - started
     result.state = state
-    ranks = {k: int(k.split(".")[1][len("rank_") :]) for k in state if k.split(".")[1:2] and k.split(".")[1].startswith("rank_") and k.split(".")[1][5:].isdigit()}
+    ranks = {
+        k: int(k.split(".")[1][len("rank_") :])
+        for k in state
+        if k.split(".")[1:2] and k.split(".")[1].startswith("rank_") and k.split(".")[1][5:].isdigit()
+    }
     result.inventory = inventory(state, ranks)
     for f in result.files:
         if f.relative_path in loaded:
@@ -162,4 +194,15 @@ def restore_members(
     tally(result, state)
 
 
-__all__ = ["INERT", "JSON", "SAFETENSORS", "TORCH", "Loaded", "Member", "file_structure", "read_members", "restore_members", "structure"]
+__all__ = [
+    "INERT",
+    "JSON",
+    "SAFETENSORS",
+    "TORCH",
+    "Loaded",
+    "Member",
+    "file_structure",
+    "read_members",
+    "restore_members",
+    "structure",
+]

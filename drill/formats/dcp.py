@@ -32,7 +32,9 @@ class DCP(Format):
     replays_through_dcp = True
     restores_across_ranks = True
 
-    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+    def recognize(
+        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+    ) -> CheckpointRef | IncompleteSave | None:
         names = {e.name: e for e in entries}
         step = step_of(name)
         if DCP_METADATA in names and MEGATRON_COMMON in names and MEGATRON_CONFIG not in names:
@@ -42,10 +44,14 @@ class DCP(Format):
         if meta is not None and meta.is_file:
             return CheckpointRef(uri=uri, name=name, step=step, format=self.name, mtime=meta.mtime)
         if any(n.endswith(SHARD_SUFFIX) for n in names):
-            return IncompleteSave(uri=uri, name=name, step=step, reason=f"DCP shards but no {DCP_METADATA}: the save never finished")
+            return IncompleteSave(
+                uri=uri, name=name, step=step, reason=f"DCP shards but no {DCP_METADATA}: the save never finished"
+            )
         return None
 
-    def pointers(self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery) -> list[tuple[str, str]]:
+    def pointers(
+        self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery
+    ) -> list[tuple[str, str]]:
         from drill.formats.base import read_pointer
 
         target = read_pointer(storage, root, entries.get(MEGATRON_TRACKER))
@@ -53,7 +59,9 @@ class DCP(Format):
             return []
         return [(MEGATRON_TRACKER, f"iter_{int(target):07d}" if target.isdigit() else target)]
 
-    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+    def structure(
+        self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
+    ) -> Structure | None:
         from drill.formats.dcp_layout import structure
 
         return structure(storage, uri, sizes, allow_classes)
@@ -67,12 +75,16 @@ class DCP(Format):
 
         return restore(storage, ref, ctx)
 
-    def restored_structure(self, result: RestoreResult, storage: Storage, uri: str, sizes: dict[str, int]) -> Structure | None:
+    def restored_structure(
+        self, result: RestoreResult, storage: Storage, uri: str, sizes: dict[str, int]
+    ) -> Structure | None:
         if DCP_METADATA not in sizes or (result.index is None and result.metadata_error is None):
             return None
         from drill.formats.dcp_layout import unsealed_structure
 
-        return unsealed_structure(storage, uri, sizes, result.index, (result.metadata_error or "").removeprefix(f"{DCP_METADATA}: "))
+        return unsealed_structure(
+            storage, uri, sizes, result.index, (result.metadata_error or "").removeprefix(f"{DCP_METADATA}: ")
+        )
 
     def writers(self, sizes: dict[str, int]) -> list[int]:
         from drill.formats.dcp_names import SHARD

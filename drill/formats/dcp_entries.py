@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-
 DIRECT_MIN_BYTES = 1 << 20
 """Entries smaller than this are read whole and loaded the ordinary way: a few extra small
 reads per entry would cost more than the copy they save."""
@@ -63,7 +62,9 @@ class TensorSpec:
         for dim in reversed(self.size):
             expected.append(acc)
             acc *= dim
-        return self.offset == 0 and tuple(reversed(expected)) == self.stride and math.prod(self.size) == self.storage_numel
+        return (
+            self.offset == 0 and tuple(reversed(expected)) == self.stride and math.prod(self.size) == self.storage_numel
+        )
 
 
 class _Sparse(io.RawIOBase):
@@ -89,7 +90,7 @@ class _Sparse(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
-    def readinto(self, b) -> int:  # type: ignore[no-untyped-def, override]
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         view = memoryview(b).cast("B")
         n = max(0, min(len(view), self._length - self._pos))
         known = max(0, min(n, self._pos + n - self._tail_start))  # the last `known` bytes are in the tail
@@ -129,7 +130,13 @@ def records(tail: memoryview, length: int) -> dict[str, Record] | None:
     out = {}
     for zi in infos:
         name = zi.filename.split("/", 1)[1] if "/" in zi.filename else zi.filename
-        out[name] = Record(name, zi.header_offset, zi.file_size, zi.compress_type == zipfile.ZIP_STORED and zi.compress_size == zi.file_size, zi.CRC)
+        out[name] = Record(
+            name,
+            zi.header_offset,
+            zi.file_size,
+            zi.compress_type == zipfile.ZIP_STORED and zi.compress_size == zi.file_size,
+            zi.CRC,
+        )
     return out
 
 
@@ -142,21 +149,45 @@ def _plain_directory(tail: memoryview, length: int) -> dict[str, Record] | None:
     sig, disk, cd_disk, n_here, n_total, cd_size, cd_offset, comment = _EOCD.unpack_from(tail, end)
     if end >= _ZIP64_TAIL and bytes(tail[end - 20 : end - 16]) == b"PK\x06\x07":
         # torch.save adds a zip64 end record and its locator: they must repeat the values exactly
-        _, z_size, _, _, z_disk, z_cd_disk, z_here, z_total, z_cd_size, z_cd_offset = _END64.unpack_from(tail, end - _ZIP64_TAIL)
+        _, z_size, _, _, z_disk, z_cd_disk, z_here, z_total, z_cd_size, z_cd_offset = _END64.unpack_from(
+            tail, end - _ZIP64_TAIL
+        )
         _, l_disk, l_at, l_disks = _LOCATOR.unpack_from(tail, end - 20)
         end -= _ZIP64_TAIL
-        record = (bytes(tail[end : end + 4]), z_size, z_disk, z_cd_disk, z_here, z_total, z_cd_size, z_cd_offset, l_disk, l_at, l_disks)
+        record = (
+            bytes(tail[end : end + 4]),
+            z_size,
+            z_disk,
+            z_cd_disk,
+            z_here,
+            z_total,
+            z_cd_size,
+            z_cd_offset,
+            l_disk,
+            l_at,
+            l_disks,
+        )
         if record != (b"PK\x06\x06", 44, 0, 0, n_here, n_total, cd_size, cd_offset, 0, length - len(tail) + end, 1):
             return None
     start = end - cd_size  # where the directory begins, within the tail
-    if sig != b"PK\x05\x06" or comment or disk or cd_disk or n_here != n_total or start < 0 or cd_offset != length - len(tail) + start:
+    if (
+        sig != b"PK\x05\x06"
+        or comment
+        or disk
+        or cd_disk
+        or n_here != n_total
+        or start < 0
+        or cd_offset != length - len(tail) + start
+    ):
         return None
     out: dict[str, Record] = {}
     at = start
     for _ in range(n_total):
         if at + _CENTRAL.size > end:
             return None
-        (sig, _, _, flags, method, _, _, crc, csize, usize, nlen, elen, clen, _, _, _, offset) = _CENTRAL.unpack_from(tail, at)
+        (sig, _, _, flags, method, _, _, crc, csize, usize, nlen, elen, clen, _, _, _, offset) = _CENTRAL.unpack_from(
+            tail, at
+        )
         name_at = at + _CENTRAL.size
         at = name_at + nlen + elen + clen
         if sig != b"PK\x01\x02" or at > end or _ZIP64 in (csize, usize, offset):
@@ -213,7 +244,9 @@ class _StorageRef:
 
 
 def _rebuild(storage: Any, offset: int, size: tuple[int, ...], stride: tuple[int, ...], *rest: Any) -> TensorSpec:
-    if not isinstance(storage, tuple) or not (isinstance(offset, int) and isinstance(size, tuple) and isinstance(stride, tuple)):
+    if not isinstance(storage, tuple) or not (
+        isinstance(offset, int) and isinstance(size, tuple) and isinstance(stride, tuple)
+    ):
         raise pickle.UnpicklingError("not a plain tensor")
     key, dtype, numel = storage
     return TensorSpec(key, dtype, numel, offset, tuple(int(s) for s in size), tuple(int(s) for s in stride))

@@ -73,7 +73,9 @@ def claimed_bytes(metadata: Any, sizes: dict[str, int]) -> int:
     for info in data.values():
         size = sizes.get(info.relative_path)
         if size is not None and int(info.offset) + int(info.length) > size and int(info.length) > size:
-            raise ValueError(f"an entry of {int(info.length)} bytes is larger than its whole file {info.relative_path} ({size} bytes)")
+            raise ValueError(
+                f"an entry of {int(info.length)} bytes is larger than its whole file {info.relative_path} ({size} bytes)"
+            )
     key = type(next(iter(data))) if data else None  # the index's own MetadataIndex class (a mirror or DCP's)
     for fqn, md in metadata.state_dict_metadata.items():
         if not is_tensor(md):
@@ -87,6 +89,8 @@ def claimed_bytes(metadata: Any, sizes: dict[str, int]) -> int:
             if info is None:
                 raise ValueError(f"{fqn}: a chunk at {tuple(chunk.offsets)} has no storage entry")
             if need > int(info.length):
-                raise ValueError(f"{fqn}: a chunk of {need} bytes ({tuple(chunk.sizes)}) claims more than its {int(info.length)}-byte entry")
+                raise ValueError(
+                    f"{fqn}: a chunk of {need} bytes ({tuple(chunk.sizes)}) claims more than its {int(info.length)}-byte entry"
+                )
             total += need
     return total

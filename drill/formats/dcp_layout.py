@@ -10,10 +10,10 @@ from typing import Any
 
 from drill import parts
 from drill.checkpoints import CheckpointRef
-from drill.formats.base import RestoreContext, read_file
 from drill.findings import Finding
-from drill.formats.safeload import UnsafePickle
+from drill.formats.base import RestoreContext, read_file
 from drill.formats.layouts import SIDE_FILES, Recognized, canonical_items, optimizer_params, recognize, side_items
+from drill.formats.safeload import UnsafePickle
 from drill.restore import ItemFailure, RestoreResult, TensorInfo
 from drill.storage import Storage
 
@@ -53,7 +53,9 @@ def _renamer(rec: Recognized) -> Any:
     return rename
 
 
-def _side(name: str, storage: Storage, ref: CheckpointRef, ctx: RestoreContext, result: RestoreResult, rec: Recognized) -> dict[str, Any]:
+def _side(
+    name: str, storage: Storage, ref: CheckpointRef, ctx: RestoreContext, result: RestoreResult, rec: Recognized
+) -> dict[str, Any]:
     """One side file, read once (hashed as the plan says) and loaded without running its pickles."""
     view = read_file(storage, ref.uri, name, None, ctx, result)
     if view is None:
@@ -66,15 +68,26 @@ def _side(name: str, storage: Storage, ref: CheckpointRef, ctx: RestoreContext, 
 
         obj, stand_ins = load_inert(view)
     except UnsafePickle as exc:
-        result.failures.append(ItemFailure(name, name, f"refused to load: it is {exc}; nothing in it was executed", code="unsafe-pickle"))
+        result.failures.append(
+            ItemFailure(name, name, f"refused to load: it is {exc}; nothing in it was executed", code="unsafe-pickle")
+        )
         return {}
     except Exception as exc:  # noqa: BLE001 - a damaged side file is a finding, not a crash
         from drill.formats.base import one_line
 
-        result.failures.append(ItemFailure(name, name, f"not a loadable torch.save file ({one_line(exc)})", code=getattr(exc, "code", "entry-not-loaded")))
+        result.failures.append(
+            ItemFailure(
+                name,
+                name,
+                f"not a loadable torch.save file ({one_line(exc)})",
+                code=getattr(exc, "code", "entry-not-loaded"),
+            )
+        )
         return {}
     if stand_ins:
-        result.layout.notes.append(f"{name}: {', '.join(sorted(stand_ins))} read as inert stand-ins (never constructed)")
+        result.layout.notes.append(
+            f"{name}: {', '.join(sorted(stand_ins))} read as inert stand-ins (never constructed)"
+        )
     result.files[-1].items = 1
     return dict(side_items(name, obj, rec))
 
@@ -89,12 +102,16 @@ def _describe(result: RestoreResult, rec: Recognized, names: set[str]) -> None:
         layout.recommended = tuple(p for p in layout.required if p not in rec.required)
         layout.required = rec.required
     layout.required = tuple(p for p in layout.required if p not in rec.never_saved)
-    layout.params = frozenset(f"{parts.MODEL}.{p}" if not p.startswith(parts.MODEL + ".") else p for p in optimizer_params(result.state))
+    layout.params = frozenset(
+        f"{parts.MODEL}.{p}" if not p.startswith(parts.MODEL + ".") else p for p in optimizer_params(result.state)
+    )
     layout.side_files = tuple(rec.side_files)
     layout.missing_files = {n: SIDE_FILES[n] for n in rec.side_files if n not in names}
 
 
-def structure(storage: Storage, uri: str, sizes: Mapping[str, int], allow_classes: tuple[str, ...] = ()) -> tuple[list[Finding], dict[str, Any]] | None:
+def structure(
+    storage: Storage, uri: str, sizes: Mapping[str, int], allow_classes: tuple[str, ...] = ()
+) -> tuple[list[Finding], dict[str, Any]] | None:
     """The structural proof of an unsealed DCP checkpoint read from its ``.metadata`` alone
     (``drill verify``): the one :func:`unsealed_structure` gives ``drill run``."""
     from drill.formats.base import one_line
@@ -115,7 +132,11 @@ def structure(storage: Storage, uri: str, sizes: Mapping[str, int], allow_classe
 
 
 def unsealed_structure(
-    storage: Storage, uri: str, sizes: Mapping[str, int], storage_data: Mapping[Any, Any] | None, why_unreadable: str = ""
+    storage: Storage,
+    uri: str,
+    sizes: Mapping[str, int],
+    storage_data: Mapping[Any, Any] | None,
+    why_unreadable: str = "",
 ) -> tuple[list[Finding], dict[str, Any]]:
     """The structural verdict on an unsealed DCP checkpoint — the one ``run`` and ``verify``
     both give: ``.metadata`` against the files (or, when it cannot be read, the shards named
@@ -130,7 +151,9 @@ def unsealed_structure(
     keys = {getattr(index, "fqn", str(index)) for index in (storage_data or {})}
     rec = recognize(keys, set(sizes), uri.rstrip("/").rsplit("/", 1)[-1])
     side = {name: SIDE_FILES[name] for name in rec.side_files}
-    findings += side_structure(side, sizes, lambda name: read_whole(storage, storage.child(uri, name), sizes[name], hash=False).view)
+    findings += side_structure(
+        side, sizes, lambda name: read_whole(storage, storage.child(uri, name), sizes[name], hash=False).view
+    )
     evidence["layout"] = rec.name
     return findings, evidence
 

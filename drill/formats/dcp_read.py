@@ -23,28 +23,44 @@ from collections.abc import Iterator
 from concurrent.futures import Future as CFuture
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 
 from drill import parts
 from drill.checkpoints import CheckpointRef
-from drill.formats.dcp_names import DCP_METADATA
 from drill.formats.base import RestoreContext, check_budget, one_line
 from drill.formats.canonical import Layout
-from drill.formats.dcp_layout import apply_layout
+from drill.formats.dcp_entries import (
+    DIRECT_MIN_BYTES,
+    TAIL_BYTES,
+    TensorSpec,
+    data_start,
+    local_header_end,
+    records,
+    tensor_spec,
+)
 from drill.formats.dcp_index import claimed_bytes, file_sizes, inventory, saved_ranks, skeleton
-from drill.formats.dcp_entries import DIRECT_MIN_BYTES, TAIL_BYTES, TensorSpec, data_start, local_header_end, records, tensor_spec
+from drill.formats.dcp_layout import apply_layout
+from drill.formats.dcp_names import DCP_METADATA
 from drill.formats.dcp_types import check_metadata, collector_paused, is_byte_io, load_metadata, narrow, read_items
 from drill.formats.safeload import load_failure, numpy_arrays
 from drill.integrity.hashing import ChunkHasher, crc32
-from drill.integrity.reading import ATTEMPTS, LANE_MIN, TRANSIENT, Crc, CrcLane, SequentialReader, describe_read_error, read_whole
+from drill.integrity.reading import (
+    ATTEMPTS,
+    LANE_MIN,
+    TRANSIENT,
+    Crc,
+    CrcLane,
+    SequentialReader,
+    describe_read_error,
+    read_whole,
+)
 from drill.restore import FileRead, ItemFailure, RestoreResult
 from drill.restore.staging import Stagers, byte_view
 from drill.safe_pickle import with_classes
 from drill.storage import Storage
 from drill.views import ViewReader
-
 
 READERS = 4
 """Reader threads where reads wait on storage or run outside the interpreter lock."""
@@ -117,7 +133,9 @@ class DrillReader:
     else through a small buffer; every byte is hashed on the way.
     """
 
-    def __init__(self, storage: Storage, uri: str, result: RestoreResult, ctx: RestoreContext, workers: int | None = None) -> None:
+    def __init__(
+        self, storage: Storage, uri: str, result: RestoreResult, ctx: RestoreContext, workers: int | None = None
+    ) -> None:
         self.storage = storage
         self.uri = uri
         self.result = result
@@ -163,7 +181,7 @@ class DrillReader:
             self.result.read_seconds += time.perf_counter() - started
         try:
             metadata = self.loads(bytes(got.view), with_classes(self.ctx.allow_classes))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise MetadataUnreadable(f"{DCP_METADATA} does not unpickle safely: {one_line(exc)}") from exc
         try:
             check_metadata(metadata)
@@ -178,7 +196,11 @@ class DrillReader:
 
     def _hashing(self, relative_path: str) -> dict[str, Any]:
         plan = self.ctx.hash_plan
-        return {"hash": plan.wants(relative_path), "chunk_size": plan.chunk_size, "sha256": relative_path in plan.sha256}
+        return {
+            "hash": plan.wants(relative_path),
+            "chunk_size": plan.chunk_size,
+            "sha256": relative_path in plan.sha256,
+        }
 
     def _read_files(self, per_file: dict[str, list[Any]], planner: Any) -> Iterator[_FileOutcome]:
         """Each file's outcome as it is done, read on :meth:`_workers` threads."""
@@ -186,7 +208,9 @@ class DrillReader:
         records = {p: FileRead(p, None, items=len(per_file[p])) for p in paths}
         self.result.files.extend(records.values())
         pool = ThreadPoolExecutor(max_workers=self.workers or self._workers(per_file), thread_name_prefix="drill-read")
-        pending: deque[CFuture[_FileOutcome]] = deque(pool.submit(self._read_file, p, per_file[p], records[p], planner) for p in paths)
+        pending: deque[CFuture[_FileOutcome]] = deque(
+            pool.submit(self._read_file, p, per_file[p], records[p], planner) for p in paths
+        )
         done = False
         try:
             while pending:
@@ -266,13 +290,17 @@ class DrillReader:
         start, end = int(info.offset), int(info.offset) + int(info.length)
         fqn, path = item.dest_index.fqn, outcome.record.relative_path
         if end > reader.size:
-            outcome.failures.append(ItemFailure(fqn, path, f"bytes {start}..{end} lie past the end of the file ({reader.size} bytes)"))
+            outcome.failures.append(
+                ItemFailure(fqn, path, f"bytes {start}..{end} lie past the end of the file ({reader.size} bytes)")
+            )
             return
         if start < reader.pos:
             outcome.failures.append(ItemFailure(fqn, path, f"bytes {start}..{end} overlap the entry before it"))
             return
         if getattr(info, "transform_descriptors", None):
-            outcome.failures.append(ItemFailure(fqn, path, f"unsupported DCP stream transform {info.transform_descriptors}"))
+            outcome.failures.append(
+                ItemFailure(fqn, path, f"unsupported DCP stream transform {info.transform_descriptors}")
+            )
             return
         reader.skip_to(start)
         # Every entry is held to the CRC-32s torch.save wrote into it — under a seal too: an
@@ -286,7 +314,7 @@ class DrillReader:
                 return
             outcome.values.append((item, value))
             return
-        head = b""
+        head: memoryview | bytes | None = b""
         if end - start >= DIRECT_MIN_BYTES:
             try:
                 head = _read_in_place(reader, item, end - start, planner, outcome, crc)
@@ -297,7 +325,7 @@ class DrillReader:
                 outcome.tensors += 1
                 outcome.tensor_bytes += _nbytes(planner.resolve_tensor(item))
                 return
-        blob = bytes(head) + bytes(reader.read(end - reader.pos))
+        blob = bytes(head or b"") + bytes(reader.read(end - reader.pos))
         if end - start < DIRECT_MIN_BYTES:
             try:
                 if _decode_in_place(memoryview(blob), item, planner):
@@ -307,7 +335,11 @@ class DrillReader:
             except CrcMismatch as exc:
                 outcome.failures.append(ItemFailure(fqn, path, str(exc), code="crc-mismatch"))
                 return
-        problem = ("crc-mismatch", bad) if crc and (bad := _crc_problem(memoryview(blob))) is not None else _load_tensor(blob, item, planner)
+        problem = (
+            ("crc-mismatch", bad)
+            if crc and (bad := _crc_problem(memoryview(blob))) is not None
+            else _load_tensor(blob, item, planner)
+        )
         if problem is not None:
             outcome.failures.append(ItemFailure(fqn, path, problem[1], code=problem[0]))
             return
@@ -338,7 +370,9 @@ def _crc_problem(entry: memoryview) -> str | None:
     return findings[0].message.replace("the entry: ", "", 1) if findings else None
 
 
-def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: Any, outcome: _FileOutcome, crc: bool = False) -> memoryview | None:
+def _read_in_place(
+    reader: SequentialReader, item: Any, length: int, planner: Any, outcome: _FileOutcome, crc: bool = False
+) -> memoryview | None:
     """Read one tensor entry's raw bytes straight into its target (through ``outcome.stagers``' host
     buffers when the target is on a GPU); None when done, else the head bytes consumed before
     finding that this entry cannot be read in place. With ``crc``, the bytes are checked
@@ -348,7 +382,12 @@ def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: An
     recs = records(reader.peek(start + length - min(length, TAIL_BYTES), min(length, TAIL_BYTES)), length)
     data = [r for name, r in (recs or {}).items() if name.startswith("data/")]
     pkl = (recs or {}).get("data.pkl")
-    if len(data) != 1 or pkl is None or not (data[0].stored and pkl.stored) or pkl.header_offset > data[0].header_offset:
+    if (
+        len(data) != 1
+        or pkl is None
+        or not (data[0].stored and pkl.stored)
+        or pkl.header_offset > data[0].header_offset
+    ):
         return memoryview(b"")
     head = bytearray(reader.read(local_header_end(data[0])))
     nlen, elen = struct.unpack_from("<HH", head, data[0].header_offset + 26)
@@ -358,12 +397,12 @@ def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: An
     if pkl_at is not None and data_start(view, data[0]) == len(head):
         spec = tensor_spec(view[pkl_at : pkl_at + pkl.size])
     target = planner.resolve_tensor(item).detach()
-    if spec is None or not _fits(spec, data[0], item, target):
+    if spec is None or pkl_at is None or not _fits(spec, data[0], item, target):
         return view
     if target.device.type == "cpu" and target.is_contiguous() and crc and length >= LANE_MIN:
         reader.read_into(byte_view(target), outcome.lane.begin())
         outcome.lane.end()  # the reader goes on to the next entry; the verdict is settled with the file
-        outcome.unsettled.append((item, data[0], pkl, bytes(view[pkl_at : pkl_at + pkl.size]), _nbytes(target)))  # type: ignore[index,operator]
+        outcome.unsettled.append((item, data[0], pkl, bytes(view[pkl_at : pkl_at + pkl.size]), _nbytes(target)))
         planner.commit_tensor(item, target)
         reader.skip_to(start + length)
         return None
@@ -374,7 +413,8 @@ def _read_in_place(reader: SequentialReader, item: Any, length: int, planner: An
     else:
         got = outcome.stagers(target.device).copy(reader, target, crc)
     if crc:
-        _hold_to_crc(data[0], got, pkl, view[pkl_at : pkl_at + pkl.size])  # type: ignore[arg-type,index,operator]
+        assert got is not None  # a CRC was asked for, so one was computed
+        _hold_to_crc(data[0], got, pkl, view[pkl_at : pkl_at + pkl.size])
     planner.commit_tensor(item, target)
     reader.skip_to(start + length)
     return None
@@ -387,7 +427,9 @@ def _settle(outcome: _FileOutcome) -> None:
         try:
             _hold_to_crc(data, outcome.lane.result(), pkl, memoryview(pkl_bytes))
         except CrcMismatch as exc:
-            outcome.failures.append(ItemFailure(item.dest_index.fqn, outcome.record.relative_path, str(exc), code="crc-mismatch"))
+            outcome.failures.append(
+                ItemFailure(item.dest_index.fqn, outcome.record.relative_path, str(exc), code="crc-mismatch")
+            )
             outcome.tensors -= 1
             outcome.tensor_bytes -= nbytes
     outcome.unsettled.clear()
@@ -397,7 +439,9 @@ def _hold_to_crc(data: Any, got: int, pkl: Any, pkl_bytes: memoryview) -> None:
     """:class:`CrcMismatch` unless the tensor's bytes (``got``: their CRC-32) and its
     ``data.pkl`` are what torch.save wrote."""
     if got != data.crc or crc32(pkl_bytes) != pkl.crc:
-        raise CrcMismatch(f"the bytes of this tensor fail their CRC-32 (stored {data.crc:08x}, computed {got:08x}): damaged on storage")
+        raise CrcMismatch(
+            f"the bytes of this tensor fail their CRC-32 (stored {data.crc:08x}, computed {got:08x}): damaged on storage"
+        )
 
 
 def _decode_in_place(blob: memoryview, item: Any, planner: Any) -> bool:
@@ -432,13 +476,19 @@ def _fits(spec: TensorSpec, data: Any, item: Any, target: torch.Tensor) -> bool:
     """The stored tensor is exactly the target's bytes: contiguous, same dtype and shape, read whole."""
     nbytes = spec.storage_numel * torch.empty((), dtype=spec.dtype).element_size()
     whole = not any(item.storage_offsets) and list(item.lengths) == list(spec.size)
-    return spec.contiguous and nbytes == data.size and target.dtype == spec.dtype and tuple(target.shape) == spec.size and whole
+    return (
+        spec.contiguous
+        and nbytes == data.size
+        and target.dtype == spec.dtype
+        and tuple(target.shape) == spec.size
+        and whole
+    )
 
 
 def _load_tensor(blob: bytes, item: Any, planner: Any) -> tuple[str, str] | None:
     """The ordinary way: ``torch.load(weights_only=True)``, narrowed and copied into the target."""
     try:
-        tensor = torch.load(ViewReader(memoryview(blob)), map_location="cpu", weights_only=True)
+        tensor = torch.load(cast("IO[bytes]", ViewReader(memoryview(blob))), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a bad entry is evidence, not a crash
         return load_failure(exc)
     try:
@@ -491,5 +541,3 @@ def restore(storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> Restor
     result.state = state
     apply_layout(result, storage, ref, ctx)
     return result
-
-

@@ -78,7 +78,9 @@ class DCPStorageReader(DrillReader, StorageReader):
         return fut
 
 
-def dcp_load(state: dict[str, Any], reader: DCPStorageReader, planner: Any, process_group: Any = None, distributed: bool = False) -> None:
+def dcp_load(
+    state: dict[str, Any], reader: DCPStorageReader, planner: Any, process_group: Any = None, distributed: bool = False
+) -> None:
     import torch.distributed.checkpoint as dcp
 
     with warnings.catch_warnings():

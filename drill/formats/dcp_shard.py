@@ -16,16 +16,16 @@ import torch
 
 from drill import parts
 from drill.checkpoints import CheckpointRef
-from drill.restore.partition import Shard, assign
-from drill.formats.dcp_names import DCP_METADATA
-from drill.formats.base import RestoreContext
+from drill.formats.base import RestoreContext, check_budget
 from drill.formats.canonical import Layout
-from drill.formats.base import check_budget
 from drill.formats.dcp_index import claimed_bytes, file_sizes, inventory, saved_ranks
+from drill.formats.dcp_names import DCP_METADATA
 from drill.formats.dcp_read import DrillReader, MetadataUnreadable, TargetPlanner
 from drill.formats.dcp_types import ReadItem, chunk_bytes, is_tensor, read_items
 from drill.restore import ItemFailure, RestoreResult
+from drill.restore.partition import Shard, assign
 from drill.storage import Storage
+
 
 class ChunkPlanner(TargetPlanner):
     """Targets shaped like the stored chunks, allocated as the reader reaches them."""
@@ -41,7 +41,9 @@ class ChunkPlanner(TargetPlanner):
         target = self.chunks.get(key)
         if target is None:
             md = self.metadata.state_dict_metadata[key[0]]
-            target = self.chunks[key] = torch.empty(tuple(read_item.lengths), dtype=md.properties.dtype, device=self.device)  # type: ignore[union-attr]
+            target = self.chunks[key] = torch.empty(
+                tuple(read_item.lengths), dtype=md.properties.dtype, device=self.device
+            )
         return target
 
     def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
@@ -98,7 +100,7 @@ def restore_shard(storage: Storage, ref: CheckpointRef, ctx: RestoreContext, sha
     result.state = dict(planner.state_dict)
     for (fqn, offsets), tensor in planner.chunks.items():
         md = metadata.state_dict_metadata[fqn]
-        if tuple(tensor.shape) == tuple(md.size):  # type: ignore[union-attr]
+        if tuple(tensor.shape) == tuple(md.size):
             result.state[fqn] = tensor
         else:
             result.chunks.append((fqn, offsets, tensor))

@@ -49,7 +49,7 @@ class ChunkStorageMetadata:
     sizes: torch.Size
 
 
-class _MEM_FORMAT_ENCODING(Enum):  # noqa: N801 - DCP's name, as pickled
+class _MEM_FORMAT_ENCODING(Enum):
     TORCH_CONTIGUOUS_FORMAT = 0
     TORCH_CHANNELS_LAST = 1
     TORCH_PRESERVE_FORMAT = 2
@@ -91,7 +91,7 @@ class StorageMeta:
 
 
 @dataclass
-class _StorageInfo:  # noqa: N801 - DCP's name, as pickled
+class _StorageInfo:
     relative_path: str
     offset: int
     length: int
@@ -134,7 +134,10 @@ MIRRORS: dict[tuple[str, str], Any] = {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,
     (_PLANNER, "LoadItemType"): LoadItemType,
     (_PLANNER, "WriteItemType"): WriteItemType,
-    **{(_PLANNER, n): _plan_class(n) for n in ("SavePlan", "WriteItem", "TensorWriteData", "BytesIOWriteData", "LoadPlan", "ReadItem")},
+    **{
+        (_PLANNER, n): _plan_class(n)
+        for n in ("SavePlan", "WriteItem", "TensorWriteData", "BytesIOWriteData", "LoadPlan", "ReadItem")
+    },
 }
 
 
@@ -189,7 +192,11 @@ def check_metadata(md: Any) -> None:
     for index, info in data.items():
         if not isinstance(getattr(index, "fqn", None), str) or not (index.offset is None or _ints(index.offset)):
             raise ValueError(f"a storage key is malformed ({index!r:.80})")
-        path, offset, length = getattr(info, "relative_path", None), getattr(info, "offset", None), getattr(info, "length", None)
+        path, offset, length = (
+            getattr(info, "relative_path", None),
+            getattr(info, "offset", None),
+            getattr(info, "length", None),
+        )
         if not isinstance(path, str) or not _ints((offset, length)):
             raise ValueError(f"the storage entry of {index.fqn} is malformed ({info!r:.80})")
 
@@ -202,7 +209,12 @@ def _check_tensor(fqn: str, md: Any) -> None:
         raise ValueError(f"{fqn} has a malformed size or chunk list")
     for chunk in md.chunks:
         offsets, sizes = getattr(chunk, "offsets", None), getattr(chunk, "sizes", None)
-        if not (_ints(offsets) and _ints(sizes)) or not len(offsets) == len(sizes) == len(md.size):
+        if (
+            offsets is None
+            or sizes is None
+            or not (_ints(offsets) and _ints(sizes))
+            or not len(offsets) == len(sizes) == len(md.size)
+        ):
             raise ValueError(f"{fqn} has a malformed chunk")
 
 
@@ -248,7 +260,11 @@ def read_items(metadata: Any, files: set[str] | None = None) -> list[ReadItem]:
                 info = data.get(index)
                 if info is not None and (files is None or info.relative_path in files):
                     zeros = torch.Size([0] * len(chunk.sizes))
-                    items.append(ReadItem(LoadItemType.TENSOR, index, index, torch.Size(chunk.offsets), zeros, torch.Size(chunk.sizes)))
+                    items.append(
+                        ReadItem(
+                            LoadItemType.TENSOR, index, index, torch.Size(chunk.offsets), zeros, torch.Size(chunk.sizes)
+                        )
+                    )
         elif is_bytes(md):
             index = MetadataIndex(fqn)
             info = data.get(index)
@@ -260,7 +276,7 @@ def read_items(metadata: Any, files: set[str] | None = None) -> list[ReadItem]:
 
 def narrow(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
     """The view of ``tensor`` at ``offsets`` with ``lengths`` (DCP's chunk addressing)."""
-    for dim, (start, length) in enumerate(zip(offsets, lengths)):
+    for dim, (start, length) in enumerate(zip(offsets, lengths, strict=False)):
         if int(start) != 0 or int(length) != tensor.size(dim):
             tensor = tensor.narrow(dim, int(start), int(length))
     return tensor
@@ -274,4 +290,15 @@ def chunk_bytes(md: Any, lengths: Any) -> int:
     return math.prod(int(d) for d in lengths) * element_size(md.properties.dtype)
 
 
-__all__ = ["check_metadata", "Metadata", "MetadataIndex", "ReadItem", "is_byte_io", "is_bytes", "is_tensor", "load_metadata", "narrow", "read_items"]
+__all__ = [
+    "check_metadata",
+    "Metadata",
+    "MetadataIndex",
+    "ReadItem",
+    "is_byte_io",
+    "is_bytes",
+    "is_tensor",
+    "load_metadata",
+    "narrow",
+    "read_items",
+]

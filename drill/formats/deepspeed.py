@@ -83,24 +83,41 @@ class DeepSpeed(Format):
     label = "DeepSpeed (ZeRO 0–3)"
     marker = "mp_rank_00_model_states.pt"
 
-    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+    def recognize(
+        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+    ) -> CheckpointRef | IncompleteSave | None:
         models, optims = _files([e.name for e in entries if e.is_file])
         if not models and not optims:
             return None
         step = step_of(name)
         if not models:
-            return IncompleteSave(uri, name, step, "DeepSpeed optimizer partitions but no model states (mp_rank_00_model_states.pt): the save never finished")
-        for what, ranks in (("optimizer partition", optims), ("model states", {r: n for r, n in models.items() if r >= 0})):
+            return IncompleteSave(
+                uri,
+                name,
+                step,
+                "DeepSpeed optimizer partitions but no model states (mp_rank_00_model_states.pt): the save never finished",
+            )
+        for what, ranks in (
+            ("optimizer partition", optims),
+            ("model states", {r: n for r, n in models.items() if r >= 0}),
+        ):
             missing = _gap(ranks)
             if missing is not None and not _committed(storage, uri, name):
-                return IncompleteSave(uri, name, step, f"DeepSpeed {what} files of ranks up to {max(ranks)} but none of rank {missing}: the save never finished")
+                return IncompleteSave(
+                    uri,
+                    name,
+                    step,
+                    f"DeepSpeed {what} files of ranks up to {max(ranks)} but none of rank {missing}: the save never finished",
+                )
         newest = max(e.mtime for e in entries if e.is_file)
         return CheckpointRef(uri=uri, name=name, step=step, format=self.name, mtime=newest)
 
     def writers(self, sizes: dict[str, int]) -> list[int]:
         return sorted(_files(list(sizes))[1])
 
-    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+    def structure(
+        self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
+    ) -> Structure | None:
         from drill.formats import bundle
         from drill.formats.inert import load_inert
         from drill.integrity.reading import read_whole
@@ -114,7 +131,9 @@ class DeepSpeed(Format):
             states, _ = load_inert(read_whole(storage, storage.child(uri, first), sizes[first], hash=False).view)
         except Exception:  # noqa: BLE001 - its structure below says what is wrong with it
             states = None
-        proof = bundle.structure(storage, uri, sizes, [*models.values(), *optims.values()], {"zero_stage": _stage(models, optims)})
+        proof = bundle.structure(
+            storage, uri, sizes, [*models.values(), *optims.values()], {"zero_stage": _stage(models, optims)}
+        )
         assert proof is not None
         findings += proof[0] + missing_partitions(states, models, optims, check="integrity")
         return findings, proof[1]
@@ -129,7 +148,9 @@ class DeepSpeed(Format):
         models, optims = _files(list(sizes))
         result.layout = _layout(ref, _stage(models, optims))
         members = [Member(n, INERT, sizes[n]) for n in (*models.values(), *optims.values())]
-        restore_members(storage, ref.uri, members, ctx, result, lambda loaded: _canonical(loaded, models, optims, result))
+        restore_members(
+            storage, ref.uri, members, ctx, result, lambda loaded: _canonical(loaded, models, optims, result)
+        )
         return result
 
 
@@ -148,7 +169,11 @@ def _layout(ref: CheckpointRef, stage: int) -> Any:
         optimizer_keys="flat" if stage else "index",
         never_saved=dict(NEVER_SAVED),
         recognized=f"DeepSpeed ZeRO-{stage if stage != 1 else '1/2'}: "
-        + ("one model-states file and one flat fp32 optimizer partition per data-parallel rank" if stage else "model and optimizer in mp_rank_00_model_states.pt"),
+        + (
+            "one model-states file and one flat fp32 optimizer partition per data-parallel rank"
+            if stage
+            else "model and optimizer in mp_rank_00_model_states.pt"
+        ),
         save_hint="DeepSpeed's save_checkpoint writes it on every rank: was a rank's file deleted, or the save cut short?",
     )
     if ref.step is not None:
@@ -162,7 +187,9 @@ def _zero_stage(states: Any) -> int | None:
     return _int(zero.get("stage")) if isinstance(zero, dict) else None
 
 
-def missing_partitions(states: Any, models: Mapping[int, str], optims: Mapping[int, str], *, check: str) -> list[Finding]:
+def missing_partitions(
+    states: Any, models: Mapping[int, str], optims: Mapping[int, str], *, check: str
+) -> list[Finding]:
     """The files ``dp_world_size`` and the ZeRO stage (in the model states) say every rank wrote, that are not there."""
     world = _int(states.get("dp_world_size")) if isinstance(states, dict) else None
     partitioned = bool(optims) or (_zero_stage(states) or 0) >= 1
@@ -173,7 +200,15 @@ def missing_partitions(states: Any, models: Mapping[int, str], optims: Mapping[i
     for rank in range(world):
         if partitioned and rank not in optims:
             name = re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{rank}_", sample)
-            out.append(_missing(check, name, rank, world, "its flat fp32 partition of every parameter and the optimizer moments for it"))
+            out.append(
+                _missing(
+                    check,
+                    name,
+                    rank,
+                    world,
+                    "its flat fp32 partition of every parameter and the optimizer moments for it",
+                )
+            )
         if any(r >= 0 for r in models) and rank not in models:
             name = re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{rank}_", models[min(r for r in models if r >= 0)])
             out.append(_missing(check, name, rank, world, "its model states"))
@@ -203,14 +238,19 @@ def _int(value: Any) -> int | None:
 
 
 # -- the canonical view -----------------------------------------------------------------------
-def _canonical(loaded: dict[str, Any], models: Mapping[int, str], optims: Mapping[int, str], result: RestoreResult) -> dict[str, Any]:
+def _canonical(
+    loaded: dict[str, Any], models: Mapping[int, str], optims: Mapping[int, str], result: RestoreResult
+) -> dict[str, Any]:
     from drill.formats.canonical import flatten
 
     layout = result.layout
     state: dict[str, Any] = {}
     first = loaded.get(models[min(models)]) if models else None
     if not isinstance(first, dict):
-        result.metadata_error = result.metadata_error or f"{models.get(min(models), 'mp_rank_00_model_states.pt') if models else 'mp_rank_00_model_states.pt'} could not be loaded: nothing is known of the save"
+        result.metadata_error = (
+            result.metadata_error
+            or f"{models.get(min(models), 'mp_rank_00_model_states.pt') if models else 'mp_rank_00_model_states.pt'} could not be loaded: nothing is known of the save"
+        )
         result.index_file = models[min(models)] if models else None
         return state
     _engine_state(first, state)
@@ -221,7 +261,11 @@ def _canonical(loaded: dict[str, Any], models: Mapping[int, str], optims: Mappin
         layout.optimizer_keys = "flat"  # the ZeRO stage it was saved with, whatever files are left
     world = _int(first.get("dp_world_size"))
     layout.saved_ranks = list(range(world)) if world else sorted(optims)
-    layout.missing_files = {f.subject: f.message.split(": ", 1)[1] for f in missing_partitions(first, models, optims, check="files") if f.subject}
+    layout.missing_files = {
+        f.subject: f.message.split(": ", 1)[1]
+        for f in missing_partitions(first, models, optims, check="files")
+        if f.subject
+    }
     if first.get("optimizer") is not None:  # ZeRO 0: a torch optimizer's state dict, keyed by index
         flatten(first["optimizer"], parts.OPTIMIZER, state)
     partitions = {r: _partition(loaded.get(n)) for r, n in optims.items() if isinstance(loaded.get(n), dict)}
@@ -233,7 +277,9 @@ def _canonical(loaded: dict[str, Any], models: Mapping[int, str], optims: Mappin
             flatten({"param_groups": groups["param_groups"]}, parts.OPTIMIZER, state)
     shapes = _param_shapes(first)
     layout.flat_groups = [sum(math.prod(s) for s in group.values()) for group in shapes]
-    steps = [s for groups in partitions.values() for slots in groups["slots"] if (s := _int(slots.get("step"))) is not None]
+    steps = [
+        s for groups in partitions.values() for slots in groups["slots"] if (s := _int(slots.get("step"))) is not None
+    ]
     if steps:
         layout.step_counters["optimizer step"] = max(steps)
     if any(r >= 0 for r in models) and world and len(partitions) == world:
@@ -259,7 +305,11 @@ def _engine_state(first: dict[str, Any], state: dict[str, Any]) -> None:
     for key, canonical in (("global_steps", "step"), ("global_samples", "samples"), ("skipped_steps", "skipped_steps")):
         if key in first:
             state[f"{parts.TRAIN_STATE}.{canonical}"] = first[key]
-    lbi = _int((first.get("lr_scheduler") or {}).get("last_batch_iteration")) if isinstance(first.get("lr_scheduler"), Mapping) else None
+    lbi = (
+        _int((first.get("lr_scheduler") or {}).get("last_batch_iteration"))
+        if isinstance(first.get("lr_scheduler"), Mapping)
+        else None
+    )
     if lbi is not None:
         state[f"{parts.EXTRA}.lr_scheduler_steps"] = lbi + 1
     for key in ("ds_config", "ds_version", "dp_world_size", "mp_world_size"):
@@ -274,7 +324,7 @@ def _partition(obj: Any) -> dict[str, Any]:
     base = osd.get("base_optimizer_state") if "base_optimizer_state" in osd else osd.get("optimizer_state_dict")
     base = base if isinstance(base, dict) else {}
     flat = osd.get("single_partition_of_fp32_groups", osd.get("fp32_flat_groups")) or []
-    moments = base.get("state") if isinstance(base.get("state"), dict) else {}
+    moments: dict[Any, Any] = base["state"] if isinstance(base.get("state"), dict) else {}
     groups = []
     for g in range(max(len(flat), len(moments))):
         slots = {k: v for k, v in (moments.get(g) or {}).items()} if isinstance(moments.get(g), dict) else {}
@@ -290,14 +340,20 @@ def _param_shapes(first: dict[str, Any]) -> list[dict[str, tuple[int, ...]]]:
     return [{str(k): tuple(int(d) for d in v) for k, v in g.items()} for g in groups if isinstance(g, Mapping)]
 
 
-def _zero3_weights(shapes: list[dict[str, tuple[int, ...]]], partitions: dict[int, dict[str, Any]], world: int, state: dict[str, Any]) -> None:
+def _zero3_weights(
+    shapes: list[dict[str, tuple[int, ...]]], partitions: dict[int, dict[str, Any]], world: int, state: dict[str, Any]
+) -> None:
     """ZeRO-3 splits each parameter over the ranks (padded to a multiple of the world size):
     the weights are the ranks' slices side by side, as ``zero_to_fp32`` rebuilds them."""
     import torch
 
     flats = []
     for rank in range(world):
-        pieces = [slots["fp32"].reshape(-1) for slots in partitions[rank]["slots"] if isinstance(slots.get("fp32"), torch.Tensor)]
+        pieces = [
+            slots["fp32"].reshape(-1)
+            for slots in partitions[rank]["slots"]
+            if isinstance(slots.get("fp32"), torch.Tensor)
+        ]
         flats.append(torch.cat(pieces) if pieces else torch.empty(0))
     offset = 0
     for group in shapes:
@@ -306,7 +362,9 @@ def _zero3_weights(shapes: list[dict[str, tuple[int, ...]]], partitions: dict[in
             part = math.ceil(numel / world)
             if any(f.numel() < offset + part for f in flats):
                 return  # the partitions are shorter than the shapes: the contract check says so
-            state[f"{parts.MODEL}.{name}"] = torch.cat([f[offset : offset + part] for f in flats])[:numel].reshape(shape)
+            state[f"{parts.MODEL}.{name}"] = torch.cat([f[offset : offset + part] for f in flats])[:numel].reshape(
+                shape
+            )
             offset += part
 
 

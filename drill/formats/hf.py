@@ -13,15 +13,23 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from drill import parts
+from drill import formats, parts
 from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave, step_of
 from drill.findings import Finding, Severity
-from drill import formats
-from drill.formats.base import Format, RestoreContext, Structure, check_budget, one_line, read_file, restore_nested, tally
+from drill.formats.base import (
+    Format,
+    RestoreContext,
+    Structure,
+    check_budget,
+    one_line,
+    read_file,
+    restore_nested,
+    tally,
+)
 from drill.formats.canonical import Layout, flatten, inventory
 from drill.integrity.structure import safetensors_structure, zip_structure
 from drill.restore import ItemFailure, RestoreResult
@@ -29,7 +37,14 @@ from drill.storage import Entry, Storage
 
 TRAINER_STATE = "trainer_state.json"
 TRAINING_ARGS = "training_args.bin"
-EXPORT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "config.json", TRAINER_STATE, TRAINING_ARGS)
+EXPORT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "config.json",
+    TRAINER_STATE,
+    TRAINING_ARGS,
+)
 """What Hugging Face's ``save_model``/``save_state`` leave at the top of an output directory."""
 RESUME_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth")
 _RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
@@ -45,7 +60,11 @@ def _part_of(name: str) -> tuple[str, int | None] | None:
         return parts.LR_SCHEDULER, None
     if m := _RNG.match(name):
         return parts.RNG, int(m.group(1)) if m.group(1) is not None else None
-    if name.endswith(".safetensors") or name in ("pytorch_model.bin",) or re.match(r"^pytorch_model-\d+-of-\d+\.bin$", name):
+    if (
+        name.endswith(".safetensors")
+        or name in ("pytorch_model.bin",)
+        or re.match(r"^pytorch_model-\d+-of-\d+\.bin$", name)
+    ):
         return parts.MODEL, None
     return None
 
@@ -71,29 +90,44 @@ class HFTrainer(Format):
     label = "Hugging Face Trainer"
     marker = TRAINER_STATE
 
-    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+    def recognize(
+        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+    ) -> CheckpointRef | IncompleteSave | None:
         state = next((e for e in entries if e.name == TRAINER_STATE and e.is_file), None)
         if state is not None:
             return CheckpointRef(uri=uri, name=name, step=step_of(name), format=self.name, mtime=state.mtime)
         if _CHECKPOINT.match(name) and any(_part_of(e.name) or e.name == TRAINING_ARGS for e in entries):
-            return IncompleteSave(uri, name, step_of(name), f"the Trainer writes {TRAINER_STATE} after the weights, optimizer and RNG states, and it is missing: the save never finished")
+            return IncompleteSave(
+                uri,
+                name,
+                step_of(name),
+                f"the Trainer writes {TRAINER_STATE} after the weights, optimizer and RNG states, and it is missing: the save never finished",
+            )
         return None
 
     def is_export(self, ref: CheckpointRef, entries: list[Entry]) -> bool:
         """trainer_state.json but no step in the name and none of the files a resume reads:
         ``save_model``/``save_state`` output."""
         names = {e.name for e in entries}
-        return ref.step is None and not (names & set(RESUME_FILES)) and not any(n.startswith("rng_state") for n in names)
+        return (
+            ref.step is None and not (names & set(RESUME_FILES)) and not any(n.startswith("rng_state") for n in names)
+        )
 
     def exports(self, entries: list[Entry]) -> list[str]:
         return sorted(e.name for e in entries if e.is_file and e.name in EXPORT_FILES)
 
-    def pointers(self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery) -> list[tuple[str, str]]:
+    def pointers(
+        self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery
+    ) -> list[tuple[str, str]]:
         """``get_last_checkpoint``: the highest ``checkpoint-N`` directory, complete or not."""
-        named = [(s, c.name) for c in [*found.checkpoints, *found.incomplete] if c.name.startswith("checkpoint-") and (s := step_of(c.name)) is not None]
+        named = [
+            (s, c.name) for c in found.saves if c.name.startswith("checkpoint-") and (s := step_of(c.name)) is not None
+        ]
         return [("Hugging Face's get_last_checkpoint", max(named)[1])] if named else []
 
-    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+    def structure(
+        self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
+    ) -> Structure | None:
         from drill.formats.base import nested_structure
 
         proof = structure(storage, uri, sizes, allow_classes)
@@ -101,7 +135,13 @@ class HFTrainer(Format):
         if not any(_RNG.match(p) for p in sizes) and (set(sizes) & {"optimizer.pt", "scheduler.pt"} or subdirs):
             from drill.integrity.structure import NAME
 
-            missing = Finding(check=NAME, code="file-missing", severity=Severity.ERROR, subject="rng_state.pth", message=f"rng_state.pth is missing: {RNG_NEEDED}")
+            missing = Finding(
+                check=NAME,
+                code="file-missing",
+                severity=Severity.ERROR,
+                subject="rng_state.pth",
+                message=f"rng_state.pth is missing: {RNG_NEEDED}",
+            )
             proof = (proof[0] + [missing], proof[1]) if proof is not None else ([missing], {})
         for subdir, fmt in formats.nested(storage, uri, [e for e in storage.list(uri) if e.name in subdirs]):
             sub = nested_structure(fmt, storage, uri, subdir, sizes, allow_classes)
@@ -116,7 +156,9 @@ class HFTrainer(Format):
         result = RestoreResult(uri=ref.uri, format=self.name, device=str(ctx.device))
         entries = {e.name: e for e in storage.list(ref.uri) if e.is_file}
         names = _resumed_from(entries)
-        check_budget(sum(entries[n].size for n in names if n != TRAINING_ARGS), ctx)  # the files hold at most their own bytes
+        check_budget(
+            sum(entries[n].size for n in names if n != TRAINING_ARGS), ctx
+        )  # the files hold at most their own bytes
         ctx.progress.phase("read", total_bytes=sum(entries[n].size for n in names))
         got = _Read()
         for name in names:
@@ -132,13 +174,19 @@ class HFTrainer(Format):
                 reason = f"refused to unpickle: it names {exc}, outside the allow-list; nothing in it was executed"
                 result.failures.append(ItemFailure(name, name, reason, code="unsafe-pickle"))
             except Exception as exc:  # noqa: BLE001 - a damaged file is evidence
-                code, reason = load_failure(exc) if "Weights only" in str(exc) else (getattr(exc, "code", "entry-not-loaded"), one_line(exc))
+                code, reason = (
+                    load_failure(exc)
+                    if "Weights only" in str(exc)
+                    else (getattr(exc, "code", "entry-not-loaded"), one_line(exc))
+                )
                 result.failures.append(ItemFailure(name, name, reason, code=code))
             finally:
                 result.load_seconds += time.perf_counter() - started
         _train_state(got)
         result.layout = _layout(ref, got)
-        if not any(_RNG.match(n) for n in entries) and (set(entries) & {"optimizer.pt", "scheduler.pt"} or storage_has_nested(storage, ref.uri)):
+        if not any(_RNG.match(n) for n in entries) and (
+            set(entries) & {"optimizer.pt", "scheduler.pt"} or storage_has_nested(storage, ref.uri)
+        ):
             result.layout.missing_files["rng_state.pth"] = RNG_NEEDED
         result.structure = (got.structure, {"files": len(names)})
         for subdir, fmt in formats.nested(storage, ref.uri, storage.list(ref.uri)):
@@ -154,7 +202,9 @@ def storage_has_nested(storage: Storage, uri: str) -> bool:
     return any(e.is_dir for e in storage.list(uri))
 
 
-def _merge_nested(subdir: str, fmt: Format, sub: RestoreResult, storage: Storage, got: _Read, result: RestoreResult) -> None:
+def _merge_nested(
+    subdir: str, fmt: Format, sub: RestoreResult, storage: Storage, got: _Read, result: RestoreResult
+) -> None:
     """A checkpoint the Trainer had another library write inside its own (DeepSpeed's
     ``global_stepN/``: the optimizer's partitions and the scheduler, which the Trainer then does
     not save as optimizer.pt and scheduler.pt): the parts the Trainer's files lack come from it."""
@@ -179,9 +229,13 @@ def _merge_nested(subdir: str, fmt: Format, sub: RestoreResult, storage: Storage
         layout.step_counters[f"{subdir} {fmt.label} step"] = step
     layout.missing_files.update({f"{subdir}/{n}": why for n, why in theirs.missing_files.items()})
     layout.notes += theirs.notes
-    proof = fmt.restored_structure(sub, storage, sub.uri, {f.relative_path[len(subdir) + 1 :]: f.size for f in sub.files if f.size is not None})
+    proof = fmt.restored_structure(
+        sub, storage, sub.uri, {f.relative_path[len(subdir) + 1 :]: f.size for f in sub.files if f.size is not None}
+    )
     if proof is not None:
-        result.structure[0].extend(replace(f, subject=f"{subdir}/{f.subject}") if f.subject and "/" not in f.subject else f for f in proof[0])
+        result.structure[0].extend(
+            replace(f, subject=f"{subdir}/{f.subject}") if f.subject and "/" not in f.subject else f for f in proof[0]
+        )
         result.structure[1][subdir] = proof[1]
 
 
@@ -200,7 +254,9 @@ def _resumed_from(names: Any) -> list[str]:
     return sorted(n for n in names if _part_of(n) or n in (TRAINER_STATE, TRAINING_ARGS))
 
 
-def structure(storage: Storage, uri: str, sizes: Mapping[str, int], allow_classes: tuple[str, ...] = ()) -> tuple[list[Finding], dict[str, Any]] | None:
+def structure(
+    storage: Storage, uri: str, sizes: Mapping[str, int], allow_classes: tuple[str, ...] = ()
+) -> tuple[list[Finding], dict[str, Any]] | None:
     """The structural proof of an unsealed Trainer checkpoint without loading it: every file a
     resume reads, checked as the restore checks it; None when it holds no file with a
     structure to check (nothing would be proven)."""
@@ -216,7 +272,15 @@ def structure(storage: Storage, uri: str, sizes: Mapping[str, int], allow_classe
             view = read_whole(storage, storage.child(uri, name), sizes[name], hash=False).view
         except (OSError, EOFError) as exc:
             why, _ = describe_read_error(exc)
-            findings.append(Finding(check=NAME, code="file-unreadable", severity=Severity.ERROR, subject=name, message=f"{name} cannot be read ({why})"))
+            findings.append(
+                Finding(
+                    check=NAME,
+                    code="file-unreadable",
+                    severity=Severity.ERROR,
+                    subject=name,
+                    message=f"{name} cannot be read ({why})",
+                )
+            )
             continue
         findings += _file_structure(name, view)
     return findings, {"files": len(names)}
@@ -278,7 +342,9 @@ def _layout(ref: CheckpointRef, got: _Read) -> Layout:
     if ref.step is not None:
         layout.step_counters["directory name"] = ref.step
     if got.training_args is None:
-        layout.notes.append(f"{TRAINING_ARGS} could not be read for its seeds; the data order is taken to follow the run's seed")
+        layout.notes.append(
+            f"{TRAINING_ARGS} could not be read for its seeds; the data order is taken to follow the run's seed"
+        )
     return layout
 
 

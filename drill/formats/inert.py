@@ -88,7 +88,10 @@ class _Module:
 
         class Unpickler(pickle.Unpickler):
             def find_class(self, module: str, name: str) -> Any:
-                if (module, name) in SAFE or (module == "torch" and (name.endswith("Storage") or isinstance(getattr(torch, name, None), torch.dtype))):
+                if (module, name) in SAFE or (
+                    module == "torch"
+                    and (name.endswith("Storage") or isinstance(getattr(torch, name, None), torch.dtype))
+                ):
                     return super().find_class(module, name)
                 if module == "numpy.dtypes" and name.endswith("DType"):  # never a prefix: numpy_evil is not numpy
                     return super().find_class(module, name)
@@ -112,7 +115,9 @@ def load_inert(data: bytes | memoryview, map_location: Any = "cpu") -> tuple[Any
         raise ValueError("not a torch.save zip archive (side files are written with torch.save's default format)")
     check_archive(memoryview(data))  # no code torch.load would hand to torch.jit.load, no zip bomb
     # weights_only=False hands unpickling to the pickle_module: drill's own allow-list above.
-    obj = torch.load(io.BytesIO(bytes(data)), map_location=map_location, weights_only=False, pickle_module=_Module(seen))  # type: ignore[arg-type]
+    obj = torch.load(
+        io.BytesIO(bytes(data)), map_location=map_location, weights_only=False, pickle_module=_Module(seen)
+    )
     return obj, seen
 
 

@@ -32,10 +32,27 @@ from typing import Any
 from drill import parts
 from drill.formats.canonical import flatten
 
-SLOTS = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step", "fp32_param", "momentum_buffer", "square_avg", "acc_delta", "sum"})
+SLOTS = frozenset(
+    {
+        "exp_avg",
+        "exp_avg_sq",
+        "max_exp_avg_sq",
+        "step",
+        "fp32_param",
+        "momentum_buffer",
+        "square_avg",
+        "acc_delta",
+        "sum",
+    }
+)
 _NUMBERED_OPT = re.compile(r"^optimizer_(\d+)\.")
 _MEGATRON_RNG = re.compile(r"^rng_state/shard_([\d.]+)_([\d.]+)$")
-MEGATRON_RNG_NAMES = {"random_rng_state": "python", "np_rng_state": "numpy", "torch_rng_state": "torch", "cuda_rng_state": "cuda"}
+MEGATRON_RNG_NAMES = {
+    "random_rng_state": "python",
+    "np_rng_state": "numpy",
+    "torch_rng_state": "torch",
+    "cuda_rng_state": "cuda",
+}
 KNOWN_HEADS = frozenset(parts.CANONICAL_PARTS) | {"extra"}
 _MEGATRON_DIR = re.compile(r"^iter_\d{7}$")
 SIDE_FILES = {
@@ -72,7 +89,9 @@ def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
         return Recognized(
             "Megatron torch_dist",
             "common.pt and metadata.json beside the shards; optimizer state keyed optimizer.state.<slot>.<param>",
-            never_saved={parts.DATALOADER: "Megatron-LM rebuilds the data position from the iteration and args.consumed_train_samples"},
+            never_saved={
+                parts.DATALOADER: "Megatron-LM rebuilds the data position from the iteration and args.consumed_train_samples"
+            },
             side_files=("common.pt", "metadata.json"),
             scheduler_per_step=False,
             items=_megatron,
@@ -81,7 +100,9 @@ def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
         return Recognized(
             "Lightning FSDP sharded",
             "a .ckpt directory of DCP shards with meta.pt; optimizers numbered optimizer_0…",
-            never_saved={parts.RNG: "Lightning does not checkpoint RNG state (seed_everything seeds a resumed run afresh)"},
+            never_saved={
+                parts.RNG: "Lightning does not checkpoint RNG state (seed_everything seeds a resumed run afresh)"
+            },
             loader_shuffles=None,
             side_files=("meta.pt",),
             scheduler_per_step=False,  # Lightning steps schedulers once per epoch unless configured per step
@@ -289,4 +310,12 @@ def lightning_steps(state: dict[str, Any]) -> dict[str, int]:
     return {}
 
 
-__all__ = ["SIDE_FILES", "Recognized", "canonical_items", "lightning_steps", "optimizer_params", "recognize", "side_items"]
+__all__ = [
+    "SIDE_FILES",
+    "Recognized",
+    "canonical_items",
+    "lightning_steps",
+    "optimizer_params",
+    "recognize",
+    "side_items",
+]

@@ -15,7 +15,7 @@ import re
 import struct
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 
@@ -72,7 +72,9 @@ def check_archive(view: memoryview) -> int:
             raise UnsafePickle(CODE_ARCHIVE)
     compressed = [i.filename for i in infos if i.compress_type != zipfile.ZIP_STORED]
     if compressed:
-        raise UnboundedArchive(f"record {compressed[0]} is compressed ({len(compressed)} of {len(infos)}): torch.save never compresses, and an inflated record is unbounded; not loaded")
+        raise UnboundedArchive(
+            f"record {compressed[0]} is compressed ({len(compressed)} of {len(infos)}): torch.save never compresses, and an inflated record is unbounded; not loaded"
+        )
     return sum(i.file_size for i in infos)
 
 
@@ -90,7 +92,10 @@ def load_failure(exc: BaseException) -> tuple[str, str]:
     text = str(exc)
     named = _GLOBAL.search(text)
     if named:
-        return "unsafe-pickle", f"refused to unpickle: it names {named.group(1)}, outside the allow-list; nothing was executed"
+        return (
+            "unsafe-pickle",
+            f"refused to unpickle: it names {named.group(1)}, outside the allow-list; nothing was executed",
+        )
     detail = _REASON.search(text)
     why = " ".join(detail.group(1).split()) if detail else (text.strip().splitlines() or [type(exc).__name__])[0]
     return "entry-not-loaded", f"the bytes do not unpickle ({why}): damaged or truncated"
@@ -132,8 +137,8 @@ def load_torch(view: memoryview, allow: Iterable[str] = (), map_location: Any = 
     check_archive(view)
     try:
         with torch.serialization.safe_globals(resolve_globals(allow)):
-            return torch.load(ViewReader(view), map_location=map_location, weights_only=True)
-    except Exception as exc:  # noqa: BLE001
+            return torch.load(cast("IO[bytes]", ViewReader(view)), map_location=map_location, weights_only=True)
+    except Exception as exc:
         named = _GLOBAL.search(str(exc))
         if named:
             raise UnsafePickle(named.group(1)) from None
@@ -173,7 +178,9 @@ def load_safetensors(view: memoryview, device: torch.device) -> dict[str, torch.
             raise ValueError(f"tensor {name!r}: unsupported dtype {meta.get('dtype')!r} or bad shape {shape!r}")
         need = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         if end - begin != need or base + end > len(view):
-            raise ValueError(f"tensor {name!r}: {shape} {meta.get('dtype')} needs {need} bytes, its span is {begin}..{end} of {len(view) - base}")
+            raise ValueError(
+                f"tensor {name!r}: {shape} {meta.get('dtype')} needs {need} bytes, its span is {begin}..{end} of {len(view) - base}"
+            )
         raw = view[base + begin : base + end]
         with warnings.catch_warnings():
             # The buffer is read-only; the tensor is copied off it at once, never written.

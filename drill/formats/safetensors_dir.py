@@ -39,24 +39,35 @@ class SafetensorsDir(Format):
     label = "safetensors weights (DCP's HuggingFaceStorageWriter, save_pretrained)"
     marker = "model.safetensors.index.json"
 
-    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+    def recognize(
+        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+    ) -> CheckpointRef | IncompleteSave | None:
         files = {e.name: e for e in entries if e.is_file}
         index = next((e for n, e in files.items() if INDEX.match(n)), None)
         if index is not None:
             return CheckpointRef(uri=uri, name=name, step=step_of(name), format=self.name, mtime=index.mtime)
         if any(SHARD.match(n) for n in files) and step_of(name) is not None:
-            return IncompleteSave(uri, name, step_of(name), "safetensors shards but no model.safetensors.index.json, which is written after them: the save never finished")
+            return IncompleteSave(
+                uri,
+                name,
+                step_of(name),
+                "safetensors shards but no model.safetensors.index.json, which is written after them: the save never finished",
+            )
         return None
 
     def is_export(self, ref: CheckpointRef, entries: list[Entry]) -> bool:
         return ref.step is None  # save_pretrained's output: a model, not a step's checkpoint
 
-    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+    def structure(
+        self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
+    ) -> Structure | None:
         from drill.formats import bundle
         from drill.integrity.reading import read_whole
 
         index = next((p for p in sizes if INDEX.match(p)), None)
-        weight_map = _weight_map(read_whole(storage, storage.child(uri, index), sizes[index], hash=False).view) if index else {}
+        weight_map = (
+            _weight_map(read_whole(storage, storage.child(uri, index), sizes[index], hash=False).view) if index else {}
+        )
         shards = sorted({p for p in sizes if p.endswith(".safetensors") and "/" not in p} | set(weight_map.values()))
         proof = bundle.structure(storage, uri, sizes, shards)
         findings, evidence = proof if proof is not None else ([], {})
@@ -72,7 +83,14 @@ class SafetensorsDir(Format):
         result.layout = self.layout(ref)
         sizes = {e.name: e.size for e in storage.list(ref.uri) if e.is_file}
         members = self.members(sizes)
-        restore_members(storage, ref.uri, members, ctx, result, lambda loaded: self.canonical(loaded, sizes, result, storage, ref, ctx))
+        restore_members(
+            storage,
+            ref.uri,
+            members,
+            ctx,
+            result,
+            lambda loaded: self.canonical(loaded, sizes, result, storage, ref, ctx),
+        )
         return result
 
     # -- what a subclass (torchtune) builds on ------------------------------------------------
@@ -94,7 +112,15 @@ class SafetensorsDir(Format):
             layout.step_counters["directory name"] = ref.step
         return layout
 
-    def canonical(self, loaded: dict[str, Any], sizes: dict[str, int], result: RestoreResult, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> dict[str, Any]:
+    def canonical(
+        self,
+        loaded: dict[str, Any],
+        sizes: dict[str, int],
+        result: RestoreResult,
+        storage: Storage,
+        ref: CheckpointRef,
+        ctx: RestoreContext,
+    ) -> dict[str, Any]:
         state: dict[str, Any] = {}
         index = next((p for p in loaded if INDEX.match(p)), None)
         weight_map = _clean_map(loaded.get(index)) if index else {}
@@ -112,7 +138,11 @@ class SafetensorsDir(Format):
     @staticmethod
     def _missing_shards(weight_map: dict[str, str], sizes: dict[str, int], index: str | None) -> list[Finding]:
         return [
-            _finding("file-missing", shard, f"{shard} is missing: {index} places {sum(1 for v in weight_map.values() if v == shard)} tensor(s) in it")
+            _finding(
+                "file-missing",
+                shard,
+                f"{shard} is missing: {index} places {sum(1 for v in weight_map.values() if v == shard)} tensor(s) in it",
+            )
             for shard in sorted(set(weight_map.values()))
             if shard not in sizes
         ]
@@ -130,7 +160,11 @@ def _clean_map(doc: Any) -> dict[str, str]:
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict):
         return {}
-    return {str(k): v for k, v in wm.items() if isinstance(v, str) and "/" not in v and "\\" not in v and v not in ("", ".", "..")}
+    return {
+        str(k): v
+        for k, v in wm.items()
+        if isinstance(v, str) and "/" not in v and "\\" not in v and v not in ("", ".", "..")
+    }
 
 
 def _header(storage: Storage, uri: str, shard: str, sizes: dict[str, int]) -> set[str] | None:
@@ -162,7 +196,13 @@ def _against_headers(weight_map: dict[str, str], header_of: Any) -> list[Finding
             continue  # missing or unreadable: said already
         absent = sorted(t for t in tensors if t not in names)
         if absent:
-            out.append(_finding("index-mismatch", shard, f"the index places {len(absent)} tensor(s) in {shard} that it does not hold ({', '.join(absent[:3])}{'…' if len(absent) > 3 else ''}): a load would fail"))
+            out.append(
+                _finding(
+                    "index-mismatch",
+                    shard,
+                    f"the index places {len(absent)} tensor(s) in {shard} that it does not hold ({', '.join(absent[:3])}{'…' if len(absent) > 3 else ''}): a load would fail",
+                )
+            )
     return out
 
 

@@ -102,7 +102,11 @@ def canonicalize(obj: Any) -> tuple[dict[str, Any], Layout]:
         return canonicalize_lightning(obj)
     if isinstance(obj, dict):
         return canonicalize_dict(obj)
-    other = Layout(format="torch-save", required=(parts.MODEL,), save_hint=f"the file holds a {type(obj).__name__}, not a state dict")
+    other = Layout(
+        format="torch-save",
+        required=(parts.MODEL,),
+        save_hint=f"the file holds a {type(obj).__name__}, not a state dict",
+    )
     return {f"{parts.EXTRA}.object": obj}, other
 
 
@@ -116,12 +120,16 @@ class TorchSave(Format):
     def recognize_file(self, entry: Entry) -> CheckpointRef | None:
         if not (entry.is_file and entry.name.endswith(SINGLE_FILE_SUFFIXES) and entry.size > 0):
             return None
-        return CheckpointRef(uri=entry.uri, name=entry.name, step=step_of(entry.name), format=self.name, mtime=entry.mtime)
+        return CheckpointRef(
+            uri=entry.uri, name=entry.name, step=step_of(entry.name), format=self.name, mtime=entry.mtime
+        )
 
-    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+    def structure(
+        self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
+    ) -> Structure | None:
         from drill.integrity.reading import read_whole
 
-        (name, size), = sizes.items()
+        ((name, size),) = sizes.items()
         return zip_structure(read_whole(storage, uri, size, hash=False).view, name)
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:

@@ -49,33 +49,54 @@ class TorchSnapshot(Format):
     label = "torchsnapshot"
     marker = METADATA
 
-    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+    def recognize(
+        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+    ) -> CheckpointRef | IncompleteSave | None:
         meta = next((e for e in entries if e.name == METADATA and e.is_file), None)
         if meta is not None:
             return CheckpointRef(uri=uri, name=name, step=step_of(name), format=self.name, mtime=meta.mtime)
         dirs = {e.name for e in entries if e.is_dir}
-        if "batched" in dirs or ("0" in dirs and step_of(name) is not None and all(d.isdigit() or d in ("batched", "sharded") for d in dirs)):
-            return IncompleteSave(uri, name, step_of(name), f"torchsnapshot writes {METADATA} last, and it is missing: the snapshot never finished")
+        if "batched" in dirs or (
+            "0" in dirs and step_of(name) is not None and all(d.isdigit() or d in ("batched", "sharded") for d in dirs)
+        ):
+            return IncompleteSave(
+                uri,
+                name,
+                step_of(name),
+                f"torchsnapshot writes {METADATA} last, and it is missing: the snapshot never finished",
+            )
         return None
 
     def writers(self, sizes: dict[str, int]) -> list[int]:
         return sorted({int(p.split("/", 1)[0]) for p in sizes if p.split("/", 1)[0].isdigit()})
 
-    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+    def structure(
+        self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
+    ) -> Structure | None:
         from drill.formats.bundle import file_structure
         from drill.integrity.reading import read_whole
 
         if METADATA not in sizes:
             return None
-        doc, findings = _manifest(read_whole(storage, storage.child(uri, METADATA), sizes[METADATA], hash=False).view if sizes[METADATA] <= MAX_METADATA else None)
+        doc, findings = _manifest(
+            read_whole(storage, storage.child(uri, METADATA), sizes[METADATA], hash=False).view
+            if sizes[METADATA] <= MAX_METADATA
+            else None
+        )
         if doc is None:
             return findings, {"files": 1}
         spans, objects, problems = _layout(doc)
         findings += problems + _spans_against(spans, sizes)
         for path in sorted(objects):
             if path in sizes:
-                findings += file_structure(path, read_whole(storage, storage.child(uri, path), sizes[path], hash=False).view)
-        return findings, {"entries": len(doc["manifest"]), "files": len({p for p, *_ in spans} | objects), "world_size": doc.get("world_size")}
+                findings += file_structure(
+                    path, read_whole(storage, storage.child(uri, path), sizes[path], hash=False).view
+                )
+        return findings, {
+            "entries": len(doc["manifest"]),
+            "files": len({p for p, *_ in spans} | objects),
+            "world_size": doc.get("world_size"),
+        }
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
         """Read the manifest, then every file it names once; tensors are cut from their byte
@@ -100,7 +121,13 @@ def _finding(code: str, subject: str, message: str) -> Finding:
 
 def _manifest(view: Any) -> tuple[dict[str, Any] | None, list[Finding]]:
     if view is None:
-        return None, [_finding("metadata-unreadable", METADATA, f"{METADATA} cannot be read (or is over {MAX_METADATA >> 20} MiB): nothing in the snapshot can be located")]
+        return None, [
+            _finding(
+                "metadata-unreadable",
+                METADATA,
+                f"{METADATA} cannot be read (or is over {MAX_METADATA >> 20} MiB): nothing in the snapshot can be located",
+            )
+        ]
     try:
         doc = json.loads(bytes(view))
     except (ValueError, RecursionError):
@@ -111,7 +138,13 @@ def _manifest(view: Any) -> tuple[dict[str, Any] | None, list[Finding]]:
         except Exception:  # noqa: BLE001 - whatever it is, it is not a manifest
             doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("manifest"), dict):
-        return None, [_finding("metadata-unreadable", METADATA, f"{METADATA} is not a torchsnapshot manifest: nothing in the snapshot can be located")]
+        return None, [
+            _finding(
+                "metadata-unreadable",
+                METADATA,
+                f"{METADATA} is not a torchsnapshot manifest: nothing in the snapshot can be located",
+            )
+        ]
     return doc, []
 
 
@@ -141,7 +174,13 @@ def _dtype(name: Any) -> Any:
 
 def _safe(location: Any) -> str | None:
     """The location as a path inside the snapshot, or None when it would leave it."""
-    if not isinstance(location, str) or not location or location.startswith("/") or "\\" in location or "\x00" in location:
+    if (
+        not isinstance(location, str)
+        or not location
+        or location.startswith("/")
+        or "\\" in location
+        or "\x00" in location
+    ):
         return None
     norm = posixpath.normpath(location)
     return None if norm.startswith("..") or norm == "." else norm
@@ -154,28 +193,56 @@ def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[s
         if entry.get("type") == "object":
             path = _safe(entry.get("location"))
             if path is None:
-                problems.append(_finding("path-escapes", key, f"{key}: its location {entry.get('location')!r} leads out of the snapshot: never opened"))
+                problems.append(
+                    _finding(
+                        "path-escapes",
+                        key,
+                        f"{key}: its location {entry.get('location')!r} leads out of the snapshot: never opened",
+                    )
+                )
             else:
                 objects.add(path)
             continue
         for name, tensor, _ in _tensors(key, entry):
             path = _safe(tensor.get("location"))
             if path is None:
-                problems.append(_finding("path-escapes", name, f"{name}: its location {tensor.get('location')!r} leads out of the snapshot: never opened"))
+                problems.append(
+                    _finding(
+                        "path-escapes",
+                        name,
+                        f"{name}: its location {tensor.get('location')!r} leads out of the snapshot: never opened",
+                    )
+                )
                 continue
             if tensor.get("serializer") == "torch_save":
                 objects.add(path)
                 continue
             dtype, shape, span = _dtype(tensor.get("dtype")), tensor.get("shape"), tensor.get("byte_range")
             if dtype is None or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-                problems.append(_finding("metadata-implausible", name, f"{name}: dtype {tensor.get('dtype')!r} or shape {shape!r} is not a tensor's"))
+                problems.append(
+                    _finding(
+                        "metadata-implausible",
+                        name,
+                        f"{name}: dtype {tensor.get('dtype')!r} or shape {shape!r} is not a tensor's",
+                    )
+                )
                 continue
             import torch
 
             need = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-            begin, end = (span if isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span) else (0, need))
+            begin, end = (
+                span
+                if isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span)
+                else (0, need)
+            )
             if end - begin != need or begin < 0:
-                problems.append(_finding("metadata-implausible", name, f"{name}: {shape} {tensor.get('dtype')} needs {need} bytes, its range is {begin}..{end}"))
+                problems.append(
+                    _finding(
+                        "metadata-implausible",
+                        name,
+                        f"{name}: {shape} {tensor.get('dtype')} needs {need} bytes, its range is {begin}..{end}",
+                    )
+                )
                 continue
             spans.append((path, begin, end, name))
     return spans, objects, problems
@@ -187,9 +254,19 @@ def _spans_against(spans: list[tuple[str, int, int, str]], sizes: dict[str, int]
         if path not in sizes:
             if path not in missing:
                 missing.add(path)
-                out.append(_finding("file-missing", path, f"{path} is missing: the manifest places {name} (and perhaps more) in it"))
+                out.append(
+                    _finding(
+                        "file-missing", path, f"{path} is missing: the manifest places {name} (and perhaps more) in it"
+                    )
+                )
         elif end > sizes[path]:
-            out.append(_finding("entry-out-of-bounds", path, f"{name} lies at bytes {begin}..{end} of {path}, which holds only {sizes[path]} bytes: truncated"))
+            out.append(
+                _finding(
+                    "entry-out-of-bounds",
+                    path,
+                    f"{name} lies at bytes {begin}..{end} of {path}, which holds only {sizes[path]} bytes: truncated",
+                )
+            )
     return out
 
 
@@ -211,7 +288,14 @@ def _canonical_layout(ref: CheckpointRef) -> Any:
     return layout
 
 
-def _restore_entries(storage: Storage, ref: CheckpointRef, ctx: RestoreContext, result: RestoreResult, doc: dict[str, Any], findings: list[Finding]) -> None:
+def _restore_entries(
+    storage: Storage,
+    ref: CheckpointRef,
+    ctx: RestoreContext,
+    result: RestoreResult,
+    doc: dict[str, Any],
+    findings: list[Finding],
+) -> None:
     import time
 
     from drill.formats.base import check_budget, read_file, tally
@@ -232,8 +316,15 @@ def _restore_entries(storage: Storage, ref: CheckpointRef, ctx: RestoreContext, 
     result.load_seconds += time.perf_counter() - started
     from drill.formats.bundle import file_structure
 
-    structural = problems + _spans_against(spans, sizes) + [f for p in sorted(objects) if views.get(p) is not None for f in file_structure(p, views[p])]  # type: ignore[arg-type]
-    result.structure = (findings + structural, {"entries": len(doc["manifest"]), "files": len(files), "world_size": doc.get("world_size")})
+    structural = (
+        problems
+        + _spans_against(spans, sizes)
+        + [f for p in sorted(objects) if (v := views.get(p)) is not None for f in file_structure(p, v)]
+    )
+    result.structure = (
+        findings + structural,
+        {"entries": len(doc["manifest"]), "files": len(files), "world_size": doc.get("world_size")},
+    )
     result.state = _parts(state, doc)
     result.inventory = inventory(result.state)
     tally(result, result.state)
@@ -246,7 +337,14 @@ def _size(storage: Storage, ref: CheckpointRef, path: str) -> int:
         return 0
 
 
-def _value(key: str, entry: dict[str, Any], views: dict[str, Any], ctx: RestoreContext, result: RestoreResult, state: dict[str, Any]) -> None:
+def _value(
+    key: str,
+    entry: dict[str, Any],
+    views: dict[str, Any],
+    ctx: RestoreContext,
+    result: RestoreResult,
+    state: dict[str, Any],
+) -> None:
     kind = entry.get("type")
     if kind in ("int", "float", "bool", "str", "bytes"):
         state[key] = _primitive(kind, entry.get("serialized_value"))
@@ -310,9 +408,16 @@ def _tensor(key: str, entry: dict[str, Any], views: dict[str, Any], ctx: Restore
             continue
         if offsets is not None and len(offsets) == piece.dim():
             try:
-                whole[tuple(slice(o, o + s) for o, s in zip(offsets, piece.shape))] = piece
+                whole[tuple(slice(o, o + s) for o, s in zip(offsets, piece.shape, strict=False))] = piece
             except (RuntimeError, IndexError) as exc:
-                result.failures.append(ItemFailure(key, tensor.get("location"), f"a piece at {offsets} does not fit the tensor ({exc})", code="entry-not-loaded"))
+                result.failures.append(
+                    ItemFailure(
+                        key,
+                        tensor.get("location"),
+                        f"a piece at {offsets} does not fit the tensor ({exc})",
+                        code="entry-not-loaded",
+                    )
+                )
                 return None
     return whole
 
@@ -332,7 +437,14 @@ def _raw(name: str, tensor: dict[str, Any], views: dict[str, Any], ctx: RestoreC
     dtype, shape, span = _dtype(tensor.get("dtype")), tensor.get("shape"), tensor.get("byte_range")
     begin, end = span if isinstance(span, list) and len(span) == 2 else (0, len(view))
     if dtype is None or not isinstance(shape, list) or end > len(view) or begin < 0:
-        result.failures.append(ItemFailure(name, path, f"bytes {begin}..{end} of {path} ({len(view)} bytes) do not hold it", code="entry-out-of-bounds"))
+        result.failures.append(
+            ItemFailure(
+                name,
+                path,
+                f"bytes {begin}..{end} of {path} ({len(view)} bytes) do not hold it",
+                code="entry-out-of-bounds",
+            )
+        )
         return None
     try:
         with warnings.catch_warnings():
@@ -340,7 +452,14 @@ def _raw(name: str, tensor: dict[str, Any], views: dict[str, Any], ctx: RestoreC
             raw = torch.frombuffer(view[begin:end], dtype=dtype) if end > begin else torch.empty(0, dtype=dtype)
         return raw.reshape(shape).to(ctx.device, copy=True)
     except (RuntimeError, ValueError) as exc:
-        result.failures.append(ItemFailure(name, path, f"bytes {begin}..{end} do not make a {shape} {tensor.get('dtype')} tensor ({exc})", code="entry-not-loaded"))
+        result.failures.append(
+            ItemFailure(
+                name,
+                path,
+                f"bytes {begin}..{end} do not make a {shape} {tensor.get('dtype')} tensor ({exc})",
+                code="entry-not-loaded",
+            )
+        )
         return None
 
 
@@ -366,7 +485,7 @@ def _tree(state: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
             return [items[k] for k in sorted(items, key=int)]
         return items
 
-    return shaped(root, "")  # type: ignore[no-any-return]
+    return shaped(root, "")
 
 
 def _parts(state: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
@@ -386,7 +505,10 @@ def _parts(state: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
             if part == parts.RNG and isinstance(value, dict) and set(value) == {"rng_state"}:
                 value = {"torch": value["rng_state"]}  # torchsnapshot's RNGState: torch.get_rng_state()
             if part == parts.TRAIN_STATE and isinstance(value, dict):
-                value = {("step" if k in ("iteration", "global_step", "iter_num", "steps") else k): v for k, v in value.items()}
+                value = {
+                    ("step" if k in ("iteration", "global_step", "iter_num", "steps") else k): v
+                    for k, v in value.items()
+                }
             if rank != "0":
                 part = f"{part}.rank_{rank}" if part == parts.RNG else f"{parts.EXTRA}.rank_{rank}.{part}"
             flatten(value, part, out)

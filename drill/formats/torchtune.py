@@ -35,7 +35,9 @@ NEVER_SAVED = {
     parts.RNG: "torchtune's recipes save the seed, not the generators' states: a resume reseeds",
     parts.LR_SCHEDULER: "torchtune rebuilds its LR schedule from the step (last_epoch = global step - 1)",
 }
-RECIPE_NEEDED = "torchtune keeps the optimizer, seed, epochs run and data loader there; resume_from_checkpoint fails without it"
+RECIPE_NEEDED = (
+    "torchtune keeps the optimizer, seed, epochs run and data loader there; resume_from_checkpoint fails without it"
+)
 
 
 class TorchTune(SafetensorsDir):
@@ -45,26 +47,43 @@ class TorchTune(SafetensorsDir):
     label = "torchtune recipe checkpoint (epoch_N + recipe_state.pt)"
     marker = "model.safetensors.index.json"
 
-    def recognize(self, storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
+    def recognize(
+        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+    ) -> CheckpointRef | IncompleteSave | None:
         m = _EPOCH.match(name)
         if m is None:
             return None
         found = super().recognize(storage, uri, name, entries)
         if isinstance(found, CheckpointRef):
-            return CheckpointRef(uri=uri, name=name, step=None, format=self.name, mtime=found.mtime)  # an epoch is not a step: ordered by time
+            return CheckpointRef(
+                uri=uri, name=name, step=None, format=self.name, mtime=found.mtime
+            )  # an epoch is not a step: ordered by time
         if found is not None or entries:
-            return IncompleteSave(uri, name, None, "torchtune writes model.safetensors.index.json after the epoch's shards, and it is missing: the save never finished")
+            return IncompleteSave(
+                uri,
+                name,
+                None,
+                "torchtune writes model.safetensors.index.json after the epoch's shards, and it is missing: the save never finished",
+            )
         return None
 
     def is_export(self, ref: CheckpointRef, entries: list[Entry]) -> bool:
         return False
 
-    def pointers(self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery) -> list[tuple[str, str]]:
+    def pointers(
+        self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery
+    ) -> list[tuple[str, str]]:
         """``resume_from_checkpoint: True``: the highest ``epoch_<N>`` (and the one recipe state)."""
-        epochs = [(int(m.group(1)), c.name) for c in [*found.checkpoints, *found.incomplete] if (m := _EPOCH.match(c.name))]
-        return [("torchtune's resume_from_checkpoint", max(epochs)[1])] if epochs and any(c.format == self.name for c in found.checkpoints) else []
+        epochs = [(int(m.group(1)), c.name) for c in found.saves if (m := _EPOCH.match(c.name))]
+        return (
+            [("torchtune's resume_from_checkpoint", max(epochs)[1])]
+            if epochs and any(c.format == self.name for c in found.checkpoints)
+            else []
+        )
 
-    def structure(self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()) -> Structure | None:
+    def structure(
+        self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
+    ) -> Structure | None:
         from drill.formats.bundle import file_structure
         from drill.formats.inert import load_inert
         from drill.integrity.reading import read_whole
@@ -97,9 +116,17 @@ class TorchTune(SafetensorsDir):
             save_hint="torchtune saves it in recipe_state.pt while epochs remain: was the file deleted, or the run saved with intermediate checkpoints off?",
         )
 
-    def canonical(self, loaded: dict[str, Any], sizes: dict[str, int], result: RestoreResult, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> dict[str, Any]:
+    def canonical(
+        self,
+        loaded: dict[str, Any],
+        sizes: dict[str, int],
+        result: RestoreResult,
+        storage: Storage,
+        ref: CheckpointRef,
+        ctx: RestoreContext,
+    ) -> dict[str, Any]:
         from drill.formats.base import read_file
-        from drill.formats.bundle import load_member, file_structure
+        from drill.formats.bundle import file_structure, load_member
 
         state = super().canonical(loaded, sizes, result, storage, ref, ctx)
         view = read_file(storage, _run_dir(ref.uri), RECIPE_STATE, None, ctx, result)
@@ -176,7 +203,10 @@ def _match(epoch: int, recipe: Any) -> tuple[str, str]:
     if run == epoch and total == epoch + 1:
         return "final", f"epoch_{epoch} is the final epoch's save: weights only, training is complete"
     if run > epoch + 1:
-        return "older", f"{RECIPE_PATH} is now epoch_{run - 1}'s (epochs_run={run}): epoch_{epoch}'s own resume state was overwritten, so epoch_{epoch} is weights only (torchtune resumes from the newest epoch)"
+        return (
+            "older",
+            f"{RECIPE_PATH} is now epoch_{run - 1}'s (epochs_run={run}): epoch_{epoch}'s own resume state was overwritten, so epoch_{epoch} is weights only (torchtune resumes from the newest epoch)",
+        )
     return "stale", (
         f"{RECIPE_PATH} is older than these weights: it was saved after epoch {run - 1} (epochs_run={run}), the weights after epoch {epoch}; "
         f"a resume would pair epoch_{epoch}'s weights with an older optimizer and data position and train epoch(s) again"

@@ -22,7 +22,7 @@ from drill.integrity.sealing import SealReport
 from drill.sdk.sealed import record_save, seal_across_ranks
 
 
-class DrillSealCallback(TrainerCallback):  # type: ignore[misc]
+class DrillSealCallback(TrainerCallback):
     """Seal each ``checkpoint-N`` in ``on_save``; :attr:`reports` keeps what each seal cost,
     and with ``db`` (or ``$DRILL_DATABASE_URL``) each is recorded as a save."""
 

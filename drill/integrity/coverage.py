@@ -29,7 +29,9 @@ def coverage_update(plan: IntegrityPlan, integrity: CheckResult) -> CoverageUpda
     verified = {p: sealed[p] for p in integrity.evidence.get("verified", []) if p in sealed}
     if integrity.evidence.get("authenticated") is False and plan.key is not None:
         verified = {}  # bytes that match a manifest the key does not vouch for prove nothing
-    broken = frozenset(str(f.subject) for f in integrity.findings if f.severity is Severity.ERROR and f.subject in sealed)
+    broken = frozenset(
+        str(f.subject) for f in integrity.findings if f.severity is Severity.ERROR and f.subject in sealed
+    )
     return CoverageUpdate(sealed, verified, broken)
 
 
@@ -39,7 +41,11 @@ def fresh_share(update: CoverageUpdate, proofs: Mapping[str, tuple[str, datetime
     total = sum(size for size, _ in update.sealed.values())
     if not total:
         return 1.0
-    fresh = sum(size for path, (size, digest) in update.sealed.items() if path in proofs and proofs[path][0] == digest and proofs[path][1] >= since)
+    fresh = sum(
+        size
+        for path, (size, digest) in update.sealed.items()
+        if path in proofs and proofs[path][0] == digest and proofs[path][1] >= since
+    )
     return fresh / total
 
 

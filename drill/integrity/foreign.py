@@ -51,7 +51,9 @@ def _megatron(doc: object) -> ForeignManifest:
     if not isinstance(doc, dict) or not isinstance(doc.get("files"), dict):
         raise ManifestInvalid("foreign-manifest-invalid", f"{MEGATRON_INTEGRITY} has no 'files' map")
     if doc.get("algorithm", "sha256") != "sha256":
-        raise ManifestInvalid("foreign-manifest-invalid", f"{MEGATRON_INTEGRITY} uses {doc.get('algorithm')!r}, not sha256")
+        raise ManifestInvalid(
+            "foreign-manifest-invalid", f"{MEGATRON_INTEGRITY} uses {doc.get('algorithm')!r}, not sha256"
+        )
     for path, digest in doc["files"].items():
         check_relative_path(str(path))
         fm.sha256[str(path)] = str(digest).lower()
@@ -78,10 +80,20 @@ def find_foreign_manifests(storage: Storage, checkpoint: str, names: set[str]) -
                 doc = _load_json(storage, checkpoint, name)
                 found.append(_megatron(doc) if name == MEGATRON_INTEGRITY else _safetensors_index(name, doc))
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-                found.append(ForeignManifest(name, "unknown", error=ManifestInvalid("foreign-manifest-invalid", f"{name} is not JSON")))
+                found.append(
+                    ForeignManifest(
+                        name, "unknown", error=ManifestInvalid("foreign-manifest-invalid", f"{name} is not JSON")
+                    )
+                )
             except ManifestInvalid as exc:
                 found.append(ForeignManifest(name, "unknown", error=exc))
             except OSError as exc:
                 why = describe_read_error(exc)[0]
-                found.append(ForeignManifest(name, "unknown", error=ManifestInvalid("foreign-manifest-invalid", f"{name} cannot be read: {why}")))
+                found.append(
+                    ForeignManifest(
+                        name,
+                        "unknown",
+                        error=ManifestInvalid("foreign-manifest-invalid", f"{name} cannot be read: {why}"),
+                    )
+                )
     return found

@@ -98,10 +98,15 @@ class HashPlan:
     def under(self, prefix: str) -> HashPlan:
         """The plan for the files below ``prefix`` (``sub/``), named relative to it: for a
         checkpoint nested in another's directory, read by its own format."""
+
         def strip(paths: frozenset[str]) -> frozenset[str]:
             return frozenset(p[len(prefix) :] for p in paths if p.startswith(prefix))
 
-        return HashPlan(chunk_size=self.chunk_size, files=None if self.files is None else strip(self.files), sha256=strip(self.sha256))
+        return HashPlan(
+            chunk_size=self.chunk_size,
+            files=None if self.files is None else strip(self.files),
+            sha256=strip(self.sha256),
+        )
 
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "ChunkHasher", "FileHashes", "HashPlan", "crc32", "file_digest"]

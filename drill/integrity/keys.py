@@ -22,7 +22,11 @@ class SealKeyError(ValueError):
 
 
 def load_key(
-    key_file: str | os.PathLike[str] | None = None, *, file_env: str = KEY_FILE_ENV, env: str = KEY_ENV, what: str = "seal key"
+    key_file: str | os.PathLike[str] | None = None,
+    *,
+    file_env: str = KEY_FILE_ENV,
+    env: str = KEY_ENV,
+    what: str = "seal key",
 ) -> bytes | None:
     """``key_file``, else ``$DRILL_SEAL_KEY_FILE``, else ``$DRILL_SEAL_KEY``; None when none is set.
 
@@ -42,5 +46,7 @@ def load_key(
     else:
         return None
     if len(key) < MIN_KEY_BYTES:
-        raise SealKeyError(f"{source} holds {len(key)} bytes; a {what} needs at least {MIN_KEY_BYTES} (e.g. head -c 32 /dev/urandom)")
+        raise SealKeyError(
+            f"{source} holds {len(key)} bytes; a {what} needs at least {MIN_KEY_BYTES} (e.g. head -c 32 /dev/urandom)"
+        )
     return key

@@ -88,7 +88,9 @@ class Manifest:
             "created_at": self.created_at,
             "chunk_size": self.chunk_size,
             "frameworks": self.frameworks,
-            "files": [{"path": f.path, "size": f.size, "xxh3_128": f.xxh3_128, "chunks": list(f.chunks)} for f in self.files],
+            "files": [
+                {"path": f.path, "size": f.size, "xxh3_128": f.xxh3_128, "chunks": list(f.chunks)} for f in self.files
+            ],
         }
 
     def to_json(self, key: bytes | None = None) -> bytes:
@@ -123,7 +125,9 @@ DIGESTS = ("manifest_xxh3_128", "manifest_hmac_sha256")
 
 
 def canonical(body: dict[str, Any], exclude: tuple[str, ...] = DIGESTS) -> bytes:
-    return json.dumps({k: v for k, v in body.items() if k not in exclude}, sort_keys=True, separators=(",", ":")).encode()
+    return json.dumps(
+        {k: v for k, v in body.items() if k not in exclude}, sort_keys=True, separators=(",", ":")
+    ).encode()
 
 
 def self_digest(body: dict[str, Any]) -> str:
@@ -154,16 +158,25 @@ def parse_manifest(data: bytes) -> Manifest:
     try:
         doc = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ManifestInvalid("manifest-not-json", f"{MANIFEST_NAME} is not JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+        raise ManifestInvalid(
+            "manifest-not-json", f"{MANIFEST_NAME} is not JSON ({exc.msg if hasattr(exc, 'msg') else exc})"
+        ) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} is not a drill manifest")
     if doc.get("version") != VERSION:
-        raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} has version {doc.get('version')!r}; this drill reads {VERSION}")
+        raise ManifestInvalid(
+            "manifest-invalid", f"{MANIFEST_NAME} has version {doc.get('version')!r}; this drill reads {VERSION}"
+        )
     try:
         if not isinstance(doc["files"], list):
             raise TypeError("files is not a list")
         files = [
-            FileEntry(_typed(f["path"], str, "path"), _typed(f["size"], int, "size"), _typed(f["xxh3_128"], str, "xxh3_128"), _chunks(f["chunks"]))
+            FileEntry(
+                _typed(f["path"], str, "path"),
+                _typed(f["size"], int, "size"),
+                _typed(f["xxh3_128"], str, "xxh3_128"),
+                _chunks(f["chunks"]),
+            )
             for f in doc["files"]
         ]
         chunk_size = _typed(doc["chunk_size"], int, "chunk_size")
@@ -188,7 +201,9 @@ def parse_manifest(data: bytes) -> Manifest:
         chunk_size=chunk_size,
         files=files,
         created_at=str(doc.get("created_at")),
-        frameworks={str(k): str(v) for k, v in (doc.get("frameworks") or {}).items()} if isinstance(doc.get("frameworks"), dict) else {},
+        frameworks={str(k): str(v) for k, v in (doc.get("frameworks") or {}).items()}
+        if isinstance(doc.get("frameworks"), dict)
+        else {},
         version=doc["version"],
         key_id=str(doc["key_id"]) if doc.get("key_id") is not None else None,
         hmac_sha256=str(mac) if mac is not None else None,
@@ -224,9 +239,13 @@ def read_manifest(storage: Storage, checkpoint: str) -> tuple[Manifest | None, b
     except PathEscapesCheckpoint as exc:
         raise ManifestInvalid("manifest-path-escapes", f"{MANIFEST_NAME}: {exc}") from None
     except OSError as exc:
-        raise ManifestInvalid("manifest-unreadable", f"{MANIFEST_NAME} cannot be read: {describe_read_error(exc)[0]}") from None
+        raise ManifestInvalid(
+            "manifest-unreadable", f"{MANIFEST_NAME} cannot be read: {describe_read_error(exc)[0]}"
+        ) from None
     if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} is larger than {MAX_MANIFEST_BYTES} bytes: not a manifest drill wrote")
+        raise ManifestInvalid(
+            "manifest-invalid", f"{MANIFEST_NAME} is larger than {MAX_MANIFEST_BYTES} bytes: not a manifest drill wrote"
+        )
     return parse_manifest(data), data
 
 
@@ -265,7 +284,9 @@ def list_files(storage: Storage, checkpoint: str) -> Listing:
         for entry in storage.list(uri):
             seen += 1
             if seen > MAX_ENTRIES:
-                raise ListingTooLarge(f"{checkpoint} holds more than {MAX_ENTRIES:,} entries: not a checkpoint drill will list")
+                raise ListingTooLarge(
+                    f"{checkpoint} holds more than {MAX_ENTRIES:,} entries: not a checkpoint drill will list"
+                )
             rel = f"{prefix}{entry.name}"
             if entry.kind not in (EntryKind.DANGLING, EntryKind.LOOP):
                 storage.child(checkpoint, rel)  # raises if a symlink leads out
@@ -347,7 +368,9 @@ def seal(
         raise SealConflict(f"refusing to seal {checkpoint}: {exc}") from None
     if listing.odd:
         rel, kind = sorted(listing.odd.items())[0]
-        raise SealConflict(f"{rel} in {checkpoint} is not a regular file ({kind}); a checkpoint holding it is not sealed")
+        raise SealConflict(
+            f"{rel} in {checkpoint} is not a regular file ({kind}); a checkpoint holding it is not sealed"
+        )
     hashes = hash_files(storage, checkpoint, listing.files, chunk_size)
     for rel, h in hashes.items():
         if isinstance(h, OSError):
@@ -357,14 +380,18 @@ def seal(
         existing, _ = read_manifest(storage, checkpoint)
     except ManifestInvalid as exc:
         if exc.code in ("manifest-path-escapes", "manifest-unreadable") or not force:
-            raise SealConflict(f"{checkpoint}/{MANIFEST_NAME} exists but is not a valid manifest ({exc}); not replacing it") from None
+            raise SealConflict(
+                f"{checkpoint}/{MANIFEST_NAME} exists but is not a valid manifest ({exc}); not replacing it"
+            ) from None
         existing = None
     if existing is not None and existing.same_content(manifest):
         if key is None or existing.authenticate(key) is None:
             return SealResult(existing, False, storage.child(checkpoint, MANIFEST_NAME))
         force = True  # the same bytes, sealed again with the key: the seal only gains a signature
     if existing is not None and not force:
-        raise SealConflict(f"{checkpoint}/{MANIFEST_NAME} seals different content: the checkpoint changed after it was sealed")
+        raise SealConflict(
+            f"{checkpoint}/{MANIFEST_NAME} seals different content: the checkpoint changed after it was sealed"
+        )
     target = storage.child(checkpoint, MANIFEST_NAME)
     manifest.key_id = key_id(key) if key is not None else None
     try:

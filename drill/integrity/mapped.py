@@ -42,7 +42,9 @@ REPORT_BYTES = 1 << 15
 """Reports a worker collects before writing them to its pipe."""
 
 
-def hash_mapped(open_fd: Callable[[str], int], spans: Sequence[Span], chunk_size: int, workers: int) -> list[list[bytes] | None]:
+def hash_mapped(
+    open_fd: Callable[[str], int], spans: Sequence[Span], chunk_size: int, workers: int
+) -> list[list[bytes] | None]:
     """Each span's chunk digests, or None where no worker reported it (a fault in the mapping,
     a file shorter than the span, a worker that died): hash those the ordinary way."""
     done: list[list[bytes] | None] = [None] * len(spans)
@@ -141,7 +143,9 @@ def _parse(data: bytearray, done: list[list[bytes] | None]) -> None:
         pos = end
 
 
-def _work(parent: int, fd: int, jobs: int, open_fd: Callable[[str], int], spans: Sequence[Span], chunk_size: int) -> None:  # pragma: no cover
+def _work(
+    parent: int, fd: int, jobs: int, open_fd: Callable[[str], int], spans: Sequence[Span], chunk_size: int
+) -> None:  # pragma: no cover
     code = 1
     try:
         _detach(parent)
@@ -170,7 +174,9 @@ def _detach(parent: int) -> None:  # pragma: no cover - in the worker
         handler.disable()
 
 
-def _digests(open_fd: Callable[[str], int], uri: str, start: int, length: int, chunk_size: int) -> list[bytes] | None:  # pragma: no cover
+def _digests(
+    open_fd: Callable[[str], int], uri: str, start: int, length: int, chunk_size: int
+) -> list[bytes] | None:  # pragma: no cover
     """The span's chunk digests, through one window of whole chunks at a time (a small span is
     read in one positioned read: a mapping's set-up costs more than copying it)."""
     window = max(1, WINDOW // chunk_size) * chunk_size
@@ -182,7 +188,9 @@ def _digests(open_fd: Callable[[str], int], uri: str, start: int, length: int, c
             data = memoryview(os.pread(fd, length, start))
             if len(data) < length:
                 return None
-            return [xxhash.xxh3_128(data[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)] or [xxhash.xxh3_128(b"").digest()]
+            return [xxhash.xxh3_128(data[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)] or [
+                xxhash.xxh3_128(b"").digest()
+            ]
         digests: list[bytes] = []
         for at in range(start, start + length, window):
             digests += _window(fd, at, min(window, start + length - at), chunk_size)
@@ -202,7 +210,7 @@ def _window(fd: int, at: int, length: int, chunk_size: int) -> list[bytes]:  # p
             view.release()
 
 
-def _write_all(fd: int, data: bytes) -> None:  # pragma: no cover - in the worker
+def _write_all(fd: int, data: bytes | bytearray) -> None:  # pragma: no cover - in the worker
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

@@ -39,7 +39,9 @@ def hash_files(
     paths = sorted(sizes)
     workers = workers or free_cores(8)
     spannable = getattr(storage, "positioned_reads", False)
-    spans = {rel: _spans(sizes[rel], chunk_size, workers) for rel in paths if spannable and rel not in sha256 and sizes[rel]}
+    spans = {
+        rel: _spans(sizes[rel], chunk_size, workers) for rel in paths if spannable and rel not in sha256 and sizes[rel]
+    }
     uris = {rel: storage.child(checkpoint, rel) for rel in spans}
     done: Digests = dict(_hash_mapped(storage, uris, spans, chunk_size, workers))
     streamed = [rel for rel in paths if rel not in spans]
@@ -50,10 +52,20 @@ def hash_files(
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
             whole = {
-                rel: pool.submit(_caught, hash_stream, storage, storage.child(checkpoint, rel), sizes[rel], chunk_size=chunk_size, sha256=rel in sha256)
+                rel: pool.submit(
+                    _caught,
+                    hash_stream,
+                    storage,
+                    storage.child(checkpoint, rel),
+                    sizes[rel],
+                    chunk_size=chunk_size,
+                    sha256=rel in sha256,
+                )
                 for rel in streamed
             }
-            read = {(rel, a): pool.submit(_caught, hash_span, storage, uris[rel], a, n, chunk_size) for rel, a, n in left}
+            read = {
+                (rel, a): pool.submit(_caught, hash_span, storage, uris[rel], a, n, chunk_size) for rel, a, n in left
+            }
             out.update((rel, f.result()) for rel, f in whole.items())
             done.update((key, f.result()) for key, f in read.items())
     for rel, parts in spans.items():
@@ -95,7 +107,9 @@ def _spans(size: int, chunk: int, parts: int) -> list[tuple[int, int]]:
     return [(i * chunk, min(size, (i + per) * chunk) - i * chunk) for i in range(0, chunks, per)]
 
 
-def _hash_mapped(storage: Storage, uris: Mapping[str, str], spans: Spans, chunk_size: int, workers: int) -> dict[tuple[str, int], list[bytes]]:
+def _hash_mapped(
+    storage: Storage, uris: Mapping[str, str], spans: Spans, chunk_size: int, workers: int
+) -> dict[tuple[str, int], list[bytes]]:
     """The spans forked workers hashed through mappings; none where this process may not fork."""
     from drill.proc import may_fork
 
@@ -104,8 +118,9 @@ def _hash_mapped(storage: Storage, uris: Mapping[str, str], spans: Spans, chunk_
     from drill.integrity.mapped import hash_mapped
 
     keys = [(rel, a, n) for rel, parts in spans.items() for a, n in parts]
-    got = hash_mapped(storage.open_fd, [(uris[rel], a, n) for rel, a, n in keys], chunk_size, workers)
-    return {(rel, a): digests for (rel, a, _), digests in zip(keys, got) if digests is not None}
+    open_fd = storage.open_fd  # type: ignore[attr-defined]  # a storage with positioned reads (local) offers it
+    got = hash_mapped(open_fd, [(uris[rel], a, n) for rel, a, n in keys], chunk_size, workers)
+    return {(rel, a): digests for (rel, a, _), digests in zip(keys, got, strict=True) if digests is not None}
 
 
 def _caught(read: Callable[..., T], *args: Any, **kwargs: Any) -> T | OSError:
@@ -118,7 +133,9 @@ def _caught(read: Callable[..., T], *args: Any, **kwargs: Any) -> T | OSError:
         return exc
 
 
-def _joined(storage: Storage, uri: str, size: int, chunk_size: int, parts: list[list[bytes] | OSError]) -> FileHashes | OSError:
+def _joined(
+    storage: Storage, uri: str, size: int, chunk_size: int, parts: list[list[bytes] | OSError]
+) -> FileHashes | OSError:
     """One file's hashes from its spans'; the file's size checked again, as a streamed read
     would notice it grow."""
     failed = next((p for p in parts if isinstance(p, OSError)), None)

@@ -53,7 +53,11 @@ def prove(
 
 def observed_by(files: Any) -> dict[str, Observed]:
     """What a restore's :class:`~drill.restore.FileRead` records say was read."""
-    return {f.relative_path: Observed(hashes=f.hashes, error=f.error) for f in files if f.hashes is not None or f.error is not None}
+    return {
+        f.relative_path: Observed(hashes=f.hashes, error=f.error)
+        for f in files
+        if f.hashes is not None or f.error is not None
+    }
 
 
 __all__ = ["Ledger", "observed_by", "prove"]

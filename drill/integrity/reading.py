@@ -9,14 +9,14 @@ NFS) are retried a bounded number of times before the file counts as unreadable.
 from __future__ import annotations
 
 import errno
+import io
 import mmap
 import os
 import threading
 import time
-from queue import SimpleQueue
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import BinaryIO
+from queue import SimpleQueue
 
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, ChunkHasher, FileHashes, crc32
 from drill.storage import FileChanged, NotARegularFile, PathEscapesCheckpoint, Storage, StorageUnavailable
@@ -130,7 +130,9 @@ def hash_span(storage: Storage, uri: str, start: int, length: int, chunk_size: i
         while pos < end:
             n = os.preadv(fd, [buf[: min(len(buf), end - pos)]], pos)
             if not n:
-                raise FileChanged(f"file shrank while it was read: it ends at byte {pos}, {start + length} or more when listed")
+                raise FileChanged(
+                    f"file shrank while it was read: it ends at byte {pos}, {start + length} or more when listed"
+                )
             hasher.update(buf[:n])
             pos += n
     return hasher.finish().chunks
@@ -172,7 +174,9 @@ class SequentialReader:
     those bytes are read again, in order, when the pass reaches them.
     """
 
-    def __init__(self, f: BinaryIO, size: int, hasher: ChunkHasher | None, on_bytes: Callable[[int], None] = lambda n: None) -> None:
+    def __init__(
+        self, f: io.RawIOBase, size: int, hasher: ChunkHasher | None, on_bytes: Callable[[int], None] = lambda n: None
+    ) -> None:
         self.f, self.size, self.hasher, self.on_bytes = f, size, hasher, on_bytes
         self.pos = 0
         self._scratch: memoryview | None = None
@@ -192,7 +196,9 @@ class SequentialReader:
             piece = view[got : got + PIECE]
             n = self.f.readinto(piece)
             if not n:
-                raise FileChanged(f"file shrank while it was read: it ends at byte {self.pos + got}, {self.size} bytes when listed")
+                raise FileChanged(
+                    f"file shrank while it was read: it ends at byte {self.pos + got}, {self.size} bytes when listed"
+                )
             if n < len(piece):
                 piece = piece[:n]
             if hasher is not None:
@@ -218,7 +224,9 @@ class SequentialReader:
         else:
             data = os.pread(self.f.fileno(), n, offset)
         if len(data) < n:
-            raise FileChanged(f"file shrank while it was read: {offset + len(data)} bytes where {offset + n} were listed")
+            raise FileChanged(
+                f"file shrank while it was read: {offset + len(data)} bytes where {offset + n} were listed"
+            )
         return memoryview(data)
 
     def finish(self) -> FileHashes | None:
@@ -301,4 +309,4 @@ class CrcLane:
             elif job is _END:
                 self._results.put(value)
             else:
-                value = crc32(job, value)  # type: ignore[arg-type]
+                value = crc32(job, value)

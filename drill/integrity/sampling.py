@@ -24,7 +24,6 @@ import xxhash
 from drill.units import parse_size
 
 
-
 class SampleSpecError(ValueError):
     pass
 

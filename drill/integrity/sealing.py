@@ -170,7 +170,7 @@ class _SealingFileSystem:
             return
         with self.inner.create_stream(path, mode) as raw:
             stream = _HashingStream(raw, ChunkHasher(self.chunk_size))
-            yield stream  # type: ignore[misc]
+            yield stream
             stream.close()
         self._keep(path, stream)
 
@@ -282,7 +282,11 @@ class _Sealing:
             with self.fs.lock:
                 files.update(self.fs.digests.files)  # .metadata, written by this coordinator
             report.manifest = self.fs.write_manifest(self.path, files, self.key)
-            report.files, report.bytes, report.keyed = len(files), sum(h.size for h in files.values()), self.key is not None
+            report.files, report.bytes, report.keyed = (
+                len(files),
+                sum(h.size for h in files.values()),
+                self.key is not None,
+            )
 
         self.fs.before_commit = seal_now
         try:
@@ -299,7 +303,14 @@ class SealingWriter(_Sealing, FileSystemWriter):
     ``key``: the seal key (bytes, see :func:`drill.integrity.keys.load_key`) for a keyed seal.
     Every other argument is ``FileSystemWriter``'s."""
 
-    def __init__(self, path: str | os.PathLike, *args: Any, key: bytes | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *args: Any,
+        key: bytes | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(path, *args, **kwargs)
         self._init_sealing(key, chunk_size)
 
@@ -317,7 +328,7 @@ class _SealedWriter(_Sealing, StorageWriter):
         self._init_sealing(key, chunk_size)
 
     @property
-    def fs(self) -> Any:  # type: ignore[override]
+    def fs(self) -> Any:
         return self.inner.fs
 
     @fs.setter
@@ -325,7 +336,7 @@ class _SealedWriter(_Sealing, StorageWriter):
         self.inner.fs = value
 
     @property
-    def path(self) -> Any:  # type: ignore[override]
+    def path(self) -> Any:
         return self.inner.path
 
     def __getattr__(self, name: str) -> Any:
@@ -365,7 +376,9 @@ def sealing(writer: Any, *, key: bytes | None = None, chunk_size: int = DEFAULT_
     if isinstance(writer, _Sealing):
         return writer
     if not isinstance(writer, FileSystemWriter):
-        raise TypeError(f"{type(writer).__name__} is not a FileSystemWriter: drill seals what DCP's file-system writers write")
+        raise TypeError(
+            f"{type(writer).__name__} is not a FileSystemWriter: drill seals what DCP's file-system writers write"
+        )
     return _SealedWriter(writer, key, chunk_size)
 
 

@@ -25,7 +25,9 @@ NAME = "integrity"
 
 
 def _finding(code: str, subject: str, message: str, **kw: Any) -> Finding:
-    return Finding(check=NAME, code=code, severity=kw.pop("severity", Severity.ERROR), subject=subject, message=message, **kw)
+    return Finding(
+        check=NAME, code=code, severity=kw.pop("severity", Severity.ERROR), subject=subject, message=message, **kw
+    )
 
 
 _SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -53,19 +55,27 @@ def shard_gaps(sizes: Mapping[str, int]) -> list[Finding]:
         return []
     numbers = set().union(*files.values())
     return [
-        _finding("file-missing", f"__{rank}_{n}.distcp", f"__{rank}_{n}.distcp is missing: the other ranks' shards show rank {rank} wrote it")
+        _finding(
+            "file-missing",
+            f"__{rank}_{n}.distcp",
+            f"__{rank}_{n}.distcp is missing: the other ranks' shards show rank {rank} wrote it",
+        )
         for rank in range(max(files) + 1)
         for n in sorted(numbers - files.get(rank, set()))
     ]
 
 
-def side_structure(side: Mapping[str, str], sizes: Mapping[str, int], read: Callable[[str], memoryview]) -> list[Finding]:
+def side_structure(
+    side: Mapping[str, str], sizes: Mapping[str, int], read: Callable[[str], memoryview]
+) -> list[Finding]:
     """The files a trainer's layout keeps beside the shards (``side``: name → why it matters):
     present, and — for a ``torch.save`` zip — every record's CRC-32 matching; for JSON, parsing."""
     findings = []
     for name, why in side.items():
         if name not in sizes:
-            findings.append(_finding("file-missing", name, f"{name} is missing: {why}", expected="present", actual="missing"))
+            findings.append(
+                _finding("file-missing", name, f"{name} is missing: {why}", expected="present", actual="missing")
+            )
             continue
         try:
             data = read(name)
@@ -92,7 +102,9 @@ def dcp_structure(storage_data: Mapping[Any, Any], sizes: Mapping[str, int]) -> 
         spans[info.relative_path].append((int(info.offset), int(info.length), getattr(index, "fqn", str(index))))
     for path, entries in sorted(spans.items()):
         if path not in sizes:
-            findings.append(_finding("file-missing", path, f"{path} holds {len(entries)} entries but is not in the checkpoint"))
+            findings.append(
+                _finding("file-missing", path, f"{path} holds {len(entries)} entries but is not in the checkpoint")
+            )
             continue
         size = sizes[path]
         entries.sort()
@@ -110,10 +122,21 @@ def dcp_structure(storage_data: Mapping[Any, Any], sizes: Mapping[str, int]) -> 
                     )
                 )
             if offset < cursor:
-                findings.append(_finding("entries-overlap", path, f"{fqn} at byte {offset} overlaps the previous entry (ends at {cursor})"))
+                findings.append(
+                    _finding(
+                        "entries-overlap",
+                        path,
+                        f"{fqn} at byte {offset} overlaps the previous entry (ends at {cursor})",
+                    )
+                )
             elif offset > cursor:
                 findings.append(
-                    _finding("bytes-uncovered", path, f"bytes {cursor}..{offset} of {path} belong to no entry", severity=Severity.WARNING)
+                    _finding(
+                        "bytes-uncovered",
+                        path,
+                        f"bytes {cursor}..{offset} of {path} belong to no entry",
+                        severity=Severity.WARNING,
+                    )
                 )
             cursor = max(cursor, end)
         if cursor < size:
@@ -143,7 +166,13 @@ def zip_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str,
         infos = archive.infolist()
         for info in infos:
             if info.compress_type != zipfile.ZIP_STORED:  # never inflated: a zip bomb is unbounded
-                findings.append(_finding("zip-record-compressed", path, f"{path}: record {info.filename} is compressed, which torch.save never does: not inflated, not loaded"))
+                findings.append(
+                    _finding(
+                        "zip-record-compressed",
+                        path,
+                        f"{path}: record {info.filename} is compressed, which torch.save never does: not inflated, not loaded",
+                    )
+                )
                 continue
             try:
                 with archive.open(info) as member:
@@ -153,7 +182,9 @@ def zip_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str,
             except (zipfile.BadZipFile, OSError, EOFError) as exc:
                 # zipfile checks the CRC itself as the record ends, and raises on a mismatch.
                 code = "crc-mismatch" if "CRC" in str(exc) else "zip-record-corrupt"
-                findings.append(_finding(code, path, f"{path}: record {info.filename} fails ({exc})", expected=f"{info.CRC:08x}"))
+                findings.append(
+                    _finding(code, path, f"{path}: record {info.filename} fails ({exc})", expected=f"{info.CRC:08x}")
+                )
                 continue
             if crc != info.CRC:
                 findings.append(
@@ -175,7 +206,11 @@ def safetensors_structure(data: memoryview, path: str) -> tuple[list[Finding], d
         return [_finding("safetensors-corrupt", path, f"{path} is {size} bytes, too short for a header")], {}
     (header_len,) = struct.unpack("<Q", data[:8])
     if 8 + header_len > size:
-        return [_finding("safetensors-corrupt", path, f"{path}: header of {header_len} bytes runs past the file ({size} bytes)")], {}
+        return [
+            _finding(
+                "safetensors-corrupt", path, f"{path}: header of {header_len} bytes runs past the file ({size} bytes)"
+            )
+        ], {}
     try:
         header = json.loads(bytes(data[8 : 8 + header_len]))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
@@ -189,9 +224,21 @@ def safetensors_structure(data: memoryview, path: str) -> tuple[list[Finding], d
     cursor = 0
     for begin, end, name in sorted(spans):
         if end > data_size:
-            findings.append(_finding("entry-out-of-bounds", path, f"{path}: {name} ends at {end}, past the data section ({data_size} bytes)"))
+            findings.append(
+                _finding(
+                    "entry-out-of-bounds",
+                    path,
+                    f"{path}: {name} ends at {end}, past the data section ({data_size} bytes)",
+                )
+            )
         if begin != cursor:
-            findings.append(_finding("entries-overlap" if begin < cursor else "bytes-uncovered", path, f"{path}: {name} starts at {begin}, expected {cursor}"))
+            findings.append(
+                _finding(
+                    "entries-overlap" if begin < cursor else "bytes-uncovered",
+                    path,
+                    f"{path}: {name} starts at {begin}, expected {cursor}",
+                )
+            )
         cursor = max(cursor, end)
     if cursor != data_size and not findings:
         findings.append(_finding("bytes-uncovered", path, f"{path}: tensors cover {cursor} of {data_size} data bytes"))
@@ -208,7 +255,9 @@ def safetensors_spans(header: Any) -> list[tuple[int, int, str]]:
         if name == "__metadata__":
             continue
         offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and o >= 0 for o in offsets)):
+        if not (
+            isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and o >= 0 for o in offsets)
+        ):
             raise ValueError(f"tensor {name!r} has no valid data_offsets")
         if offsets[1] < offsets[0]:
             raise ValueError(f"tensor {name!r} ends before it begins ({offsets})")
@@ -227,4 +276,12 @@ def sniff(data: memoryview) -> str | None:
     return None
 
 
-__all__ = ["dcp_structure", "safetensors_structure", "shard_gaps", "side_structure", "sniff", "unreadable_index", "zip_structure"]
+__all__ = [
+    "dcp_structure",
+    "safetensors_structure",
+    "shard_gaps",
+    "side_structure",
+    "sniff",
+    "unreadable_index",
+    "zip_structure",
+]

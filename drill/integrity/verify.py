@@ -14,7 +14,15 @@ from typing import Any
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.foreign import ForeignManifest, find_foreign_manifests
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes, HashPlan
-from drill.integrity.manifest import MANIFEST_NAME, FileEntry, ListingTooLarge, Manifest, ManifestInvalid, list_files, read_manifest
+from drill.integrity.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    ListingTooLarge,
+    Manifest,
+    ManifestInvalid,
+    list_files,
+    read_manifest,
+)
 from drill.integrity.parallel import hash_files
 from drill.integrity.sampling import SampleSpec, select_sample
 from drill.storage import PathEscapesCheckpoint, Storage
@@ -26,7 +34,9 @@ UNSEALED = "unsealed"
 
 
 def _finding(code: str, subject: str | None, message: str, **kw: Any) -> Finding:
-    return Finding(check=NAME, code=code, severity=kw.pop("severity", Severity.ERROR), subject=subject, message=message, **kw)
+    return Finding(
+        check=NAME, code=code, severity=kw.pop("severity", Severity.ERROR), subject=subject, message=message, **kw
+    )
 
 
 @dataclass(slots=True)
@@ -63,9 +73,11 @@ class IntegrityPlan:
     @property
     def refuse(self) -> bool:
         """A path that escapes the checkpoint: nothing in it may be opened."""
-        return self.listing_error is not None or (
-            self.manifest_error is not None and self.manifest_error.code == "manifest-path-escapes"
-        ) or any(f.error is not None and "outside the checkpoint" in str(f.error) for f in self.foreign)
+        return (
+            self.listing_error is not None
+            or (self.manifest_error is not None and self.manifest_error.code == "manifest-path-escapes")
+            or any(f.error is not None and "outside the checkpoint" in str(f.error) for f in self.foreign)
+        )
 
     @property
     def evidence_level(self) -> str:
@@ -120,12 +132,20 @@ def plan_integrity(
 def hash_remaining(storage: Storage, plan: IntegrityPlan, observed: dict[str, Observed]) -> None:
     """Hash the selected files the restore did not read (files no loader needs)."""
     todo = {p: plan.on_storage[p] for p in plan.selected if p not in observed and p in plan.on_storage}
-    for path, result in hash_files(storage, plan.checkpoint, todo, plan.hash_plan.chunk_size, sha256=plan.hash_plan.sha256).items():
-        observed[path] = Observed(error=f"{result.strerror or result}") if isinstance(result, OSError) else Observed(hashes=result)
+    for path, result in hash_files(
+        storage, plan.checkpoint, todo, plan.hash_plan.chunk_size, sha256=plan.hash_plan.sha256
+    ).items():
+        observed[path] = (
+            Observed(error=f"{result.strerror or result}") if isinstance(result, OSError) else Observed(hashes=result)
+        )
 
 
 def mismatched_ranges(expected: tuple[str, ...], actual: list[str], chunk: int, size: int) -> list[tuple[int, int]]:
-    bad = [i for i in range(max(len(expected), len(actual))) if i >= len(expected) or i >= len(actual) or expected[i] != actual[i]]
+    bad = [
+        i
+        for i in range(max(len(expected), len(actual)))
+        if i >= len(expected) or i >= len(actual) or expected[i] != actual[i]
+    ]
     merged: list[list[int]] = []
     for i in bad:
         start, end = i * chunk, min((i + 1) * chunk, size)
@@ -142,7 +162,11 @@ def file_against_seal(path: str, entry: FileEntry, plan: IntegrityPlan, seen: Ob
     if size is None:
         what = plan.odd.get(path)
         if what is not None:
-            return _finding("file-not-regular", path, f"{path} should be a sealed file of {entry.size} bytes but is {_odd(what)}: never opened")
+            return _finding(
+                "file-not-regular",
+                path,
+                f"{path} should be a sealed file of {entry.size} bytes but is {_odd(what)}: never opened",
+            )
         return _finding(
             "file-missing",
             path,
@@ -153,7 +177,13 @@ def file_against_seal(path: str, entry: FileEntry, plan: IntegrityPlan, seen: Ob
         )
     if size != entry.size:
         how = "truncated" if size < entry.size else "extended"
-        return _finding("size-mismatch", path, f"{path} is {how}: {size} bytes on storage, {entry.size} when sealed", expected=entry.size, actual=size)
+        return _finding(
+            "size-mismatch",
+            path,
+            f"{path} is {how}: {size} bytes on storage, {entry.size} when sealed",
+            expected=entry.size,
+            actual=size,
+        )
     if seen is not None and seen.error is not None:
         return _finding("file-unreadable", path, f"{path} cannot be read ({seen.error})", actual=seen.error)
     if seen is None or seen.hashes is None or seen.hashes.chunk_hex == list(entry.chunks):
@@ -199,11 +229,19 @@ def _compare_manifest(plan: IntegrityPlan, observed: Mapping[str, Observed]) -> 
         elif (seen := observed.get(path)) is not None and seen.hashes is not None:
             verified.append(path)
     foreign = {fm.name for fm in plan.foreign}
-    for path in sorted((set(plan.on_storage) | set(plan.odd)) - set(listed) - foreign):  # a framework manifest may follow the seal
+    for path in sorted(
+        (set(plan.on_storage) | set(plan.odd)) - set(listed) - foreign
+    ):  # a framework manifest may follow the seal
         size = plan.on_storage.get(path)
         what = f"{size} bytes" if size is not None else _odd(plan.odd[path])
         findings.append(
-            _finding("file-unlisted", path, f"{path} ({what}) is in the checkpoint but not in its manifest: added after sealing", expected="absent", actual=size)
+            _finding(
+                "file-unlisted",
+                path,
+                f"{path} ({what}) is in the checkpoint but not in its manifest: added after sealing",
+                expected="absent",
+                actual=size,
+            )
         )
     evidence = {
         "files_listed": len(listed),
@@ -217,7 +255,9 @@ def _compare_manifest(plan: IntegrityPlan, observed: Mapping[str, Observed]) -> 
     return findings, evidence
 
 
-def _compare_foreign(fm: ForeignManifest, plan: IntegrityPlan, observed: Mapping[str, Observed]) -> tuple[list[Finding], str]:
+def _compare_foreign(
+    fm: ForeignManifest, plan: IntegrityPlan, observed: Mapping[str, Observed]
+) -> tuple[list[Finding], str]:
     findings = []
     proved = 0
     for path in sorted(fm.listed):
@@ -232,7 +272,13 @@ def _compare_foreign(fm: ForeignManifest, plan: IntegrityPlan, observed: Mapping
             continue
         if seen.hashes.sha256 != fm.sha256[path]:
             findings.append(
-                _finding("digest-mismatch", path, f"{path} does not match its SHA-256 in {fm.name}", expected=fm.sha256[path], actual=seen.hashes.sha256)
+                _finding(
+                    "digest-mismatch",
+                    path,
+                    f"{path} does not match its SHA-256 in {fm.name}",
+                    expected=fm.sha256[path],
+                    actual=seen.hashes.sha256,
+                )
             )
         else:
             proved += 1
@@ -249,7 +295,12 @@ def _refusal(plan: IntegrityPlan, evidence: dict[str, Any]) -> CheckResult | Non
     if plan.manifest_error is not None:
         findings.append(_finding(plan.manifest_error.code, MANIFEST_NAME, str(plan.manifest_error)))
     findings += [_finding(fm.error.code, fm.name, str(fm.error)) for fm in plan.foreign if fm.error is not None]
-    return CheckResult(name=NAME, summary="refused: a path leads out of the checkpoint; nothing was opened", findings=findings, evidence=evidence)
+    return CheckResult(
+        name=NAME,
+        summary="refused: a path leads out of the checkpoint; nothing was opened",
+        findings=findings,
+        evidence=evidence,
+    )
 
 
 def seal_authentication(plan: IntegrityPlan, evidence: dict[str, Any]) -> tuple[list[Finding], str]:
@@ -266,11 +317,17 @@ def seal_authentication(plan: IntegrityPlan, evidence: dict[str, Any]) -> tuple[
     if why is None:
         return [], "sealed and authenticated"
     code = "manifest-unauthenticated" if manifest.hmac_sha256 is None else "manifest-hmac-mismatch"
-    hint = "if the checkpoint is genuine, seal it again with the key: drill seal --force --key-file KEY " + plan.checkpoint
-    return [_finding(code, MANIFEST_NAME, f"{MANIFEST_NAME} is not authenticated by the seal key: {why}", hint=hint)], "sealed, NOT authenticated"
+    hint = (
+        "if the checkpoint is genuine, seal it again with the key: drill seal --force --key-file KEY " + plan.checkpoint
+    )
+    return [
+        _finding(code, MANIFEST_NAME, f"{MANIFEST_NAME} is not authenticated by the seal key: {why}", hint=hint)
+    ], "sealed, NOT authenticated"
 
 
-def _sealed_part(plan: IntegrityPlan, observed: Mapping[str, Observed], evidence: dict[str, Any]) -> tuple[list[Finding], str]:
+def _sealed_part(
+    plan: IntegrityPlan, observed: Mapping[str, Observed], evidence: dict[str, Any]
+) -> tuple[list[Finding], str]:
     auth, sealed = seal_authentication(plan, evidence)
     findings, ev = _compare_manifest(plan, observed)
     evidence.update(ev)
@@ -279,12 +336,18 @@ def _sealed_part(plan: IntegrityPlan, observed: Mapping[str, Observed], evidence
     if findings:
         return auth + findings, f"{sealed}: {len(findings)} mismatch(es) against the manifest"
     if plan.sample.is_full:
-        return auth, f"{sealed}: every byte matches the manifest ({ev['files_verified']} files, {human_bytes(ev['bytes_verified'])})"
+        return (
+            auth,
+            f"{sealed}: every byte matches the manifest ({ev['files_verified']} files, {human_bytes(ev['bytes_verified'])})",
+        )
     return auth, f"{sealed}, sampled {plan.sample}: {pct:.0f}% of bytes verified this drill, all match"
 
 
 def _unsealed_part(
-    plan: IntegrityPlan, require_sealed: bool, structure: tuple[list[Finding], dict[str, Any]] | None, evidence: dict[str, Any]
+    plan: IntegrityPlan,
+    require_sealed: bool,
+    structure: tuple[list[Finding], dict[str, Any]] | None,
+    evidence: dict[str, Any],
 ) -> tuple[list[Finding], str]:
     findings = []
     if plan.manifest_error is None and require_sealed:
@@ -297,17 +360,23 @@ def _unsealed_part(
             )
         )
     findings += [
-        _finding("file-not-regular", path, f"{path} is {_odd(kind)}, not checkpoint data: never opened") for path, kind in sorted(plan.odd.items())
+        _finding("file-not-regular", path, f"{path} is {_odd(kind)}, not checkpoint data: never opened")
+        for path, kind in sorted(plan.odd.items())
     ]
     if structure is None:
         return findings, "unsealed: nothing proven — no content hashes, and no structural proof for this format"
     sf, sev = structure
     evidence["structure"] = sev
     consistent = not any(f.severity is Severity.ERROR for f in sf)
-    return findings + sf, "unsealed: structurally consistent, no content hashes" if consistent else "unsealed: structurally inconsistent"
+    return (
+        findings + sf,
+        "unsealed: structurally consistent, no content hashes" if consistent else "unsealed: structurally inconsistent",
+    )
 
 
-def _structure_under_seal(structure: tuple[list[Finding], dict[str, Any]] | None, evidence: dict[str, Any], flagged: set[str | None]) -> list[Finding]:
+def _structure_under_seal(
+    structure: tuple[list[Finding], dict[str, Any]] | None, evidence: dict[str, Any], flagged: set[str | None]
+) -> list[Finding]:
     """A sealed checkpoint's structure is still checked where the restore read it: the seal
     and the structure are independent witnesses, and where the seal vouches for a file the
     structure finds broken, they disagree — a finding (files the seal already failed are not
@@ -332,7 +401,9 @@ def integrity_check(
     refused = _refusal(plan, evidence)
     if refused is not None:
         return refused
-    findings = [_finding(plan.manifest_error.code, MANIFEST_NAME, str(plan.manifest_error))] if plan.manifest_error else []
+    findings = (
+        [_finding(plan.manifest_error.code, MANIFEST_NAME, str(plan.manifest_error))] if plan.manifest_error else []
+    )
     findings += [_finding(fm.error.code, fm.name, str(fm.error)) for fm in plan.foreign if fm.error is not None]
     if plan.manifest is not None:
         part, summary = _sealed_part(plan, observed, evidence)

@@ -84,19 +84,41 @@ def follow(job: Job, *, queue_timeout: float, poll: float = 1.0, on_state: Any =
                 if never or pending_for > queue_timeout:
                     job.cancel()
                     why = "can never run as asked" if never else f"still pending after {queue_timeout:g} s"
-                    return JobEnd(job.job_id, "NEVER_RUNS" if never else "QUEUE_TIMEOUT", None, f"{why} ({reason})", pending_for, pending_for, kind=job.kind)
-            why = stop(st) if stop is not None else None
-            if why:
-                return _cancelled(job, why, signal.SIGTERM, started, pending_for, running)  # a scheduler stopping
+                    return JobEnd(
+                        job.job_id,
+                        "NEVER_RUNS" if never else "QUEUE_TIMEOUT",
+                        None,
+                        f"{why} ({reason})",
+                        pending_for,
+                        pending_for,
+                        kind=job.kind,
+                    )
+            stopped: str | None = stop(st) if stop is not None else None
+            if stopped:
+                return _cancelled(job, stopped, signal.SIGTERM, started, pending_for, running)  # a scheduler stopping
             time.sleep(poll)
     except BaseException as exc:  # Ctrl-C, SIGTERM: the job must not outlive the one following it
         if isinstance(exc, Exception):
             raise
-        signum = signal.SIGTERM if "SIGTERM" in str(exc) else signal.SIGINT  # the CLI's Terminated says so; a bare KeyboardInterrupt is Ctrl-C
-        end = _cancelled(job, f"drill submit was {str(exc) or 'interrupted (SIGINT)'}", signum, started, pending_for, running)
+        signum = (
+            signal.SIGTERM if "SIGTERM" in str(exc) else signal.SIGINT
+        )  # the CLI's Terminated says so; a bare KeyboardInterrupt is Ctrl-C
+        end = _cancelled(
+            job, f"drill submit was {str(exc) or 'interrupted (SIGINT)'}", signum, started, pending_for, running
+        )
         raise Interrupted(end, exc) from None
     st, code, reason, host = job.final()
-    return JobEnd(job.job_id, st, code, reason, pending_for, time.monotonic() - started, host, was_running=running or st != "CANCELLED", kind=job.kind)
+    return JobEnd(
+        job.job_id,
+        st,
+        code,
+        reason,
+        pending_for,
+        time.monotonic() - started,
+        host,
+        was_running=running or st != "CANCELLED",
+        kind=job.kind,
+    )
 
 
 def _cancelled(job: Job, why: str, signum: int, started: float, pending_for: float, running: bool) -> JobEnd:
@@ -106,7 +128,19 @@ def _cancelled(job: Job, why: str, signum: int, started: float, pending_for: flo
     while job.state() is not None and time.monotonic() < deadline:
         time.sleep(0.5)
     st, code, reason, host = job.final()
-    return JobEnd(job.job_id, st, code, reason, pending_for, time.monotonic() - started, host, cancelled_by=why, cancelled_on=signum, was_running=running, kind=job.kind)
+    return JobEnd(
+        job.job_id,
+        st,
+        code,
+        reason,
+        pending_for,
+        time.monotonic() - started,
+        host,
+        cancelled_by=why,
+        cancelled_on=signum,
+        was_running=running,
+        kind=job.kind,
+    )
 
 
 __all__ = ["Interrupted", "Job", "JobEnd", "follow"]

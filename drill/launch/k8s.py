@@ -63,11 +63,16 @@ def manifests(policy: Policy, *, cron: bool = False, suffix: str | None = None) 
     if cron:
         workload = _cronjob(policy, name, labels, job_spec)
     else:
-        workload = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{name}-{suffix or secrets.token_hex(3)}", "labels": labels}, "spec": job_spec}
+        workload = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": f"{name}-{suffix or secrets.token_hex(3)}", "labels": labels},
+            "spec": job_spec,
+        }
     docs = [config, service, workload]
     for doc in docs:
         if a.namespace:
-            doc["metadata"]["namespace"] = a.namespace  # type: ignore[index]
+            doc["metadata"]["namespace"] = a.namespace
     return docs
 
 
@@ -108,14 +113,25 @@ def _pod(policy: Policy, name: str) -> dict[str, Any]:
         container["envFrom"] = [{"secretRef": {"name": a.s3_secret}}]
     volumes: list[dict[str, Any]] = [{"name": "policy", "configMap": {"name": f"{name}-policy"}}]
     if a.volume_claim or a.host_path:
-        source = {"persistentVolumeClaim": {"claimName": a.volume_claim, "readOnly": True}} if a.volume_claim else {"hostPath": {"path": a.host_path, "type": "Directory"}}
+        source = (
+            {"persistentVolumeClaim": {"claimName": a.volume_claim, "readOnly": True}}
+            if a.volume_claim
+            else {"hostPath": {"path": a.host_path, "type": "Directory"}}
+        )
         volumes.append({"name": "checkpoints", **source})
-        container["volumeMounts"].append({"name": "checkpoints", "mountPath": policy.checkpoints.root, "readOnly": True})
+        container["volumeMounts"].append(
+            {"name": "checkpoints", "mountPath": policy.checkpoints.root, "readOnly": True}
+        )
     return {
         "subdomain": name,
         "restartPolicy": "Never",
         "activeDeadlineSeconds": time_limit_minutes(policy) * 60,  # from the pod's start: time pending does not count
-        "securityContext": {"runAsNonRoot": True, "runAsUser": a.run_as_user, "runAsGroup": a.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": a.run_as_user,
+            "runAsGroup": a.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
         "volumes": volumes,
     }

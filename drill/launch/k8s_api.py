@@ -31,7 +31,9 @@ def configured_api() -> Any | None:
         config.load_incluster_config()
     except ConfigException:
         try:
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)  # read now: the client reads it once, at import
+            config.load_kube_config(
+                config_file=os.environ.get("KUBECONFIG") or None
+            )  # read now: the client reads it once, at import
         except (ConfigException, OSError, TypeError, ValueError):
             return None
     return client.ApiClient()
@@ -45,19 +47,20 @@ def apply(api: Any, docs: list[dict[str, Any]], namespace: str) -> None:
 
     core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
     for doc in docs:
+        body: Any = doc  # the client takes a plain manifest as its model classes' body
         name, kind = doc["metadata"]["name"], doc["kind"]
         try:
             if kind == "ConfigMap":
-                core.create_namespaced_config_map(namespace, doc)
+                core.create_namespaced_config_map(namespace, body)
             elif kind == "Service":
-                core.create_namespaced_service(namespace, doc)
+                core.create_namespaced_service(namespace, body)
             else:
-                batch.create_namespaced_job(namespace, doc)
+                batch.create_namespaced_job(namespace, body)
         except ApiException as exc:
             if exc.status != 409 or kind == "Job":
                 raise
             if kind == "ConfigMap":
-                core.replace_namespaced_config_map(name, namespace, doc)
+                core.replace_namespaced_config_map(name, namespace, body)
 
 
 def refusal(exc: Exception) -> str:
@@ -105,7 +108,11 @@ class KubeJob:
     def _pods(self) -> list[Any]:
         from kubernetes import client
 
-        return list(client.CoreV1Api(self.api).list_namespaced_pod(self.namespace, label_selector=f"job-name={self.job_id}").items)
+        return list(
+            client.CoreV1Api(self.api)
+            .list_namespaced_pod(self.namespace, label_selector=f"job-name={self.job_id}")
+            .items
+        )
 
     def never_runs(self, reason: str) -> bool:
         return reason.startswith("Unschedulable") and any(w in reason for w in NEVER_SCHEDULES)
@@ -115,7 +122,9 @@ class KubeJob:
         from kubernetes.client.rest import ApiException
 
         try:
-            client.BatchV1Api(self.api).delete_namespaced_job(self.job_id, self.namespace, propagation_policy="Background")
+            client.BatchV1Api(self.api).delete_namespaced_job(
+                self.job_id, self.namespace, propagation_policy="Background"
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -133,7 +142,9 @@ class KubeJob:
 def _ended(job: Any) -> tuple[str, str] | None:
     for cond in job.status.conditions or []:
         if cond.status == "True" and cond.type in ("Complete", "Failed"):
-            return ("COMPLETE" if cond.type == "Complete" else "FAILED"), " ".join(x for x in (cond.reason, cond.message) if x)
+            return ("COMPLETE" if cond.type == "Complete" else "FAILED"), " ".join(
+                x for x in (cond.reason, cond.message) if x
+            )
     return None
 
 

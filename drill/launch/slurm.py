@@ -19,10 +19,10 @@ import math
 import os
 import re
 import secrets
-from dataclasses import dataclass
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from drill.launch.jobs import Interrupted, JobEnd, follow
@@ -36,7 +36,17 @@ NEVER_RUNS = {
 """Pending reasons that say the job as asked can never start (a limit it exceeds, a thing that
 does not exist): waiting out the queue timeout would only delay the error."""
 
-FINAL_STATES = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "TIMEOUT",
+    "CANCELLED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 class SubmitError(Exception):
@@ -86,7 +96,17 @@ def render(policy: Policy, *, db_url: str | None, trigger: str = "policy", nonce
     lines += [f"#SBATCH {arg}" for arg in a.sbatch_args]
     rdzv = shlex.quote((a.rendezvous or "/tmp").rstrip("/") or "/")
     python = shlex.quote(sys.executable)
-    drill = [sys.executable, "-m", "drill", "run", "--policy", os.path.abspath(policy.path), "--trigger", trigger, "--quiet"]
+    drill = [
+        sys.executable,
+        "-m",
+        "drill",
+        "run",
+        "--policy",
+        os.path.abspath(policy.path),
+        "--trigger",
+        trigger,
+        "--quiet",
+    ]
     if db_url:
         drill += ["--db", db_url]
     verdict = shlex.quote(log_dir(policy)) + '/drill-"$SLURM_JOB_ID".verdict.json'
@@ -143,7 +163,12 @@ def final(job_id: str, env: dict[str, str] | None = None) -> tuple[str, int | No
         fields = dict(re.findall(r"(\w+)=(\S*)", res.stdout))
         code = fields.get("ExitCode", "")
         host = fields.get("BatchHost") or None
-        return fields.get("JobState", "UNKNOWN"), int(code.split(":")[0]) if code[:1].isdigit() else None, fields.get("Reason", "None"), host
+        return (
+            fields.get("JobState", "UNKNOWN"),
+            int(code.split(":")[0]) if code[:1].isdigit() else None,
+            fields.get("Reason", "None"),
+            host,
+        )
     res = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode,NodeList"], env)
     if res.returncode == 0 and res.stdout.strip():
         st, code, nodes = (res.stdout.strip().splitlines()[0].split("|") + ["", ""])[:3]
@@ -179,9 +204,34 @@ class SlurmJob:
         return final(self.job_id, self.env)
 
 
-def wait(job_id: str, *, queue_timeout: float, env: dict[str, str] | None = None, poll: float = 1.0, on_state: Any = None, stop: Any = None) -> JobEnd:
+def wait(
+    job_id: str,
+    *,
+    queue_timeout: float,
+    env: dict[str, str] | None = None,
+    poll: float = 1.0,
+    on_state: Any = None,
+    stop: Any = None,
+) -> JobEnd:
     """Follow the job to its end (see :func:`~drill.launch.jobs.follow`)."""
     return follow(SlurmJob(job_id, env), queue_timeout=queue_timeout, poll=poll, on_state=on_state, stop=stop)
 
 
-__all__ = ["FINAL_STATES", "NEVER_RUNS", "Interrupted", "JobEnd", "SlurmJob", "SubmitError", "cancel", "final", "new_nonce", "output_path", "render", "state", "submit", "time_limit_minutes", "verdict_path", "wait"]
+__all__ = [
+    "FINAL_STATES",
+    "NEVER_RUNS",
+    "Interrupted",
+    "JobEnd",
+    "SlurmJob",
+    "SubmitError",
+    "cancel",
+    "final",
+    "new_nonce",
+    "output_path",
+    "render",
+    "state",
+    "submit",
+    "time_limit_minutes",
+    "verdict_path",
+    "wait",
+]

@@ -49,12 +49,21 @@ def job_db_url(db: str | None) -> str | None:
     if make_url(url).password is None:
         return url
     if db is not None and os.environ.get(DATABASE_ENV) != db:
-        raise UsageError(f"--db holds a password, which a job script must not: export {DATABASE_ENV} instead (the job inherits it)")
+        raise UsageError(
+            f"--db holds a password, which a job script must not: export {DATABASE_ENV} instead (the job inherits it)"
+        )
     return None
 
 
 def submit_slurm(
-    policy: Policy, *, db: str | None, dry_run: bool = False, env: dict[str, str] | None = None, trigger: str = "policy", on_state: Any = None, stop: Any = None
+    policy: Policy,
+    *,
+    db: str | None,
+    dry_run: bool = False,
+    env: dict[str, str] | None = None,
+    trigger: str = "policy",
+    on_state: Any = None,
+    stop: Any = None,
 ) -> Submission:
     """Submit the policy's drill, follow the job to its end and make sure it is recorded once.
     Interrupted (Ctrl-C, SIGTERM) while following: the job is cancelled, recorded ``aborted``,
@@ -73,16 +82,34 @@ def submit_slurm(
         try:
             sub.job_id = slurm.submit(script, env)
         except slurm.SubmitError as exc:
-            sub.outcome = records.get(records.record_lost(_start(policy, trigger, None), status=DrillStatus.ERROR, exit_code=int(ExitCode.ERROR), reason=str(exc)))
+            sub.outcome = records.get(
+                records.record_lost(
+                    _start(policy, trigger, None),
+                    status=DrillStatus.ERROR,
+                    exit_code=int(ExitCode.ERROR),
+                    reason=str(exc),
+                )
+            )
             return sub
         sub.output = slurm.output_path(policy, sub.job_id)
-        _follow(sub, records, policy, trigger, f"slurm:{sub.job_id}#{nonce}", slurm.SlurmJob(sub.job_id, env), on_state=on_state, stop=stop)
+        _follow(
+            sub,
+            records,
+            policy,
+            trigger,
+            f"slurm:{sub.job_id}#{nonce}",
+            slurm.SlurmJob(sub.job_id, env),
+            on_state=on_state,
+            stop=stop,
+        )
     finally:
         database.close()
     return sub
 
 
-def submit_k8s(policy: Policy, api: Any, *, db: str | None, trigger: str = "policy", on_state: Any = None, stop: Any = None) -> Submission:
+def submit_k8s(
+    policy: Policy, api: Any, *, db: str | None, trigger: str = "policy", on_state: Any = None, stop: Any = None
+) -> Submission:
     """Apply the policy's Job to the configured cluster and follow it like a Slurm job; the pods
     record the drill as ``k8s:<job name>`` (a name of this run only)."""
     from drill.launch import k8s
@@ -100,15 +127,26 @@ def submit_k8s(policy: Policy, api: Any, *, db: str | None, trigger: str = "poli
             apply(api, docs, namespace)
         except Exception as exc:  # noqa: BLE001 - the API refused (RBAC, quota, validation): the drill is still on the record
             reason = f"kubernetes refused the Job: {refusal(exc)}"
-            sub.outcome = records.get(records.record_lost(_start(policy, trigger, None), status=DrillStatus.ERROR, exit_code=int(ExitCode.ERROR), reason=reason))
+            sub.outcome = records.get(
+                records.record_lost(
+                    _start(policy, trigger, None),
+                    status=DrillStatus.ERROR,
+                    exit_code=int(ExitCode.ERROR),
+                    reason=reason,
+                )
+            )
             return sub
-        _follow(sub, records, policy, trigger, f"k8s:{name}", KubeJob(api, name, namespace), on_state=on_state, stop=stop)
+        _follow(
+            sub, records, policy, trigger, f"k8s:{name}", KubeJob(api, name, namespace), on_state=on_state, stop=stop
+        )
     finally:
         database.close()
     return sub
 
 
-def _follow(sub: Submission, records: Any, policy: Policy, trigger: str, record_job: str, job: Any, *, on_state: Any, stop: Any) -> None:
+def _follow(
+    sub: Submission, records: Any, policy: Policy, trigger: str, record_job: str, job: Any, *, on_state: Any, stop: Any
+) -> None:
     """Follow the job to its end and reconcile its record; interrupted, the same, then re-raised."""
     from drill.launch.jobs import follow
 
@@ -160,10 +198,18 @@ def reconcile(records: Any, policy: Policy, trigger: str, end: JobEnd, job: str,
         why = f"{end.name} was cancelled: {end.reason}"
     if drill_id is None:
         cause = last_words(output) if output else None
-        reason = f"{why}{' before the drill recorded anything' if end.was_running else ''}" + (f": {cause}" if cause else "") + f" (job output: {output})"
-        drill_id = records.record_lost(_start(policy, trigger, job), status=status, exit_code=int(code), reason=reason, host=end.host)
+        reason = (
+            f"{why}{' before the drill recorded anything' if end.was_running else ''}"
+            + (f": {cause}" if cause else "")
+            + f" (job output: {output})"
+        )
+        drill_id = records.record_lost(
+            _start(policy, trigger, job), status=status, exit_code=int(code), reason=reason, host=end.host
+        )
     else:
-        records.close_dead_drill(drill_id, status=status, exit_code=int(code), reason=f"{why} (job output: {output})")  # no-op when the drill closed itself
+        records.close_dead_drill(
+            drill_id, status=status, exit_code=int(code), reason=f"{why} (job output: {output})"
+        )  # no-op when the drill closed itself
     return records.get(drill_id)
 
 

@@ -37,7 +37,13 @@ class VerdictFile:
 
 def write_verdict(path: str, verdict: VerdictFile) -> None:
     """Atomically: a launcher never reads half a verdict."""
-    doc: dict[str, Any] = {"id": verdict.drill_id, "status": verdict.status, "exit_code": verdict.exit_code, "message": verdict.message, "rank": verdict.rank}
+    doc: dict[str, Any] = {
+        "id": verdict.drill_id,
+        "status": verdict.status,
+        "exit_code": verdict.exit_code,
+        "message": verdict.message,
+        "rank": verdict.rank,
+    }
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(doc, f)
@@ -56,7 +62,9 @@ def read_verdict(path: str) -> VerdictFile:
     except FileNotFoundError:
         raise DrillError(f"no verdict at {path}: the drill ended before it decided (see its output)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DrillError(f"{path} holds no drill verdict ({type(exc).__name__}): was it written by drill run --verdict-file?") from None
+        raise DrillError(
+            f"{path} holds no drill verdict ({type(exc).__name__}): was it written by drill run --verdict-file?"
+        ) from None
 
 
 __all__ = ["ENV", "VerdictFile", "read_verdict", "write_verdict"]

@@ -50,7 +50,9 @@ def run_drill(
     from drill.pipeline.stages import Drill, check_stage, discover_stage, plan_stage, replay_stage, restore_stage
     from drill.restore import NullProgress
 
-    drill = Drill.prepare(request, recorder or NullRecorder(), progress or NullProgress(), storage, dist)  # preflight: nothing recorded yet
+    drill = Drill.prepare(
+        request, recorder or NullRecorder(), progress or NullProgress(), storage, dist
+    )  # preflight: nothing recorded yet
     with drill.guarded():
         drill.begin()
         drill.stage("discover", discover_stage, announce=False)  # discover, resume (listed by the preflight)

@@ -32,7 +32,9 @@ def check_version(doc: dict[str, Any], known: int, what: str) -> None:
     document without one predates versions and has version 1's shape)."""
     version = doc.get("version", 1)
     if not isinstance(version, int) or isinstance(version, bool) or version > known:
-        raise DocumentVersionError(f"{what} document version {version!r}: this drill reads version {known} and earlier (upgrade drill)")
+        raise DocumentVersionError(
+            f"{what} document version {version!r}: this drill reads version {known} and earlier (upgrade drill)"
+        )
 
 
 @dataclass(slots=True, kw_only=True)
@@ -164,7 +166,9 @@ class DrillOutcome:
             "trigger": self.trigger,
             "policy": self.policy,
             "selection": self.selection,
-            "checkpoint": None if ck is None else {k: getattr(ck, k) for k in ("uri", "name", "step", "format", "bytes", "files")},
+            "checkpoint": None
+            if ck is None
+            else {k: getattr(ck, k) for k in ("uri", "name", "step", "format", "bytes", "files")},
             "host": self.host,
             "pid": self.pid,
             "device": self.device,
@@ -221,7 +225,9 @@ class DrillOutcome:
             bytes_read=doc.get("bytes_read"),
             evidence_level=doc.get("evidence_level"),
             sample=doc.get("sample"),
-            replay=ReplaySummary(verdict=replay["verdict"], reason=replay["reason"], steps=replay.get("steps", [])) if replay else None,
+            replay=ReplaySummary(verdict=replay["verdict"], reason=replay["reason"], steps=replay.get("steps", []))
+            if replay
+            else None,
             slo_breaches=dict(doc.get("slo_breaches") or {}),
             checks=[CheckResult.from_dict(c) for c in doc.get("checks", [])],
             error=doc.get("error"),

@@ -76,7 +76,8 @@ def settle(d: Drill, outcome: DrillOutcome) -> DrillOutcome:
     if outcome.status in (DrillStatus.ERROR, DrillStatus.ABORTED) and not dist.reported:
         dist.fail(outcome.message or outcome.status.value)
     try:
-        left = max(1.0, d.request.timeout - (time.perf_counter() - d.started))
+        timeout = d.request.timeout if d.request.timeout is not None else float("inf")
+        left = max(1.0, timeout - (time.perf_counter() - d.started))
         outcome.id, status, code, outcome.message = dist.wait_for("verdict", left)
         outcome.status, outcome.exit_code = DrillStatus(status), ExitCode(code)
     except Exception as exc:  # noqa: BLE001 - rank 0 is gone: this rank cannot know the verdict

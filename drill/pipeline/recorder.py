@@ -43,7 +43,9 @@ class Recorder(Protocol):
         """The drill reached ``name`` (a crash leaves the last one on the record)."""
         ...
 
-    def selected(self, checkpoint: CheckpointInfo, *, selection: str, evidence_level: str | None, sample: str | None) -> None:
+    def selected(
+        self, checkpoint: CheckpointInfo, *, selection: str, evidence_level: str | None, sample: str | None
+    ) -> None:
         """The checkpoint this drill restores, how it was chosen, and what evidence it rests on."""
         ...
 
@@ -78,7 +80,9 @@ class NullRecorder:
     def phase(self, name: str) -> None:
         pass
 
-    def selected(self, checkpoint: CheckpointInfo, *, selection: str, evidence_level: str | None, sample: str | None) -> None:
+    def selected(
+        self, checkpoint: CheckpointInfo, *, selection: str, evidence_level: str | None, sample: str | None
+    ) -> None:
         pass
 
     def last_drilled(self, run_root: str) -> Mapping[str, datetime]:

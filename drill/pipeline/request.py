@@ -104,9 +104,12 @@ class DrillRequest:
             raise ValueError(f"--timeout: must be a positive number of seconds, not {self.timeout!r}")
         if self.keep_last is not None and self.keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, not {self.keep_last}")
+        assert isinstance(self.selector, Selector)  # parsed above
         if self.root is None:
             if self.selector.kind != "path":
-                raise ValueError(f"--root is required with --checkpoint {self.selector}: only a checkpoint path names its run")
+                raise ValueError(
+                    f"--root is required with --checkpoint {self.selector}: only a checkpoint path names its run"
+                )
             assert self.selector.path is not None
             path = self.selector.path.rstrip("/")
             self.root = path.rsplit("/", 1)[0] if "/" in path else "."
@@ -120,7 +123,6 @@ class DrillRequest:
                 raise ValueError(f"--durable {self.durable} is the run root itself: name the other tier's copy")
         if self.selector.kind == "path" and "://" not in str(self.selector.path):
             self.selector = Selector("path", path=normalize(str(self.selector.path)))
-
 
     def flags(self) -> list[str]:
         """The ``drill run`` flags that ask for this drill again, the way it was asked for —
@@ -150,7 +152,9 @@ class DrillRequest:
             "flags": self.flags(),
             "policy_file": self.policy_file,
             "allow_missing": list(self.expectations.allow_missing),
-            "required_parts": list(self.expectations.required_parts) if self.expectations.required_parts is not None else None,
+            "required_parts": list(self.expectations.required_parts)
+            if self.expectations.required_parts is not None
+            else None,
             "replay": self.replay.enabled,
             "slo": self.slo.to_dict() if self.slo is not None else None,
             "cold": self.cold,

@@ -10,7 +10,6 @@ that reason.
 from __future__ import annotations
 
 import math
-
 import os
 import shutil
 import socket
@@ -18,12 +17,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from typing import Any
 
-from drill import __version__
+from drill import __version__, formats
+from drill.checkpoints import CheckpointRef
 from drill.checks import CheckInputs
 from drill.checks.registry import LOADING_CHECKS, ORDER, STATE_CHECKS, run_checks
 from drill.checks.replay import replay_rows
@@ -32,13 +32,13 @@ from drill.device import resolve_device
 from drill.discover import discover
 from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError, one_line
 from drill.findings import CheckResult, CheckStatus, not_run
-from drill import formats
 from drill.formats import resolve_format
 from drill.formats.base import RestoreContext
 from drill.integrity.keys import load_key
+from drill.integrity.manifest import MANIFEST_NAME, list_files
 from drill.integrity.reading import INFRASTRUCTURE
 from drill.integrity.verify import plan_integrity
-from drill.interrupts import InterruptGuard, Interrupted
+from drill.interrupts import Interrupted, InterruptGuard
 from drill.pipeline import ranks
 from drill.pipeline.outcome import CheckpointInfo, DrillOutcome, ReplaySummary, Timings
 from drill.pipeline.recorder import DrillStart, Recorder
@@ -46,8 +46,6 @@ from drill.pipeline.request import DrillRequest
 from drill.replay.run import ERROR, NOT_REPLAYABLE, NOT_RUN, ReplayOutcome, entrypoint_findable, run_replay
 from drill.restore import Progress
 from drill.select import choose, select
-from drill.checkpoints import CheckpointRef
-from drill.integrity.manifest import MANIFEST_NAME, list_files
 from drill.storage import LocalStorage, Storage, StorageError, scheme_of, storage_for
 from drill.verdict import DrillStatus, decide
 
@@ -85,7 +83,9 @@ class Drill:
     """What to hash, as rank 0 planned it (the other ranks of a distributed drill)."""
 
     @classmethod
-    def prepare(cls, request: DrillRequest, recorder: Recorder, progress: Progress, storage: Storage | None, dist: Any = None) -> Drill:
+    def prepare(
+        cls, request: DrillRequest, recorder: Recorder, progress: Progress, storage: Storage | None, dist: Any = None
+    ) -> Drill:
         """Everything that can be wrong with the request fails here, before anything is
         recorded: a device, storage or key that cannot be used, and what :func:`preflight`
         finds (rank 0 of a distributed drill only: the others follow its choice)."""
@@ -137,7 +137,13 @@ class Drill:
     def begin(self) -> None:
         o = self.outcome
         start = DrillStart(
-            run_root=o.run_root, selector=o.selector, trigger=o.trigger, device=o.device, policy=o.policy, started_at=o.started_at, versions=o.versions,
+            run_root=o.run_root,
+            selector=o.selector,
+            trigger=o.trigger,
+            device=o.device,
+            policy=o.policy,
+            started_at=o.started_at,
+            versions=o.versions,
             job_id=o.job_id,
         )
         o.id = self.recorder.begin(start)
@@ -172,7 +178,9 @@ class Drill:
                 raise
             except BaseException:  # noqa: BLE001 - drill's own failure (DCP's CheckpointException is a BaseException)
                 if self.guard.timed_out:
-                    self.drill_error = f"the drill ran past its {self.request.timeout:g} s timeout during {self.outcome.phase}"
+                    self.drill_error = (
+                        f"the drill ran past its {self.request.timeout:g} s timeout during {self.outcome.phase}"
+                    )
                     self.outcome.error = self.drill_error
                 elif self.guard.signum is None:  # an interrupt wrapped by a library is still one
                     text = traceback.format_exc()
@@ -187,7 +195,9 @@ class Drill:
     def finish(self) -> DrillOutcome:
         """The verdict, from the checks and what happened to drill itself; recorded once."""
         o = self.outcome
-        why = self.stopped or (f"the drill ended during {o.phase}" if self.guard.signum or self.drill_error else "not reached")
+        why = self.stopped or (
+            f"the drill ended during {o.phase}" if self.guard.signum or self.drill_error else "not reached"
+        )
         o.checks = [self.results.get(name) or not_run(name, why) for name in ORDER]
         if "integrity" in self.results:
             o.evidence_level = evidence_of(self.results["integrity"])
@@ -241,7 +251,9 @@ def preflight(d: Drill) -> None:
         raise
     inputs.ref, inputs.selection = choice.ref, choice.reason
     d.outcome.selection = choice.reason
-    d.outcome.checkpoint = CheckpointInfo(uri=choice.ref.uri, name=choice.ref.name, step=choice.ref.step, format=choice.ref.format)
+    d.outcome.checkpoint = CheckpointInfo(
+        uri=choice.ref.uri, name=choice.ref.name, step=choice.ref.step, format=choice.ref.format
+    )
     _entrypoint_exists(d)
 
 
@@ -279,7 +291,13 @@ def _choose(d: Drill):  # type: ignore[no-untyped-def]
     found, request = d.inputs.discovery, d.request
     assert found is not None
     if request.selection is not None:
-        return choose(found, request.selection, now=time.time(), keep_last=request.keep_last, last_drilled=d.recorder.last_drilled(found.root))
+        return choose(
+            found,
+            request.selection,
+            now=time.time(),
+            keep_last=request.keep_last,
+            last_drilled=d.recorder.last_drilled(found.root),
+        )
     return select(found, request.selector)  # type: ignore[arg-type]
 
 
@@ -300,7 +318,12 @@ def plan_stage(d: Drill) -> list[CheckResult]:
     o = d.outcome
     o.evidence_level = "sealed" if plan.manifest is not None else None  # until the integrity check says what it proved
     o.checkpoint = CheckpointInfo(
-        uri=drilled.uri, name=drilled.name, step=drilled.step, format=drilled.format, bytes=sum(plan.on_storage.values()) or None, files=len(plan.on_storage) or None
+        uri=drilled.uri,
+        name=drilled.name,
+        step=drilled.step,
+        format=drilled.format,
+        bytes=sum(plan.on_storage.values()) or None,
+        files=len(plan.on_storage) or None,
     )
     d.recorder.selected(o.checkpoint, selection=o.selection or "", evidence_level=o.evidence_level, sample=o.sample)
     d.timings.plan = time.perf_counter() - started
@@ -381,7 +404,9 @@ def restore_stage(d: Drill) -> list[CheckResult]:
         progress=d.progress,
         hash_plan=plan.hash_plan if plan is not None else d.hash_plan,
         allow_classes=d.request.allow_classes,
-        memory_budget=d.request.memory_budget,
+        memory_budget=d.request.memory_budget
+        if isinstance(d.request.memory_budget, int)
+        else None,  # parsed by the request
     )
     d.outcome.page_cache = _page_cache(d, ref)  # off the clock: dropping pages is not the restore
     started = time.perf_counter()
@@ -458,9 +483,17 @@ def _replay(d: Drill) -> ReplayOutcome:
             hint="the drill proves the restore and the state's consistency across ranks; pass --no-replay to say so, or replay a single-rank run",
         )
     if not formats.get(ref.format).replays_through_dcp and request.replay.entrypoint is None:
-        return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"no replay entrypoint for this {formats.get(ref.format).label} checkpoint: pass --replay module:function")
+        return ReplayOutcome(
+            verdict=NOT_REPLAYABLE,
+            reason=f"no replay entrypoint for this {formats.get(ref.format).label} checkpoint: pass --replay module:function",
+        )
     return run_replay(
-        spec=request.replay, run_dir=replay_dir(d), checkpoint=ref.uri, step=d.restored_step, device=str(d.device), storage_options=request.storage_options
+        spec=request.replay,
+        run_dir=replay_dir(d),
+        checkpoint=ref.uri,
+        step=d.restored_step,
+        device=str(d.device),
+        storage_options=request.storage_options,
     )
 
 
@@ -478,9 +511,9 @@ def _page_cache(d: Drill, ref: CheckpointRef) -> dict[str, Any]:
         return {"cold": d.request.cold, "error": one_line(exc)}
 
 
-def _restored_step(state: dict, fallback: int | None) -> int | None:  # type: ignore[type-arg]
-    step = state.get("train_state.step")
-    if hasattr(step, "item"):
+def _restored_step(state: dict, fallback: int | None) -> int | None:
+    step: Any = state.get("train_state.step")
+    if step is not None and hasattr(step, "item"):
         step = step.item()
     whole = isinstance(step, int) or (isinstance(step, float) and math.isfinite(step) and step.is_integer())
     return int(step) if whole and not isinstance(step, bool) else fallback

@@ -68,6 +68,13 @@ def _reachable(field: str, uri: str, policy: Policy) -> list[str]:
 def _s3_credentials(field: str, root: str) -> list[str]:
     env = os.environ
     shared = os.path.expanduser(env.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))
-    if env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_PROFILE") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE") or os.path.exists(shared):
+    if (
+        env.get("AWS_ACCESS_KEY_ID")
+        or env.get("AWS_PROFILE")
+        or env.get("AWS_WEB_IDENTITY_TOKEN_FILE")
+        or os.path.exists(shared)
+    ):
         return []
-    return [f"{field}: {root}: no AWS credentials in this environment or ~/.aws (an instance role may still provide them)"]
+    return [
+        f"{field}: {root}: no AWS credentials in this environment or ~/.aws (an instance role may still provide them)"
+    ]

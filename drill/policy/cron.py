@@ -15,7 +15,11 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> CronTrigger:
     fields = expr.split()
     if len(fields) == 6:
         second, minute, hour, day, month, dow = fields
-        return CronTrigger(second=second, minute=minute, hour=hour, day=day, month=month, day_of_week=dow, timezone=timezone)
+        return CronTrigger(
+            second=second, minute=minute, hour=hour, day=day, month=month, day_of_week=dow, timezone=timezone
+        )
     if len(fields) != 5:
-        raise ValueError(f"expected 5 fields (minute hour day month weekday), or 6 with seconds first; got {len(fields)}")
+        raise ValueError(
+            f"expected 5 fields (minute hour day month weekday), or 6 with seconds first; got {len(fields)}"
+        )
     return CronTrigger.from_crontab(expr, timezone=timezone)

@@ -15,8 +15,19 @@ from typing import Any
 
 import yaml
 
-from drill.policy.model import Alerts, Allocation, Checkpoints, Contract, FieldError, Integrity, Limits, Policy, Replay, Schedule
 from drill.device import parse_device
+from drill.policy.model import (
+    Alerts,
+    Allocation,
+    Checkpoints,
+    Contract,
+    FieldError,
+    Integrity,
+    Limits,
+    Policy,
+    Replay,
+    Schedule,
+)
 from drill.replay.spec import anchored
 from drill.select import Selection
 from drill.units import parse_duration, parse_size
@@ -106,6 +117,8 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "volume_claim": STR, "host_path": STR, "s3_secret": STR, "database_secret": STR, "cpu": NUM, "memory": _size, "run_as_user": INT,
     },
 }  # fmt: skip
+
+
 def _device(value: Any) -> str:
     return parse_device(STR(value))
 
@@ -115,7 +128,10 @@ DATACLASSES = {
     "checkpoints": Checkpoints, "selection": Selection, "schedule": Schedule, "contract": Contract, "integrity": Integrity,
     "replay": Replay, "slo": SLO, "alerts": Alerts, "limits": Limits, "allocation": Allocation,
 }  # fmt: skip
-REQUIRED = {"checkpoints": ("root", "the run directory to drill"), "schedule": ("cron", "a cron expression, e.g. '0 3 * * *'")}
+REQUIRED = {
+    "checkpoints": ("root", "the run directory to drill"),
+    "schedule": ("cron", "a cron expression, e.g. '0 3 * * *'"),
+}
 
 
 class _Collector:
@@ -179,7 +195,9 @@ def _compose(text: str, file: str) -> yaml.Node | None:
     """The document's node graph, within the limits above; a :class:`PolicyError` naming the
     line otherwise."""
     if len(text) > MAX_BYTES:
-        raise PolicyError([Problem(file, None, "", f"{len(text)} characters: larger than any policy ({MAX_BYTES} at most)")])
+        raise PolicyError(
+            [Problem(file, None, "", f"{len(text)} characters: larger than any policy ({MAX_BYTES} at most)")]
+        )
     loader = None
     try:
         loader = _Bounded(text)  # the reader refuses some characters as it is built
@@ -208,7 +226,9 @@ def _expanded_size(root: yaml.Node, file: str) -> None:
         if key in sizes:
             return sizes[key]
         if key in open_:
-            raise PolicyError([Problem(file, node.start_mark.line + 1, "", "refused: an alias refers to the value that contains it")])
+            raise PolicyError(
+                [Problem(file, node.start_mark.line + 1, "", "refused: an alias refers to the value that contains it")]
+            )
         open_.add(key)
         children = node.value if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)) else []
         flat = [c for pair in children for c in pair] if isinstance(node, yaml.MappingNode) else children
@@ -216,7 +236,16 @@ def _expanded_size(root: yaml.Node, file: str) -> None:
         for child in flat:
             total += size(child)
             if total > MAX_NODES:
-                raise PolicyError([Problem(file, node.start_mark.line + 1, "", f"refused: more than {MAX_NODES} values once its aliases are expanded")])
+                raise PolicyError(
+                    [
+                        Problem(
+                            file,
+                            node.start_mark.line + 1,
+                            "",
+                            f"refused: more than {MAX_NODES} values once its aliases are expanded",
+                        )
+                    ]
+                )
         open_.discard(key)
         sizes[key] = total
         return total
@@ -240,8 +269,12 @@ def parse_policy(text: str, file: str = "<policy>") -> Policy:
     if errors.problems:
         raise PolicyError(sorted(errors.problems, key=lambda p: (p.line or 0, p.field)))
     built["checkpoints"] = _relative_root(built["checkpoints"], file)
-    if "replay" in built and built["replay"].entrypoint and file != "<policy>":  # a file entrypoint travels with its policy
-        built["replay"] = replace(built["replay"], entrypoint=anchored(built["replay"].entrypoint, os.path.dirname(os.path.abspath(file))))
+    if (
+        "replay" in built and built["replay"].entrypoint and file != "<policy>"
+    ):  # a file entrypoint travels with its policy
+        built["replay"] = replace(
+            built["replay"], entrypoint=anchored(built["replay"].entrypoint, os.path.dirname(os.path.abspath(file)))
+        )
     try:
         path = file if file == "<policy>" else os.path.abspath(file)  # a re-run, a batch job's --chdir: the same file
         return Policy(name=values["name"], device=values.get("device", "auto"), path=path, **built)
@@ -285,7 +318,9 @@ def _construct(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
     try:
         return loader.construct_object(node, deep=True)
     except yaml.YAMLError as exc:
-        raise ValueError(f"{getattr(exc, 'problem', None) or exc}: a policy holds plain values only (strings, numbers, lists, mappings)") from None
+        raise ValueError(
+            f"{getattr(exc, 'problem', None) or exc}: a policy holds plain values only (strings, numbers, lists, mappings)"
+        ) from None
 
 
 def _selection_shorthand(sel: _Section | None, errors: _Collector) -> None:
@@ -296,7 +331,9 @@ def _selection_shorthand(sel: _Section | None, errors: _Collector) -> None:
     if isinstance(strategy, str) and strategy.startswith("step:"):
         num = strategy[5:]
         if not num.isdigit():
-            errors.add(sel.nodes["strategy"], "selection.strategy", f"{strategy!r}: step must be an integer, as in step:1200")
+            errors.add(
+                sel.nodes["strategy"], "selection.strategy", f"{strategy!r}: step must be an integer, as in step:1200"
+            )
         elif "step" in sel.values and sel.values["step"] != int(num):
             errors.add(sel.node, "selection", f"sets both strategy: {strategy} and step: {sel.values['step']}")
         else:
@@ -318,7 +355,9 @@ def _build(name: str, sec: _Section, errors: _Collector) -> Any:
             return DATACLASSES[name](**values)
         except ValueError as exc:
             field = getattr(exc, "field", None)
-            errors.add(sec.nodes.get(field, sec.node) if field else sec.node, f"{name}.{field}" if field else name, str(exc))
+            errors.add(
+                sec.nodes.get(field, sec.node) if field else sec.node, f"{name}.{field}" if field else name, str(exc)
+            )
             if field not in values:
                 return None
             del values[field]

@@ -18,8 +18,8 @@ from drill.checks import FINITE_SCANS
 from drill.device import parse_device
 from drill.formats import parse_format
 from drill.integrity.sampling import SampleSpecError, parse_sample
-from drill.replay.spec import ENTRYPOINT
 from drill.policy.cron import cron_trigger
+from drill.replay.spec import ENTRYPOINT
 from drill.select import Selection
 from drill.verdict import FINAL, SLO, DrillStatus
 
@@ -70,7 +70,9 @@ class Checkpoints:
 
             unknown = set(self.s3) - set(S3Config.__dataclass_fields__) - {"retry_seconds", "max_attempts", "timeout"}
             if unknown:
-                raise FieldError("s3", f"unknown setting(s) {', '.join(sorted(unknown))} (credentials belong in the environment)")
+                raise FieldError(
+                    "s3", f"unknown setting(s) {', '.join(sorted(unknown))} (credentials belong in the environment)"
+                )
             try:
                 S3Config.from_env(**self.s3)
             except (TypeError, ValueError) as exc:
@@ -121,7 +123,9 @@ class Contract:
         for name in ("allow_missing", "require"):
             bad = [p for p in getattr(self, name) or () if p not in parts.CANONICAL_PARTS]
             if bad:
-                raise FieldError(name, f"unknown part(s) {', '.join(bad)} (expected {', '.join(parts.CANONICAL_PARTS)})")
+                raise FieldError(
+                    name, f"unknown part(s) {', '.join(bad)} (expected {', '.join(parts.CANONICAL_PARTS)})"
+                )
         if self.finite_scan not in FINITE_SCANS:
             raise FieldError("finite_scan", f"unknown value {self.finite_scan!r} (expected {', '.join(FINITE_SCANS)})")
         bad = [c for c in self.allow_classes if not DOTTED.match(c)]
@@ -192,7 +196,9 @@ class Alerts:
     """The drill statuses that alert."""
 
     def __post_init__(self) -> None:
-        if self.webhook is not None and not (self.webhook.startswith(("http://", "https://")) or re.match(r"^env:\w+$", self.webhook)):
+        if self.webhook is not None and not (
+            self.webhook.startswith(("http://", "https://")) or re.match(r"^env:\w+$", self.webhook)
+        ):
             raise FieldError("webhook", "must be an http(s) URL or env:NAME")
         _positive("timeout", self.timeout)
         if self.retries < 1:
@@ -274,7 +280,9 @@ class Allocation:
         _positive("time_limit", self.time_limit)
         _positive("queue_timeout", self.queue_timeout)
         if self.nodes > 1 and self.launcher == "slurm" and not self.rendezvous:
-            raise FieldError("rendezvous", "required for more than one node: a directory on a filesystem every node mounts")
+            raise FieldError(
+                "rendezvous", "required for more than one node: a directory on a filesystem every node mounts"
+            )
         if self.launcher == "k8s" and not self.image:
             raise FieldError("image", "required for k8s: the container image with drill installed")
         if self.volume_claim and self.host_path:
@@ -321,6 +329,9 @@ class Policy:
             raise FieldError("device", str(exc)) from None
         a = self.allocation
         if a.launcher == "k8s" and "://" not in self.checkpoints.root and not (a.volume_claim or a.host_path):
-            raise FieldError("allocation.volume_claim", "required for k8s with a filesystem root: the claim holding it (or allocation.host_path)")
+            raise FieldError(
+                "allocation.volume_claim",
+                "required for k8s with a filesystem root: the claim holding it (or allocation.host_path)",
+            )
         if a.launcher == "k8s" and "://" not in self.checkpoints.root and not self.checkpoints.root.startswith("/"):
             raise FieldError("checkpoints.root", "must be an absolute path for k8s: the volume is mounted there")

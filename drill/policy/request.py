@@ -30,7 +30,9 @@ def request_from_policy(policy: Policy, trigger: str) -> DrillRequest:
         coverage_days=policy.integrity.coverage_days,
         format=policy.checkpoints.format,
         allow_classes=policy.contract.allow_classes,
-        replay=ReplaySpec(entrypoint=r.entrypoint, steps=r.steps, timeout=r.timeout, tolerance=tolerance, enabled=r.enabled),
+        replay=ReplaySpec(
+            entrypoint=r.entrypoint, steps=r.steps, timeout=r.timeout, tolerance=tolerance, enabled=r.enabled
+        ),
         policy=policy.name,
         policy_file=policy.path or None,
         selection=policy.selection,

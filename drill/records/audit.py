@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, insert, select, text
 from sqlalchemy.orm import Session
 
 from drill.errors import one_line
@@ -75,7 +75,11 @@ def key_id(key: bytes) -> str:
 
 # -- content --------------------------------------------------------------------------------
 def _plain(row: Mapping[str, Any], drop: tuple[str, ...]) -> dict[str, Any]:
-    return {k: (v.astimezone(timezone.utc).isoformat() if isinstance(v, datetime) else v) for k, v in row.items() if k not in drop}
+    return {
+        k: (v.astimezone(timezone.utc).isoformat() if isinstance(v, datetime) else v)
+        for k, v in row.items()
+        if k not in drop
+    }
 
 
 LATER_COLUMNS = ("options",)
@@ -83,7 +87,13 @@ LATER_COLUMNS = ("options",)
 covered them, so verifying one of those leaves them out."""
 
 
-def _digest(drill: Mapping[str, Any], checkpoint_uri: str | None, checks: Iterable[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]], legacy: bool = False) -> str:
+def _digest(
+    drill: Mapping[str, Any],
+    checkpoint_uri: str | None,
+    checks: Iterable[Mapping[str, Any]],
+    steps: Iterable[Mapping[str, Any]],
+    legacy: bool = False,
+) -> str:
     doc = {
         "drill": _plain(drill, ("checkpoint_id", *(LATER_COLUMNS if legacy else ()))),
         "checkpoint": checkpoint_uri,
@@ -94,7 +104,15 @@ def _digest(drill: Mapping[str, Any], checkpoint_uri: str | None, checks: Iterab
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _message(seq: int, drill_id: int, content: str, sealed_at: datetime, prev: str, closed_by: str | None = None, supersedes: int | None = None) -> bytes:
+def _message(
+    seq: int,
+    drill_id: int,
+    content: str,
+    sealed_at: datetime,
+    prev: str,
+    closed_by: str | None = None,
+    supersedes: int | None = None,
+) -> bytes:
     head = f"{seq}|{drill_id}|{content}|{sealed_at.astimezone(timezone.utc).isoformat()}|{prev}"
     if closed_by is None:  # an entry drill wrote before 0.5
         return f"{LEGACY}|{head}".encode()
@@ -120,7 +138,11 @@ class _Contents:
         only = (lambda col: col.in_(drill_ids)) if drill_ids is not None else (lambda col: col.isnot(None))
         self.unreadable: dict[int, str] = {}
         self.drills = {i: rows[0] for i, rows in self._rows(s, d, d.c.id, only(d.c.id), d.c.id).items()}
-        self.uris = dict(s.execute(select(k.c.id, k.c.uri).where(k.c.id.in_({x["checkpoint_id"] for x in self.drills.values()} - {None}))).all())
+        self.uris = dict(
+            s.execute(
+                select(k.c.id, k.c.uri).where(k.c.id.in_({x["checkpoint_id"] for x in self.drills.values()} - {None}))
+            ).all()
+        )
         self.checks = self._rows(s, c, c.c.drill_id, only(c.c.drill_id), c.c.id)
         self.steps = self._rows(s, r, r.c.drill_id, only(r.c.drill_id), r.c.step, r.c.id)
 
@@ -154,7 +176,9 @@ def seal_drill(s: Session, drill_id: int, key: bytes | None, closed_by: str = "d
     """Append the closed drill ``drill_id`` to the chain, in the caller's transaction;
     ``closed_by`` says who closed it (one of :data:`CLOSERS`)."""
     seq, prev = _chain_end(s, closed_by)
-    supersedes = s.scalar(select(AuditEntry.seq).where(AuditEntry.drill_id == drill_id).order_by(AuditEntry.seq.desc()).limit(1))
+    supersedes = s.scalar(
+        select(AuditEntry.seq).where(AuditEntry.drill_id == drill_id).order_by(AuditEntry.seq.desc()).limit(1)
+    )
     content = _Contents(s, [drill_id]).digest(drill_id)
     assert content is not None
     entry = AuditEntry(**_entry(seq + 1, prev, drill_id, content, key, closed_by, supersedes))
@@ -176,7 +200,7 @@ def seal_drills(s: Session, drill_ids: list[int], key: bytes | None, closed_by: 
         rows.append(_entry(seq, prev, drill_id, content, key, closed_by, None))
         prev = rows[-1]["hash"]
     if rows:
-        s.execute(AuditEntry.__table__.insert(), rows)
+        s.execute(insert(AuditEntry), rows)
     return len(rows)
 
 
@@ -191,7 +215,9 @@ def _chain_end(s: Session, closed_by: str) -> tuple[int, str]:
     return (last[0], last[1]) if last else (0, GENESIS)
 
 
-def _entry(seq: int, prev: str, drill_id: int, content: str, key: bytes | None, closed_by: str, supersedes: int | None) -> dict[str, Any]:
+def _entry(
+    seq: int, prev: str, drill_id: int, content: str, key: bytes | None, closed_by: str, supersedes: int | None
+) -> dict[str, Any]:
     sealed_at = datetime.now(timezone.utc)
     message = _message(seq, drill_id, content, sealed_at, prev, closed_by, supersedes)
     return {
@@ -258,7 +284,12 @@ BATCH = 2000
 
 
 def verify_chain(
-    s: Session, *, key: bytes | None = None, head: str | None = None, keyed_from: int | None = None, since: VerifiedHead | None = None
+    s: Session,
+    *,
+    key: bytes | None = None,
+    head: str | None = None,
+    keyed_from: int | None = None,
+    since: VerifiedHead | None = None,
 ) -> ChainReport:
     """Recompute every link, every entry (its HMAC under ``key``, who closed it, what it
     supersedes) and every closed record's digest; name what does not match. With ``key``,
@@ -272,7 +303,15 @@ def verify_chain(
     from sqlalchemy import inspect
 
     if not inspect(s.connection()).has_table(AuditEntry.__tablename__):
-        return ChainReport(problems=[_problem("chain-missing", AuditEntry.__tablename__, "the audit_log table is gone: the tamper-evident log was dropped")])
+        return ChainReport(
+            problems=[
+                _problem(
+                    "chain-missing",
+                    AuditEntry.__tablename__,
+                    "the audit_log table is gone: the tamper-evident log was dropped",
+                )
+            ]
+        )
     report = ChainReport(entries=s.scalar(select(func.count()).select_from(AuditEntry)) or 0, verified_from=since)
     start, prev_hash = (since.seq, since.hash) if since else (0, GENESIS)
     if since is not None:
@@ -285,7 +324,13 @@ def verify_chain(
         latest.update(_sealed_before(s, start, {e.drill_id for e in batch} - latest.keys()))
         for e in batch:
             if isinstance(e, _Unreadable):
-                report.problems.append(_problem("entry-edited", f"entry {e.seq}", f"entry {e.seq} (drill #{e.drill_id}) holds a value drill cannot read ({e.why}): the entry was edited"))
+                report.problems.append(
+                    _problem(
+                        "entry-edited",
+                        f"entry {e.seq}",
+                        f"entry {e.seq} (drill #{e.drill_id}) holds a value drill cannot read ({e.why}): the entry was edited",
+                    )
+                )
             else:
                 report.problems += _link_problems(e, prev_hash, prev_seq, key, report, keyed_from)
                 report.problems += _reseal_problems(e, latest.get(e.drill_id), current)
@@ -294,9 +339,15 @@ def verify_chain(
             latest[e.drill_id] = _Seen.of(e)
     report.head = last or (_head_of(since) if since is not None else None)
     report.problems += _record_problems(s, latest, first_seen, report, None if since is None else since.drills_through)
-    if head is not None and not s.scalar(select(func.count()).select_from(AuditEntry).where(AuditEntry.hash == head.strip().lower())):
+    if head is not None and not s.scalar(
+        select(func.count()).select_from(AuditEntry).where(AuditEntry.hash == head.strip().lower())
+    ):
         report.problems.append(
-            _problem("head-missing", head, f"the pinned chain head {head} is not in the chain: the log was rewritten or its newest entries deleted")
+            _problem(
+                "head-missing",
+                head,
+                f"the pinned chain head {head} is not in the chain: the log was rewritten or its newest entries deleted",
+            )
         )
     return report
 
@@ -347,10 +398,22 @@ def _prefix_problems(s: Session, since: VerifiedHead) -> list[Finding]:
     hash_ = s.scalar(select(AuditEntry.hash).where(AuditEntry.seq == since.seq))
     if hash_ != since.hash:
         what = "is gone" if hash_ is None else "was replaced"
-        return [_problem("verified-head-missing", f"entry {since.seq}", f"entry {since.seq}, verified on {when}, {what}: the log was rewritten since (drill audit verify --full)")]
+        return [
+            _problem(
+                "verified-head-missing",
+                f"entry {since.seq}",
+                f"entry {since.seq}, verified on {when}, {what}: the log was rewritten since (drill audit verify --full)",
+            )
+        ]
     kept = s.scalar(select(func.count()).select_from(AuditEntry).where(AuditEntry.seq <= since.seq)) or 0
     if kept != since.seq:
-        return [_problem("entries-missing", f"entries 1..{since.seq}", f"{since.seq - kept} of the entries verified on {when} are gone: deleted (drill audit verify --full)")]
+        return [
+            _problem(
+                "entries-missing",
+                f"entries 1..{since.seq}",
+                f"{since.seq - kept} of the entries verified on {when} are gone: deleted (drill audit verify --full)",
+            )
+        ]
     return []
 
 
@@ -376,7 +439,9 @@ def _entries(s: Session, after: int = 0) -> list[AuditEntry | _Unreadable]:
     except (ValueError, TypeError):
         pass
     out: list[AuditEntry | _Unreadable] = []
-    plain = select(AuditEntry.seq, AuditEntry.drill_id, AuditEntry.hash, AuditEntry.content_sha256, AuditEntry.closed_by).where(where)
+    plain = select(
+        AuditEntry.seq, AuditEntry.drill_id, AuditEntry.hash, AuditEntry.content_sha256, AuditEntry.closed_by
+    ).where(where)
     for seq, drill_id, hash_, content, closed_by in s.execute(plain.order_by(AuditEntry.seq).limit(BATCH)):
         try:
             out.append(s.scalars(select(AuditEntry).where(AuditEntry.seq == seq)).one())
@@ -385,14 +450,28 @@ def _entries(s: Session, after: int = 0) -> list[AuditEntry | _Unreadable]:
     return out
 
 
-def _link_problems(e: AuditEntry, prev_hash: str, prev_seq: int, key: bytes | None, report: ChainReport, keyed_from: int | None) -> list[Finding]:
+def _link_problems(
+    e: AuditEntry, prev_hash: str, prev_seq: int, key: bytes | None, report: ChainReport, keyed_from: int | None
+) -> list[Finding]:
     out = []
     where = f"entry {e.seq} (drill #{e.drill_id})"
     if e.seq != prev_seq + 1:
-        out.append(_problem("entries-missing", f"entry {e.seq}", f"entries {prev_seq + 1}..{e.seq - 1} are missing from the chain: deleted"))
+        out.append(
+            _problem(
+                "entries-missing",
+                f"entry {e.seq}",
+                f"entries {prev_seq + 1}..{e.seq - 1} are missing from the chain: deleted",
+            )
+        )
     message = _entry_message(e)
     if e.prev_hash != prev_hash and e.seq == prev_seq + 1:
-        out.append(_problem("link-broken", where, f"{where} does not follow the entry before it: entries were reordered, edited or replaced"))
+        out.append(
+            _problem(
+                "link-broken",
+                where,
+                f"{where} does not follow the entry before it: entries were reordered, edited or replaced",
+            )
+        )
     if _hash(message) != e.hash:
         out.append(_problem("entry-edited", where, f"{where} does not match its own hash: the entry was edited"))
     if key is not None:
@@ -400,23 +479,41 @@ def _link_problems(e: AuditEntry, prev_hash: str, prev_seq: int, key: bytes | No
     return out
 
 
-def _mac_problems(e: AuditEntry, message: bytes, key: bytes, report: ChainReport, keyed_from: int | None) -> list[Finding]:
+def _mac_problems(
+    e: AuditEntry, message: bytes, key: bytes, report: ChainReport, keyed_from: int | None
+) -> list[Finding]:
     """Under a key every entry must be that key's: a missing or foreign HMAC is how a forger
     without the key would downgrade the chain, so it fails — unless the entry predates the
     key (``keyed_from``, named by the operator who introduced it)."""
     where = f"entry {e.seq} (drill #{e.drill_id})"
     mine = e.mac is not None and e.key_id == key_id(key)
-    if mine and hmac.compare_digest(e.mac, hmac.new(key, message, hashlib.sha256).hexdigest()):
+    if mine and e.mac is not None and hmac.compare_digest(e.mac, hmac.new(key, message, hashlib.sha256).hexdigest()):
         report.authenticated += 1
         return []
     if mine:
-        return [_problem("entry-forged", where, f"{where} fails its HMAC: written or rewritten by someone without the audit key")]
+        return [
+            _problem(
+                "entry-forged", where, f"{where} fails its HMAC: written or rewritten by someone without the audit key"
+            )
+        ]
     if keyed_from is not None and e.seq < keyed_from:
         report.unkeyed_before += 1
         return []
     if e.mac is None:
-        return [_problem("entry-unauthenticated", where, f"{where} carries no HMAC although an audit key is configured: sealed without the key, or stripped of it")]
-    return [_problem("entry-other-key", where, f"{where} claims another audit key (key id {e.key_id}): not authenticated by this one")]
+        return [
+            _problem(
+                "entry-unauthenticated",
+                where,
+                f"{where} carries no HMAC although an audit key is configured: sealed without the key, or stripped of it",
+            )
+        ]
+    return [
+        _problem(
+            "entry-other-key",
+            where,
+            f"{where} claims another audit key (key id {e.key_id}): not authenticated by this one",
+        )
+    ]
 
 
 def _reseal_problems(e: AuditEntry, before: _Seen | None, current: bool) -> list[Finding]:
@@ -424,22 +521,50 @@ def _reseal_problems(e: AuditEntry, before: _Seen | None, current: bool) -> list
     recovery) and the entry says it supersedes it."""
     where = f"entry {e.seq} (drill #{e.drill_id})"
     if e.closed_by is None:
-        return [_problem("entry-downgraded", where, f"{where} is written in the old format after newer entries: forged to dodge the reseal check")] if current else []
+        return (
+            [
+                _problem(
+                    "entry-downgraded",
+                    where,
+                    f"{where} is written in the old format after newer entries: forged to dodge the reseal check",
+                )
+            ]
+            if current
+            else []
+        )
     if e.closed_by not in CLOSERS:
         return [_problem("entry-edited", where, f"{where} was closed by {e.closed_by!r}, which drill never writes")]
     if before is None:
         if e.supersedes is not None:
-            return [_problem("link-broken", where, f"{where} claims to supersede entry {e.supersedes}, which is not this record's")]
+            return [
+                _problem(
+                    "link-broken",
+                    where,
+                    f"{where} claims to supersede entry {e.supersedes}, which is not this record's",
+                )
+            ]
         return []
     if before.unreadable:
         return []  # the entry before it is already named as edited
     if e.supersedes != before.seq or before.closed_by != PROVISIONAL:
         how = f"closed by {before.closed_by or 'a drill before 0.5'} in entry {before.seq}"
-        return [_problem("record-resealed", f"drill #{e.drill_id}", f"drill #{e.drill_id} was {how} and sealed again in entry {e.seq}: a record rewritten, then resealed to hide it")]
+        return [
+            _problem(
+                "record-resealed",
+                f"drill #{e.drill_id}",
+                f"drill #{e.drill_id} was {how} and sealed again in entry {e.seq}: a record rewritten, then resealed to hide it",
+            )
+        ]
     return []
 
 
-def _record_problems(s: Session, latest: dict[int, _Seen], first: tuple[datetime, int] | None, report: ChainReport, drills_through: int | None) -> list[Finding]:
+def _record_problems(
+    s: Session,
+    latest: dict[int, _Seen],
+    first: tuple[datetime, int] | None,
+    report: ChainReport,
+    drills_through: int | None,
+) -> list[Finding]:
     """Each record the pass saw sealed, against its latest entry, :data:`BATCH` records at a
     time; then the closed records the chain does not hold (every one on a full pass, those
     recorded after ``drills_through`` on an incremental one)."""
@@ -447,10 +572,16 @@ def _record_problems(s: Session, latest: dict[int, _Seen], first: tuple[datetime
     ids = sorted(latest)
     for i in range(0, len(ids), BATCH):
         contents = _Contents(s, ids[i : i + BATCH])
-        out += [p for drill_id in ids[i : i + BATCH] for p in _record_problem(contents, drill_id, latest[drill_id], report)]
+        out += [
+            p for drill_id in ids[i : i + BATCH] for p in _record_problem(contents, drill_id, latest[drill_id], report)
+        ]
     d = Drill.__table__
     closed = select(d.c.id).where(d.c.id > (drills_through or 0), d.c.status != DrillStatus.RUNNING.value)
-    unsealed = [i for i in s.execute(closed.where(d.c.id.not_in(select(AuditEntry.drill_id))).order_by(d.c.id)).scalars() if i not in latest]
+    unsealed = [
+        i
+        for i in s.execute(closed.where(d.c.id.not_in(select(AuditEntry.drill_id))).order_by(d.c.id)).scalars()
+        if i not in latest
+    ]
     for i in range(0, len(unsealed), BATCH):
         contents = _Contents(s, unsealed[i : i + BATCH])
         for drill_id, row in sorted(contents.drills.items()):
@@ -459,19 +590,43 @@ def _record_problems(s: Session, latest: dict[int, _Seen], first: tuple[datetime
             if _before_chain(row, first):
                 report.before_chain += 1
                 continue
-            out.append(_problem("record-unsealed", f"drill #{drill_id}", f"drill #{drill_id} is closed but not in the chain: inserted or closed outside drill"))
+            out.append(
+                _problem(
+                    "record-unsealed",
+                    f"drill #{drill_id}",
+                    f"drill #{drill_id} is closed but not in the chain: inserted or closed outside drill",
+                )
+            )
     return out
 
 
 def _record_problem(contents: _Contents, drill_id: int, e: _Seen, report: ChainReport) -> list[Finding]:
     if drill_id in contents.unreadable:
         why = contents.unreadable[drill_id]
-        return [_problem("record-edited", f"drill #{drill_id}", f"drill #{drill_id} holds a value drill cannot read ({why}): edited after it was recorded")]
+        return [
+            _problem(
+                "record-edited",
+                f"drill #{drill_id}",
+                f"drill #{drill_id} holds a value drill cannot read ({why}): edited after it was recorded",
+            )
+        ]
     digest = contents.digest(drill_id, legacy=e.closed_by is None)
     if digest is None:
-        return [_problem("record-deleted", f"drill #{drill_id}", f"drill #{drill_id} is in the chain (entry {e.seq}) but its record is gone: deleted")]
+        return [
+            _problem(
+                "record-deleted",
+                f"drill #{drill_id}",
+                f"drill #{drill_id} is in the chain (entry {e.seq}) but its record is gone: deleted",
+            )
+        ]
     if digest != e.content_sha256:
-        return [_problem("record-edited", f"drill #{drill_id}", f"drill #{drill_id} differs from the record sealed in entry {e.seq}: edited after it was recorded")]
+        return [
+            _problem(
+                "record-edited",
+                f"drill #{drill_id}",
+                f"drill #{drill_id} differs from the record sealed in entry {e.seq}: edited after it was recorded",
+            )
+        ]
     report.records += 1
     return []
 
@@ -510,24 +665,30 @@ class VerifiedHead:
         return {"seq": self.seq, "hash": self.hash, "verified_at": self.verified_at.isoformat(), "full": self.full}
 
     def message(self) -> bytes:
-        return "|".join(["drill-audit-verified/1", str(self.seq), self.hash, str(self.drills_through), self.verified_at.isoformat()]).encode()
+        return "|".join(
+            ["drill-audit-verified/1", str(self.seq), self.hash, str(self.drills_through), self.verified_at.isoformat()]
+        ).encode()
 
 
 def verified_head(s: Session, key: bytes | None) -> VerifiedHead | None:
     """The newest head an intact pass recorded (:func:`remember_head`); with ``key``, only one
     that carries that key's HMAC — a head written without the key is not a place to start from."""
-    from drill.records.models import AuditVerified
-
     from sqlalchemy import inspect
+
+    from drill.records.models import AuditVerified
 
     if not inspect(s.connection()).has_table(AuditVerified.__tablename__):
         return None
     row = s.scalars(select(AuditVerified).order_by(AuditVerified.id.desc()).limit(1)).first()
     if row is None:
         return None
-    head = VerifiedHead(row.seq, row.hash, row.drill_id, _utc(row.sealed_at), row.drills_through, _utc(row.verified_at), row.full)
+    head = VerifiedHead(
+        row.seq, row.hash, row.drill_id, _utc(row.sealed_at), row.drills_through, _utc(row.verified_at), row.full
+    )
     if key is not None:
-        good = row.mac is not None and hmac.compare_digest(row.mac, hmac.new(key, head.message(), hashlib.sha256).hexdigest())
+        good = row.mac is not None and hmac.compare_digest(
+            row.mac, hmac.new(key, head.message(), hashlib.sha256).hexdigest()
+        )
         if not good:
             return None
     return head
@@ -543,7 +704,18 @@ def remember_head(s: Session, report: ChainReport, key: bytes | None, *, full: b
     through = s.scalar(select(func.max(Drill.id))) or 0
     head = VerifiedHead(h.seq, h.hash, h.drill_id, h.sealed_at, through, datetime.now(timezone.utc), full)
     mac = hmac.new(key, head.message(), hashlib.sha256).hexdigest() if key else None
-    s.add(AuditVerified(seq=h.seq, hash=h.hash, drill_id=h.drill_id, sealed_at=h.sealed_at, drills_through=through, verified_at=head.verified_at, full=full, mac=mac))
+    s.add(
+        AuditVerified(
+            seq=h.seq,
+            hash=h.hash,
+            drill_id=h.drill_id,
+            sealed_at=h.sealed_at,
+            drills_through=through,
+            verified_at=head.verified_at,
+            full=full,
+            mac=mac,
+        )
+    )
     return head
 
 
@@ -556,4 +728,16 @@ def chain_head(s: Session) -> ChainHead | None:
     return ChainHead(e.seq, e.hash, e.drill_id, e.sealed_at) if e else None
 
 
-__all__ = ["GENESIS", "ChainHead", "ChainReport", "VerifiedHead", "chain_head", "load_audit_key", "remember_head", "seal_drill", "seal_drills", "verified_head", "verify_chain"]
+__all__ = [
+    "GENESIS",
+    "ChainHead",
+    "ChainReport",
+    "VerifiedHead",
+    "chain_head",
+    "load_audit_key",
+    "remember_head",
+    "seal_drill",
+    "seal_drills",
+    "verified_head",
+    "verify_chain",
+]

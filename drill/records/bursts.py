@@ -14,7 +14,8 @@ from drill.records.models import Burst
 
 
 class BurstsMixin:
-    def _session(self) -> AbstractContextManager[Session]: ...  # provided by Records
+    def _session(self) -> AbstractContextManager[Session]:  # provided by Records
+        raise NotImplementedError
 
     def record_burst(self, run_root: str, document: dict[str, Any], started_at: datetime | None = None) -> int:
         """Keep a burst's document (:meth:`drill.burst.BurstResult.to_dict`); returns its id."""
@@ -37,8 +38,16 @@ class BurstsMixin:
             query = select(Burst).order_by(Burst.started_at.desc(), Burst.id.desc()).limit(limit)
             if run_root is not None:
                 query = query.where(Burst.run_root == run_root)
-            return [{"id": b.id, "run_root": b.run_root, "host": b.host, "started_at": b.started_at.isoformat(), **b.document} for b in s.scalars(query)]
-
+            return [
+                {
+                    "id": b.id,
+                    "run_root": b.run_root,
+                    "host": b.host,
+                    "started_at": b.started_at.isoformat(),
+                    **b.document,
+                }
+                for b in s.scalars(query)
+            ]
 
     def burst(self, burst_id: int) -> dict[str, Any]:
         """One recorded burst; :class:`~drill.errors.NotFound` when there is none."""
@@ -48,7 +57,13 @@ class BurstsMixin:
             b = s.get(Burst, burst_id)
             if b is None:
                 raise NotFound(f"no burst #{burst_id} in this database (drill history --bursts lists them)")
-            return {"id": b.id, "run_root": b.run_root, "host": b.host, "started_at": b.started_at.isoformat(), **b.document}
+            return {
+                "id": b.id,
+                "run_root": b.run_root,
+                "host": b.host,
+                "started_at": b.started_at.isoformat(),
+                **b.document,
+            }
 
     def latest_bursts(self) -> dict[str, dict[str, Any]]:
         """The newest burst of every run root."""

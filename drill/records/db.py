@@ -39,7 +39,9 @@ def migrations_dir() -> Path:
     for candidate in (here / "_migrations", here.parent / "migrations"):
         if (candidate / "env.py").is_file():
             return candidate
-    raise DatabaseError(f"drill's migrations are missing (looked in {here / '_migrations'} and {here.parent / 'migrations'})")
+    raise DatabaseError(
+        f"drill's migrations are missing (looked in {here / '_migrations'} and {here.parent / 'migrations'})"
+    )
 
 
 def alembic_config(connection=None):  # type: ignore[no-untyped-def]
@@ -70,7 +72,12 @@ def _current_revision(engine: Engine) -> str | None:
     yet" (an empty history), never migrated over — unless a first migration is under way in
     another process on this SQLite file (its lock is waited for, then the revision re-read)."""
     revision, tables = _stamp_and_tables(engine)
-    if revision is None and tables and engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+    if (
+        revision is None
+        and tables
+        and engine.dialect.name == "sqlite"
+        and engine.url.database not in (None, "", ":memory:")
+    ):
         with _migrate_lock(str(engine.url.database), shared=True):
             revision, tables = _stamp_and_tables(engine)
     if revision is None and tables:
@@ -91,7 +98,11 @@ def _stamp_and_tables(engine: Engine) -> tuple[str | None, bool]:
 
     with engine.connect() as conn:
         inspector = inspect(conn)
-        row = conn.execute(text("SELECT version_num FROM alembic_version")).first() if inspector.has_table("alembic_version") else None
+        row = (
+            conn.execute(text("SELECT version_num FROM alembic_version")).first()
+            if inspector.has_table("alembic_version")
+            else None
+        )
         return (None if row is None else str(row[0])), inspector.has_table("drills")
 
 
@@ -126,7 +137,9 @@ def _make_engine(url: str, *, readonly: bool = False) -> Engine:
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise UsageError(f"--db {safe_url(url)!r} is not a database URL (expected sqlite:///PATH or postgresql://…)") from None
+        raise UsageError(
+            f"--db {safe_url(url)!r} is not a database URL (expected sqlite:///PATH or postgresql://…)"
+        ) from None
     kwargs: dict = {}
     if parsed.get_backend_name() == "sqlite":
         _sqlite_directory(parsed.database)
@@ -269,12 +282,20 @@ def read_database(url: str | None = None) -> Database | None:
         return Database(url=url, engine=engine, sessions=sessionmaker(engine, expire_on_commit=False))
     engine.dispose()
     if current is None:
-        return None if parsed.get_backend_name() == "sqlite" else _raise(DatabaseError(f"database {safe_url(url)} holds no drill schema: run `drill db upgrade --db URL` once"))
+        return (
+            None
+            if parsed.get_backend_name() == "sqlite"
+            else _raise(
+                DatabaseError(f"database {safe_url(url)} holds no drill schema: run `drill db upgrade --db URL` once")
+            )
+        )
     if current not in _known_revisions():
         raise DatabaseError(_newer(url, current, head))
     if parsed.get_backend_name() == "sqlite":  # a drill that writes will upgrade it; reading needs the new schema now
         return open_database(url)
-    raise DatabaseError(f"database {safe_url(url)} is at revision {current}; this drill needs {head}: run `drill db upgrade --db URL` once")
+    raise DatabaseError(
+        f"database {safe_url(url)} is at revision {current}; this drill needs {head}: run `drill db upgrade --db URL` once"
+    )
 
 
 def _raise(exc: Exception) -> Database:

@@ -23,7 +23,8 @@ def aware(t: datetime) -> datetime:
 
 
 class LeaseMixin:
-    def _session(self) -> AbstractContextManager[Session]: ...  # provided by Records
+    def _session(self) -> AbstractContextManager[Session]:  # provided by Records
+        raise NotImplementedError
 
     def acquire_lease(self, holder: str, ttl: float, policies: list[str]) -> dict[str, Any] | None:
         """Take (or renew) the scheduler lease; returns the other holder's row if it is live."""
@@ -39,7 +40,15 @@ class LeaseMixin:
                     "expires_at": aware(lease.expires_at).isoformat(),
                 }
             if lease is None:
-                lease = SchedulerLease(name="scheduler", holder=holder, host=socket.gethostname(), pid=os.getpid(), started_at=now, heartbeat_at=now, expires_at=now)
+                lease = SchedulerLease(
+                    name="scheduler",
+                    holder=holder,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    started_at=now,
+                    heartbeat_at=now,
+                    expires_at=now,
+                )
                 s.add(lease)
             if lease.holder != holder:
                 lease.started_at = now
@@ -60,12 +69,33 @@ class LeaseMixin:
             if lease is not None and lease.holder == holder:
                 lease.expires_at = utcnow()
 
-    def scheduler_event(self, policy: str, kind: str, reason: str, *, scheduled_for: datetime | None = None, exit_code: int | None = None, holder: str | None = None) -> None:
+    def scheduler_event(
+        self,
+        policy: str,
+        kind: str,
+        reason: str,
+        *,
+        scheduled_for: datetime | None = None,
+        exit_code: int | None = None,
+        holder: str | None = None,
+    ) -> None:
         """A scheduled drill that did not run, and why (see :class:`~drill.records.models.SchedulerEvent`)."""
         with self._session() as s:
-            s.add(SchedulerEvent(policy=policy, kind=kind, reason=reason[:10000], scheduled_for=scheduled_for, at=utcnow(), exit_code=exit_code, holder=holder))
+            s.add(
+                SchedulerEvent(
+                    policy=policy,
+                    kind=kind,
+                    reason=reason[:10000],
+                    scheduled_for=scheduled_for,
+                    at=utcnow(),
+                    exit_code=exit_code,
+                    holder=holder,
+                )
+            )
 
-    def scheduler_events(self, *, policy: str | None = None, since: datetime | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def scheduler_events(
+        self, *, policy: str | None = None, since: datetime | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
         """The newest scheduler events first."""
         with self._session() as s:
             q = select(SchedulerEvent).order_by(SchedulerEvent.id.desc()).limit(limit)
@@ -84,7 +114,14 @@ class LeaseMixin:
         from sqlalchemy import func
 
         with self._session() as s:
-            return {(p, k): n for p, k, n in s.execute(select(SchedulerEvent.policy, SchedulerEvent.kind, func.count()).group_by(SchedulerEvent.policy, SchedulerEvent.kind))}
+            return {
+                (p, k): n
+                for p, k, n in s.execute(
+                    select(SchedulerEvent.policy, SchedulerEvent.kind, func.count()).group_by(
+                        SchedulerEvent.policy, SchedulerEvent.kind
+                    )
+                )
+            }
 
     def scheduler_state(self) -> dict[str, Any]:
         """The lease (is a scheduler alive?) and each scheduled job's next fire time."""
@@ -117,7 +154,15 @@ class LeaseMixin:
 
         with self._session() as s:
             last = s.scalar(
-                select(Drill).where(Drill.policy == policy).order_by(Drill.id.desc()).options(selectinload(Drill.checkpoint), selectinload(Drill.alerts))
+                select(Drill)
+                .where(Drill.policy == policy)
+                .order_by(Drill.id.desc())
+                .options(selectinload(Drill.checkpoint), selectinload(Drill.alerts))
             )
-            counts = dict(s.execute(select(Drill.status, func.count()).where(Drill.policy == policy).group_by(Drill.status)).all())
-            return {"last": outcome_from_row(last, with_checks=False).to_document(with_checks=False) if last else None, "counts": counts}
+            counts = dict(
+                s.execute(select(Drill.status, func.count()).where(Drill.policy == policy).group_by(Drill.status)).all()
+            )
+            return {
+                "last": outcome_from_row(last, with_checks=False).to_document(with_checks=False) if last else None,
+                "counts": counts,
+            }

@@ -15,7 +15,8 @@ from drill.records.rows import checkpoint_row
 
 
 class LedgerMixin:
-    def _session(self) -> AbstractContextManager[Session]: ...  # provided by Records
+    def _session(self) -> AbstractContextManager[Session]:  # provided by Records
+        raise NotImplementedError
 
     def checkpoint_id(self, uri: str) -> int | None:
         with self._session() as s:
@@ -43,12 +44,18 @@ class LedgerMixin:
         with self._session() as s:
             proofs = _proofs(s, checkpoint_id)
             # The rows without their times: a time that cannot be read is overwritten, not loaded.
-            query = select(FileVerification).options(load_only(FileVerification.path)).where(FileVerification.checkpoint_id == checkpoint_id)
+            query = (
+                select(FileVerification)
+                .options(load_only(FileVerification.path))
+                .where(FileVerification.checkpoint_id == checkpoint_id)
+            )
             rows = {r.path: r for r in s.scalars(query)}
             for path, (size, digest) in update.verified.items():
                 row = rows.get(path)
                 if row is None:
-                    row = rows[path] = FileVerification(checkpoint_id=checkpoint_id, path=path, size=size, xxh3_128=digest, verified_at=now)
+                    row = rows[path] = FileVerification(
+                        checkpoint_id=checkpoint_id, path=path, size=size, xxh3_128=digest, verified_at=now
+                    )
                     s.add(row)
                 row.size, row.xxh3_128, row.verified_at, row.drill_id = size, digest, now, drill_id
                 proofs[path] = (digest, now)
@@ -62,7 +69,9 @@ def _proofs(s: Session, checkpoint_id: int) -> dict[str, tuple[str, datetime]]:
     """Path → (digest, when) of the checkpoint's proofs; a time stored unreadably (a damaged
     SQLite row) counts as never (see :func:`~drill.records.lite.stored_time`)."""
     raw = type_coerce(FileVerification.verified_at, String)  # SQLite: the stored text; PostgreSQL: a datetime
-    query = select(FileVerification.path, FileVerification.xxh3_128, raw).where(FileVerification.checkpoint_id == checkpoint_id)
+    query = select(FileVerification.path, FileVerification.xxh3_128, raw).where(
+        FileVerification.checkpoint_id == checkpoint_id
+    )
     return {path: (digest, stored_time(at)) for path, digest, at in s.execute(query)}
 
 

@@ -36,7 +36,9 @@ class Ledger(Protocol):
 
     def last_verified(self, checkpoint_id: int | None) -> dict[str, tuple[datetime, str]]: ...
 
-    def apply_coverage(self, checkpoint_id: int, drill_id: int | None, update: CoverageUpdate, days: float) -> float: ...
+    def apply_coverage(
+        self, checkpoint_id: int, drill_id: int | None, update: CoverageUpdate, days: float
+    ) -> float: ...
 
     def close(self) -> None: ...
 
@@ -109,18 +111,26 @@ class SqliteLedger:
                 "INSERT INTO file_verifications (checkpoint_id, path, size, xxh3_128, verified_at, drill_id) VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (checkpoint_id, path) DO UPDATE SET size = excluded.size, xxh3_128 = excluded.xxh3_128, "
                 "verified_at = excluded.verified_at, drill_id = excluded.drill_id",
-                [(checkpoint_id, lossless(path), size, digest, stamp, drill_id) for path, (size, digest) in update.verified.items()],
+                [
+                    (checkpoint_id, lossless(path), size, digest, stamp, drill_id)
+                    for path, (size, digest) in update.verified.items()
+                ],
             )
             proofs.update((path, (digest, now)) for path, (_, digest) in update.verified.items())
             broken = sorted(update.broken & set(proofs))
-            c.executemany("DELETE FROM file_verifications WHERE checkpoint_id = ? AND path = ?", [(checkpoint_id, lossless(p)) for p in broken])
+            c.executemany(
+                "DELETE FROM file_verifications WHERE checkpoint_id = ? AND path = ?",
+                [(checkpoint_id, lossless(p)) for p in broken],
+            )
             for path in broken:
                 del proofs[path]
         return fresh_share(update, proofs, now - timedelta(days=days))
 
     @staticmethod
     def _proofs(c: sqlite3.Connection, checkpoint_id: int) -> list[tuple[str, str, str]]:
-        return c.execute("SELECT path, xxh3_128, verified_at FROM file_verifications WHERE checkpoint_id = ?", (checkpoint_id,)).fetchall()
+        return c.execute(
+            "SELECT path, xxh3_128, verified_at FROM file_verifications WHERE checkpoint_id = ?", (checkpoint_id,)
+        ).fetchall()
 
     def close(self) -> None:
         self.conn.close()

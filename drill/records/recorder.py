@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -24,10 +24,9 @@ from drill.integrity.coverage import CoverageUpdate
 from drill.pipeline.outcome import CheckpointInfo, DocumentVersionError, DrillOutcome, check_version
 from drill.pipeline.recorder import DrillStart
 from drill.records.db import Database, safe_url
-from drill.records.urls import database_key
-from drill.records.spool import SAVE_VERSION, is_save
-from drill.records.spool import Spool
+from drill.records.spool import SAVE_VERSION, Spool, is_save
 from drill.records.store import Records
+from drill.records.urls import database_key
 
 log = logging.getLogger("drill.records")
 T = TypeVar("T")
@@ -52,7 +51,9 @@ class FlushResult:
 class DatabaseRecorder:
     def __init__(self, db: Database, *, spool: Spool | None = None, attempts: int = ATTEMPTS) -> None:
         self.records = Records(db)
-        self.spool = spool or Spool(database_key(db.url), aliases=(safe_url(db.url),))  # the name drill 0.5 and older spooled under
+        self.spool = spool or Spool(
+            database_key(db.url), aliases=(safe_url(db.url),)
+        )  # the name drill 0.5 and older spooled under
         self.attempts = attempts
         self.id: int | None = None
         self.checkpoint_id: int | None = None
@@ -69,28 +70,42 @@ class DatabaseRecorder:
         return self.id
 
     def phase(self, name: str) -> None:
-        if self.id is not None:
-            self._best_effort(f"phase {name}", lambda: self.records.set_phase(self.id, name))  # type: ignore[arg-type]
+        drill_id = self.id
+        if drill_id is not None:
+            self._best_effort(f"phase {name}", lambda: self.records.set_phase(drill_id, name))
 
-    def selected(self, checkpoint: CheckpointInfo, *, selection: str, evidence_level: str | None, sample: str | None) -> None:
-        if self.id is None:
+    def selected(
+        self, checkpoint: CheckpointInfo, *, selection: str, evidence_level: str | None, sample: str | None
+    ) -> None:
+        drill_id = self.id
+        if drill_id is None:
             return
         self.checkpoint_id = self._best_effort(
             "checkpoint",
-            lambda: self.records.attach_checkpoint(self.id, checkpoint, selection=selection, evidence_level=evidence_level, sample=sample),  # type: ignore[arg-type]
+            lambda: self.records.attach_checkpoint(
+                drill_id, checkpoint, selection=selection, evidence_level=evidence_level, sample=sample
+            ),
         )
 
     def last_drilled(self, run_root: str) -> Mapping[str, datetime]:
         return self._best_effort("last drilled", lambda: self.records.last_drilled(run_root)) or {}
 
     def last_verified(self, checkpoint_uri: str) -> Mapping[str, datetime]:
-        ledger = self._best_effort("coverage ledger", lambda: self.records.last_verified(self.records.checkpoint_id(checkpoint_uri))) or {}
+        ledger = (
+            self._best_effort(
+                "coverage ledger", lambda: self.records.last_verified(self.records.checkpoint_id(checkpoint_uri))
+            )
+            or {}
+        )
         return {path: when for path, (when, _) in ledger.items()}
 
     def verified(self, checkpoint: CheckpointInfo, update: CoverageUpdate, days: float) -> float | None:
-        if self.checkpoint_id is None:
+        checkpoint_id = self.checkpoint_id
+        if checkpoint_id is None:
             return None
-        return self._best_effort("coverage ledger", lambda: self.records.apply_coverage(self.checkpoint_id, self.id, update, days))  # type: ignore[arg-type]
+        return self._best_effort(
+            "coverage ledger", lambda: self.records.apply_coverage(checkpoint_id, self.id, update, days)
+        )
 
     def checks(self, results: list[CheckResult]) -> None:
         if self.id is not None:
@@ -99,7 +114,7 @@ class DatabaseRecorder:
     def finish(self, outcome: DrillOutcome) -> None:
         try:
             self._finish(outcome)
-        except Exception as exc:  # noqa: BLE001 - finish never raises: the verdict must reach the caller
+        except Exception as exc:
             outcome.record_problem = f"the record could not be written: {exc}"
             log.exception("drill record")
 
@@ -116,15 +131,21 @@ class DatabaseRecorder:
         except DatabaseError as exc:
             reason = exc.message
         if self.id is not None:
-            text = f"the verdict could not be recorded ({reason}): the drill {outcome.status.value}" + (f": {outcome.message}" if outcome.message else "")
+            text = f"the verdict could not be recorded ({reason}): the drill {outcome.status.value}" + (
+                f": {outcome.message}" if outcome.message else ""
+            )
             try:
                 self._retry(lambda: self.records.close_as_error(self.id, text))  # type: ignore[arg-type]
-                outcome.record_problem = f"drill #{self.id} is closed as error: the full verdict could not be written ({reason})"
+                outcome.record_problem = (
+                    f"drill #{self.id} is closed as error: the full verdict could not be written ({reason})"
+                )
                 return
             except DatabaseError:
                 pass
         path = self.spool.put(outcome.to_document())
-        outcome.record_problem = f"the database is unavailable ({reason}): the verdict is kept in {path} until the next drill delivers it"
+        outcome.record_problem = (
+            f"the database is unavailable ({reason}): the verdict is kept in {path} until the next drill delivers it"
+        )
 
     def reconcile(self) -> None:
         """Deliver spooled verdicts, then close drills whose process is gone (in that order:
@@ -166,7 +187,10 @@ class DatabaseRecorder:
                 return result
         if result.rejected:
             log.warning("spooled verdicts that cannot be delivered: %s", result.rejected)
-            self.problem = self.problem or f"{len(result.rejected)} spooled file(s) in {self.spool.directory} cannot be delivered: drill db flush names them"
+            self.problem = (
+                self.problem
+                or f"{len(result.rejected)} spooled file(s) in {self.spool.directory} cannot be delivered: drill db flush names them"
+            )
         return result
 
     def _deliver_save(self, path: Any, doc: dict[str, Any], result: FlushResult) -> bool:

@@ -55,14 +55,30 @@ class Verified:
 
 
 class ReportingMixin:
-    def _session(self) -> AbstractContextManager[Session]: ...  # provided by Records
+    def _session(self) -> AbstractContextManager[Session]:  # provided by Records
+        raise NotImplementedError
 
-    def briefs_in_window(self, *, since: datetime | None, until: datetime | None = None, policy: str | None = None, run_root: str | None = None) -> list[DrillBrief]:
+    def briefs_in_window(
+        self,
+        *,
+        since: datetime | None,
+        until: datetime | None = None,
+        policy: str | None = None,
+        run_root: str | None = None,
+    ) -> list[DrillBrief]:
         """Every drill started in [``since``, ``until``), oldest first, in brief: a few columns
         each, so a month of a busy database's drills costs megabytes, not gigabytes."""
         with self._session() as s:
             q = select(
-                Drill.id, Drill.run_root, Drill.started_at, Drill.status, Drill.policy, Checkpoint.uri, Drill.restore_seconds, Drill.ttfs_seconds, Drill.throughput_bps
+                Drill.id,
+                Drill.run_root,
+                Drill.started_at,
+                Drill.status,
+                Drill.policy,
+                Checkpoint.uri,
+                Drill.restore_seconds,
+                Drill.ttfs_seconds,
+                Drill.throughput_bps,
             ).outerjoin(Checkpoint, Drill.checkpoint_id == Checkpoint.id)
             q = q.order_by(Drill.started_at, Drill.id)
             if since is not None:
@@ -73,7 +89,10 @@ class ReportingMixin:
                 q = q.where(Drill.policy == policy)
             if run_root is not None:
                 q = q.where(Drill.run_root == run_root)
-            return [DrillBrief(i, r, _aware(at), st, p, uri, rs, ts, bps) for i, r, at, st, p, uri, rs, ts, bps in s.execute(q)]
+            return [
+                DrillBrief(i, r, _aware(at), st, p, uri, rs, ts, bps)
+                for i, r, at, st, p, uri, rs, ts, bps in s.execute(q)
+            ]
 
     def outcomes(self, ids: list[int]) -> list[DrillOutcome]:
         """These drills in full, with their checks, oldest first."""
@@ -81,7 +100,12 @@ class ReportingMixin:
         with self._session() as s:
             for i in range(0, len(ids), 500):
                 q = select(Drill).where(Drill.id.in_(ids[i : i + 500]))
-                q = q.options(selectinload(Drill.checkpoint), selectinload(Drill.checks), selectinload(Drill.replay_steps), selectinload(Drill.alerts))
+                q = q.options(
+                    selectinload(Drill.checkpoint),
+                    selectinload(Drill.checks),
+                    selectinload(Drill.replay_steps),
+                    selectinload(Drill.alerts),
+                )
                 out += [outcome_from_row(d, with_checks=True) for d in s.scalars(q)]
         return sorted(out, key=lambda o: (o.started_at, o.id or 0))
 
@@ -93,7 +117,9 @@ class ReportingMixin:
                 q = q.where(Drill.policy == policy)
             return sorted(s.scalars(q))
 
-    def known_checkpoints(self, run_root: str, *, seen_since: datetime | None = None, uris: Collection[str] | None = None) -> list[KnownCheckpoint]:
+    def known_checkpoints(
+        self, run_root: str, *, seen_since: datetime | None = None, uris: Collection[str] | None = None
+    ) -> list[KnownCheckpoint]:
         """The run's checkpoints as drills saw them (those seen since ``seen_since``, and of
         ``uris``, when given)."""
         out = []
@@ -103,7 +129,19 @@ class ReportingMixin:
                 q = q.where(Checkpoint.last_seen >= seen_since)
             for part in _parts(uris):
                 rows = s.scalars(q.where(Checkpoint.uri.in_(part)) if part is not None else q)
-                out += [KnownCheckpoint(c.uri, c.run_root, c.step, c.format, c.bytes, c.file_count, _aware(c.first_seen), _aware(c.last_seen)) for c in rows]
+                out += [
+                    KnownCheckpoint(
+                        c.uri,
+                        c.run_root,
+                        c.step,
+                        c.format,
+                        c.bytes,
+                        c.file_count,
+                        _aware(c.first_seen),
+                        _aware(c.last_seen),
+                    )
+                    for c in rows
+                ]
         return out
 
     def latest_drills(self, run_root: str, uris: Collection[str] | None = None) -> dict[str, DrillOutcome]:
@@ -113,9 +151,15 @@ class ReportingMixin:
         latest: dict[str, DrillOutcome] = {}
         with self._session() as s:
             q = select(Checkpoint.id).where(Checkpoint.run_root == run_root)
-            ids = [i for part in _parts(uris) for i in s.scalars(q.where(Checkpoint.uri.in_(part)) if part is not None else q)]
+            ids = [
+                i
+                for part in _parts(uris)
+                for i in s.scalars(q.where(Checkpoint.uri.in_(part)) if part is not None else q)
+            ]
             for i in range(0, len(ids), 500):
-                newest = select(func.max(Drill.id)).where(Drill.checkpoint_id.in_(ids[i : i + 500]), Drill.status != DrillStatus.RUNNING.value)
+                newest = select(func.max(Drill.id)).where(
+                    Drill.checkpoint_id.in_(ids[i : i + 500]), Drill.status != DrillStatus.RUNNING.value
+                )
                 rows = select(Drill).where(Drill.id.in_(newest.group_by(Drill.checkpoint_id).scalar_subquery()))
                 for d in s.scalars(rows.options(selectinload(Drill.checkpoint))):
                     latest[d.checkpoint.uri] = outcome_from_row(d, with_checks=False)  # type: ignore[union-attr]
@@ -126,14 +170,18 @@ class ReportingMixin:
         (of ``uris`` only, when given)."""
         out: dict[str, list[Verified]] = {}
         with self._session() as s:
-            q = select(Checkpoint.uri, FileVerification.size, FileVerification.verified_at).join(FileVerification, FileVerification.checkpoint_id == Checkpoint.id)
+            q = select(Checkpoint.uri, FileVerification.size, FileVerification.verified_at).join(
+                FileVerification, FileVerification.checkpoint_id == Checkpoint.id
+            )
             q = q.where(Checkpoint.run_root == run_root)
             for part in _parts(uris):
                 for uri, size, at in s.execute(q.where(Checkpoint.uri.in_(part)) if part is not None else q):
                     out.setdefault(uri, []).append(Verified(int(size), _aware(at)))
         return out
 
-    def sources(self) -> tuple[dict[tuple[str, str], tuple[DrillOutcome, DrillOutcome | None]], dict[tuple[str, str, str], int]]:
+    def sources(
+        self,
+    ) -> tuple[dict[tuple[str, str], tuple[DrillOutcome, DrillOutcome | None]], dict[tuple[str, str, str], int]]:
         """What the metrics read of every source — (policy or "", run root) — in one pass over
         the (policy, run root, status) index: its latest closed drill (with checks) and its
         latest passed one; and (policy or "", run root, status) → closed drills recorded, ever."""
@@ -141,7 +189,9 @@ class ReportingMixin:
         last: dict[tuple[str, str], int] = {}
         good: dict[tuple[str, str], int] = {}
         with self._session() as s:
-            q = select(Drill.policy, Drill.run_root, Drill.status, func.count(), func.max(Drill.id)).group_by(Drill.policy, Drill.run_root, Drill.status)
+            q = select(Drill.policy, Drill.run_root, Drill.status, func.count(), func.max(Drill.id)).group_by(
+                Drill.policy, Drill.run_root, Drill.status
+            )
             for policy, root, status, n, newest in s.execute(q):
                 if status == DrillStatus.RUNNING.value:
                     continue
@@ -151,9 +201,19 @@ class ReportingMixin:
                 if status == DrillStatus.PASSED.value:
                     good[key] = max(newest, good.get(key, newest))
             load = select(Drill).where(Drill.id.in_({*last.values(), *good.values()}))
-            rows = {d.id: d for d in s.scalars(load.options(selectinload(Drill.checkpoint), selectinload(Drill.checks), selectinload(Drill.replay_steps)))}
+            rows = {
+                d.id: d
+                for d in s.scalars(
+                    load.options(
+                        selectinload(Drill.checkpoint), selectinload(Drill.checks), selectinload(Drill.replay_steps)
+                    )
+                )
+            }
             latest = {
-                key: (outcome_from_row(rows[i], with_checks=True), outcome_from_row(rows[good[key]], with_checks=False) if key in good else None)
+                key: (
+                    outcome_from_row(rows[i], with_checks=True),
+                    outcome_from_row(rows[good[key]], with_checks=False) if key in good else None,
+                )
                 for key, i in last.items()
             }
         return latest, counts

@@ -35,12 +35,17 @@ def checkpoint_row(s: Session, run_root: str, info: Any) -> Checkpoint:
     if ckpt is None:
         # Two drills of a new checkpoint at once both find no row: insert-or-nothing, then read
         # back whichever insert won (a plain INSERT would fail the second on the unique uri).
-        dialect = s.get_bind().dialect.name
-        if dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
-        values = {"run_root": run_root, "uri": info.uri, "step": info.step, "format": info.format, "first_seen": now, "last_seen": now}
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        insert = postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert
+        values = {
+            "run_root": run_root,
+            "uri": info.uri,
+            "step": info.step,
+            "format": info.format,
+            "first_seen": now,
+            "last_seen": now,
+        }
         s.execute(insert(Checkpoint).values(**values).on_conflict_do_nothing(index_elements=["uri"]))
         ckpt = s.scalars(select(Checkpoint).where(Checkpoint.uri == info.uri)).one()
     ckpt.last_seen = now
@@ -55,7 +60,14 @@ def checkpoint_row(s: Session, run_root: str, info: Any) -> Checkpoint:
 def check_row(drill_id: int, result: CheckResult) -> CheckRecord:
     doc = result.to_dict()
     evidence = {**doc["evidence"], "findings": doc["findings"]}
-    return CheckRecord(drill_id=drill_id, name=result.name, status=doc["status"], summary=result.summary, evidence=evidence, seconds=result.seconds)
+    return CheckRecord(
+        drill_id=drill_id,
+        name=result.name,
+        status=doc["status"],
+        summary=result.summary,
+        evidence=evidence,
+        seconds=result.seconds,
+    )
 
 
 def replay_rows(drill_id: int, steps: list[dict[str, Any]]) -> list[ReplayStep]:
@@ -68,7 +80,13 @@ def replay_rows(drill_id: int, steps: list[dict[str, Any]]) -> list[ReplayStep]:
             if isinstance(v, str) or (isinstance(v, float) and not math.isfinite(v)):
                 nonfinite[key] = jsonable(v)
                 values[key] = None
-        rows.append(ReplayStep(drill_id=drill_id, nonfinite=nonfinite or None, **{k: values.get(k) for k in ("step", "batch", "reference_batch", "matches", *_FLOATS)}))
+        rows.append(
+            ReplayStep(
+                drill_id=drill_id,
+                nonfinite=nonfinite or None,
+                **{k: values.get(k) for k in ("step", "batch", "reference_batch", "matches", *_FLOATS)},
+            )
+        )
     return rows
 
 
@@ -112,7 +130,11 @@ def outcome_from_row(d: Drill, *, with_checks: bool) -> DrillOutcome:
         started_at=_aware(d.started_at),
         finished_at=_aware(d.finished_at) if d.finished_at else None,
         phase=d.phase,
-        checkpoint=None if ck is None else CheckpointInfo(uri=ck.uri, name=_name(ck.uri), step=ck.step, format=ck.format, bytes=ck.bytes, files=ck.file_count),
+        checkpoint=None
+        if ck is None
+        else CheckpointInfo(
+            uri=ck.uri, name=_name(ck.uri), step=ck.step, format=ck.format, bytes=ck.bytes, files=ck.file_count
+        ),
         policy=d.policy,
         selection=d.selection,
         timings=Timings(**{n: getattr(d, f"{n}_seconds") for n in _TIMINGS}),
@@ -128,7 +150,16 @@ def outcome_from_row(d: Drill, *, with_checks: bool) -> DrillOutcome:
         page_cache=dict(d.page_cache) if d.page_cache else None,
         job_id=d.job_id,
         options=dict(d.options) if d.options else {},
-        alerts=[{"channel": a.channel, "target": a.target, "delivered": a.delivered, "attempts": a.attempts, "error": a.error} for a in d.alerts],
+        alerts=[
+            {
+                "channel": a.channel,
+                "target": a.target,
+                "delivered": a.delivered,
+                "attempts": a.attempts,
+                "error": a.error,
+            }
+            for a in d.alerts
+        ],
     )
 
 
@@ -138,7 +169,19 @@ def _replay(d: Drill, with_steps: bool) -> ReplaySummary | None:
     steps = []
     if with_steps:
         for r in d.replay_steps:
-            row = {k: getattr(r, k) for k in ("step", "reference_loss", "loss", "reference_grad_norm", "grad_norm", "reference_batch", "batch", "matches")}
+            row = {
+                k: getattr(r, k)
+                for k in (
+                    "step",
+                    "reference_loss",
+                    "loss",
+                    "reference_grad_norm",
+                    "grad_norm",
+                    "reference_batch",
+                    "batch",
+                    "matches",
+                )
+            }
             row.update(r.nonfinite or {})
             steps.append(row)
     return ReplaySummary(verdict=d.replay_verdict, reason=d.replay_reason or "", steps=steps)
@@ -147,7 +190,16 @@ def _replay(d: Drill, with_steps: bool) -> ReplaySummary | None:
 def _check(c: CheckRecord) -> CheckResult:
     evidence = dict(c.evidence or {})
     findings = evidence.pop("findings", [])
-    return CheckResult.from_dict({"name": c.name, "status": c.status, "summary": c.summary, "seconds": c.seconds, "findings": findings, "evidence": evidence})
+    return CheckResult.from_dict(
+        {
+            "name": c.name,
+            "status": c.status,
+            "summary": c.summary,
+            "seconds": c.seconds,
+            "findings": findings,
+            "evidence": evidence,
+        }
+    )
 
 
 def _name(uri: str) -> str:

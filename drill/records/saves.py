@@ -12,15 +12,16 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from drill.pipeline.outcome import check_version
 from drill.records.models import Save
 from drill.records.spool import SAVE_FIELDS as FIELDS
 from drill.records.spool import SAVE_KIND as KIND
 from drill.records.spool import SAVE_VERSION, is_save
-from drill.pipeline.outcome import check_version
 
 
 class SavesMixin:
-    def _session(self) -> AbstractContextManager[Session]: ...  # provided by Records
+    def _session(self) -> AbstractContextManager[Session]:  # provided by Records
+        raise NotImplementedError
 
     def record_save(self, doc: dict[str, Any]) -> bool:
         """Insert a save's document; False when the same save (host, pid, time, checkpoint) is
@@ -32,7 +33,12 @@ class SavesMixin:
         saved_at = datetime.fromisoformat(doc["saved_at"])
         with self._session() as s:
             twin = s.scalar(
-                select(Save.id).where(Save.host == doc["host"], Save.pid == int(doc["pid"]), Save.saved_at == saved_at, Save.checkpoint_uri == doc["checkpoint"])
+                select(Save.id).where(
+                    Save.host == doc["host"],
+                    Save.pid == int(doc["pid"]),
+                    Save.saved_at == saved_at,
+                    Save.checkpoint_uri == doc["checkpoint"],
+                )
             )
             if twin is not None:
                 return False

@@ -38,11 +38,28 @@ SAVE_VERSION = 1
 """The shape of a save's document (its ``version`` field); a newer one waits in the spool for a
 newer drill to deliver it."""
 
-SAVE_FIELDS = ("checkpoint", "run_root", "step", "method", "files", "bytes", "hash_seconds", "save_seconds", "bytes_read_back", "keyed", "host", "pid", "saved_at", "drill_version")
+SAVE_FIELDS = (
+    "checkpoint",
+    "run_root",
+    "step",
+    "method",
+    "files",
+    "bytes",
+    "hash_seconds",
+    "save_seconds",
+    "bytes_read_back",
+    "keyed",
+    "host",
+    "pid",
+    "saved_at",
+    "drill_version",
+)
 
 
 def is_save(doc: dict[str, Any]) -> bool:
     return doc.get("kind") == SAVE_KIND
+
+
 _CLAIMED = ".claimed-"
 
 
@@ -98,7 +115,9 @@ class Spool:
         why = _not_ours(self.directory, directory=True) if self.directory.exists() else None
         if not self.directory.is_dir():
             return out
-        files = sorted(p for key in self._keys for p in self.directory.glob(f"{key}-*.json")) + sorted(self._abandoned())
+        files = sorted(p for key in self._keys for p in self.directory.glob(f"{key}-*.json")) + sorted(
+            self._abandoned()
+        )
         for path in files:
             problem = why or _not_ours(path)
             if problem is None:
@@ -177,4 +196,3 @@ def spool_record(document: dict[str, Any], db: str | None) -> Path | None:
         return Spool(database_key(resolve_url(db))).put(document)
     except Exception:  # noqa: BLE001 - nothing may reach the trainer from here
         return None
-

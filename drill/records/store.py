@@ -26,14 +26,14 @@ from drill.findings import CheckResult
 from drill.pipeline.outcome import DrillOutcome
 from drill.pipeline.recorder import DrillStart
 from drill.records.audit import PROVISIONAL, load_audit_key, seal_drill
+from drill.records.bursts import BurstsMixin
 from drill.records.db import Database, failure_reason, safe_url
 from drill.records.lease import LeaseMixin
 from drill.records.ledger import LedgerMixin
 from drill.records.models import Alert, Checkpoint, CheckRecord, Drill, ReplayStep
-from drill.records.bursts import BurstsMixin
-from drill.records.saves import SavesMixin
 from drill.records.reporting import ReportingMixin
 from drill.records.rows import check_row, checkpoint_row, outcome_from_row, replay_rows, utcnow, write_outcome
+from drill.records.saves import SavesMixin
 from drill.verdict import DrillStatus
 
 ORPHAN_REASON = "the process running this drill"
@@ -72,7 +72,9 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
             err.transient = isinstance(exc, OperationalError)  # locked, connection lost: worth retrying
             raise err from None
         except (ValueError, TypeError) as exc:
-            raise UnreadableRecord(f"database {safe_url(self.db.url)} holds a record drill cannot read ({one_line(exc)}): was it edited outside drill?") from None
+            raise UnreadableRecord(
+                f"database {safe_url(self.db.url)} holds a record drill cannot read ({one_line(exc)}): was it edited outside drill?"
+            ) from None
 
     # -- a drill's row, from begin to finish -------------------------------------------------
     def begin_drill(self, start: DrillStart, *, pid: int | None = None, host: str | None = None) -> int:
@@ -98,7 +100,9 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
             s.flush()
             return drill.id
 
-    def record_lost(self, start: DrillStart, *, status: DrillStatus, exit_code: int, reason: str, host: str | None = None) -> int:
+    def record_lost(
+        self, start: DrillStart, *, status: DrillStatus, exit_code: int, reason: str, host: str | None = None
+    ) -> int:
         """A drill that ended before it could write a row of its own (its process died, its
         batch job never started): it still goes on the record — on ``host``, where it ran,
         when that is known — and into the audit chain."""
@@ -115,7 +119,9 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
         with self._session() as s:
             s.get_one(Drill, drill_id).phase = phase
 
-    def attach_checkpoint(self, drill_id: int, outcome_checkpoint: Any, *, selection: str, evidence_level: str | None, sample: str | None) -> int:
+    def attach_checkpoint(
+        self, drill_id: int, outcome_checkpoint: Any, *, selection: str, evidence_level: str | None, sample: str | None
+    ) -> int:
         """Record (or refresh) the checkpoint and link the drill to it; returns its id."""
         with self._session() as s:
             ckpt = checkpoint_row(s, drill_run_root(s, drill_id), outcome_checkpoint)
@@ -160,7 +166,9 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
             d = s.get(Drill, outcome.id) if outcome.id is not None else None
             if d is None:
                 twin = s.scalar(
-                    select(Drill.id).where(Drill.host == outcome.host, Drill.pid == outcome.pid, Drill.started_at == outcome.started_at)
+                    select(Drill.id).where(
+                        Drill.host == outcome.host, Drill.pid == outcome.pid, Drill.started_at == outcome.started_at
+                    )
                 )
                 if twin is not None and outcome.id is None:
                     return False
@@ -185,7 +193,17 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
     def record_alerts(self, drill_id: int, deliveries: list[Any]) -> None:
         with self._session() as s:
             for dl in deliveries:
-                s.add(Alert(drill_id=drill_id, channel=dl.channel, target=dl.target, delivered=dl.delivered, attempts=dl.attempts, error=dl.error, sent_at=utcnow()))
+                s.add(
+                    Alert(
+                        drill_id=drill_id,
+                        channel=dl.channel,
+                        target=dl.target,
+                        delivered=dl.delivered,
+                        attempts=dl.attempts,
+                        error=dl.error,
+                        sent_at=utcnow(),
+                    )
+                )
 
     # -- drills a dead process left behind ---------------------------------------------------
     def running_drill_of(self, pid: int) -> int | None:
@@ -243,7 +261,12 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
     ) -> list[DrillOutcome]:
         """Recorded drills, newest first (without their checks)."""
         with self._session() as s:
-            q = select(Drill).options(selectinload(Drill.checkpoint), selectinload(Drill.alerts)).order_by(Drill.id.desc()).limit(limit)
+            q = (
+                select(Drill)
+                .options(selectinload(Drill.checkpoint), selectinload(Drill.alerts))
+                .order_by(Drill.id.desc())
+                .limit(limit)
+            )
             if run_root is not None:
                 q = q.where(Drill.run_root == run_root)
             if since is not None:
@@ -259,7 +282,12 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
             d = s.scalar(
                 select(Drill)
                 .where(Drill.id == drill_id)
-                .options(selectinload(Drill.checkpoint), selectinload(Drill.checks), selectinload(Drill.replay_steps), selectinload(Drill.alerts))
+                .options(
+                    selectinload(Drill.checkpoint),
+                    selectinload(Drill.checks),
+                    selectinload(Drill.replay_steps),
+                    selectinload(Drill.alerts),
+                )
             )
             if d is None:
                 raise NotFound(f"no drill with id {drill_id}")
@@ -293,7 +321,14 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
                     out[uri] = outcome_from_row(latest, with_checks=False)
         return out
 
-    def last_good(self, run_root: str, retained: list[str], *, min_evidence: str = DEFAULT_MIN_EVIDENCE, require_replay: bool = False) -> DrillOutcome | None:
+    def last_good(
+        self,
+        run_root: str,
+        retained: list[str],
+        *,
+        min_evidence: str = DEFAULT_MIN_EVIDENCE,
+        require_replay: bool = False,
+    ) -> DrillOutcome | None:
         """The newest of ``retained`` (URIs, oldest first) whose latest drill passed on at
         least ``min_evidence`` (and replayed, with ``require_replay``): :func:`drill.claims.good_enough`."""
         latest = self.latest_of(list(reversed(retained)))

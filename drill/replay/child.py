@@ -47,7 +47,9 @@ def check_origin(entrypoint: str, untrusted: tuple[str, ...]) -> None:
         return
     top = _top(entrypoint)
     spec = importlib.machinery.PathFinder.find_spec(top)
-    places = ([spec.origin] if spec and spec.origin else []) + list((spec.submodule_search_locations or []) if spec else [])
+    places = ([spec.origin] if spec and spec.origin else []) + list(
+        (spec.submodule_search_locations or []) if spec else []
+    )
     if spec is None and (planted := _in_run_dir(top, untrusted[0])):
         places = [planted]
     for place in places:
@@ -100,7 +102,16 @@ def _import_file(path: str) -> Any:
     return module
 
 
-def main(conn: Any, entrypoint: str, trust: str, run_dir: str, checkpoint: str, device: str, steps: int, options: dict[str, Any]) -> None:
+def main(
+    conn: Any,
+    entrypoint: str,
+    trust: str,
+    run_dir: str,
+    checkpoint: str,
+    device: str,
+    steps: int,
+    options: dict[str, Any],
+) -> None:
     # stdout belongs to the parent's --json document: the trainer's prints go to stderr.
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -125,7 +136,9 @@ def _send(conn: Any, kind: str, *payload: Any) -> None:
     conn.send_bytes(json.dumps([kind, *payload]).encode())
 
 
-def _replay(conn: Any, entrypoint: str, run_dir: str, checkpoint: str, device: str, steps: int, options: dict[str, Any]) -> None:
+def _replay(
+    conn: Any, entrypoint: str, run_dir: str, checkpoint: str, device: str, steps: int, options: dict[str, Any]
+) -> None:
     import torch
 
     from drill.formats.dcp_reader import load_into
@@ -159,7 +172,10 @@ def _plain(record: Any) -> dict[str, Any]:
     get = record.get if isinstance(record, dict) else (lambda k: getattr(record, k, None))
     out = {k: get(k) for k in fields}
     for k in ("loss", "grad_norm", "lr"):
-        out[k] = None if out[k] is None else float(out[k])
+        value = out[k]
+        out[k] = None if value is None else float(value)
+    if out["step"] is None:
+        raise ValueError("the replay target's step() returned a record without a step")
     out["step"] = int(out["step"])
     return {k: v for k, v in out.items() if v is not None or k == "loss"}
 

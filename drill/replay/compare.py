@@ -44,7 +44,9 @@ class Divergence:
         if self.what == "data":
             return f"data order diverged at step {self.step}: batch {self.actual}, the original run saw {self.expected}"
         rel = f" (relative {self.delta:.2e})" if self.delta is not None else ""
-        return f"{self.what} diverged at step {self.step}: {self.actual!r}, the original run logged {self.expected!r}{rel}"
+        return (
+            f"{self.what} diverged at step {self.step}: {self.actual!r}, the original run logged {self.expected!r}{rel}"
+        )
 
 
 def compare_steps(reference: dict[int, StepRecord], replayed: list[StepRecord], tol: Tolerance) -> Divergence | None:

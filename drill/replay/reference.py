@@ -84,11 +84,14 @@ def _from_hf(storage: Storage, run_dir: str) -> Reference | None:
         history = doc.get("log_history", []) if isinstance(doc, dict) else []
         steps = {}
         for h in history if isinstance(history, list) else []:
-            loss, step = _float(h.get("loss")) if isinstance(h, dict) else None, h.get("step") if isinstance(h, dict) else None
+            loss, step = (
+                _float(h.get("loss")) if isinstance(h, dict) else None,
+                h.get("step") if isinstance(h, dict) else None,
+            )
             if loss is not None and isinstance(step, int):
                 steps[step] = StepRecord(step=step, loss=loss, grad_norm=_float(h.get("grad_norm")))
         if steps:
-            return Reference(source=f"{uri[len(run_dir) + 1:]} log_history", steps=steps)
+            return Reference(source=f"{uri[len(run_dir) + 1 :]} log_history", steps=steps)
     return None
 
 
@@ -126,7 +129,9 @@ def _from_tensorboard(run_dir: Path) -> Reference | None:
         acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
         acc.Reload()
         tags = acc.Tags().get("scalars", [])
-        tag = next((t for t in tags if t in ("loss", "train/loss", "train_loss")), None) or next((t for t in tags if "loss" in t), None)
+        tag = next((t for t in tags if t in ("loss", "train/loss", "train_loss")), None) or next(
+            (t for t in tags if "loss" in t), None
+        )
         if tag is None:
             continue
         steps = {e.step: StepRecord(step=e.step, loss=float(e.value)) for e in acc.Scalars(tag)}

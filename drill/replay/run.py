@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 import time
-from multiprocessing.connection import Connection
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Any
 
 from drill.proc import child_preexec, python_command, trusted_path
@@ -90,7 +90,13 @@ def tolerance_for(reference: Reference, device: str, spec: ReplaySpec) -> Tolera
 
 
 def run_replay(
-    *, spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | None, device: str, storage_options: dict[str, Any] | None = None
+    *,
+    spec: ReplaySpec,
+    run_dir: str,
+    checkpoint: str,
+    step: int | None,
+    device: str,
+    storage_options: dict[str, Any] | None = None,
 ) -> ReplayOutcome:
     """Replay K steps after ``checkpoint`` (at ``step``) and compare with the original run; the
     outcome names the entrypoint that ran and who named it."""
@@ -114,9 +120,15 @@ def _replay(
         )
     reference = load_reference(run_dir, storage)
     if reference is None:
-        return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"no record of the original run under {run_dir} ({STEP_LOG}, trainer_state.json, metrics.csv or TensorBoard events)")
+        return ReplayOutcome(
+            verdict=NOT_REPLAYABLE,
+            reason=f"no record of the original run under {run_dir} ({STEP_LOG}, trainer_state.json, metrics.csv or TensorBoard events)",
+        )
     if step is None:
-        return ReplayOutcome(verdict=NOT_REPLAYABLE, reason="the checkpoint's step is unknown, so its place in the original run's record is too")
+        return ReplayOutcome(
+            verdict=NOT_REPLAYABLE,
+            reason="the checkpoint's step is unknown, so its place in the original run's record is too",
+        )
     wanted = [s for s in range(step + 1, step + spec.steps + 1) if s in reference.steps]
     if not wanted:
         last = max(reference.steps)
@@ -127,7 +139,9 @@ def _replay(
         )
     k = max(wanted) - step
     tol = tolerance_for(reference, device, spec)
-    outcome = _run_child(entrypoint, explicit, run_dir, checkpoint, device, k, spec.timeout, started, storage_options or {})
+    outcome = _run_child(
+        entrypoint, explicit, run_dir, checkpoint, device, k, spec.timeout, started, storage_options or {}
+    )
     outcome.tolerance = tol
     outcome.reference_source = reference.source
     replayed = [got for _, got in outcome.steps]
@@ -144,7 +158,11 @@ def _replay(
         outcome.verdict, outcome.reason = DIVERGED, outcome.divergence.describe()
     else:
         exact = tol.rtol == 0 and tol.atol == 0
-        compared = "data order, loss and grad norm" if reference.has_data_order else "loss and grad norm (the record has no batch fingerprints: data order not compared)"
+        compared = (
+            "data order, loss and grad norm"
+            if reference.has_data_order
+            else "loss and grad norm (the record has no batch fingerprints: data order not compared)"
+        )
         outcome.verdict = PASSED
         outcome.reason = f"{len(replayed)} steps after step {step} match the original run {'bit for bit' if exact else f'within rtol={tol.rtol:g}, atol={tol.atol:g}'}: {compared}"
         if len(wanted) < spec.steps:
@@ -153,7 +171,15 @@ def _replay(
 
 
 def _run_child(
-    entrypoint: str, explicit: bool, run_dir: str, checkpoint: str, device: str, steps: int, timeout: float, started: float, options: dict[str, Any]
+    entrypoint: str,
+    explicit: bool,
+    run_dir: str,
+    checkpoint: str,
+    device: str,
+    steps: int,
+    timeout: float,
+    started: float,
+    options: dict[str, Any],
 ) -> ReplayOutcome:
     # Not a fork of this process: one that has used torch's thread pools would deadlock. The
     # child forked before any of that ran (drill.replay.zygote), or else a fresh interpreter.
@@ -190,13 +216,15 @@ def _start_child(args: list[str], untrusted: tuple[str, ...]) -> tuple[Any, int]
         pass_fds=(write_fd,),
         stdin=subprocess.DEVNULL,
         stdout=_stderr_fd(),
-        preexec_fn=child_preexec(),  # noqa: PLW1509 - dies with the drill that started it
+        preexec_fn=child_preexec(),
     )
     os.close(write_fd)
     return proc, read_fd
 
 
-def _listen(receive: Connection, proc: Any, outcome: ReplayOutcome, steps: int, started: float, deadline: float, timeout: float) -> None:
+def _listen(
+    receive: Connection, proc: Any, outcome: ReplayOutcome, steps: int, started: float, deadline: float, timeout: float
+) -> None:
     """Fill ``outcome`` from the child's messages (JSON: the parent never unpickles what a
     child sends) until it is done, fails, dies or runs out of time."""
     phase = "starting"

@@ -46,4 +46,6 @@ class ReplaySpec:
         if not self.timeout > 0 or self.timeout == float("inf"):
             raise ValueError(f"replay timeout must be a positive number of seconds, not {self.timeout!r}")
         if self.entrypoint is not None and not ENTRYPOINT.match(self.entrypoint):
-            raise ValueError(f"replay entrypoint {self.entrypoint!r} must be module:function or path/to/file.py:function, e.g. mytrainer.replay:build_replay")
+            raise ValueError(
+                f"replay entrypoint {self.entrypoint!r} must be module:function or path/to/file.py:function, e.g. mytrainer.replay:build_replay"
+            )

@@ -188,7 +188,7 @@ def _detach(parent: int) -> None:
     os.close(null)
 
 
-def _read_request(fd: int) -> dict | None:  # type: ignore[type-arg]
+def _read_request(fd: int) -> dict | None:
     chunks = []
     while chunk := os.read(fd, 1 << 16):
         chunks.append(chunk)

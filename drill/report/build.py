@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from drill.claims import Retained, coverage, good_enough, proof_of
 from drill.errors import DrillError
 from drill.findings import Severity
 from drill.goodput import GoodputError, measured_restart, table
 from drill.pipeline.outcome import DrillOutcome
 from drill.records.reporting import DrillBrief, KnownCheckpoint, Verified
-from drill.claims import Retained, coverage, good_enough, proof_of
 from drill.report.model import CheckpointRow, DrillEntry, GoodputSection, Report, RunSection
 from drill.stats import summarize
 
@@ -54,7 +54,9 @@ def build_report(db: str | None = None, options: ReportOptions | None = None) ->
     opts = options or ReportOptions()
     root = normalize(opts.root) if opts.root else None
     now = datetime.now(timezone.utc)
-    report = Report(now, opts.since, opts.until or now, opts.policy, root, safe_url(resolve_url(db)), chain=_empty_chain())
+    report = Report(
+        now, opts.since, opts.until or now, opts.policy, root, safe_url(resolve_url(db)), chain=_empty_chain()
+    )
     database = read_database(db)
     if database is None:
         if root is not None:
@@ -64,7 +66,9 @@ def build_report(db: str | None = None, options: ReportOptions | None = None) ->
         records = Records(database)
         briefs = records.briefs_in_window(since=opts.since, until=report.until, policy=opts.policy, run_root=root)
         # Runs drilled before but not in the window appear too: a run whose drills stopped is news.
-        by_root: dict[str, list[DrillBrief]] = {r: [] for r in ([root] if root else records.run_roots(policy=opts.policy))}
+        by_root: dict[str, list[DrillBrief]] = {
+            r: [] for r in ([root] if root else records.run_roots(policy=opts.policy))
+        }
         for b in briefs:
             by_root.setdefault(b.run_root, []).append(b)
         runs = [_section(records, r, by_root[r], opts, resolve_url(db)) for r in sorted(by_root)]
@@ -106,7 +110,9 @@ class _OnStorage:
     """What it occupies on storage now; None when it could not be listed (or was not)."""
 
 
-def _section(records: Any, root: str, briefs: list[DrillBrief], opts: ReportOptions, database: str | None = None) -> RunSection:
+def _section(
+    records: Any, root: str, briefs: list[DrillBrief], opts: ReportOptions, database: str | None = None
+) -> RunSection:
     recent = {k.uri: k for k in records.known_checkpoints(root, seen_since=opts.since)} if records else {}
     retained, source, note = _retained(root, recent, opts.list_storage, opts.listing_timeout)
     uris = {c.uri for c in retained} | {b.checkpoint for b in briefs if b.checkpoint}
@@ -120,7 +126,9 @@ def _section(records: Any, root: str, briefs: list[DrillBrief], opts: ReportOpti
     for row in rows:
         row.sealed_at_save = saved.get(row.uri)
     cover = coverage(
-        Retained(r.name, r.bytes_on_storage, r.drills_in_window > 0, r.bytes_verified_in_window) for r in rows if r.retained is not False
+        Retained(r.name, r.bytes_on_storage, r.drills_in_window > 0, r.bytes_verified_in_window)
+        for r in rows
+        if r.retained is not False
     )
     listed = records.outcomes(_listed(briefs, opts.listed)) if records else []
     return RunSection(
@@ -151,19 +159,27 @@ def _listed(briefs: list[DrillBrief], limit: int | None) -> list[int]:
     return sorted({b.id for b in (*newest, *failures)})
 
 
-def _retained(root: str, known: dict[str, KnownCheckpoint], list_storage: bool, timeout: float = LISTING_TIMEOUT) -> tuple[list[_OnStorage], str, str | None]:
+def _retained(
+    root: str, known: dict[str, KnownCheckpoint], list_storage: bool, timeout: float = LISTING_TIMEOUT
+) -> tuple[list[_OnStorage], str, str | None]:
     """Each retained checkpoint with its bytes on storage, where the list came from, and why."""
     if list_storage:
         from drill.discover import discover
-        from drill.storage import storage_for
-
         from drill.interrupts import deadline
+        from drill.storage import storage_for
 
         try:
             with deadline(timeout, f"listing {root}"):  # one run's storage never holds the report hostage
                 storage = storage_for(root)
                 found = discover(storage, root)
-                return [_OnStorage(c.uri, c.name, c.step, c.format, bytes_on_storage(storage, c.uri)) for c in found.checkpoints], "storage", None
+                return (
+                    [
+                        _OnStorage(c.uri, c.name, c.step, c.format, bytes_on_storage(storage, c.uri))
+                        for c in found.checkpoints
+                    ],
+                    "storage",
+                    None,
+                )
         except (OSError, DrillError) as exc:
             note = f"{root} could not be listed from this host ({getattr(exc, 'strerror', None) or exc}): checkpoints as drills last saw them"
     else:
@@ -195,7 +211,17 @@ def _checkpoint_rows(
 ) -> list[CheckpointRow]:
     in_window = Counter(b.checkpoint for b in briefs if b.checkpoint)
     listed = {c.uri for c in retained}
-    purged = [_OnStorage(uri, _name(uri), known[uri].step if uri in known else None, known[uri].format if uri in known else None, None) for uri in in_window if uri not in listed]
+    purged = [
+        _OnStorage(
+            uri,
+            _name(uri),
+            known[uri].step if uri in known else None,
+            known[uri].format if uri in known else None,
+            None,
+        )
+        for uri in in_window
+        if uri not in listed
+    ]
     rows = []
     for c in [*retained, *purged]:
         k, last, files = known.get(c.uri), latest.get(c.uri), ledger.get(c.uri, [])
@@ -278,11 +304,24 @@ def _goodput(briefs: list[DrillBrief], opts: ReportOptions) -> GoodputSection | 
     if not samples:
         return None
     try:
-        restart = measured_restart(samples)  # type: ignore[arg-type]
-        rows = table(gpus=list(opts.gpus), blocking_s=[opts.blocking_s], restart_s=[restart.restart_s], price_per_gpu_hour=opts.price_per_gpu_hour)
+        restart = measured_restart(samples)
+        rows = table(
+            gpus=list(opts.gpus),
+            blocking_s=[opts.blocking_s],
+            restart_s=[restart.restart_s],
+            price_per_gpu_hour=opts.price_per_gpu_hour,
+        )
     except GoodputError:
         return None
     return GoodputSection(restart=restart, blocking_s=opts.blocking_s, rows=rows)
 
 
-__all__ = ["DEFAULT_BLOCKING_S", "DEFAULT_GPUS", "DEFAULT_LISTED", "ReportOptions", "build_report", "drill_entry", "rerun_command"]
+__all__ = [
+    "DEFAULT_BLOCKING_S",
+    "DEFAULT_GPUS",
+    "DEFAULT_LISTED",
+    "ReportOptions",
+    "build_report",
+    "drill_entry",
+    "rerun_command",
+]

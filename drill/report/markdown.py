@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 
 from drill.report import text as t
-from drill.text import printable
 from drill.report.model import DrillEntry, GoodputSection, Report, RunSection
+from drill.text import printable
 
 _ORDER = {s: i for i, s in enumerate(("passed", "failed", "slo_breach", "error", "aborted", "running"))}
 _SPECIAL = re.compile(r"([\\`*_\[\]|~])")
@@ -43,7 +43,11 @@ def render_markdown(report: Report) -> str:
     lines = ["# drill audit report", ""]
     lines += _preamble(report)
     if not report.runs:
-        lines += ["", "**No drills recorded** in this window" + (" for these filters." if report.policy or report.root else "."), ""]
+        lines += [
+            "",
+            "**No drills recorded** in this window" + (" for these filters." if report.policy or report.root else "."),
+            "",
+        ]
     if report.runs:
         lines += ["", "## Overview", "", *_overview(report)]
     for run in report.runs:
@@ -70,7 +74,10 @@ def _preamble(r: Report) -> list[str]:
         f"- Generated: {t.when(r.generated_at)} from `{cell(r.database)}`"
         + (f"; policy {cell(r.policy)}" if r.policy else "")
         + (f"; run {cell(r.root)}" if r.root else ""),
-        f"- Drills: {r.drills} — " + ", ".join(f"{n} {cell(s)}" for s, n in sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 99))) if counts else "- Drills: 0",
+        f"- Drills: {r.drills} — "
+        + ", ".join(f"{n} {cell(s)}" for s, n in sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 99)))
+        if counts
+        else "- Drills: 0",
         (
             f"- Audit chain: {state}, {chain.get('entries', 0)} entries; head `{head['hash']}` (entry {head['seq']}, drill #{head['drill_id']})"
             f" — pin it: `drill audit verify --head {head['hash']}`"
@@ -145,7 +152,7 @@ def _goodput(g: GoodputSection) -> list[str]:
     )  # fmt: skip
 
 
-def _finding_line(f: dict) -> str:  # type: ignore[type-arg]
+def _finding_line(f: dict) -> str:
     """One finding; every field but check, code and message may be absent (a finding about the
     drill as a whole names no subject)."""
     subject = f" {cell(f['subject'])}" if f.get("subject") else ""
@@ -156,18 +163,28 @@ def _finding_line(f: dict) -> str:  # type: ignore[type-arg]
 __all__ = ["cell", "fenced", "render_markdown"]
 
 
-def _burst(doc: dict) -> list[str]:  # type: ignore[type-arg]
+def _burst(doc: dict) -> list[str]:
     """The latest burst: each step's aggregate bandwidth, the ceiling, and R with its arithmetic."""
     where = f"burst #{doc['id']} of {cell(doc['checkpoint'])} ({'cold' if doc['cold'] else 'warm'}, {t.when_iso(doc['started_at'])})"
     lines = [where + ":", ""]
     lines += _table(
         ["readers", "aggregate", "slowest reader", "tail"],
-        [[st["readers"], t.rate(st["aggregate_bps"]), t.seconds(st["slowest_seconds"]), f"{st['tail']:.2f}"] for st in doc["steps"]],
+        [
+            [st["readers"], t.rate(st["aggregate_bps"]), t.seconds(st["slowest_seconds"]), f"{st['tail']:.2f}"]
+            for st in doc["steps"]
+        ],
     )
-    ceiling = f"{t.rate(doc['ceiling_bps'])} at {doc['ceiling_readers']} readers" if doc["ceiling_readers"] else f"none within the sweep (best {t.rate(doc['ceiling_bps'])})"
+    ceiling = (
+        f"{t.rate(doc['ceiling_bps'])} at {doc['ceiling_readers']} readers"
+        if doc["ceiling_readers"]
+        else f"none within the sweep (best {t.rate(doc['ceiling_bps'])})"
+    )
     lines += ["", f"Ceiling: {ceiling}."]
     restart = doc.get("restart")
     if restart:
-        lines += [f"R = {restart['restart_s']:,.1f} s:", ""] + [f"- {cell(line)}" for line in restart["explanation"]] + [f"- _warning: {cell(w)}_" for w in restart["warnings"]]
+        lines += (
+            [f"R = {restart['restart_s']:,.1f} s:", ""]
+            + [f"- {cell(line)}" for line in restart["explanation"]]
+            + [f"- _warning: {cell(w)}_" for w in restart["warnings"]]
+        )
     return lines
-

@@ -48,10 +48,12 @@ def loss(v: object) -> str:
 __all__ = ["loss", "money", "rate", "sealed_at_save", "seconds", "share", "size", "when", "when_iso", "window"]
 
 
-def sealed_at_save(save: dict | None) -> str:  # type: ignore[type-arg]
+def sealed_at_save(save: dict | None) -> str:
     """``yes (hashing 0.41 s of a 3.2 s save, keyed)``, ``after the save (…)``, or ``no``."""
     if not save:
         return "no"
     how = "yes" if save.get("method") == "writer" else "after the save"
     keyed = ", keyed" if save.get("keyed") else ""
-    return f"{how} (hashing {human_seconds(save['hash_seconds'])} of a {human_seconds(save['save_seconds'])} save{keyed})"
+    return (
+        f"{how} (hashing {human_seconds(save['hash_seconds'])} of a {human_seconds(save['save_seconds'])} save{keyed})"
+    )

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 
-
 def _scannable(key: str, t: Any) -> bool:
     """Every floating-point tensor, whatever part it belongs to (step counters aside)."""
     return (

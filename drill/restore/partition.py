@@ -25,9 +25,6 @@ def balance(loads: list[int]) -> float | None:
     return max(loads) / low if low > 0 else None
 
 
-
-
-
 @dataclass(slots=True)
 class Shard:
     """This rank's place in a distributed restore (a format that restores across ranks gives

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Iterable
 from typing import Any
 
 STEP_LOG = "drill-steps.jsonl"
@@ -70,7 +70,9 @@ def parse_step_log(lines: Iterable[str]) -> list[StepRecord]:
     for line in lines:
         try:
             doc = json.loads(line)
-            record = StepRecord(**{k: doc[k] for k in ("step", "loss", "grad_norm", "batch", "lr", "tokens") if k in doc})
+            record = StepRecord(
+                **{k: doc[k] for k in ("step", "loss", "grad_norm", "batch", "lr", "tokens") if k in doc}
+            )
         except (ValueError, TypeError, KeyError, RecursionError):
             continue
         if isinstance(record.step, int) and isinstance(record.loss, (int, float)):

@@ -23,8 +23,8 @@ from drill.pipeline.recorder import DrillStart
 from drill.policy.model import Policy
 from drill.proc import child_preexec, python_command
 from drill.records.store import Records
-from drill.verdict import DrillStatus, exit_code_for
 from drill.units import human_bytes
+from drill.verdict import DrillStatus, exit_code_for
 
 
 @dataclass(slots=True)
@@ -70,7 +70,7 @@ def run_isolated(policy: Policy, db_url: str, records: Records, *, trigger: str)
         python_command("drill.scheduling.child", str(theirs.fileno()), untrusted=(policy.checkpoints.root,)),
         pass_fds=(theirs.fileno(),),
         stdin=subprocess.DEVNULL,
-        preexec_fn=child_preexec(policy.limits.memory),  # noqa: PLW1509 - no threads touched before exec
+        preexec_fn=child_preexec(policy.limits.memory),
     )
     theirs.close()
     with _LOCK:
@@ -119,7 +119,14 @@ def _account(heard: _Heard, proc: subprocess.Popen, policy: Policy, records: Rec
     """The child's own verdict, or — if it died without one — the record of how it died."""
     if heard.outcome is not None and heard.timed_out is None:
         doc = heard.outcome
-        return IsolatedResult(doc["id"], DrillStatus(doc["status"]), int(doc["exit_code"]), doc.get("message"), doc, record_problem=heard.record_problem)
+        return IsolatedResult(
+            doc["id"],
+            DrillStatus(doc["status"]),
+            int(doc["exit_code"]),
+            doc.get("message"),
+            doc,
+            record_problem=heard.record_problem,
+        )
     reason = f"the drill process {describe_exit(proc.returncode, heard.timed_out)}"
     if policy.limits.memory and heard.timed_out is None and proc.returncode != 0:
         reason += f"; its memory limit was {human_bytes(policy.limits.memory)}"
@@ -137,7 +144,9 @@ def _account(heard: _Heard, proc: subprocess.Popen, policy: Policy, records: Rec
     return IsolatedResult(drill_id, outcome.status, int(outcome.exit_code), outcome.message, outcome.to_document())
 
 
-def _record_lost(records: Records, policy: Policy, trigger: str, status: DrillStatus, code: ExitCode, reason: str) -> int:
+def _record_lost(
+    records: Records, policy: Policy, trigger: str, status: DrillStatus, code: ExitCode, reason: str
+) -> int:
     """A drill whose process died before it wrote a row: it still goes on the record."""
     from datetime import datetime, timezone
 
@@ -189,7 +198,9 @@ def follow_jobs() -> None:
     _STOP_JOBS.clear()
 
 
-def run_submitted(policy: Policy, db_url: str, records: Records, *, trigger: str, stopping: threading.Event | None = None) -> IsolatedResult:
+def run_submitted(
+    policy: Policy, db_url: str, records: Records, *, trigger: str, stopping: threading.Event | None = None
+) -> IsolatedResult:
     """A policy whose allocation says ``launcher: slurm`` or ``k8s``: its drill runs as a batch
     job (a Kubernetes Job on the configured cluster), followed to its end (see :mod:`drill.launch.submit`); alerts as for a local drill. When the
     scheduler stops, a job still pending is cancelled at once and recorded ``aborted``; a
@@ -215,7 +226,9 @@ def run_submitted(policy: Policy, db_url: str, records: Records, *, trigger: str
     return _alert(IsolatedResult(o.id, o.status, int(o.exit_code), o.message, o.to_document()), policy, records)
 
 
-def run_policy_drill(policy: Policy, db_url: str, records: Records, *, trigger: str, stopping: threading.Event | None = None) -> IsolatedResult:
+def run_policy_drill(
+    policy: Policy, db_url: str, records: Records, *, trigger: str, stopping: threading.Event | None = None
+) -> IsolatedResult:
     """The policy's drill where its allocation says: an isolated child here, or a Slurm job."""
     if policy.allocation.launcher in ("slurm", "k8s"):
         return run_submitted(policy, db_url, records, trigger=trigger, stopping=stopping)

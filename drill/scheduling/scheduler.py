@@ -66,15 +66,21 @@ def fire(policy_name: str) -> None:
         records = Records(db)
         if not records.holds_lease(_CONTEXT.holder):
             log.error("lost the scheduler lease; not firing %s", policy_name)
-            records.scheduler_event(policy_name, "skipped", "this scheduler lost its lease: not started", holder=_CONTEXT.holder)
+            records.scheduler_event(
+                policy_name, "skipped", "this scheduler lost its lease: not started", holder=_CONTEXT.holder
+            )
             return
         result = run_policy_drill(policy, _CONTEXT.db_url, records, trigger="scheduler", stopping=_CONTEXT.stopping)
-        log.info("policy %s: drill #%s %s", policy_name, result.drill_id, result.status or f"not started: {result.message}")
+        log.info(
+            "policy %s: drill #%s %s", policy_name, result.drill_id, result.status or f"not started: {result.message}"
+        )
         if result.status is None:  # refused before a record was opened (the run gone, the storage refusing)
-            records.scheduler_event(policy_name, "refused", result.message or "refused", exit_code=result.exit_code, holder=_CONTEXT.holder)
+            records.scheduler_event(
+                policy_name, "refused", result.message or "refused", exit_code=result.exit_code, holder=_CONTEXT.holder
+            )
         if _CONTEXT.on_result is not None:
             _CONTEXT.on_result(policy_name, result)
-    except Exception as exc:  # noqa: BLE001 - a failing job must not take the scheduler down
+    except Exception as exc:
         log.exception("policy %s: the drill could not be run", policy_name)
         _event(policy_name, "error", f"the drill could not be run: {type(exc).__name__}: {exc}")
     finally:
@@ -90,7 +96,7 @@ def _event(policy: str, kind: str, reason: str, scheduled_for: Any = None) -> No
             Records(db).scheduler_event(policy, kind, reason, scheduled_for=scheduled_for, holder=_CONTEXT.holder)
         finally:
             db.close()
-    except Exception:  # noqa: BLE001 - the log line above is what is left
+    except Exception:
         log.exception("policy %s: the scheduler event could not be recorded", policy)
 
 
@@ -100,7 +106,12 @@ def _on_job_event(event: Any) -> None:
 
     when = getattr(event, "scheduled_run_time", None)
     if event.code == EVENT_JOB_MISSED:
-        _event(event.job_id, "missed", "the fire time passed beyond the policy's start window (the scheduler was down or busy)", when)
+        _event(
+            event.job_id,
+            "missed",
+            "the fire time passed beyond the policy's start window (the scheduler was down or busy)",
+            when,
+        )
     elif event.code == EVENT_JOB_MAX_INSTANCES:
         _event(event.job_id, "skipped", "the previous drill of this policy was still running", when)
 
@@ -118,7 +129,9 @@ class DrillScheduler:
     ) -> None:
         missing = [p.name for p in policies if p.schedule is None]
         if missing:
-            raise UsageError(f"policy {', '.join(missing)} has no schedule: section; it can only be run by hand or from cron")
+            raise UsageError(
+                f"policy {', '.join(missing)} has no schedule: section; it can only be run by hand or from cron"
+            )
         self.policies = policies
         self.db_url = db_url
         self.concurrency = concurrency
@@ -233,5 +246,5 @@ def _deliver_spooled(db: Any) -> None:
 
     try:
         DatabaseRecorder(db).flush()
-    except Exception:  # noqa: BLE001 - the next heartbeat tries again; scheduling goes on
+    except Exception:
         log.warning("spooled records not delivered this heartbeat", exc_info=True)

@@ -26,11 +26,12 @@ Writing what drill checks:
 
 from typing import Any
 
+from drill.errors import StorageProblem
 from drill.integrity.keys import load_key
 from drill.integrity.manifest import SealConflict, SealResult, seal
-from drill.errors import StorageProblem
+from drill.runlog.runfiles import read_run_file
+from drill.runlog.steplog import STEP_LOG, StepLog, StepRecord, read_step_log
 from drill.sdk.resume import CheckpointCorrupt, LoadReport, flush_records, last_good, load, verified
-
 
 _LAZY = {
     **dict.fromkeys(("save", "async_save", "SealingWriter", "SealReport", "sealing"), "drill.sdk.sealed"),
@@ -47,9 +48,6 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'drill.sdk' has no attribute {name!r}")
 
-
-from drill.runlog.runfiles import read_run_file
-from drill.runlog.steplog import STEP_LOG, StepLog, StepRecord, read_step_log
 
 __all__ = [
     "STEP_LOG", "CheckpointCorrupt", "LoadReport", "ModelState", "OptimizerState", "RNGState", "TrainState", "fingerprint", "SealConflict", "SealReport", "SealResult", "SealingWriter", "StepLog", "StepRecord", "StorageProblem",

@@ -20,7 +20,9 @@ class CheckpointCorrupt(RuntimeError):
     ``file`` and ``byte_ranges`` name where (when the damage is in the bytes), ``findings``
     every problem found, ``drill_id`` the record (None until it is written)."""
 
-    def __init__(self, checkpoint: str, findings: list[Any], byte_ranges: dict[str, list[tuple[int, int]]] | None = None) -> None:
+    def __init__(
+        self, checkpoint: str, findings: list[Any], byte_ranges: dict[str, list[tuple[int, int]]] | None = None
+    ) -> None:
         first = findings[0]
         self.checkpoint = checkpoint
         self.findings = findings

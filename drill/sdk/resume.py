@@ -28,6 +28,7 @@ from typing import Any
 
 from drill.sdk.report import TRIGGER, CheckpointCorrupt, LoadReport
 
+
 def load(
     state: dict[str, Any],
     checkpoint_id: str,
@@ -62,7 +63,14 @@ def load(
     return report
 
 
-def verified(checkpoint: str, *, record: bool = True, db: str | None = None, key: bytes | None = None, allow_classes: tuple[str, ...] = ()) -> str:
+def verified(
+    checkpoint: str,
+    *,
+    record: bool = True,
+    db: str | None = None,
+    key: bytes | None = None,
+    allow_classes: tuple[str, ...] = (),
+) -> str:
     """``checkpoint``, once its bytes are proven (against its seal; an unsealed one gets its
     format's structural proof) — for trainers that load checkpoints by themselves:
 
@@ -112,7 +120,9 @@ def flush_records(db: str | None = None) -> int:
         database.close()
 
 
-def last_good(root: str, *, before: str | None = None, db: str | None = None, min_evidence: str = "structural") -> str | None:
+def last_good(
+    root: str, *, before: str | None = None, db: str | None = None, min_evidence: str = "structural"
+) -> str | None:
     """The checkpoint to fall back to: the newest complete checkpoint under ``root`` (older
     than ``before``, when given) whose latest drill passed on at least ``min_evidence``
     (``structural``, ``sealed`` or ``authenticated``), or — for one never drilled — whose bytes

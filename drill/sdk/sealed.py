@@ -26,7 +26,9 @@ from drill.integrity.sealing import SealingWriter, SealReport, sealing, write_ma
 DATABASE_ENV = "DRILL_DATABASE_URL"
 
 
-def _prepare(fn: Any, checkpoint_id: str | os.PathLike, key: bytes | None, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any], str | None]:
+def _prepare(
+    fn: Any, checkpoint_id: str | os.PathLike, key: bytes | None, kwargs: dict[str, Any]
+) -> tuple[Any, dict[str, Any], str | None]:
     """(the sealing writer, what DCP's ``fn`` takes of ``kwargs``, the database to record in).
     Given ``storage_writer`` (s3torchconnector's ``S3StorageWriter``…), that writer sealing as it
     writes; else a SealingWriter taking the keyword arguments DCP does not."""
@@ -45,7 +47,13 @@ def _split(fn: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
 
 
 def save(
-    state_dict: dict[str, Any], checkpoint_id: str | os.PathLike, *, key: bytes | None = None, process_group: Any = None, planner: Any = None, **kwargs: Any
+    state_dict: dict[str, Any],
+    checkpoint_id: str | os.PathLike,
+    *,
+    key: bytes | None = None,
+    process_group: Any = None,
+    planner: Any = None,
+    **kwargs: Any,
 ) -> SealReport:
     """``dcp.save`` sealed at write time. Returns what the seal cost (on the coordinator; other
     ranks get an empty report). Keyword arguments ``dcp.save`` knows (``no_dist``, …) go to it;
@@ -55,13 +63,26 @@ def save(
     import torch.distributed.checkpoint as dcp
 
     writer, dcp_kwargs, db = _prepare(dcp.save, checkpoint_id, key, kwargs)
-    dcp.save(state_dict, checkpoint_id=checkpoint_id, storage_writer=writer, planner=planner, process_group=process_group, **dcp_kwargs)
+    dcp.save(
+        state_dict,
+        checkpoint_id=checkpoint_id,
+        storage_writer=writer,
+        planner=planner,
+        process_group=process_group,
+        **dcp_kwargs,
+    )
     writer.report.record = record_save(writer.report, checkpoint_id, "writer", db)
     return writer.report
 
 
 def async_save(
-    state_dict: dict[str, Any], checkpoint_id: str | os.PathLike, *, key: bytes | None = None, process_group: Any = None, planner: Any = None, **kwargs: Any
+    state_dict: dict[str, Any],
+    checkpoint_id: str | os.PathLike,
+    *,
+    key: bytes | None = None,
+    process_group: Any = None,
+    planner: Any = None,
+    **kwargs: Any,
 ) -> Any:
     """``dcp.async_save`` sealed at write time: the state is staged as DCP stages it, then
     written and hashed in the background; returns DCP's future (wait on it before the next save).
@@ -70,8 +91,15 @@ def async_save(
     import torch.distributed.checkpoint as dcp
 
     writer, dcp_kwargs, db = _prepare(dcp.async_save, checkpoint_id, key, kwargs)
-    pending = dcp.async_save(state_dict, checkpoint_id=checkpoint_id, storage_writer=writer, planner=planner, process_group=process_group, **dcp_kwargs)
-    done = getattr(pending, "upload_completion", pending)
+    pending = dcp.async_save(
+        state_dict,
+        checkpoint_id=checkpoint_id,
+        storage_writer=writer,
+        planner=planner,
+        process_group=process_group,
+        **dcp_kwargs,
+    )
+    done: Any = getattr(pending, "upload_completion", pending)  # a Future (torch < 2.7 returns one)
 
     def recorded(future: Any) -> None:
         if future.exception() is None:
@@ -81,7 +109,13 @@ def async_save(
     return pending
 
 
-def seal_across_ranks(path: str | os.PathLike, *, key: bytes | None = None, process_group: Any = None, chunk_size: int = DEFAULT_CHUNK_SIZE) -> SealReport:
+def seal_across_ranks(
+    path: str | os.PathLike,
+    *,
+    key: bytes | None = None,
+    process_group: Any = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> SealReport:
     """Seal a checkpoint a writer drill cannot wrap (transformers' Trainer saves through
     ``torch.save``), right after it was saved: every rank of the job hashes its share of the
     files — balanced by bytes — in parallel, and rank 0 writes the manifest; a second read of
@@ -102,26 +136,33 @@ def seal_across_ranks(path: str | os.PathLike, *, key: bytes | None = None, proc
     rank, world = (dist.get_rank(process_group), dist.get_world_size(process_group)) if distributed else (0, 1)
     if distributed:
         dist.barrier(group=process_group)  # every rank's files are on storage
-    box = [None]
+    box: list[Any] = [None]
     if rank == 0:
         box = [{rel: size for rel, size in list_files(storage, checkpoint).files.items() if rel != MANIFEST_NAME}]
     if distributed:
-        dist.broadcast_object_list(box, src=dist.get_global_rank(process_group, 0) if process_group is not None else 0, group=process_group)
-    sizes: dict[str, int] = box[0]  # type: ignore[assignment]
+        dist.broadcast_object_list(
+            box, src=dist.get_global_rank(process_group, 0) if process_group is not None else 0, group=process_group
+        )
+    sizes: dict[str, int] = box[0]
     share = assign(sizes, world)[rank] if world > 1 else sorted(sizes)
     t = time.perf_counter()
     mine = hash_files(storage, checkpoint, {rel: sizes[rel] for rel in share}, chunk_size)
     hashed = (mine, time.perf_counter() - t)
-    gathered = [None] * world if rank == 0 else None
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
     if distributed:
-        dist.gather_object(hashed, gathered, dst=dist.get_global_rank(process_group, 0) if process_group is not None else 0, group=process_group)
+        dist.gather_object(
+            hashed,
+            gathered,
+            dst=dist.get_global_rank(process_group, 0) if process_group is not None else 0,
+            group=process_group,
+        )
     else:
         gathered = [hashed]
     report = SealReport()
     if rank == 0:
         assert gathered is not None
         files: dict[str, FileHashes] = {}
-        for part, seconds in gathered:  # type: ignore[misc]
+        for part, seconds in gathered:
             report.hash_seconds += seconds
             for rel, h in part.items():
                 if isinstance(h, OSError):

@@ -80,11 +80,11 @@ class RNGState:
 
     def state_dict(self) -> dict[str, Any]:
         version, py_state, gauss = random.getstate()
-        _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+        _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)
         state: dict[str, Any] = {
             "python": {"version": version, "state": torch.tensor(py_state, dtype=torch.int64), "gauss": gauss},
             "numpy": {
-                "keys": torch.from_numpy(np_keys.astype(np.int64)),
+                "keys": torch.from_numpy(np.asarray(np_keys).astype(np.int64)),
                 "pos": int(np_pos),
                 "has_gauss": int(np_has_gauss),
                 "cached_gaussian": float(np_gauss),
@@ -100,7 +100,13 @@ class RNGState:
         random.setstate((int(py["version"]), tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
         nps = state["numpy"]
         np.random.set_state(
-            ("MT19937", nps["keys"].numpy().astype(np.uint32), int(nps["pos"]), int(nps["has_gauss"]), float(nps["cached_gaussian"]))
+            (
+                "MT19937",
+                nps["keys"].numpy().astype(np.uint32),
+                int(nps["pos"]),
+                int(nps["has_gauss"]),
+                float(nps["cached_gaussian"]),
+            )
         )
         torch.set_rng_state(state["torch"].cpu())
         if "cuda" in state and torch.cuda.is_available():

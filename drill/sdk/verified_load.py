@@ -26,12 +26,18 @@ from drill.integrity.sampling import SampleSpec
 from drill.integrity.verify import IntegrityPlan, plan_integrity
 from drill.restore import RestoreResult
 from drill.sdk.report import TRIGGER, CheckpointCorrupt, LoadReport
-from drill.verdict import decide
 from drill.storage import storage_for
+from drill.verdict import decide
 
 
 def run_load(
-    state: dict[str, Any], checkpoint_id: str, verify: bool, process_group: Any, planner: Any, key: bytes | None, allow_classes: tuple[str, ...]
+    state: dict[str, Any],
+    checkpoint_id: str,
+    verify: bool,
+    process_group: Any,
+    planner: Any,
+    key: bytes | None,
+    allow_classes: tuple[str, ...],
 ) -> tuple[LoadReport, list[CheckResult], RestoreResult]:
     """Load, then prove what this rank read as ``drill run`` does (:func:`~drill.integrity.proof.prove`,
     the ``files`` and ``load`` checks); every rank gets every rank's findings."""
@@ -44,7 +50,12 @@ def run_load(
     report.seconds["plan"] = time.perf_counter() - started
     result = RestoreResult(uri=uri, format=_DCP.name, device="cpu", index_file=DCP_METADATA)
     hash_plan = HashPlan(chunk_size=plan.hash_plan.chunk_size) if sealed else HashPlan(files=frozenset())  # type: ignore[union-attr]
-    reader = DCPStorageReader(storage, uri, result, RestoreContext(device=torch.device("cpu"), hash_plan=hash_plan, allow_classes=allow_classes))
+    reader = DCPStorageReader(
+        storage,
+        uri,
+        result,
+        RestoreContext(device=torch.device("cpu"), hash_plan=hash_plan, allow_classes=allow_classes),
+    )
     refused = plan is not None and plan.refuse
     not_loaded = None if refused else _read(state, reader, result, planner, process_group)
     report.seconds["read"], report.seconds["load"] = result.read_seconds, result.load_seconds
@@ -55,14 +66,19 @@ def run_load(
     integrity = checks[0] if checks[0].name == "integrity" else None
     report.evidence = evidence_of(integrity) if integrity is not None else "none"
     report.verified_files = int(integrity.evidence.get("files_verified", 0)) if integrity is not None else 0
-    report.byte_ranges = {p: [tuple(r) for r in rs] for p, rs in (integrity.evidence.get("damaged_ranges", {}) if integrity else {}).items()}  # type: ignore[misc]
+    report.byte_ranges = {
+        p: [tuple(r) for r in rs]
+        for p, rs in (integrity.evidence.get("damaged_ranges", {}) if integrity else {}).items()
+    }
     return report, checks, result
 
 
 _DCP = formats.get("dcp")
 
 
-def _read(state: dict[str, Any], reader: DCPStorageReader, result: RestoreResult, planner: Any, process_group: Any) -> str | None:
+def _read(
+    state: dict[str, Any], reader: DCPStorageReader, result: RestoreResult, planner: Any, process_group: Any
+) -> str | None:
     """``dcp.load`` through drill's reader; why it did not load, when it did not."""
     distributed = dist.is_available() and dist.is_initialized()
     try:
@@ -87,7 +103,9 @@ def _cause(exc: BaseException | None, kind: type[BaseException]) -> BaseExceptio
     return None
 
 
-def _checks(storage: Any, plan: IntegrityPlan | None, result: RestoreResult, not_loaded: str | None) -> list[CheckResult]:
+def _checks(
+    storage: Any, plan: IntegrityPlan | None, result: RestoreResult, not_loaded: str | None
+) -> list[CheckResult]:
     """The ``integrity``, ``files`` and ``load`` checks of this rank's read: the same checks
     (and the same structural proof) ``drill run`` gives the same checkpoint."""
     from drill.checks import CheckInputs
@@ -100,11 +118,21 @@ def _checks(storage: Any, plan: IntegrityPlan | None, result: RestoreResult, not
         structure = None if plan.refuse else _DCP.restored_structure(result, storage, plan.checkpoint, plan.on_storage)
         checks.append(prove(storage, plan, observed_by(result.files), structure=structure, read_rest=False))
         if plan.refuse:
-            return checks + [not_run(n, "a path leads out of the checkpoint: nothing was opened") for n in ("files", "load")]
+            return checks + [
+                not_run(n, "a path leads out of the checkpoint: nothing was opened") for n in ("files", "load")
+            ]
     inputs = CheckInputs(storage=storage, root=result.uri, plan=plan, restore=result)
     files, load = check_files(inputs), check_load(inputs)
     if not_loaded is not None:
-        load.findings.append(Finding(check="load", code="checkpoint-not-loaded", severity=Severity.ERROR, subject=result.uri, message=f"the checkpoint did not load: {not_loaded}"))
+        load.findings.append(
+            Finding(
+                check="load",
+                code="checkpoint-not-loaded",
+                severity=Severity.ERROR,
+                subject=result.uri,
+                message=f"the checkpoint did not load: {not_loaded}",
+            )
+        )
         load.summary = "the checkpoint did not load into the trainer's objects"
     for check in checks + [files, load]:
         check.evidence["trigger"] = TRIGGER
@@ -120,7 +148,7 @@ def _agree(checks: list[CheckResult], nbytes: int, process_group: Any) -> tuple[
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, (checks, nbytes), group=process_group)
     merged = []
-    for mine, *theirs in zip(checks, *(g[0] for g in gathered)):
+    for mine, *theirs in zip(checks, *(g[0] for g in gathered), strict=False):
         findings = list(mine.findings)
         for other in theirs:
             findings += [f for f in other.findings if f not in findings]
@@ -157,9 +185,21 @@ def outcome_of(report: LoadReport, checks: list[CheckResult], files: int, began:
         started_at=began,
         finished_at=datetime.now(timezone.utc),
         phase="record",
-        checkpoint=CheckpointInfo(uri=report.checkpoint, name=name, step=step_of(name), format=report.format, bytes=report.bytes_read, files=files),
+        checkpoint=CheckpointInfo(
+            uri=report.checkpoint,
+            name=name,
+            step=step_of(name),
+            format=report.format,
+            bytes=report.bytes_read,
+            files=files,
+        ),
         selection="resume",
-        timings=Timings(restore=report.seconds.get("total"), plan=report.seconds.get("plan"), read=report.seconds.get("read"), load=report.seconds.get("load")),
+        timings=Timings(
+            restore=report.seconds.get("total"),
+            plan=report.seconds.get("plan"),
+            read=report.seconds.get("read"),
+            load=report.seconds.get("load"),
+        ),
         bytes_read=report.bytes_read,
         evidence_level=report.evidence,
         checks=checks,
@@ -188,17 +228,24 @@ _CAUSE_FIRST = {"integrity": 0, "files": 1, "load": 2}
 
 
 # -- verifying a checkpoint another loader reads (Hugging Face's Trainer) ----------------------
-def verify_for_resume(checkpoint: str, key: bytes | None, allow_classes: tuple[str, ...]) -> tuple[LoadReport, list[CheckResult], int]:
+def verify_for_resume(
+    checkpoint: str, key: bytes | None, allow_classes: tuple[str, ...]
+) -> tuple[LoadReport, list[CheckResult], int]:
     """``drill verify`` of the checkpoint a trainer is about to load by itself."""
     from drill.verifier import verify_checkpoint
 
     outcome = verify_checkpoint(str(checkpoint), key=key, allow_classes=allow_classes)
     result = outcome.result
-    report = LoadReport(checkpoint=outcome.uri, sealed=result.evidence.get("evidence_level") == "sealed", evidence=evidence_of(result), bytes_read=outcome.bytes_hashed)
+    report = LoadReport(
+        checkpoint=outcome.uri,
+        sealed=result.evidence.get("evidence_level") == "sealed",
+        evidence=evidence_of(result),
+        bytes_read=outcome.bytes_hashed,
+    )
     report.format = _format_of(outcome.uri)
     report.verified_files = int(result.evidence.get("files_verified", 0))
     report.seconds = {"verify": outcome.seconds, "total": outcome.seconds}
-    report.byte_ranges = {p: [tuple(r) for r in rs] for p, rs in result.evidence.get("damaged_ranges", {}).items()}  # type: ignore[misc]
+    report.byte_ranges = {p: [tuple(r) for r in rs] for p, rs in result.evidence.get("damaged_ranges", {}).items()}
     return report, [result], len(result.evidence.get("verified", []))
 
 

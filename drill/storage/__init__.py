@@ -6,7 +6,16 @@ and reads only through a :class:`Storage`.
 
 from typing import Any
 
-from drill.storage.base import Entry, EntryKind, FileChanged, NotARegularFile, PathEscapesCheckpoint, Storage, StorageError, StorageUnavailable
+from drill.storage.base import (
+    Entry,
+    EntryKind,
+    FileChanged,
+    NotARegularFile,
+    PathEscapesCheckpoint,
+    Storage,
+    StorageError,
+    StorageUnavailable,
+)
 from drill.storage.local import LocalStorage
 
 SCHEMES = ("file", "s3")

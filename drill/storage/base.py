@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from collections.abc import Mapping
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 
 class StorageError(OSError):
@@ -88,7 +89,7 @@ class Storage(Protocol):
         """The entry at ``uri`` (following symlinks); raises ``FileNotFoundError`` when absent."""
         ...
 
-    def open(self, uri: str) -> BinaryIO:
+    def open(self, uri: str) -> io.RawIOBase:
         """A binary stream reading the regular file ``uri`` from its first byte; raises
         :class:`NotARegularFile` — without blocking — for anything else."""
         ...

@@ -9,10 +9,10 @@ FIFO planted in a checkpoint is reported instead of hanging the drill.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat as stat_mod
 from collections.abc import Mapping
-from typing import BinaryIO
 
 from drill.storage.base import CacheState, Entry, EntryKind, NotARegularFile, PathEscapesCheckpoint
 
@@ -52,7 +52,16 @@ class LocalStorage:
                 except OSError as exc:  # ELOOP: a link that leads back into itself
                     if target is None:
                         raise
-                    entries.append(Entry(de.name, full, EntryKind.LOOP if exc.errno == errno.ELOOP else EntryKind.DANGLING, 0, 0.0, target))
+                    entries.append(
+                        Entry(
+                            de.name,
+                            full,
+                            EntryKind.LOOP if exc.errno == errno.ELOOP else EntryKind.DANGLING,
+                            0,
+                            0.0,
+                            target,
+                        )
+                    )
                     continue
                 entries.append(Entry(de.name, full, _kind(st.st_mode), st.st_size, st.st_mtime, target))
         return sorted(entries, key=lambda e: e.name)
@@ -61,9 +70,11 @@ class LocalStorage:
         path = _path(uri)
         st = os.stat(path)
         target = os.readlink(path) if os.path.islink(path) else None
-        return Entry(os.path.basename(path.rstrip("/")) or path, path, _kind(st.st_mode), st.st_size, st.st_mtime, target)
+        return Entry(
+            os.path.basename(path.rstrip("/")) or path, path, _kind(st.st_mode), st.st_size, st.st_mtime, target
+        )
 
-    def open(self, uri: str) -> BinaryIO:
+    def open(self, uri: str) -> io.RawIOBase:
         fd = self.open_fd(uri)
         try:
             os.set_blocking(fd, True)
@@ -86,7 +97,9 @@ class LocalStorage:
             if stat_mod.S_ISDIR(mode):
                 raise IsADirectoryError(21, "Is a directory", path)
             if not stat_mod.S_ISREG(mode):
-                raise NotARegularFile(f"{path} is not a regular file (a FIFO, socket or device): not opened for reading")
+                raise NotARegularFile(
+                    f"{path} is not a regular file (a FIFO, socket or device): not opened for reading"
+                )
             return fd
         except BaseException:
             os.close(fd)
@@ -139,7 +152,11 @@ class LocalStorage:
 
         counts = [resident_bytes(_path(u)) for u in sizes]
         resident = None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
-        how = "the page cache (cachestat)" if resident is not None else "the page cache (this kernel cannot count it: no cachestat)"
+        how = (
+            "the page cache (cachestat)"
+            if resident is not None
+            else "the page cache (this kernel cannot count it: no cachestat)"
+        )
         return CacheState(sum(sizes.values()), resident, how)
 
     def evict(self, sizes: Mapping[str, int]) -> CacheState:
@@ -147,7 +164,9 @@ class LocalStorage:
 
         drop(_path(u) for u in sizes)
         after = self.cached(sizes)
-        return CacheState(after.bytes, after.resident, "written back and dropped from the page cache (posix_fadvise DONTNEED)")
+        return CacheState(
+            after.bytes, after.resident, "written back and dropped from the page cache (posix_fadvise DONTNEED)"
+        )
 
 
 _REAL: dict[str, tuple[int, int, str]] = {}
@@ -183,4 +202,3 @@ def _has_link(root: str, parts: list[str]) -> bool:
         except OSError:
             return False
     return False
-

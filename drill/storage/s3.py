@@ -30,16 +30,34 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any
 
 from drill.errors import one_line
-from drill.storage.base import CacheState, Entry, EntryKind, FileChanged, PathEscapesCheckpoint, StorageError, StorageUnavailable
+from drill.storage.base import (
+    CacheState,
+    Entry,
+    EntryKind,
+    FileChanged,
+    PathEscapesCheckpoint,
+    StorageError,
+    StorageUnavailable,
+)
 from drill.units import parse_size
 
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 MAX_LIST_PAGES = 10_000
 """Pages of one prefix's listing (1,000 keys each at most): past this, the listing is refused."""
-RETRYABLE_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"})
+RETRYABLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestTimeTooSkewed",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,8 +173,15 @@ class S3Storage:
         while True:
             pages += 1
             if pages > MAX_LIST_PAGES:  # a listing that never ends (a faulty or hostile endpoint)
-                raise StorageUnavailable(errno.E2BIG, f"s3://{bucket}/{prefix}: the listing ran past {MAX_LIST_PAGES} pages without ending")
-            kw = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", **({"ContinuationToken": token} if token else {})}
+                raise StorageUnavailable(
+                    errno.E2BIG, f"s3://{bucket}/{prefix}: the listing ran past {MAX_LIST_PAGES} pages without ending"
+                )
+            kw = {
+                "Bucket": bucket,
+                "Prefix": prefix,
+                "Delimiter": "/",
+                **({"ContinuationToken": token} if token else {}),
+            }
             page = self.call(f"s3://{bucket}/{prefix} (list)", self.client.list_objects_v2, **kw)
             for p in page.get("CommonPrefixes", []):
                 name = p["Prefix"][len(prefix) :].rstrip("/")
@@ -164,7 +189,9 @@ class S3Storage:
             for o in page.get("Contents", []):
                 name = o["Key"][len(prefix) :]
                 if name and "/" not in name:
-                    entries[name] = Entry(name, f"s3://{bucket}/{o['Key']}", EntryKind.FILE, int(o["Size"]), o["LastModified"].timestamp())
+                    entries[name] = Entry(
+                        name, f"s3://{bucket}/{o['Key']}", EntryKind.FILE, int(o["Size"]), o["LastModified"].timestamp()
+                    )
             if not page.get("IsTruncated"):
                 break
             token = page.get("NextContinuationToken")
@@ -178,18 +205,30 @@ class S3Storage:
         if key:
             try:
                 head = self._head(bucket, key)
-                return Entry(name, f"s3://{bucket}/{key}", EntryKind.FILE, int(head["ContentLength"]), head["LastModified"].timestamp())
+                return Entry(
+                    name,
+                    f"s3://{bucket}/{key}",
+                    EntryKind.FILE,
+                    int(head["ContentLength"]),
+                    head["LastModified"].timestamp(),
+                )
             except FileNotFoundError:
                 pass
-        page = self.call(f"s3://{bucket}/{key}", self.client.list_objects_v2, Bucket=bucket, Prefix=f"{key}/" if key else "", MaxKeys=1)
+        page = self.call(
+            f"s3://{bucket}/{key}",
+            self.client.list_objects_v2,
+            Bucket=bucket,
+            Prefix=f"{key}/" if key else "",
+            MaxKeys=1,
+        )
         if page.get("KeyCount", len(page.get("Contents", []))) or page.get("CommonPrefixes") or not key:
             return Entry(name, f"s3://{bucket}/{key}".rstrip("/"), EntryKind.DIR, 0, 0.0)
         raise FileNotFoundError(errno.ENOENT, f"s3://{bucket}/{key}: no such object or prefix")
 
-    def open(self, uri: str) -> BinaryIO:
+    def open(self, uri: str) -> io.RawIOBase:
         bucket, key = split(uri)
         head = self._head(bucket, key, fresh=False)
-        return S3Object(self, bucket, key, int(head["ContentLength"]), head.get("ETag"))  # type: ignore[return-value]
+        return S3Object(self, bucket, key, int(head["ContentLength"]), head.get("ETag"))
 
     def child(self, base: str, relative: str) -> str:
         rel = PurePosixPath(relative)
@@ -213,7 +252,9 @@ class S3Storage:
         return f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
 
     def cached(self, sizes: Mapping[str, int]) -> CacheState:
-        return CacheState(sum(sizes.values()), None, "object storage: nothing is cached on this host, every read is cold")
+        return CacheState(
+            sum(sizes.values()), None, "object storage: nothing is cached on this host, every read is cold"
+        )
 
     def evict(self, sizes: Mapping[str, int]) -> CacheState:
         return self.cached(sizes)
@@ -241,7 +282,7 @@ class S3Object(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[no-untyped-def, override]
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         if self._pos >= self.size:
             return 0
         self._schedule()
@@ -326,7 +367,9 @@ def retrying(config: S3Config, what: str, fn: Any) -> tuple[Any, int]:
         attempt += 1
         if not transient or attempt >= config.max_attempts or time.monotonic() >= deadline:
             if transient:
-                raise StorageUnavailable(errno.EIO, f"{err.strerror or err} (gave up after {attempt} attempts)") from None
+                raise StorageUnavailable(
+                    errno.EIO, f"{err.strerror or err} (gave up after {attempt} attempts)"
+                ) from None
             raise err from None
         time.sleep(random.uniform(0, min(5.0, 0.1 * 2**attempt)))
 
@@ -349,8 +392,13 @@ def classify(exc: Exception, what: str) -> tuple[OSError, bool]:
         transient = status in RETRYABLE_STATUS or code in RETRYABLE_CODES
         return OSError(errno.EIO, f"{what}: {code or status}"), transient
     if isinstance(exc, NoCredentialsError):
-        return PermissionError(errno.EACCES, f"{what}: no AWS credentials found (environment, shared config or instance role)"), False
-    if isinstance(exc, (BotoCoreError, _ShortRead, ConnectionError, TimeoutError)) or "IncompleteRead" in type(exc).__name__:
+        return PermissionError(
+            errno.EACCES, f"{what}: no AWS credentials found (environment, shared config or instance role)"
+        ), False
+    if (
+        isinstance(exc, (BotoCoreError, _ShortRead, ConnectionError, TimeoutError))
+        or "IncompleteRead" in type(exc).__name__
+    ):
         return OSError(errno.ECONNRESET, f"{what}: {one_line(exc)}"), True
     if isinstance(exc, OSError):
         return exc, exc.errno in (errno.ECONNRESET, errno.ETIMEDOUT, errno.EPIPE)

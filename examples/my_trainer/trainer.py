@@ -64,7 +64,9 @@ class Training:
         data = torch.Generator().manual_seed(SEED)
         inputs = torch.randn(512, 16, generator=data)
         targets = inputs @ torch.randn(16, 1, generator=data) + 0.1 * torch.randn(512, 1, generator=data)
-        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1)).to(self.device)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1)
+        ).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
         self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=15, gamma=0.5)
         self.loader = ShuffledLoader(inputs, targets, batch_size=32, seed=SEED)
@@ -114,7 +116,9 @@ def train(run_dir: Path, steps: int = 40, save_every: int = 10) -> list[float]:
                 log.sync()  # the log reaches past every checkpoint it will be compared with
                 with warnings.catch_warnings():  # one process, no process group: DCP says so each time
                     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                    drill.sdk.save(training.stateful(), checkpoint_id=str(run_dir / f"step-{record.step}"), no_dist=True)
+                    drill.sdk.save(
+                        training.stateful(), checkpoint_id=str(run_dir / f"step-{record.step}"), no_dist=True
+                    )
     return losses
 
 
