@@ -8,7 +8,7 @@
    the restore latency and read bandwidth: cold / warm.
 2. ``drill burst`` of it from local disk, cold, over the reader counts: aggregate bandwidth
    per step and the ceiling.
-3. The same from Ceph radosgw on 127.0.0.1 (tests/radosgw.py) when Ceph is installed.
+3. The same from Ceph radosgw on 127.0.0.1 (tests/support/radosgw.py) when Ceph is installed.
 4. The projected R for a 405B-class checkpoint (5.7 TB) restored by 16,384 GPUs' ranks, from
    the measured ceiling, with the arithmetic (and its warnings: one host's ceiling, 10⁶× the
    bytes measured).
@@ -25,10 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/radosgw.py
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/support/radosgw.py
 
 
-def drill(*args: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
+def drill(*args: str, env: dict[str, str] | None = None) -> dict:
     res = subprocess.run(
         [sys.executable, "-m", "drill", *args],
         capture_output=True,
@@ -44,7 +44,7 @@ def restore(run: Path, db: str, cold: bool) -> tuple[float, float]:
     return doc["timings"]["restore"], doc["throughput_bps"]
 
 
-def sweep(root: str, readers: str, db: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
+def sweep(root: str, readers: str, db: str, env: dict[str, str] | None = None) -> dict:
     return drill(
         "burst",
         "--root",
@@ -62,8 +62,8 @@ def sweep(root: str, readers: str, db: str, env: dict[str, str] | None = None) -
     )
 
 
-def rgw_sweep(run: Path, readers: str, db: str) -> dict | None:  # type: ignore[type-arg]
-    from tests import radosgw
+def rgw_sweep(run: Path, readers: str, db: str) -> dict | None:
+    from tests.support import radosgw
 
     if not radosgw.available():
         return None

@@ -171,8 +171,8 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved, so drift hits every way alike
             for name in WAYS:
                 for k, v in run_way(name, ckpt, single, args.device).items():
-                    ways.setdefault(name, {}).setdefault(k, []).append(v)  # type: ignore[attr-defined]
-        med = {name: {k: statistics.median(v) for k, v in got.items()} for name, got in ways.items()}  # type: ignore[arg-type]
+                    ways.setdefault(name, {}).setdefault(k, []).append(v)
+        med = {name: {k: statistics.median(v) for k, v in got.items()} for name, got in ways.items()}
         size = sum(p.stat().st_size for p in ckpt.iterdir() if p.is_file())
         figures = {
             "checkpoint_bytes": size,

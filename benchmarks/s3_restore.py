@@ -3,7 +3,7 @@
     python benchmarks/s3_restore.py [--workdir DIR] [--repeat 3] [--concurrency 8] [--part-size 8MiB]
 
 A real S3 implementation is started on 127.0.0.1 (one monitor, one memstore OSD, radosgw:
-tests/radosgw.py; needs Debian's ceph-mon ceph-osd radosgw ceph-common). moto is no use here:
+tests/support/radosgw.py; needs Debian's ceph-mon ceph-osd radosgw ceph-common). moto is no use here:
 it copies the whole object for every ranged GET. The checkpoint is the project's own training
 code's (`drill demo --n-layer 4 --n-embd 1024`: ≥ 512 MiB, sealed as it is saved), uploaded
 once. Each variant runs in a fresh process, interleaved, median of --repeat runs, imports
@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.radosgw import RadosGateway, available  # noqa: E402
+from tests.support.radosgw import RadosGateway, available  # noqa: E402
 
 BUCKET, PREFIX = "drill-bench", "run"
 

@@ -109,13 +109,13 @@ def fresh_python(code: str) -> str:
     )
 
 
-def invoke(runner: CliRunner, *args: str):  # type: ignore[no-untyped-def]
+def invoke(runner: CliRunner, *args: str):
     from drill.cli.app import app
 
     return runner.invoke(app, list(args), catch_exceptions=False)
 
 
-def drill(root: Path | str, db: str, selector: str = "latest", *, storage=None, progress=None, recorder=None, **kw):  # type: ignore[no-untyped-def]
+def drill(root: Path | str, db: str, selector: str = "latest", *, storage=None, progress=None, recorder=None, **kw):
     """One drill through the public API; the replay is off unless asked for."""
     from drill import DrillRequest, run_drill
     from drill.replay import ReplaySpec
@@ -125,7 +125,7 @@ def drill(root: Path | str, db: str, selector: str = "latest", *, storage=None, 
     return run_drill(request, db=db, storage=storage, progress=progress, recorder=recorder)
 
 
-def recorded(db: str):  # type: ignore[no-untyped-def]
+def recorded(db: str):
     """Every drill in the database, oldest first, with its checks."""
     from drill import get_drill, history
 
@@ -152,10 +152,10 @@ def pytest_configure(config: pytest.Config) -> None:
     made = Finding.__init__
 
     def observed(self: Finding, *args: object, **kwargs: object) -> None:
-        made(self, *args, **kwargs)  # type: ignore[arg-type]
+        made(self, *args, **kwargs)
         _FINDINGS_SEEN.setdefault(self.code, set()).add(getattr(self.severity, "value", str(self.severity)))
 
-    Finding.__init__ = observed  # type: ignore[method-assign]
+    Finding.__init__ = observed
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -52,7 +52,7 @@ def hook() -> Iterator[tuple[str, type[_Hook]]]:
         server.server_close()
 
 
-def test_webhook_receives_a_slack_compatible_payload(hook) -> None:  # type: ignore[no-untyped-def]
+def test_webhook_receives_a_slack_compatible_payload(hook) -> None:
     url, handler = hook
     (delivery,) = send_alerts(Alerts(webhook=url), DRILL, "demo-nightly")
     assert delivery.delivered and delivery.attempts == 1
@@ -63,7 +63,7 @@ def test_webhook_receives_a_slack_compatible_payload(hook) -> None:  # type: ign
     assert "s3cr3t" not in delivery.target and delivery.target.startswith("http://127.0.0.1:")
 
 
-def test_webhook_that_times_out_is_retried_a_bounded_number_of_times(hook) -> None:  # type: ignore[no-untyped-def]
+def test_webhook_that_times_out_is_retried_a_bounded_number_of_times(hook) -> None:
     url, handler = hook
     handler.delay = 2.0
     started = time.monotonic()
@@ -80,7 +80,7 @@ def test_unreachable_webhook_and_env_secret(monkeypatch: pytest.MonkeyPatch) -> 
     assert not missing.delivered and "not set" in (missing.error or "")
 
 
-def test_passed_drills_do_not_alert(hook) -> None:  # type: ignore[no-untyped-def]
+def test_passed_drills_do_not_alert(hook) -> None:
     url, handler = hook
     assert send_alerts(Alerts(webhook=url), {**DRILL, "status": "passed"}, "p") == []
     assert handler.received == []

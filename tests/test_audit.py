@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from drill.records.db import open_database
 from tests.conftest import drill, invoke
-from tests.faults import FaultyStorage, Flip
+from tests.support.faults import FaultyStorage, Flip
 
 
 def _sql(url: str, *statements: str) -> None:
@@ -27,7 +27,7 @@ def _sql(url: str, *statements: str) -> None:
         db.close()
 
 
-def _verify(url: str, *extra: str):  # type: ignore[no-untyped-def]
+def _verify(url: str, *extra: str):
     res = invoke(CliRunner(), "audit", "verify", "--db", url, "--json", *extra)
     return res.exit_code, json.loads(res.stdout)
 
@@ -94,7 +94,7 @@ def test_an_edited_record_is_named(three_drills: str, edit: str) -> None:
 )
 def test_a_value_that_cannot_be_read_is_an_edit_not_a_crash(
     demo_run: Path, sqlite_url: str, edit: str, expected: list
-) -> None:  # type: ignore[type-arg]
+) -> None:
     """SQLite stores what it is given: a time that is not a time is named like any other edit,
     and every other record and entry is still checked."""
     for _ in range(3):
@@ -163,7 +163,7 @@ def _rewrite_chain(url: str) -> None:
             contents = audit._Contents(s)
             prev = audit.GENESIS
             for e in entries:
-                e.content_sha256 = contents.digest(e.drill_id)  # type: ignore[assignment]
+                e.content_sha256 = contents.digest(e.drill_id)
                 e.prev_hash = prev
                 e.hash = hashlib.sha256(audit._entry_message(e)).hexdigest()
                 prev = e.hash

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.s3server import FaultProxy, MotoServer
+from tests.support.s3server import FaultProxy, MotoServer
 
 MB = 1_000_000
 
@@ -56,7 +56,7 @@ def throttled() -> Iterator[tuple[str, dict[str, str]]]:
 
 
 @pytest.fixture(scope="module")
-def swept(throttled: tuple[str, dict[str, str]], tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:  # type: ignore[type-arg]
+def swept(throttled: tuple[str, dict[str, str]], tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     """One sweep 1 → 2 → 4 readers through the throttle, recorded (the tests below read it)."""
     root, env = throttled
     db = f"sqlite:///{tmp_path_factory.mktemp('burst') / 'drill.db'}"
@@ -66,7 +66,7 @@ def swept(throttled: tuple[str, dict[str, str]], tmp_path_factory: pytest.TempPa
     return json.loads(res.stdout), db
 
 
-def test_the_burst_finds_the_storage_ceiling_and_its_readers_add_up(swept: tuple[dict, str]) -> None:  # type: ignore[type-arg]
+def test_the_burst_finds_the_storage_ceiling_and_its_readers_add_up(swept: tuple[dict, str]) -> None:
     doc, _ = swept
     steps = {s["readers"]: s for s in doc["steps"]}
     for s in doc["steps"]:
@@ -84,7 +84,7 @@ def test_the_burst_finds_the_storage_ceiling_and_its_readers_add_up(swept: tuple
 
 def test_goodput_takes_r_from_the_burst_and_explains_it(
     throttled: tuple[str, dict[str, str]], swept: tuple[dict, str]
-) -> None:  # type: ignore[type-arg]
+) -> None:
     root, env = throttled
     doc, db = swept
     ceiling = doc["ceiling_bps"]
@@ -106,7 +106,7 @@ def test_goodput_takes_r_from_the_burst_and_explains_it(
 
 def test_a_recorded_burst_is_listed_shown_reported_and_exported(
     throttled: tuple[str, dict[str, str]], swept: tuple[dict, str], tmp_path: Path
-) -> None:  # type: ignore[type-arg]
+) -> None:
     root, env = throttled
     _, db = swept
     full = {**os.environ, **env}

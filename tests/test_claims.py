@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import drill, invoke
-from tests.faults import FaultyStorage, Flip
+from tests.support.faults import FaultyStorage, Flip
 
 
 def _files_bytes(ckpt: Path) -> int:
@@ -105,10 +105,10 @@ def test_the_sdk_never_falls_back_to_a_checkpoint_whose_latest_drill_failed(demo
 
     flipped = drill(demo_run, sqlite_url, storage=FaultyStorage({"__0_0.distcp": Flip(offset=4096)}))
     assert flipped.status.value == "failed"
-    assert Path(sdk.last_good(str(demo_run), db=sqlite_url)).name == "step-20"  # type: ignore[arg-type]
+    assert Path(sdk.last_good(str(demo_run), db=sqlite_url)).name == "step-20"
 
 
-def _plain_model_and_optimizer():  # type: ignore[no-untyped-def]
+def _plain_model_and_optimizer():
     import torch
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from drill import history
 from drill.records.db import head_revision
 from tests.conftest import drill, invoke
-from tests.faults import FaultyStorage
+from tests.support.faults import FaultyStorage
 
 
 def _drills(db_url: str) -> list[dict]:
@@ -89,7 +89,7 @@ def test_a_file_the_storage_refuses_is_an_error_not_a_failure(demo_run: Path, sq
     outcome = drill(demo_run, sqlite_url, storage=FaultyStorage({"__0_0.distcp": "deny"}))
     assert (outcome.status.value, int(outcome.exit_code)) == ("error", 5)
     assert [(f.code, f.subject) for f in outcome.findings if f.check == "files"] == [("storage-denied", "__0_0.distcp")]
-    assert outcome.check("contract").status.value == "skipped"  # type: ignore[union-attr]
+    assert outcome.check("contract").status.value == "skipped"
 
 
 def test_missing_part_fails_the_keys_check(tmp_path: Path, sqlite_url: str, cli: CliRunner) -> None:
@@ -230,10 +230,10 @@ def test_demo_command(cli: CliRunner, tmp_path: Path) -> None:
 
 def test_internal_errors_are_one_line_unless_debug(
     cli: CliRunner, demo_run: Path, sqlite_url: str, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     import drill.records.store as store
 
-    def boom(*a, **k):  # type: ignore[no-untyped-def]
+    def boom(*a, **k):
         raise RuntimeError("kaboom")
 
     from drill.records.db import open_database
@@ -256,7 +256,7 @@ def test_version(cli: CliRunner) -> None:
     assert invoke(cli, "--version").stdout.strip() == f"drill {__version__}"
 
 
-def test_relative_root_is_recorded_absolute(cli: CliRunner, demo_run: Path, sqlite_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_relative_root_is_recorded_absolute(cli: CliRunner, demo_run: Path, sqlite_url: str, monkeypatch) -> None:
     monkeypatch.chdir(demo_run.parent)
     assert invoke(cli, "run", "--root", "run", "--no-replay", "--db", sqlite_url).exit_code == 0
     (drill,) = json.loads(invoke(cli, "history", "--root", str(demo_run), "--json", "--db", sqlite_url).stdout)
@@ -269,7 +269,7 @@ def test_unexpected_failure_is_recorded_as_error_with_traceback(
 ) -> None:
     import drill.formats.dcp as dcp_format
 
-    def broken(*a, **k):  # type: ignore[no-untyped-def]
+    def broken(*a, **k):
         raise RuntimeError("device fell off the bus")
 
     monkeypatch.setattr(dcp_format.DCP, "restore", broken)
@@ -382,7 +382,7 @@ def test_cli_conventions_a_new_user_expects(cli: CliRunner, demo_run: Path, sqli
     root = invoke(cli, "-h")
     assert root.exit_code == 0 and "Usage: drill" in root.stdout and "--install-completion" in root.stdout
     group = get_command(app)
-    for name in group.commands:  # type: ignore[attr-defined]
+    for name in group.commands:
         res = invoke(cli, name, "-h")
         assert res.exit_code == 0 and "Usage:" in res.stdout, name
         for policy in re.findall(r"policies/[\w./-]+\.yaml", res.stdout):

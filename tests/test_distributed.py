@@ -100,7 +100,7 @@ def test_a_4_rank_checkpoint_drilled_by_fewer_ranks_reads_every_byte_once(
     if world == 2:
         assert doc["distributed"]["balance"] <= 1.1 and max(per_rank) / min(per_rank) <= 1.1
     (recorded,) = history(db=db)
-    assert get_drill(recorded.id, db=db).distributed["world_size"] == world  # type: ignore[index]
+    assert get_drill(recorded.id, db=db).distributed["world_size"] == world
 
 
 def test_a_corrupt_shard_fails_the_distributed_drill_and_is_recorded_once(sharded_run: Path, tmp_path: Path) -> None:
@@ -184,7 +184,7 @@ def test_a_rank_killed_mid_restore_is_named_and_recorded_once_every_time(sharded
         assert recorded.status == "error" and "rank 1 on" in (recorded.message or "")
         verdict = json.loads((tmp_path / f"v{n}.json").read_text())
         assert (verdict["id"], verdict["status"], verdict["exit_code"]) == (recorded.id, "error", 5)
-        seconds = float(re.search(r"no heartbeat for ([\d.]+) s", rank0.stderr).group(1))  # type: ignore[union-attr]
+        seconds = float(re.search(r"no heartbeat for ([\d.]+) s", rank0.stderr).group(1))
         assert seconds < 60  # the documented bound is --lost-after plus a heartbeat; far below the rank timeout
 
 
@@ -297,7 +297,7 @@ def test_32_ranks_hold_o_n_connections_and_a_lost_rank_is_found_within_the_bound
     rank is parked mid-drill, count the connections among them: one per rank to the store (a
     gloo mesh would hold 32·31/2 = 496). Rank 7 was killed on arrival; once released, rank 0
     names it within --lost-after plus a heartbeat."""
-    from tests.s3server import free_port
+    from tests.support.s3server import free_port
 
     world, lost_after = 32, 10.0
     release = tmp_path / "release"
@@ -498,7 +498,7 @@ def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_p
     from typer.testing import CliRunner
 
     from tests.conftest import invoke
-    from tests.pss import restricted_violations
+    from tests.support.pss import restricted_violations
 
     kv = pytest.importorskip(
         "kubernetes_validate", reason="kubernetes-validate is not installed (pip install '.[dev]')"
@@ -589,8 +589,8 @@ def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_p
 
 
 @pytest.fixture(scope="module")
-def slurm_cluster():  # type: ignore[no-untyped-def]
-    from tests.slurm import SlurmCluster, available
+def slurm_cluster():
+    from tests.support.slurm import SlurmCluster, available
 
     if not available():
         pytest.skip("Slurm is not installed (Debian: apt-get install slurm-wlm munge)")
@@ -598,7 +598,7 @@ def slurm_cluster():  # type: ignore[no-untyped-def]
         yield cluster
 
 
-def _submit(policy: Path, db: str, monkeypatch: pytest.MonkeyPatch, slurm, *extra: str):  # type: ignore[no-untyped-def]
+def _submit(policy: Path, db: str, monkeypatch: pytest.MonkeyPatch, slurm, *extra: str):
     from typer.testing import CliRunner
 
     from tests.conftest import invoke
@@ -609,7 +609,7 @@ def _submit(policy: Path, db: str, monkeypatch: pytest.MonkeyPatch, slurm, *extr
 
 def test_a_real_slurm_job_drills_the_sharded_checkpoint_on_two_ranks(
     sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     policy = _policy(
         tmp_path,
@@ -637,7 +637,7 @@ def test_a_real_slurm_job_drills_the_sharded_checkpoint_on_two_ranks(
 
 def test_a_stale_rendezvous_or_record_of_a_reused_job_id_decides_nothing(
     sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """Job ids restart from 1 on a new cluster: every id this job could get already has a
     rendezvous holding `aborted` and a record saying `passed`. The damaged checkpoint still
     fails, recorded once, and drill submit exits 1."""
@@ -693,7 +693,7 @@ def test_a_stale_rendezvous_or_record_of_a_reused_job_id_decides_nothing(
 
 def test_a_job_that_can_never_run_fails_within_a_minute(
     sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     policy = _policy(
         tmp_path, sharded_run, f"  launcher: slurm\n  partition: short\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n"
@@ -714,7 +714,7 @@ def test_a_job_that_can_never_run_fails_within_a_minute(
 
 def test_slurm_refusing_the_job_is_recorded(
     sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  partition: nope\n  log_dir: {tmp_path}\n")
     res = _submit(policy, db, monkeypatch, slurm_cluster)
@@ -725,7 +725,7 @@ def test_slurm_refusing_the_job_is_recorded(
 
 def test_a_job_stuck_in_the_queue_is_cancelled_and_recorded(
     sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     policy = _policy(
         tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 3s\n  log_dir: {tmp_path}\n"
@@ -738,7 +738,7 @@ def test_a_job_stuck_in_the_queue_is_cancelled_and_recorded(
 
 def test_a_job_killed_under_the_drill_closes_its_record(
     sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     import threading
 
     db = f"sqlite:///{tmp_path / 'drill.db'}"
@@ -754,7 +754,7 @@ def test_a_job_killed_under_the_drill_closes_its_record(
                     ["scancel", running[0].job_id.split(":")[1].split("#")[0]],
                     env={**os.environ, **slurm_cluster.env},
                     check=False,
-                )  # type: ignore[union-attr]
+                )
                 return
             time.sleep(0.5)
 
@@ -774,12 +774,12 @@ def test_a_job_killed_under_the_drill_closes_its_record(
     assert "SIGTERM" in (recorded.message or "") or "ended CANCELLED" in (recorded.message or "")
 
 
-def _submit_process(policy: Path, db: str, slurm, env: dict[str, str] | None = None) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+def _submit_process(policy: Path, db: str, slurm, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "drill", "submit", "--policy", str(policy), "--db", db], env={**os.environ, **slurm.env, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
-def _queue(slurm) -> str:  # type: ignore[no-untyped-def]
+def _queue(slurm) -> str:
     return subprocess.run(
         ["squeue", "-h", "-o", "%i %T"], env={**os.environ, **slurm.env}, capture_output=True, text=True
     ).stdout
@@ -787,7 +787,7 @@ def _queue(slurm) -> str:  # type: ignore[no-untyped-def]
 
 def test_ctrl_c_on_submit_cancels_a_pending_job_and_records_it_aborted(
     sharded_run: Path, tmp_path: Path, slurm_cluster
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     import signal
 
     db = f"sqlite:///{tmp_path / 'drill.db'}"
@@ -799,7 +799,7 @@ def test_ctrl_c_on_submit_cancels_a_pending_job_and_records_it_aborted(
     for line in proc.stderr:  # the event: drill submit says the job is pending
         if ": pending" in line:
             break
-    job = re.search(r"slurm job (\d+)", line).group(1)  # type: ignore[union-attr]
+    job = re.search(r"slurm job (\d+)", line).group(1)
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -814,7 +814,7 @@ def test_ctrl_c_on_submit_cancels_a_pending_job_and_records_it_aborted(
 
 def test_ctrl_c_on_submit_cancels_a_running_job_whose_drill_records_itself_aborted(
     sharded_run: Path, tmp_path: Path, slurm_cluster
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     import signal
 
     db = f"sqlite:///{tmp_path / 'drill.db'}"
@@ -834,7 +834,7 @@ def test_ctrl_c_on_submit_cancels_a_running_job_whose_drill_records_itself_abort
 
 def test_a_scheduler_stopping_cancels_its_pending_job_and_records_it(
     sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     import threading
 
     from drill.policy import load_policy
@@ -878,7 +878,7 @@ def test_a_scheduler_stopping_cancels_its_pending_job_and_records_it(
 
 def test_the_scheduler_submits_a_slurm_policy(
     sharded_run: Path, tmp_path: Path, slurm_cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from drill.policy import load_policy
     from drill.records.db import open_database
     from drill.records.store import Records
@@ -898,7 +898,7 @@ def test_the_scheduler_submits_a_slurm_policy(
         result.status == "passed"
         and result.document["job_id"].startswith("slurm:")
         and result.document["trigger"] == "scheduler"
-    )  # type: ignore[index]
+    )
 
 
 def test_on_a_gpu_node_each_rank_restores_onto_its_own_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -929,6 +929,6 @@ def test_a_large_job_on_a_file_rendezvous_beats_less_often(tmp_path: Path, monke
         ctx = connect(600, lost_after=15.0)
         assert ctx is not None
         try:
-            assert (ctx.heartbeat.interval, ctx.lost_after, ctx.watch.lost_after) == (interval, lost, lost)  # type: ignore[union-attr]
+            assert (ctx.heartbeat.interval, ctx.lost_after, ctx.watch.lost_after) == (interval, lost, lost)
         finally:
             ctx.close()

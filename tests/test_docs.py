@@ -19,7 +19,7 @@ CLI_REFERENCE = (DOCS / "cli.md").read_text()
 README_LINES = 250
 
 
-def _commands(group, prefix: str = "drill"):  # type: ignore[no-untyped-def]
+def _commands(group, prefix: str = "drill"):
     for name, cmd in group.commands.items():
         path = f"{prefix} {name}"
         if hasattr(cmd, "commands"):

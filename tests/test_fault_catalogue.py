@@ -57,7 +57,7 @@ class _Payload:
     def __init__(self, marker: Path) -> None:
         self.marker = marker
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
 
 
@@ -329,7 +329,7 @@ def no_rng(run: Path, tmp: Path) -> list[str]:
 def nan_in_a_moment(run: Path, tmp: Path) -> list[str]:
     from tests.test_formats import rewrite_dcp
 
-    def poison(s: dict) -> None:  # type: ignore[type-arg]
+    def poison(s: dict) -> None:
         key = next(k for k in s if k.endswith("exp_avg_sq"))
         s[key] = s[key].clone()
         s[key].view(-1)[0] = float("nan")
@@ -599,7 +599,7 @@ def test_hugging_face_run_directories(tmp_path: Path, sqlite_url: str) -> None:
     """HF's example scripts end with save_model() and save_state(): a final export at the top
     of the output directory, beside checkpoint-N/ — the checkpoints are what drill drills."""
     pytest.importorskip("transformers", reason="transformers is not installed: no real HF run")
-    from tests.frameworks import hf_trainer_run
+    from tests.support.frameworks import hf_trainer_run
 
     out = hf_trainer_run(tmp_path / "out", finish=True)
     assert (out / "model.safetensors").exists() and (out / "trainer_state.json").exists()

@@ -18,15 +18,15 @@ from drill.discover import discover
 from drill.formats import restore
 from drill.integrity.manifest import seal
 from drill.storage import LocalStorage
-from tests import frameworks
 from tests.conftest import drill as _drill
+from tests.support import frameworks
 
 
 def _errors(outcome: DrillOutcome) -> list[tuple[str, str, str | None]]:
     return [(f.check, f.code, f.subject) for f in outcome.findings if f.severity.value == "error"]
 
 
-def _check(outcome: DrillOutcome, name: str):  # type: ignore[no-untyped-def]
+def _check(outcome: DrillOutcome, name: str):
     return next(c for c in outcome.checks if c.name == name)
 
 
@@ -193,7 +193,7 @@ class _Payload:
     def __init__(self, marker: Path) -> None:
         self.marker = marker
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
 
 

@@ -182,7 +182,7 @@ def test_safetensors_headers(header: dict[str, Any], data: bytes, claim: int | N
 @pytest.fixture(scope="module")
 def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("transformers", reason="transformers is not installed: no real HF Trainer checkpoint")
-    from tests import frameworks
+    from tests.support import frameworks
 
     return frameworks.hf_trainer_run(tmp_path_factory.mktemp("hf") / "out") / "checkpoint-4"
 

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from drill import history
 from tests.conftest import drill as _drill
 from tests.conftest import invoke
-from tests.drive import start, wait_for
+from tests.support.drive import start, wait_for
 
 pytestmark = pytest.mark.slow
 DRILL = str(Path(sys.executable).parent / "drill")
@@ -44,7 +44,7 @@ def test_sigkill_at_any_phase_is_reconciled_to_aborted_with_the_phase(
     demo_run: Path, sqlite_url: str, tmp_path: Path, phase: str, recorded: str | None
 ) -> None:
     marker = tmp_path / "arrived"
-    extra = ("--replay", "tests.replay_targets:hanging") if phase == "replay" else ("--no-replay",)
+    extra = ("--replay", "tests.support.replay_targets:hanging") if phase == "replay" else ("--no-replay",)
     proc = start(phase, marker, "--root", str(demo_run), "--db", sqlite_url, *extra)
     wait_for(marker, proc)
     proc.send_signal(signal.SIGKILL)  # no handler runs: the row is left `running`
@@ -285,7 +285,11 @@ def test_scratch_space_is_cleaned_on_every_exit_path(
     from drill.replay import ReplaySpec
 
     _drill(demo_run, sqlite_url, replay=ReplaySpec(enabled=True, steps=1))
-    _drill(demo_run, sqlite_url, replay=ReplaySpec(enabled=True, steps=1, entrypoint="tests.replay_targets:raising"))
+    _drill(
+        demo_run,
+        sqlite_url,
+        replay=ReplaySpec(enabled=True, steps=1, entrypoint="tests.support.replay_targets:raising"),
+    )
     assert list(scratch.iterdir()) == []
 
 
@@ -302,7 +306,7 @@ def test_a_spooled_file_claimed_by_another_flush_while_listed_is_not_rejected(
     path = spool.put({"id": None, "pid": 1})
     real = _os.lstat
 
-    def claimed_meanwhile(p, *a, **k):  # type: ignore[no-untyped-def]
+    def claimed_meanwhile(p, *a, **k):
         if str(p) == str(path) and path.exists():
             path.rename(str(path) + ".claimed-424242")  # the other flush's claim, between listing and examining
         return real(p, *a, **k)

@@ -24,11 +24,11 @@ from drill.verifier import verify_checkpoint
 from tests.conftest import drill
 
 
-def _drill(run: Path, db: str, storage=None, **kw) -> DrillOutcome:  # type: ignore[no-untyped-def]
+def _drill(run: Path, db: str, storage=None, **kw) -> DrillOutcome:
     return drill(run, db, storage=storage, **kw)  # the replay is off: these tests are about the bytes
 
 
-def _integrity(outcome: DrillOutcome):  # type: ignore[no-untyped-def]
+def _integrity(outcome: DrillOutcome):
     return next(c for c in outcome.checks if c.name == "integrity")
 
 

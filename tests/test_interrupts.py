@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from drill import history
-from tests.drive import start, wait_for
+from tests.support.drive import start, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def test_an_interrupt_at_any_phase_is_one_aborted_record(
     demo_run: Path, sqlite_url: str, tmp_path: Path, phase: str, recorded_phase: str | None, sig: int
 ) -> None:
     marker = tmp_path / "arrived"
-    extra = ("--replay", "tests.replay_targets:hanging") if phase == "replay" else ("--no-replay",)
+    extra = ("--replay", "tests.support.replay_targets:hanging") if phase == "replay" else ("--no-replay",)
     proc = start(phase, marker, "--root", str(demo_run), "--db", sqlite_url, *extra)
     wait_for(marker, proc)
     if phase == "replay":
@@ -77,7 +77,14 @@ def test_an_interrupt_before_the_record_exists_claims_none(
 def test_the_replay_child_goes_with_the_drill(demo_run: Path, sqlite_url: str, tmp_path: Path) -> None:
     marker = tmp_path / "arrived"
     proc = start(
-        "replay", marker, "--root", str(demo_run), "--db", sqlite_url, "--replay", "tests.replay_targets:hanging"
+        "replay",
+        marker,
+        "--root",
+        str(demo_run),
+        "--db",
+        sqlite_url,
+        "--replay",
+        "tests.support.replay_targets:hanging",
     )
     wait_for(marker, proc)
     time.sleep(1.0)

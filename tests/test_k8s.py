@@ -1,6 +1,6 @@
 """`drill submit` on a Kubernetes cluster: the Job applied through the API with the official
 client and followed to its end, the drill recorded once whatever happens to the Job. The API
-server is tests/k8s_api.py on 127.0.0.1 (no control plane can run here); the test plays the
+server is tests/support/k8s_api.py on 127.0.0.1 (no control plane can run here); the test plays the
 controllers and the pod — whose drill is a real `drill run`, as the pod would run it."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from drill import history
 from tests.conftest import invoke
-from tests.k8s_api import FakeCluster
+from tests.support.k8s_api import FakeCluster
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is not installed (pip install '.[dev]')")
 
@@ -44,7 +44,7 @@ def _policy(tmp_path: Path, root: Path, extra: str = "") -> Path:
     return path
 
 
-def _as_controllers(cluster: FakeCluster, act) -> threading.Thread:  # type: ignore[no-untyped-def]
+def _as_controllers(cluster: FakeCluster, act) -> threading.Thread:
     def run() -> None:
         assert cluster.job_created.wait(60)
         act(cluster.job())
@@ -59,7 +59,7 @@ def test_a_job_whose_pod_runs_the_drill_ends_with_its_record(
 ) -> None:
     db = f"sqlite:///{tmp_path / 'drill.db'}"
 
-    def pod(job: dict) -> None:  # type: ignore[type-arg]
+    def pod(job: dict) -> None:
         cluster.run_pod()
         container = job["spec"]["template"]["spec"]["containers"][0]
         assert {"name": "DRILL_JOB_ID", "value": "k8s:$(JOB_NAME)"} in container["env"]
@@ -98,7 +98,7 @@ def test_a_job_that_fails_under_its_drill_closes_the_record(
 
     db = f"sqlite:///{tmp_path / 'drill.db'}"
 
-    def pod(job: dict) -> None:  # type: ignore[type-arg]
+    def pod(job: dict) -> None:
         cluster.run_pod()
         database = open_database(db)  # what the pod's drill had written when it was killed
         Records(database).begin_drill(DrillStart(run_root=str(demo_run), selector="latest", trigger="policy", device="cpu", policy="nightly",

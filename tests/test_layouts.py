@@ -1,5 +1,5 @@
 """Checkpoints laid out as torchtitan, Megatron-core (torch_dist) and Lightning FSDP write them,
-by 1 and 2 real CPU ranks (see tests/layouts.py): clean ones pass with at most a warning for
+by 1 and 2 real CPU ranks (see tests/support/layouts.py): clean ones pass with at most a warning for
 state the layout never saves; damage in each is found and named."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 
 from drill import DrillOutcome
 from drill.verifier import verify_checkpoint
-from tests import layouts
 from tests.conftest import drill as _drill
+from tests.support import layouts
 
 KINDS = ("torchtitan", "megatron", "lightning")
 DIRS = {"torchtitan": "step-2", "megatron": "iter_0000030", "lightning": "epoch=0-step=2.ckpt"}
@@ -30,7 +30,7 @@ def _needs(kind: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def written(tmp_path_factory: pytest.TempPathFactory):
     """``written(kind, ranks, nan=False)``: a checkpoint run written once per module."""
     cache: dict[tuple[str, int, bool], Path] = {}
 
@@ -47,7 +47,7 @@ def written(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
 
 
 @pytest.fixture
-def copy_of(written, tmp_path: Path):  # type: ignore[no-untyped-def]
+def copy_of(written, tmp_path: Path):
     def get(kind: str, ranks: int = 2) -> Path:
         return Path(shutil.copytree(written(kind, ranks), tmp_path / kind))
 
@@ -58,7 +58,7 @@ def _errors(outcome: DrillOutcome) -> list[tuple[str, str, str | None]]:
     return [(f.check, f.code, f.subject) for f in outcome.findings if f.severity.value == "error"]
 
 
-def _check(outcome: DrillOutcome, name: str):  # type: ignore[no-untyped-def]
+def _check(outcome: DrillOutcome, name: str):
     return next(c for c in outcome.checks if c.name == name)
 
 
@@ -194,7 +194,7 @@ class _Payload:
     def __init__(self, marker: Path) -> None:
         self.marker = marker
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
 
 
@@ -248,7 +248,7 @@ def test_run_and_verify_give_one_verdict_on_every_clean_layout(written) -> None:
 @pytest.fixture(scope="module")
 def real_lightning(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("lightning", reason="lightning is not installed: no real Lightning FSDP checkpoint")
-    from tests import lightning_fsdp
+    from tests.support import lightning_fsdp
 
     return lightning_fsdp.spawn(tmp_path_factory.mktemp("plfsdp"), ranks=2)
 

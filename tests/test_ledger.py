@@ -48,7 +48,7 @@ def _rows(path: str) -> tuple[list[tuple], list[tuple]]:
     return ckpts, files
 
 
-def _play(ledger, uri: str) -> list[float]:  # type: ignore[no-untyped-def]
+def _play(ledger, uri: str) -> list[float]:
     cid = ledger.ensure_checkpoint(run_root="/runs/r", uri=uri, step=30, format="dcp")
     assert ledger.ensure_checkpoint(run_root="/runs/r", uri=uri, step=30, format="dcp") == cid
     return [ledger.apply_coverage(cid, None, _update(v, b), 7.0) for v, b in STEPS]
@@ -124,7 +124,7 @@ def test_a_damaged_proof_proves_nothing_and_is_rewritten(tmp_path: Path, writer:
         if database is not None:
             database.close()
         else:
-            ledger.close()  # type: ignore[union-attr]
+            ledger.close()
 
 
 def test_the_light_ledger_is_used_only_on_an_sqlite_file_at_head(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_postgresql_goes_through_the_record_store(postgres_url: str) -> None:
         ledger.close()
 
 
-def test_verify_keeps_the_ledger_without_importing_sqlalchemy(demo_run: Path, tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+def test_verify_keeps_the_ledger_without_importing_sqlalchemy(demo_run: Path, tmp_path: Path, cli) -> None:
     ckpt = sorted(demo_run.glob("step-*"))[-1]
     db = tmp_path / "v.db"
     assert invoke(cli, "verify", str(ckpt), "--db", str(db)).exit_code == 0  # first use: created through Alembic

@@ -91,7 +91,7 @@ def test_a_worker_killed_by_sigbus_loses_only_the_spans_it_had_not_reported(
     storage, spans = LocalStorage(), _spans(tmp_path, files)
     real = mapped._digests
 
-    def dies_on_b(open_fd, uri, start, length, chunk):  # type: ignore[no-untyped-def]
+    def dies_on_b(open_fd, uri, start, length, chunk):
         if uri.endswith("/b"):
             os.kill(os.getpid(), signal.SIGBUS)
         return real(open_fd, uri, start, length, chunk)
@@ -132,7 +132,7 @@ def test_a_file_truncated_under_the_mapping_is_a_changed_file(
     victim = str(tmp_path / "a")
 
     class Cutting:
-        def xxh3_128(self, view):  # type: ignore[no-untyped-def]
+        def xxh3_128(self, view):
             os.truncate(victim, 0)
             import xxhash
 
@@ -179,7 +179,7 @@ def test_more_spans_than_a_pipe_holds_are_all_hashed_by_whichever_worker_is_free
     spans = [(uri, i * chunk, chunk) for i in range(n)]
     got = mapped.hash_mapped(LocalStorage().open_fd, spans, chunk, workers=3)
     assert all(g is not None for g in got)
-    assert [d for g in got for d in g] == hash_span(LocalStorage(), uri, 0, len(data), chunk)  # type: ignore[union-attr]
+    assert [d for g in got for d in g] == hash_span(LocalStorage(), uri, 0, len(data), chunk)
 
 
 def test_workers_leave_the_cores_other_work_keeps_busy(monkeypatch: pytest.MonkeyPatch) -> None:

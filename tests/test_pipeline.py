@@ -15,14 +15,14 @@ from drill.findings import CheckStatus
 from drill.pipeline import NullRecorder
 from drill.replay import ReplaySpec
 from tests.conftest import drill
-from tests.faults import Fail, FaultyStorage, Flip, Grow, Truncate
+from tests.support.faults import Fail, FaultyStorage, Flip, Grow, Truncate
 from tests.test_formats import rewrite_dcp
 
 ORDER = ["discover", "resume", "integrity", "durable", "files", "load", "keys", "contract", "replay"]
 
 
 def _recorded(db: str, outcome: DrillOutcome) -> dict[str, Any]:
-    return get_drill(outcome.id, db=db).to_document()  # type: ignore[arg-type]
+    return get_drill(outcome.id, db=db).to_document()
 
 
 # -- one verdict rule -----------------------------------------------------------------------
@@ -38,11 +38,11 @@ def _recorded(db: str, outcome: DrillOutcome) -> dict[str, Any]:
 )
 def test_a_checkpoint_missing_a_part_fails_with_exit_1_even_with_the_replay_on(
     demo_run: Path, sqlite_url: str, drop, check: str, code: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     rewrite_dcp(demo_run / "step-30", drop)
     outcome = drill(demo_run, sqlite_url, replay=ReplaySpec())
     assert (outcome.status, int(outcome.exit_code)) == ("failed", 1)
-    assert code in [f.code for f in outcome.check(check).findings]  # type: ignore[union-attr]
+    assert code in [f.code for f in outcome.check(check).findings]
     replay = outcome.check("replay")
     assert replay is not None and replay.status in (CheckStatus.SKIPPED, CheckStatus.FAILED, CheckStatus.ERROR)
     if replay.status is CheckStatus.SKIPPED:
@@ -56,7 +56,7 @@ def test_every_drill_lists_every_check_and_why_one_did_not_run(tmp_path: Path) -
     outcome = run_drill(DrillRequest(root=str(tmp_path / "run")), recorder=NullRecorder())
     assert [c.name for c in outcome.checks] == ORDER
     assert (outcome.status, int(outcome.exit_code)) == ("failed", 3)
-    assert outcome.check("discover").status is CheckStatus.FAILED  # type: ignore[union-attr]
+    assert outcome.check("discover").status is CheckStatus.FAILED
     skipped = [c for c in outcome.checks[2:]]
     assert all(
         c.status is CheckStatus.SKIPPED and c.summary.startswith("not checked: nothing to drill") for c in skipped
@@ -98,9 +98,9 @@ def test_a_null_recorder_drill_records_nothing(demo_run: Path, sqlite_url: str) 
 
 # -- a record closed for every fault --------------------------------------------------------
 def test_non_finite_replay_values_are_recorded_on_both_backends(demo_run: Path, db_url: str) -> None:
-    outcome = drill(demo_run, db_url, replay=ReplaySpec(entrypoint="tests.replay_targets:nan_loss", steps=2))
+    outcome = drill(demo_run, db_url, replay=ReplaySpec(entrypoint="tests.support.replay_targets:nan_loss", steps=2))
     assert outcome.status == "failed" and outcome.record_problem is None
-    (finding,) = outcome.check("replay").findings  # type: ignore[union-attr]
+    (finding,) = outcome.check("replay").findings
     assert finding.code == "replay-diverged-loss"
     doc = _recorded(db_url, outcome)
     assert doc == outcome.to_document()
@@ -112,7 +112,7 @@ def test_a_transient_write_failure_is_retried(demo_run: Path, sqlite_url: str, m
 
     real, calls = Records.finish_drill, []
 
-    def flaky(self, outcome):  # type: ignore[no-untyped-def]
+    def flaky(self, outcome):
         calls.append(1)
         if len(calls) == 1:
             err = DatabaseError("database is locked")
@@ -127,7 +127,7 @@ def test_a_transient_write_failure_is_retried(demo_run: Path, sqlite_url: str, m
 
 
 @pytest.fixture
-def full_disk():  # type: ignore[no-untyped-def]
+def full_disk():
     """Every SQLite connection opened from now on may not grow its database: SQLITE_FULL
     ("database or disk is full"), exactly what a full disk gives."""
     from sqlalchemy import event
@@ -135,7 +135,7 @@ def full_disk():  # type: ignore[no-untyped-def]
 
     state = {"on": False}
 
-    def cap(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+    def cap(dbapi_conn, _record):
         if state["on"] and isinstance(dbapi_conn, sqlite3.Connection):
             pages = dbapi_conn.execute("PRAGMA page_count").fetchone()[0]
             dbapi_conn.execute(f"PRAGMA max_page_count = {pages}")
@@ -147,7 +147,7 @@ def full_disk():  # type: ignore[no-untyped-def]
 
 def test_a_full_disk_closes_the_row_as_error_with_the_real_verdict(
     demo_run: Path, sqlite_url: str, full_disk, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     monkeypatch.setattr("drill.records.recorder.BACKOFF", (0.01, 0.01))
     history(db=sqlite_url)  # the database exists, at its head revision
     drill(demo_run, sqlite_url)
@@ -206,7 +206,7 @@ def test_a_database_away_when_the_drill_began_still_gets_the_drill(
 
     history(db=sqlite_url)
 
-    def away(*a, **k):  # type: ignore[no-untyped-def]
+    def away(*a, **k):
         raise DatabaseError("connection refused")
 
     monkeypatch.setattr(Records, "begin_drill", away)
@@ -232,10 +232,10 @@ def test_a_database_away_when_the_drill_began_still_gets_the_drill(
 )
 def test_faults_during_the_read_fail_the_drill_with_their_finding(
     demo_run: Path, sqlite_url: str, fault, check: str, code: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     outcome = drill(demo_run, sqlite_url, storage=FaultyStorage({"__0_0.distcp": fault}))
     assert outcome.status == "failed"
-    assert (code, "__0_0.distcp") in [(f.code, f.subject) for f in outcome.check(check).findings]  # type: ignore[union-attr]
+    assert (code, "__0_0.distcp") in [(f.code, f.subject) for f in outcome.check(check).findings]
     assert _recorded(sqlite_url, outcome)["status"] == "failed"
 
 
@@ -243,7 +243,7 @@ def test_a_transient_io_error_is_retried_and_the_drill_passes(demo_run: Path, sq
     storage = FaultyStorage({"__0_1.distcp": Fail(at=100, times=1)})
     outcome = drill(demo_run, sqlite_url, storage=storage)
     assert outcome.status == "passed" and storage.opens["__0_1.distcp"] == 2
-    files = outcome.check("files").evidence["files"]  # type: ignore[union-attr]
+    files = outcome.check("files").evidence["files"]
     assert next(f for f in files if f["path"] == "__0_1.distcp")["retries"] == 1
 
 
@@ -263,7 +263,7 @@ def test_a_read_that_never_returns_ends_the_drill_at_its_timeout(demo_run: Path,
     import threading
     import time
 
-    from tests.faults import Hang
+    from tests.support.faults import Hang
 
     release = threading.Event()
     started = time.monotonic()
@@ -285,7 +285,7 @@ def test_no_checkpoint_file_is_ever_memory_mapped(
 
     real = mmap.mmap
 
-    def anonymous_only(fileno, *a, **k):  # type: ignore[no-untyped-def]
+    def anonymous_only(fileno, *a, **k):
         assert fileno == -1, "a checkpoint file was memory-mapped"
         return real(fileno, *a, **k)
 

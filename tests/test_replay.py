@@ -27,7 +27,7 @@ def _drill(run: Path, db: str, **replay: Any) -> tuple[DrillOutcome, dict[str, A
     return outcome, record
 
 
-def _replay(outcome: DrillOutcome):  # type: ignore[no-untyped-def]
+def _replay(outcome: DrillOutcome):
     return next(c for c in outcome.checks if c.name == "replay")
 
 
@@ -98,14 +98,14 @@ def test_no_entrypoint_is_not_replayable(demo_run: Path, sqlite_url: str) -> Non
 
 
 def test_step_function_that_raises_is_an_error_with_its_traceback(demo_run: Path, sqlite_url: str) -> None:
-    outcome, record = _drill(demo_run, sqlite_url, entrypoint="tests.replay_targets:raising")
+    outcome, record = _drill(demo_run, sqlite_url, entrypoint="tests.support.replay_targets:raising")
     assert outcome.status == "error" and record["replay"]["verdict"] == "error"
     assert "the step function exploded" in outcome.message
     assert "Traceback" in record["error"] and "replay_targets.py" in record["error"]
 
 
 def test_hanging_replay_is_killed_at_its_timeout(demo_run: Path, sqlite_url: str) -> None:
-    outcome, record = _drill(demo_run, sqlite_url, entrypoint="tests.replay_targets:hanging", timeout=8)
+    outcome, record = _drill(demo_run, sqlite_url, entrypoint="tests.support.replay_targets:hanging", timeout=8)
     assert outcome.status == "error" and "timed out after 8 s" in outcome.message and "0 of 5 steps" in outcome.message
     assert record["replay"]["verdict"] == "error"
 
@@ -120,13 +120,13 @@ def test_compare_is_exact_on_the_same_device() -> None:
     assert compare_steps(ref, [StepRecord(step=1, loss=2.0000001, batch="a")], CROSS_DEVICE) is None
     d = compare_steps(ref, [StepRecord(step=1, loss=2.0, grad_norm=1.1, batch="a")], Tolerance(0.01, 0))
     assert d is not None and d.what == "grad_norm"
-    assert compare_steps(ref, [StepRecord(step=1, loss=9.0, batch="z")], CROSS_DEVICE).what == "data"  # type: ignore[union-attr]
+    assert compare_steps(ref, [StepRecord(step=1, loss=9.0, batch="z")], CROSS_DEVICE).what == "data"
 
 
 # -- importers: third-party runs replay from what their frameworks already log --------------
 def test_reference_from_hf_log_history(tmp_path: Path) -> None:
     pytest.importorskip("transformers", reason="transformers is not installed")
-    from tests.frameworks import hf_trainer_run
+    from tests.support.frameworks import hf_trainer_run
 
     ref = load_reference(hf_trainer_run(tmp_path / "hf"))
     assert ref is not None and "log_history" in ref.source

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from drill.replay import ReplaySpec
 from drill.verdict import SLO
 from tests.conftest import drill, invoke
-from tests.faults import FaultyStorage, Flip
+from tests.support.faults import FaultyStorage, Flip
 
 HOSTILE = "run <script>alert(1)</script> | `tick` *star* [x](y)"
 """A run directory name a report must print as text, never as markup."""
@@ -379,7 +379,9 @@ def test_a_finding_about_the_whole_drill_renders_in_every_format(
     from tests.conftest import drill as _drill
 
     outcome = _drill(
-        demo_run, sqlite_url, replay=ReplaySpec(enabled=True, steps=1, entrypoint="tests.replay_targets:raising")
+        demo_run,
+        sqlite_url,
+        replay=ReplaySpec(enabled=True, steps=1, entrypoint="tests.support.replay_targets:raising"),
     )
     assert any(f.subject is None for f in outcome.findings)
     runner = CliRunner()
@@ -417,7 +419,7 @@ def test_a_run_with_one_drill_gets_a_sentence_not_a_chart_of_one_dot(demo_run: P
     assert 'class="chart"' not in html and "One drill in the window" in html and 'class="strip"' in html
 
 
-def test_goodput_prices_the_checkpoint_stall_apart_from_restarts_and_rework(cli) -> None:  # type: ignore[no-untyped-def]
+def test_goodput_prices_the_checkpoint_stall_apart_from_restarts_and_rework(cli) -> None:
     """The model's own source figure: 16,384 GPUs at $2.35/GPU-h, a 60 s blocking save every
     15 min: 96 stalls a day, ≈$61.6K/day and ≈$22.5M/year of idle GPUs — apart from restarts."""
     from tests.conftest import invoke

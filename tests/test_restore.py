@@ -17,7 +17,7 @@ from drill.storage import LocalStorage
 from tests.conftest import SMALL_RUN
 
 
-def _latest(run: Path):  # type: ignore[no-untyped-def]
+def _latest(run: Path):
     return discover(LocalStorage(), str(run)).checkpoints[-1]
 
 
@@ -62,7 +62,7 @@ class _Payload:
     def __init__(self, marker: Path) -> None:
         self.marker = marker
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
 
 
@@ -117,7 +117,7 @@ def test_symlink_leading_out_is_refused(demo_run: Path, tmp_path: Path) -> None:
     assert [f.relative_path for f in result.files if f.error_kind == "escapes"] == ["__0_0.distcp"]
 
 
-def test_a_cold_drill_drops_the_checkpoint_from_the_page_cache_and_says_so(demo_run, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_cold_drill_drops_the_checkpoint_from_the_page_cache_and_says_so(demo_run, tmp_path) -> None:
     """--cold: every file of the checkpoint is dropped from the page cache before the restore
     (mincore says none of it is resident), so the restore reads from the disk — and afterwards
     it is resident again, read by the drill. A warm drill says how much was cached."""

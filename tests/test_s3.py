@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from drill import history
 from tests.conftest import drill, invoke
-from tests.s3server import FaultProxy, MotoServer, Rule
+from tests.support.s3server import FaultProxy, MotoServer, Rule
 
 pytestmark = pytest.mark.slow
 SECRET = "s3cr3t-never-printed-4f9c2a"
@@ -36,7 +36,7 @@ def moto() -> Iterator[MotoServer]:
 
 
 @pytest.fixture
-def s3(moto: MotoServer, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def s3(moto: MotoServer, monkeypatch: pytest.MonkeyPatch):
     """A fresh bucket on the server, credentials in the environment (as boto3 finds them)."""
     import boto3
 
@@ -52,7 +52,7 @@ def s3(moto: MotoServer, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-un
     return client, bucket
 
 
-def upload(client, local: Path, bucket: str, prefix: str) -> str:  # type: ignore[no-untyped-def]
+def upload(client, local: Path, bucket: str, prefix: str) -> str:
     for path in sorted(p for p in local.rglob("*") if p.is_file()):
         client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local).as_posix()}")
     return f"s3://{bucket}/{prefix}"
@@ -62,7 +62,7 @@ def _leaks(*texts: str) -> bool:
     return any(SECRET in t for t in texts)
 
 
-def test_a_sealed_run_drills_from_s3_replay_included(demo_run: Path, s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_sealed_run_drills_from_s3_replay_included(demo_run: Path, s3, sqlite_url: str) -> None:
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run7")
     res = invoke(CliRunner(), "run", "--root", root, "--json", "-q", "--db", sqlite_url)
@@ -93,18 +93,18 @@ def test_a_sealed_run_drills_from_s3_replay_included(demo_run: Path, s3, sqlite_
     assert [(f["code"], f["subject"]) for f in integrity["findings"]] == [("digest-mismatch", "__0_0.distcp")]
 
 
-def test_selection_and_verify_work_on_an_s3_root(demo_run: Path, s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_selection_and_verify_work_on_an_s3_root(demo_run: Path, s3, sqlite_url: str) -> None:
     client, bucket = s3
     root = upload(client, demo_run, bucket, "r")
-    assert drill(root, sqlite_url, "step:10").checkpoint.name == "step-10"  # type: ignore[union-attr]
-    assert drill(root, sqlite_url, "oldest").checkpoint.step == 10  # type: ignore[union-attr]
+    assert drill(root, sqlite_url, "step:10").checkpoint.name == "step-10"
+    assert drill(root, sqlite_url, "oldest").checkpoint.step == 10
     res = invoke(CliRunner(), "verify", f"{root}/step-20", "--db", sqlite_url)
     assert res.exit_code == 0 and "every byte matches" in res.stdout
     missing = invoke(CliRunner(), "run", "--root", root, "-c", "step:99", "-q", "--db", sqlite_url)
     assert missing.exit_code == 3 and "retained: 10, 20, 30" in missing.stderr
 
 
-def test_the_example_s3_policy_drills_a_sealed_run(demo_run: Path, s3, sqlite_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_example_s3_policy_drills_a_sealed_run(demo_run: Path, s3, sqlite_url: str, tmp_path: Path) -> None:
     client, _ = s3
     text = (Path(__file__).resolve().parent.parent / "policies" / "s3.yaml").read_text()
     bucket, prefix = "training-checkpoints", "pretrain-70b"
@@ -126,26 +126,26 @@ def test_the_example_s3_policy_drills_a_sealed_run(demo_run: Path, s3, sqlite_ur
         client.delete_bucket(Bucket=bucket)
 
 
-def test_the_durable_copy_is_complete_and_identical_or_says_what_is_not(demo_run: Path, s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_the_durable_copy_is_complete_and_identical_or_says_what_is_not(demo_run: Path, s3, sqlite_url: str) -> None:
     client, bucket = s3
     durable = upload(client, demo_run, bucket, "run7")
     ok = drill(demo_run, sqlite_url, durable=durable)
     check = ok.check("durable")
-    assert ok.status == "passed" and check.summary.startswith("durable copy complete and identical: 3 files")  # type: ignore[union-attr]
+    assert ok.status == "passed" and check.summary.startswith("durable copy complete and identical: 3 files")
 
     client.delete_object(Bucket=bucket, Key="run7/step-30/__0_1.distcp")  # the drain never finished
     data = bytearray((demo_run / "step-30" / "__0_0.distcp").read_bytes())
     data[100] ^= 1
     client.put_object(Bucket=bucket, Key="run7/step-30/__0_0.distcp", Body=bytes(data))
     bad = drill(demo_run, sqlite_url, durable=durable)
-    codes = sorted((f.code, f.subject) for f in bad.check("durable").findings)  # type: ignore[union-attr]
+    codes = sorted((f.code, f.subject) for f in bad.check("durable").findings)
     assert codes == [("durable-digest-mismatch", "__0_0.distcp"), ("durable-missing", "__0_1.distcp")]
-    assert bad.status == "failed" and bad.check("integrity").status.value == "passed"  # type: ignore[union-attr]
+    assert bad.status == "failed" and bad.check("integrity").status.value == "passed"
 
 
 # -- bad input ------------------------------------------------------------------------------
 @pytest.fixture
-def proxy(moto: MotoServer, s3, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:  # type: ignore[no-untyped-def]
+def proxy(moto: MotoServer, s3, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
     p = FaultProxy(moto.port).start()
     monkeypatch.setenv("AWS_ENDPOINT_URL", p.url)
     try:
@@ -154,7 +154,7 @@ def proxy(moto: MotoServer, s3, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fau
         p.stop()
 
 
-def test_a_missing_bucket_names_it(s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_missing_bucket_names_it(s3, sqlite_url: str) -> None:
     res = invoke(CliRunner(), "run", "--root", "s3://no-such-bucket-here/run", "-q", "--db", sqlite_url)
     assert res.exit_code == 3 and "s3://no-such-bucket-here" in res.stderr and "no such bucket" in res.stderr
     assert history(db=sqlite_url) == []  # a root that is not there is no audit record
@@ -162,7 +162,7 @@ def test_a_missing_bucket_names_it(s3, sqlite_url: str) -> None:  # type: ignore
 
 def test_access_denied_is_an_error_naming_bucket_and_key_without_retries(
     demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     proxy.rules.append(Rule("step-30/__0_1.distcp", "forbid", method="GET"))
@@ -177,7 +177,7 @@ def test_access_denied_is_an_error_naming_bucket_and_key_without_retries(
     assert proxy.rules[0].hits <= 2  # refused at once (the manifest hash of the file, and the restore), never retried
 
 
-def test_an_object_deleted_between_listing_and_reading(demo_run: Path, s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_an_object_deleted_between_listing_and_reading(demo_run: Path, s3, sqlite_url: str) -> None:
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
 
@@ -196,7 +196,7 @@ def test_an_object_deleted_between_listing_and_reading(demo_run: Path, s3, sqlit
 
 def test_throttling_and_resets_are_retried_and_bounded(
     demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     proxy.rules += [
@@ -205,7 +205,7 @@ def test_throttling_and_resets_are_retried_and_bounded(
     ]
     outcome = drill(root, sqlite_url)
     assert outcome.status == "passed", [f.message for f in outcome.findings]
-    files = {f["path"]: f for f in outcome.check("files").evidence["files"]}  # type: ignore[union-attr]
+    files = {f["path"]: f for f in outcome.check("files").evidence["files"]}
     assert files["__0_0.distcp"].get("retries", 0) + files["__0_1.distcp"].get("retries", 0) >= 3
 
     proxy.rules[:] = [Rule("__0_0.distcp", "slowdown", method="GET")]  # throttled for good
@@ -222,7 +222,7 @@ def test_throttling_and_resets_are_retried_and_bounded(
     )
 
 
-def test_an_object_shorter_than_its_manifest_says(demo_run: Path, s3, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_an_object_shorter_than_its_manifest_says(demo_run: Path, s3, sqlite_url: str) -> None:
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     data = (demo_run / "step-30" / "__0_1.distcp").read_bytes()
@@ -231,7 +231,7 @@ def test_an_object_shorter_than_its_manifest_says(demo_run: Path, s3, sqlite_url
     assert ("integrity", "size-mismatch", "__0_1.distcp") in [(f.check, f.code, f.subject) for f in outcome.findings]
 
 
-def test_a_policy_denying_list_bucket_is_a_clear_error(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_policy_denying_list_bucket_is_a_clear_error(demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str) -> None:
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     proxy.rules.append(Rule(f"/{bucket}", "forbid", method="GET", query="list-type"))
@@ -244,13 +244,13 @@ def test_a_policy_denying_list_bucket_is_a_clear_error(demo_run: Path, s3, proxy
 
 def test_an_s3_root_with_a_scratch_copy_verifies_and_loads_the_copy(
     demo_run: Path, s3, sqlite_url: str, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     scratch = tmp_path / "scratch"
     outcome = drill(root, sqlite_url, scratch=str(scratch))
     assert outcome.status == "passed"
-    assert "scratch copy" in outcome.check("discover").summary  # type: ignore[union-attr]
+    assert "scratch copy" in outcome.check("discover").summary
     assert not scratch.exists() or not any(scratch.iterdir())  # cleaned up afterwards
     assert (
         outcome.checkpoint is not None and outcome.checkpoint.uri == f"{root}/step-30"
@@ -259,7 +259,7 @@ def test_an_s3_root_with_a_scratch_copy_verifies_and_loads_the_copy(
 
 def test_without_list_bucket_even_a_named_checkpoint_is_refused_with_the_permission_named(
     demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     proxy.rules.append(Rule(f"/{bucket}", "forbid", method="GET", query="list-type"))
@@ -274,7 +274,7 @@ def test_a_second_real_implementation_ceph_radosgw(
 ) -> None:
     """The same drill against Ceph's gateway (where Debian's ceph packages are installed):
     ranged GETs with If-Match, listing with delimiters and 404s as a real store serves them."""
-    from tests.radosgw import RadosGateway, available
+    from tests.support.radosgw import RadosGateway, available
 
     if not available():
         pytest.skip("Ceph (ceph-mon ceph-osd radosgw ceph-common) is not installed")
@@ -296,7 +296,7 @@ def test_a_second_real_implementation_ceph_radosgw(
         root = upload(client, demo_run, "ckpt", "run7")
         good = drill(root, sqlite_url)
         assert good.status == "passed", [f.message for f in good.findings]
-        assert good.check("integrity").summary.startswith("sealed, unauthenticated: every byte matches")  # type: ignore[union-attr]
+        assert good.check("integrity").summary.startswith("sealed, unauthenticated: every byte matches")
 
         data = bytearray((demo_run / "step-30" / "__0_1.distcp").read_bytes())
         data[-1000] ^= 0x01
@@ -313,7 +313,7 @@ def test_a_second_real_implementation_ceph_radosgw(
             drill("s3://no-such-bucket/run", sqlite_url)
 
 
-def test_scratch_copies_go_on_every_exit_path(demo_run: Path, s3, sqlite_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_scratch_copies_go_on_every_exit_path(demo_run: Path, s3, sqlite_url: str, tmp_path: Path) -> None:
     """A failing drill removes its copy like a passing one; a copy left by a drill that was
     killed (its process gone) is removed by the next drill; a live drill's copy is left alone."""
     import os
@@ -335,7 +335,7 @@ def test_scratch_copies_go_on_every_exit_path(demo_run: Path, s3, sqlite_url: st
 
 def test_every_command_is_bounded_on_a_listing_that_never_ends(
     demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """A storage whose listing says "more follow" forever: last-good ends as an error within its
     --timeout; a report falls back to the record for that run, saying so."""
     client, bucket = s3
@@ -352,7 +352,7 @@ def test_every_command_is_bounded_on_a_listing_that_never_ends(
 
 def test_a_server_error_on_listing_is_a_storage_error_never_an_internal_one(
     demo_run: Path, s3, proxy: FaultProxy, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     client, bucket = s3
     root = upload(client, demo_run, bucket, "run")
     proxy.rules.append(Rule(f"/{bucket}", "error", method="GET", query="list-type"))
@@ -367,7 +367,7 @@ def test_a_server_error_on_listing_is_a_storage_error_never_an_internal_one(
     assert history(db=sqlite_url) == []
 
 
-def test_a_dcp_save_straight_to_s3_is_sealed_as_it_is_written(s3, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_dcp_save_straight_to_s3_is_sealed_as_it_is_written(s3, tmp_path: Path) -> None:
     """s3torchconnector's own DCP writer, sealed through drill.sdk.save: the manifest lands in
     the bucket before .metadata commits, nothing is read back, and drill verify of the s3://
     checkpoint proves every byte (a flipped byte in the bucket is caught)."""

@@ -170,7 +170,7 @@ def test_scheduler_killed_mid_drill_leaves_the_drill_aborted_after_restart(
         tmp_path,
         "hangs",
         demo_run,
-        "schedule: {cron: '*/2 * * * * *'}\nreplay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\nlimits: {timeout: 20m}\n",
+        "schedule: {cron: '*/2 * * * * *'}\nreplay: {entrypoint: 'tests.support.replay_targets:hanging', timeout: 10m}\nlimits: {timeout: 20m}\n",
     )
     proc = _start(sqlite_url, policy)
     drill = _wait(
@@ -207,7 +207,9 @@ def test_scheduler_killed_mid_drill_leaves_the_drill_aborted_after_restart(
 
 def test_oom_killed_drill_child_is_recorded(demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
     policy = load_policy(
-        _policy(tmp_path, "oom", demo_run, "replay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\n")
+        _policy(
+            tmp_path, "oom", demo_run, "replay: {entrypoint: 'tests.support.replay_targets:hanging', timeout: 10m}\n"
+        )
     )
     db = open_database(sqlite_url)
     result: dict[str, Any] = {}
@@ -235,7 +237,7 @@ def test_drill_timeout_kills_the_child(demo_run: Path, tmp_path: Path, sqlite_ur
             tmp_path,
             "slow",
             demo_run,
-            "replay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\nlimits: {timeout: 12s}\n",
+            "replay: {entrypoint: 'tests.support.replay_targets:hanging', timeout: 10m}\nlimits: {timeout: 12s}\n",
         )
     )
     db = open_database(sqlite_url)
@@ -325,7 +327,7 @@ def test_a_scheduler_stopped_mid_drill_records_that_drill_once_and_starts_no_oth
         tmp_path,
         "hangs",
         demo_run,
-        "schedule: {cron: '*/2 * * * * *'}\nreplay: {entrypoint: 'tests.replay_targets:hanging', timeout: 10m}\n"
+        "schedule: {cron: '*/2 * * * * *'}\nreplay: {entrypoint: 'tests.support.replay_targets:hanging', timeout: 10m}\n"
         f"limits: {{timeout: 20m}}\nalerts: {{command: 'cat >> {hook}', on: [aborted]}}\n",
     )
     proc = _start(sqlite_url, policy, extra=("--grace", "1"))

@@ -25,7 +25,7 @@ def run(demo_run: Path) -> Path:
     return demo_run  # a private copy already
 
 
-def _objects(run: Path):  # type: ignore[no-untyped-def]
+def _objects(run: Path):
     return build(DemoConfig(**json.loads((run / "run.json").read_text())["config"]))
 
 
@@ -138,7 +138,7 @@ def _two_ranks(ckpt: Path, db: str) -> list[dict]:
                 "DRILL_DIST_INIT": f"file://{rdzv}/s",
                 "DRILL_DB": db,
             }
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.sdk_ranks", str(ckpt), str(out)], env=env, cwd=Path(__file__).resolve().parent.parent,
+            procs.append(subprocess.Popen([sys.executable, "-m", "tests.support.sdk_ranks", str(ckpt), str(out)], env=env, cwd=Path(__file__).resolve().parent.parent,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
             outs.append(out)
         logs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in procs]
@@ -163,7 +163,7 @@ def test_hf_trainer_resumes_from_a_verified_checkpoint(tmp_path: Path, sqlite_ur
     """Hugging Face's Trainer loads its checkpoints by itself: drill.sdk.verified proves the
     bytes first, and the resume is on the record."""
     pytest.importorskip("transformers", reason="transformers is not installed: no real HF Trainer checkpoint")
-    from tests import frameworks
+    from tests.support import frameworks
 
     out = frameworks.hf_trainer_run(tmp_path / "hf")
     ckpt = out / "checkpoint-4"
@@ -171,7 +171,7 @@ def test_hf_trainer_resumes_from_a_verified_checkpoint(tmp_path: Path, sqlite_ur
     assert drill.sdk.verified(str(ckpt), db=sqlite_url) == str(ckpt)
     drill.sdk.flush_records(sqlite_url)
     (record,) = recorded(sqlite_url)
-    assert (record.trigger, record.status.value, record.checkpoint.format) == ("resume", "passed", "hf-trainer")  # type: ignore[union-attr]
+    assert (record.trigger, record.status.value, record.checkpoint.format) == ("resume", "passed", "hf-trainer")
     _flip(ckpt / "model.safetensors", (ckpt / "model.safetensors").stat().st_size - 10)
     with pytest.raises(drill.sdk.CheckpointCorrupt) as caught:
         drill.sdk.verified(str(ckpt), db=sqlite_url)

@@ -20,7 +20,7 @@ from drill.sdk import async_save, save, seal
 KEY = b"k" * 32
 
 
-def _state(seed: int = 0) -> dict:  # type: ignore[type-arg]
+def _state(seed: int = 0) -> dict:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
     opt = torch.optim.AdamW(model.parameters())
@@ -29,7 +29,7 @@ def _state(seed: int = 0) -> dict:  # type: ignore[type-arg]
     return {"model": model.state_dict(), "optimizer": opt.state_dict(), "train_state": {"step": 10}}
 
 
-def _files(manifest: Path) -> list[dict]:  # type: ignore[type-arg]
+def _files(manifest: Path) -> list[dict]:
     return json.loads(manifest.read_text())["files"]
 
 
@@ -157,7 +157,7 @@ def test_the_trainer_callback_seals_every_checkpoint_as_it_is_saved(tmp_path: Pa
     pytest.importorskip("transformers")
     from drill import history
     from drill.integrations.hf import DrillSealCallback
-    from tests.frameworks import hf_trainer_run
+    from tests.support.frameworks import hf_trainer_run
 
     callback = DrillSealCallback(key=KEY)
     run = hf_trainer_run(tmp_path / "run", callbacks=[callback])
@@ -256,7 +256,7 @@ def test_lightning_fsdp_checkpoints_are_sealed_after_the_strategy_saves_them(tmp
     """Lightning's own FSDP strategy on 2 CPU ranks, with SealAfterSave mixed in: each sharded
     *.ckpt/ directory (DCP shards and meta.pt) is sealed; drill verify proves every byte."""
     pytest.importorskip("lightning")
-    from tests import lightning_fsdp
+    from tests.support import lightning_fsdp
 
     checkpoints = lightning_fsdp.spawn(tmp_path / "pl", ranks=2, seal=True)
     dirs = sorted(p for p in checkpoints.iterdir() if p.is_dir())

@@ -153,7 +153,7 @@ class _Payload:
     def __init__(self, marker: Path) -> None:
         self.marker = marker
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
 
 
@@ -192,7 +192,7 @@ class _HostileRebuild:
     def __init__(self, command: str) -> None:
         self.command = command
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self):
         return torch._tensor._rebuild_from_type_v2, (os.system, torch.Tensor, (self.command,), {})
 
 

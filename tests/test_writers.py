@@ -1,4 +1,4 @@
-"""Checkpoints written by the libraries' own save code (tests/writers.py): clean ones pass (with
+"""Checkpoints written by the libraries' own save code (tests/support/writers.py): clean ones pass (with
 at most a warning for what the writer never saves); a flipped byte, a deleted or truncated
 shard, a removed optimizer slot or partition, a removed RNG file and a resume pointer ahead of
 the data each fail, naming the file or part, in ``drill run`` and ``drill verify`` alike."""
@@ -20,8 +20,8 @@ import torch
 from drill import DrillOutcome
 from drill.integrity.manifest import seal
 from drill.verifier import verify_checkpoint
-from tests import writers
 from tests.conftest import drill as _drill
+from tests.support import writers
 
 
 def _rewrite(edit: Callable[[dict], None]) -> Callable[[Path], None]:
@@ -116,7 +116,7 @@ def _needs(kind: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def written(tmp_path_factory: pytest.TempPathFactory):
     cache: dict[str, Path] = {}
 
     def get(kind: str) -> Path:
@@ -129,7 +129,7 @@ def written(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
 
 
 @pytest.fixture
-def copy_of(written, tmp_path: Path):  # type: ignore[no-untyped-def]
+def copy_of(written, tmp_path: Path):
     def get(kind: str) -> tuple[Path, Path]:
         """(run root, checkpoint) of a private copy."""
         w = WRITERS[kind]

@@ -18,7 +18,7 @@ import pytest
 
 from drill.proc import process_claimed
 from drill.replay.zygote import Zygote, take
-from tests.drive import ROOT, start, wait_for
+from tests.support.drive import ROOT, start, wait_for
 
 SPY = """
 import sys

@@ -3,7 +3,7 @@
 Lightning's FSDP strategy wraps the module for a CUDA device; on CPU the only change made here
 is a subclass that wraps it with ``device_id=cpu``. The save path — Lightning's own
 ``save_checkpoint`` writing a ``*.ckpt/`` directory of DCP shards plus ``meta.pt`` — is
-unchanged. Run as ``python -m tests.lightning_fsdp OUT`` in each rank (torchrun-style env).
+unchanged. Run as ``python -m tests.support.lightning_fsdp OUT`` in each rank (torchrun-style env).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def spawn(out: Path, ranks: int = 2, timeout: float = 300, *, seal: bool = False
         env["DRILL_TEST_SEAL_AFTER_SAVE"] = "1"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.lightning_fsdp", str(out)],
+            [sys.executable, "-m", "tests.support.lightning_fsdp", str(out)],
             env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "NODE_RANK": "0"},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2],
         )
         for r in range(ranks)
     ]  # fmt: skip
@@ -61,7 +61,7 @@ def main(out: Path) -> None:
 
     bases = (SealAfterSave, FSDPStrategy) if os.environ.get("DRILL_TEST_SEAL_AFTER_SAVE") else (FSDPStrategy,)
 
-    class CPUFSDP(*bases):  # type: ignore[misc]
+    class CPUFSDP(*bases):
         def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
             return FullyShardedDataParallel(
                 module=model,
@@ -75,11 +75,11 @@ def main(out: Path) -> None:
             super().__init__()
             self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
 
-        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        def training_step(self, batch, batch_idx):
             x, y = batch
             return torch.nn.functional.mse_loss(self.net(x), y)
 
-        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        def configure_optimizers(self):
             opt = torch.optim.AdamW(self.parameters(), lr=1e-3)
             return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 2)}
 

@@ -68,7 +68,7 @@ class _FaultyReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[no-untyped-def, override]
+    def readinto(self, b) -> int:
         view = memoryview(b).cast("B")
         f = self.fault
         if isinstance(f, Hang):
@@ -109,7 +109,7 @@ class FaultyStorage(LocalStorage):
         inner = super().open(uri)
         if fault is None or (isinstance(fault, Fail) and fault.times is not None and self.opens[name] > fault.times):
             return inner
-        return _FaultyReader(inner, fault)  # type: ignore[return-value]
+        return _FaultyReader(inner, fault)
 
     def list(self, uri: str) -> list[Entry]:
         return super().list(uri)

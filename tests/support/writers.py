@@ -15,7 +15,7 @@
 - ``dcp-app``: the DCP tutorial's ``{"app": AppState}`` (``step-3/``).
 - ``dcp-hf``: ``dcp.save`` through ``HuggingFaceStorageWriter`` (safetensors, ``step-3/``).
 
-Run as ``python -m tests.writers KIND DIR`` in each rank (RANK, WORLD_SIZE, WRITER_INIT).
+Run as ``python -m tests.support.writers KIND DIR`` in each rank (RANK, WORLD_SIZE, WRITER_INIT).
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def spawn(kind: str, out: Path, timeout: float = 600) -> Path:
         }
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "tests.writers", kind, str(out)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
+                [sys.executable, "-m", "tests.support.writers", kind, str(out)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2],
             )
             for r in range(ranks)
         ]  # fmt: skip
@@ -152,7 +152,7 @@ def hf_deepspeed(out: Path) -> None:
     )
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-    from tests.frameworks import _TokenDataset
+    from tests.support.frameworks import _TokenDataset
 
     config = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
               "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}}}  # fmt: skip

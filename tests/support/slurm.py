@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.s3server import free_port
+from tests.support.s3server import free_port
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol")
 

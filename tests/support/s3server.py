@@ -85,7 +85,7 @@ class FaultProxy:
         self._pace_lock = threading.Lock()
         self._next_free = 0.0
 
-    def send_paced(self, wfile, data: bytes) -> None:  # type: ignore[no-untyped-def]
+    def send_paced(self, wfile, data: bytes) -> None:
         """Write ``data`` no faster than the throttles allow (a virtual clock per response and one shared)."""
         if self.total_bps is None and self.request_bps is None:
             wfile.write(data)

@@ -1,7 +1,7 @@
 """One rank of a 2-rank resume through ``drill.sdk.load`` (resharding a 1-rank demo checkpoint
 onto FSDP2-sharded model and optimizer), compared with ``dcp.load`` of the same checkpoint.
 
-    python -m tests.sdk_ranks CHECKPOINT OUT_JSON      (RANK, WORLD_SIZE, DRILL_DIST_INIT)
+    python -m tests.support.sdk_ranks CHECKPOINT OUT_JSON      (RANK, WORLD_SIZE, DRILL_DIST_INIT)
 """
 
 from __future__ import annotations

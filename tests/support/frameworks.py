@@ -22,7 +22,7 @@ class _TokenDataset(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
-def hf_trainer_run(out: Path, *, finish: bool = False, callbacks: list | None = None) -> Path:  # type: ignore[type-arg]
+def hf_trainer_run(out: Path, *, finish: bool = False, callbacks: list | None = None) -> Path:
     """A tiny GPT-2 built from a config (no download), trained 4 steps by transformers' Trainer;
     ``finish``: then ``save_model()`` and ``save_state()``, as HF's example scripts end."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -80,11 +80,11 @@ def lightning_run(out: Path) -> Path:
             self.save_hyperparameters()
             self.net = torch.nn.Linear(8, 1)
 
-        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        def training_step(self, batch, batch_idx):
             x, y = batch
             return torch.nn.functional.mse_loss(self.net(x), y)
 
-        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        def configure_optimizers(self):
             opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
             return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 2)}
 

@@ -13,7 +13,7 @@
   source — ``<name>.ckpt/`` holding DCP shards of ``model`` and ``optimizer_0`` and ``meta.pt``
   (loops, schedulers, step) — with a persisted causal mask of ``-inf``.
 
-Run as ``python -m tests.layouts KIND DIR`` in each rank (RANK, WORLD_SIZE, DRILL_DIST_INIT).
+Run as ``python -m tests.support.layouts KIND DIR`` in each rank (RANK, WORLD_SIZE, DRILL_DIST_INIT).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def spawn(kind: str, out: Path, ranks: int, timeout: float = 300, nan: bool = Fa
     with tempfile.TemporaryDirectory() as rdzv:
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "tests.layouts", kind, str(out)],
+                [sys.executable, "-m", "tests.support.layouts", kind, str(out)],
                 env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(ranks), "DRILL_DIST_INIT": f"file://{rdzv}/s", "LAYOUT_NAN": "1" if nan else ""},
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2],
             )
             for r in range(ranks)
         ]  # fmt: skip

@@ -19,7 +19,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from tests.s3server import free_port
+from tests.support.s3server import free_port
 
 BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "ceph-authtool", "monmaptool")
 

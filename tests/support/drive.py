@@ -1,6 +1,6 @@
 """Run the ``drill`` CLI with a pause at one phase, for tests that interrupt a real drill.
 
-    python -m tests.drive PHASE MARKER -- drill-arguments…
+    python -m tests.support.drive PHASE MARKER -- drill-arguments…
 
 At PHASE the process writes MARKER and waits (the test then signals it) — or, with
 ``$DRILL_TEST_RELEASE`` naming a file, until that file exists, and then goes on. ``read`` pauses
@@ -17,13 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def start(phase: str, marker: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``drill run args…`` in a subprocess that pauses at ``phase`` (see above)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.drive", phase, str(marker), "--", "run", *args],
+        [sys.executable, "-m", "tests.support.drive", phase, str(marker), "--", "run", *args],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
     )  # fmt: skip
 
@@ -65,15 +65,15 @@ def main() -> None:
             if phase == "read":
                 arrive()
 
-    progress.RichProgress = Pausing  # type: ignore[misc]
+    progress.RichProgress = Pausing
     if phase == "open-db":
         real = db.open_database
 
-        def slow_open(url=None):  # type: ignore[no-untyped-def]
+        def slow_open(url=None):
             arrive()
             return real(url)
 
-        db.open_database = slow_open  # type: ignore[assignment]
+        db.open_database = slow_open
     from drill.cli.app import main as drill_main
 
     sys.argv = ["drill", *args]
