@@ -258,7 +258,7 @@ CODES: dict[str, Code] = _codes(
     ("entries-overlap", (ERR,), "structure", "Two entries claim the same bytes of a file.", RESAVE),
     (
         "bytes-uncovered",
-        (WARN,),
+        (WARN, ERR),
         "structure",
         "Bytes of a file belong to no entry: unexplained data (the file is longer than its index says).",
         "drill verify CHECKPOINT; seal checkpoints at save time to have every byte hashed",
@@ -302,7 +302,7 @@ CODES: dict[str, Code] = _codes(
     ),
     (
         "recipe-state-stale",
-        (WARN,),
+        (WARN, ERR),
         "load",
         "torchtune's recipe state belongs to another epoch than the checkpoint it sits beside.",
         "resume from the checkpoint whose recipe state matches its epoch",
