@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import Any
@@ -14,8 +15,7 @@ from drill.records.models import Burst
 
 
 class BurstsMixin:
-    def _session(self) -> AbstractContextManager[Session]:  # provided by Records
-        raise NotImplementedError
+    _session: Callable[[], AbstractContextManager[Session]]  # provided by Records
 
     def record_burst(self, run_root: str, document: dict[str, Any], started_at: datetime | None = None) -> int:
         """Keep a burst's document (:meth:`drill.burst.BurstResult.to_dict`); returns its id."""

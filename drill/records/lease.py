@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -23,8 +24,7 @@ def aware(t: datetime) -> datetime:
 
 
 class LeaseMixin:
-    def _session(self) -> AbstractContextManager[Session]:  # provided by Records
-        raise NotImplementedError
+    _session: Callable[[], AbstractContextManager[Session]]  # provided by Records
 
     def acquire_lease(self, holder: str, ttl: float, policies: list[str]) -> dict[str, Any] | None:
         """Take (or renew) the scheduler lease; returns the other holder's row if it is live."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 
@@ -15,8 +16,7 @@ from drill.records.rows import checkpoint_row
 
 
 class LedgerMixin:
-    def _session(self) -> AbstractContextManager[Session]:  # provided by Records
-        raise NotImplementedError
+    _session: Callable[[], AbstractContextManager[Session]]  # provided by Records
 
     def checkpoint_id(self, uri: str) -> int | None:
         with self._session() as s:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -55,8 +55,7 @@ class Verified:
 
 
 class ReportingMixin:
-    def _session(self) -> AbstractContextManager[Session]:  # provided by Records
-        raise NotImplementedError
+    _session: Callable[[], AbstractContextManager[Session]]  # provided by Records
 
     def briefs_in_window(
         self,

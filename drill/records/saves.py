@@ -4,7 +4,7 @@ exactly once (a row is keyed by where and when it was saved)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -20,8 +20,7 @@ from drill.records.spool import SAVE_VERSION, is_save
 
 
 class SavesMixin:
-    def _session(self) -> AbstractContextManager[Session]:  # provided by Records
-        raise NotImplementedError
+    _session: Callable[[], AbstractContextManager[Session]]  # provided by Records
 
     def record_save(self, doc: dict[str, Any]) -> bool:
         """Insert a save's document; False when the same save (host, pid, time, checkpoint) is
