@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from drill.catalogue import describe
 from drill.policy.model import Alerts
 
 
@@ -66,6 +67,31 @@ def resolve_webhook(value: str) -> str:
 PAYLOAD_VERSION = 1
 """The shape of an alert's body (its ``version`` field; schema: ``drill/schemas/alert-v1.schema.json``)."""
 
+ALERT_ERRORS = 10
+"""At most this many error findings in an alert (``errors_total`` counts them all): an alert
+says why and what to do; ``drill show ID`` has the rest."""
+
+
+def _errors(drill: dict[str, Any]) -> list[dict[str, Any]]:
+    """The drill's error findings, each with what to do: its own hint, else the catalogue's."""
+    out = []
+    for check in drill.get("checks") or []:
+        for f in check.get("findings") or []:
+            if f.get("severity") != "error":
+                continue
+            known = describe(f.get("code", ""))
+            hint = f.get("hint") or (known.hint if known else None)
+            out.append(
+                {
+                    "check": check.get("name"),
+                    "code": f.get("code"),
+                    "subject": f.get("subject"),
+                    "message": f.get("message"),
+                    "hint": hint,
+                }
+            )
+    return out
+
 
 def payload(drill: dict[str, Any], policy: str | None) -> dict[str, Any]:
     """The alert for a drill's outcome document (:meth:`~drill.pipeline.outcome.DrillOutcome.to_document`)."""
@@ -75,6 +101,7 @@ def payload(drill: dict[str, Any], policy: str | None) -> dict[str, Any]:
     if drill.get("message"):
         text += f": {drill['message']}"
     timings = drill.get("timings") or {}
+    errors = _errors(drill)
     return {
         "version": PAYLOAD_VERSION,
         "text": text,
@@ -89,6 +116,8 @@ def payload(drill: dict[str, Any], policy: str | None) -> dict[str, Any]:
         "restore_seconds": timings.get("restore"),
         "ttfs_seconds": timings.get("ttfs"),
         "slo_breaches": drill.get("slo_breaches"),
+        "errors": errors[:ALERT_ERRORS],
+        "errors_total": len(errors),
     }
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from drill.alerts import mask_url, send_alerts
+from drill.alerts import ALERT_ERRORS, mask_url, payload, send_alerts
+from drill.catalogue import describe
 from drill.policy.model import Alerts
 
 DRILL = {
@@ -20,6 +21,18 @@ DRILL = {
     "message": "__0_0.distcp is missing",
     "run_root": "/r",
     "checkpoint": {"uri": "/r/step-30"},
+    "checks": [
+        {
+            "name": "integrity",
+            "findings": [
+                {"severity": "error", "code": "file-missing", "subject": "__0_0.distcp", "message": "missing"}
+            ],
+        },
+        {
+            "name": "contract",
+            "findings": [{"severity": "warning", "code": "still-zero", "message": "a moment is zero"}],
+        },
+    ],
 }
 
 
@@ -61,6 +74,18 @@ def test_webhook_receives_a_slack_compatible_payload(hook) -> None:
     assert got["body"]["text"] == "drill FAILED: demo-nightly — /r/step-30: __0_0.distcp is missing"
     assert got["body"]["status"] == "failed" and got["body"]["drill_id"] == 7
     assert "s3cr3t" not in delivery.target and delivery.target.startswith("http://127.0.0.1:")
+    (error,) = got["body"]["errors"]  # the errors only, each with what to do (the catalogue's hint)
+    assert error["code"] == "file-missing" and error["subject"] == "__0_0.distcp" and got["body"]["errors_total"] == 1
+    assert error["hint"] == describe("file-missing").hint
+
+
+def test_an_alert_carries_at_most_ten_errors_and_counts_them_all() -> None:
+    many = [{"severity": "error", "code": "digest-mismatch", "subject": f"f{i}", "hint": "re-save"} for i in range(25)]
+    body = payload({**DRILL, "checks": [{"name": "integrity", "findings": many}]}, "p")
+    assert len(body["errors"]) == ALERT_ERRORS == 10 and body["errors_total"] == 25
+    assert (
+        body["errors"][0]["hint"] == "re-save" and body["errors"][9]["subject"] == "f9"
+    )  # its own hint first, in order
 
 
 def test_webhook_that_times_out_is_retried_a_bounded_number_of_times(hook) -> None:
