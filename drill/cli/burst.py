@@ -6,42 +6,54 @@ from typing import Annotated
 
 import typer
 
-from drill.cli.common import DbOption, DebugOption, JsonOption, print_json, stderr, stdout
+from drill.cli.common import (
+    CheckpointOption,
+    DbOption,
+    DebugOption,
+    JsonOption,
+    RunRootOption,
+    print_json,
+    stderr,
+    stdout,
+)
 from drill.errors import UsageError
+
+Readers = Annotated[
+    str,
+    typer.Option(
+        "--readers",
+        help="Reader counts to sweep, comma-separated (default: 1,2,4 and on, doubling, to twice the cores).",
+    ),
+]
+Warm = Annotated[
+    bool,
+    typer.Option(
+        "--warm", help="Read from the page cache as it is (default: drop the checkpoint first, a restart's cold read)."
+    ),
+]
+Replicated = Annotated[
+    bool, typer.Option("--replicated", help="Every reader reads every file (replicated state), not its share.")
+]
+JobBytes = Annotated[
+    str | None,
+    typer.Option(
+        "--job-bytes", help="R for a job whose checkpoint is this big (e.g. 5.7TB); default: this checkpoint."
+    ),
+]
+JobReaders = Annotated[
+    int | None,
+    typer.Option("--job-readers", help="R for a job of this many reading ranks; default: the sweep's largest."),
+]
 
 
 def burst(
-    root: Annotated[str, typer.Option("--root", help="Run directory (or s3:// prefix) holding the checkpoints.")],
-    checkpoint: Annotated[
-        str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a path.")
-    ] = "latest",
-    readers: Annotated[
-        str,
-        typer.Option(
-            "--readers",
-            help="Reader counts to sweep, comma-separated (default: 1,2,4 and on, doubling, to twice the cores).",
-        ),
-    ] = "",
-    warm: Annotated[
-        bool,
-        typer.Option(
-            "--warm",
-            help="Read from the page cache as it is (default: drop the checkpoint first, a restart's cold read).",
-        ),
-    ] = False,
-    replicated: Annotated[
-        bool, typer.Option("--replicated", help="Every reader reads every file (replicated state), not its share.")
-    ] = False,
-    job_bytes: Annotated[
-        str | None,
-        typer.Option(
-            "--job-bytes", help="R for a job whose checkpoint is this big (e.g. 5.7TB); default: this checkpoint."
-        ),
-    ] = None,
-    job_readers: Annotated[
-        int | None,
-        typer.Option("--job-readers", help="R for a job of this many reading ranks; default: the sweep's largest."),
-    ] = None,
+    root: RunRootOption,
+    checkpoint: CheckpointOption = "latest",
+    readers: Readers = "",
+    warm: Warm = False,
+    replicated: Replicated = False,
+    job_bytes: JobBytes = None,
+    job_readers: JobReaders = None,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,

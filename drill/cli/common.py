@@ -28,6 +28,11 @@ DbOption = Annotated[
         show_default=False,
     ),
 ]
+ROOT_HELP = "Run directory (or s3:// prefix) holding the checkpoints (step-N/, checkpoint-N/, *.pt)."
+RunRootOption = Annotated[str, typer.Option("--root", help=ROOT_HELP)]
+CheckpointOption = Annotated[
+    str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")]
 SampleOption = Annotated[
     str,

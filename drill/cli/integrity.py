@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +23,9 @@ from drill.cli.common import (
     stdout,
 )
 from drill.errors import UsageError
+
+if TYPE_CHECKING:
+    from drill.verifier import VerifyOutcome
 
 
 def seal(
@@ -69,55 +72,11 @@ def seal(
     stdout().print(f"{verb}: {len(m.files)} files, {human_bytes(m.total_bytes)} → {result.path}", markup=False)
 
 
-def verify(
-    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory, or a single torch.save / safetensors file.")],
-    sample: SampleOption = "all",
-    require_sealed: RequireSealedOption = False,
-    coverage_days: CoverageDaysOption = 7.0,
-    timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds the verification may take before it ends as an error.")
-    ] = 3600.0,
-    key_file: KeyFileOption = None,
-    allow_class: AllowClassOption = None,
-    db: DbOption = None,
-    json: JsonOption = False,
-    debug: DebugOption = False,
-) -> None:
-    """Verify a checkpoint's bytes without loading its tensors.
-
-    Sealed: every file's size and digests against drill-manifest.json (and a framework's own
-    manifest, if any). Unsealed: the structural proof its format allows — DCP metadata against
-    the files, a torch.save zip's CRC-32s, a safetensors header's offsets — the same one
-    `drill run` gives. Nothing provable at all is "unproven" (exit 8), never a pass. Updates
-    the coverage ledger.
-
-    Example: drill verify ./demo-run/step-100 --sample auto
-    """
+def _render_verified(outcome: VerifyOutcome, json: bool) -> None:
+    """A verification on stdout (tables, or its JSON document), and its one line on stderr."""
     from drill.cli.render import render_check
-    from drill.integrity.sampling import parse_sample
-    from drill.records.ledgers import open_ledger
     from drill.units import human_bytes, human_seconds
-    from drill.verifier import verify_checkpoint
 
-    spec = flag("--sample", parse_sample, sample)
-    if not coverage_days > 0:
-        raise UsageError(f"--coverage-days: must be positive, not {coverage_days}")
-    from drill.interrupts import deadline
-
-    ledger = open_ledger(db)
-    try:
-        with deadline(timeout, f"drill verify {checkpoint}"):
-            outcome = verify_checkpoint(
-                checkpoint,
-                sample=spec,
-                require_sealed=require_sealed,
-                records=ledger,
-                coverage_days=coverage_days,
-                key=seal_key(key_file),
-                allow_classes=tuple(allow_class or ()),
-            )
-    finally:
-        ledger.close()
     r = outcome.result
     if json:
         print_json(
@@ -146,4 +105,58 @@ def verify(
             f"drill: unproven: {outcome.uri}: no seal, and no structural proof for this format: nothing about its bytes was proven (seal it: drill seal)",
             markup=False,
         )
+
+
+VerifyTarget = Annotated[str, typer.Argument(help="Checkpoint directory, or a single torch.save / safetensors file.")]
+VerifyTimeout = Annotated[
+    float, typer.Option("--timeout", help="Seconds the verification may take before it ends as an error.")
+]
+
+
+def verify(
+    checkpoint: VerifyTarget,
+    sample: SampleOption = "all",
+    require_sealed: RequireSealedOption = False,
+    coverage_days: CoverageDaysOption = 7.0,
+    timeout: VerifyTimeout = 3600.0,
+    key_file: KeyFileOption = None,
+    allow_class: AllowClassOption = None,
+    db: DbOption = None,
+    json: JsonOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Verify a checkpoint's bytes without loading its tensors.
+
+    Sealed: every file's size and digests against drill-manifest.json (and a framework's own
+    manifest, if any). Unsealed: the structural proof its format allows — DCP metadata against
+    the files, a torch.save zip's CRC-32s, a safetensors header's offsets — the same one
+    `drill run` gives. Nothing provable at all is "unproven" (exit 8), never a pass. Updates
+    the coverage ledger.
+
+    Example: drill verify ./demo-run/step-100 --sample auto
+    """
+    from drill.integrity.sampling import parse_sample
+    from drill.records.ledgers import open_ledger
+    from drill.verifier import verify_checkpoint
+
+    spec = flag("--sample", parse_sample, sample)
+    if not coverage_days > 0:
+        raise UsageError(f"--coverage-days: must be positive, not {coverage_days}")
+    from drill.interrupts import deadline
+
+    ledger = open_ledger(db)
+    try:
+        with deadline(timeout, f"drill verify {checkpoint}"):
+            outcome = verify_checkpoint(
+                checkpoint,
+                sample=spec,
+                require_sealed=require_sealed,
+                records=ledger,
+                coverage_days=coverage_days,
+                key=seal_key(key_file),
+                allow_classes=tuple(allow_class or ()),
+            )
+    finally:
+        ledger.close()
+    _render_verified(outcome, json)
     raise exit_with(outcome.exit_code)

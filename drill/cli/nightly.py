@@ -8,7 +8,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from drill.cli.common import DbOption, DebugOption, JsonOption, exit_with, flag, print_json, stderr, stdout
+from drill.cli.common import (
+    DbOption,
+    DebugOption,
+    JsonOption,
+    RunRootOption,
+    exit_with,
+    flag,
+    print_json,
+    stderr,
+    stdout,
+)
 from drill.errors import ExitCode, NothingToDrill, UsageError
 
 if TYPE_CHECKING:
@@ -146,7 +156,7 @@ def scheduler_status(db: DbOption = None, json: JsonOption = False, debug: Debug
 
 
 def last_good(
-    root: Annotated[str, typer.Option("--root", help="Run directory holding the checkpoints.")],
+    root: RunRootOption,
     min_evidence: Annotated[
         str,
         typer.Option(

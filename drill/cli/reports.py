@@ -6,12 +6,15 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from drill.cli.common import DbOption, DebugOption, JsonOption, flag, print_json, stderr, stdout, write_output
 from drill.errors import UsageError
+
+if TYPE_CHECKING:
+    from drill.goodput import GoodputRow, MeasuredRestart
 
 Since = Annotated[
     str,
@@ -46,6 +49,37 @@ ListTimeout = Annotated[
         "--timeout",
         help="Seconds each run's storage listing may take before the report falls back to the record for it.",
     ),
+]
+BlockingS = Annotated[
+    list[float] | None,
+    typer.Option("--blocking-s", help="Blocking checkpoint time C, seconds (repeatable). Default 60."),
+]
+RestartS = Annotated[
+    list[float] | None,
+    typer.Option("--restart-s", help="Restart time R, seconds (repeatable). Default 600, or measured with --policy."),
+]
+MtbfHours = Annotated[
+    float | None, typer.Option("--mtbf-hours", help="Job MTBF. Default: Llama 3 405B's rate scaled as 1/N.")
+]
+IntervalS = Annotated[
+    float | None, typer.Option("--interval-s", help="A fixed checkpoint interval instead of the optimum.")
+]
+RFromPolicy = Annotated[
+    str | None, typer.Option("--policy", help="Take R from this policy's drills: p95 time to first step.")
+]
+RFromBurst = Annotated[
+    str | None,
+    typer.Option(
+        "--root", help="Take R from this run's latest drill burst (drill burst), for each --gpus as that many readers."
+    ),
+]
+CheckpointBytes = Annotated[
+    str | None,
+    typer.Option("--checkpoint-bytes", help="With --policy: full checkpoint size (e.g. 2TB) to scale the restore to."),
+]
+RestoreBandwidth = Annotated[
+    str | None,
+    typer.Option("--restore-bandwidth", help="With --checkpoint-bytes: aggregate restore bandwidth, e.g. 200GB/s."),
 ]
 SUFFIXES = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md", ".json": "json", ".csv": "csv"}
 
@@ -183,46 +217,53 @@ def metrics(
     stderr().print(f"wrote {series} series to {textfile}{note}", markup=False)
 
 
+def _measured_r(
+    policy: str,
+    since: str,
+    checkpoint_bytes: str | None,
+    restore_bandwidth: str | None,
+    db: str | None,
+    gpus: list[int] | None,
+) -> MeasuredRestart:
+    """R measured from a policy's drills, warning where it extrapolates to the job's size."""
+    measured, read = _measured(policy, _window(since, None)[0], checkpoint_bytes, restore_bandwidth, db)
+    for w in _extrapolation(read, checkpoint_bytes, gpus or [4096, 16384, 65536]):
+        stderr().print(f"drill: warning: {w}", markup=False)
+    return measured
+
+
+def _render_goodput_table(
+    rows: list[GoodputRow], measured: MeasuredRestart | None, policy: str | None, *, priced: bool, json: bool
+) -> None:
+    if json:
+        print_json(
+            {
+                "rows": [r.to_dict() for r in rows],
+                "restart": None
+                if measured is None
+                else {"restart_s": measured.restart_s, "drills": measured.drills, "how": measured.how},
+            }
+        )
+        return None
+    from drill.cli.render import render_goodput
+
+    render_goodput(stdout(), rows, priced=priced)
+    if measured is not None:  # the explanation of R belongs with the table it decides
+        stdout().print(f"R = {measured.restart_s:.1f} s: {measured.how} of policy {policy}", markup=False)
+
+
 def goodput(
     gpus: GpusOption = None,
-    blocking_s: Annotated[
-        list[float] | None,
-        typer.Option("--blocking-s", help="Blocking checkpoint time C, seconds (repeatable). Default 60."),
-    ] = None,
-    restart_s: Annotated[
-        list[float] | None,
-        typer.Option(
-            "--restart-s", help="Restart time R, seconds (repeatable). Default 600, or measured with --policy."
-        ),
-    ] = None,
-    mtbf_hours: Annotated[
-        float | None, typer.Option("--mtbf-hours", help="Job MTBF. Default: Llama 3 405B's rate scaled as 1/N.")
-    ] = None,
-    interval_s: Annotated[
-        float | None, typer.Option("--interval-s", help="A fixed checkpoint interval instead of the optimum.")
-    ] = None,
+    blocking_s: BlockingS = None,
+    restart_s: RestartS = None,
+    mtbf_hours: MtbfHours = None,
+    interval_s: IntervalS = None,
     price: PriceOption = None,
-    policy: Annotated[
-        str | None, typer.Option("--policy", help="Take R from this policy's drills: p95 time to first step.")
-    ] = None,
-    root: Annotated[
-        str | None,
-        typer.Option(
-            "--root",
-            help="Take R from this run's latest drill burst (drill burst), for each --gpus as that many readers.",
-        ),
-    ] = None,
+    policy: RFromPolicy = None,
+    root: RFromBurst = None,
     since: Since = "30d",
-    checkpoint_bytes: Annotated[
-        str | None,
-        typer.Option(
-            "--checkpoint-bytes", help="With --policy: full checkpoint size (e.g. 2TB) to scale the restore to."
-        ),
-    ] = None,
-    restore_bandwidth: Annotated[
-        str | None,
-        typer.Option("--restore-bandwidth", help="With --checkpoint-bytes: aggregate restore bandwidth, e.g. 200GB/s."),
-    ] = None,
+    checkpoint_bytes: CheckpointBytes = None,
+    restore_bandwidth: RestoreBandwidth = None,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -256,10 +297,8 @@ def goodput(
     if policy is not None:
         if restart_s:
             raise UsageError("--restart-s and --policy both set R: give one")
-        measured, read = _measured(policy, _window(since, None)[0], checkpoint_bytes, restore_bandwidth, db)
+        measured = _measured_r(policy, since, checkpoint_bytes, restore_bandwidth, db, gpus)
         restart_s = [measured.restart_s]
-        for w in _extrapolation(read, checkpoint_bytes, gpus or [4096, 16384, 65536]):
-            stderr().print(f"drill: warning: {w}", markup=False)
     elif checkpoint_bytes or restore_bandwidth:
         raise UsageError("--checkpoint-bytes and --restore-bandwidth scale a policy's measured restore: add --policy")
     try:
@@ -273,21 +312,7 @@ def goodput(
         )
     except GoodputError as exc:
         raise UsageError(str(exc)) from None
-    if json:
-        print_json(
-            {
-                "rows": [r.to_dict() for r in rows],
-                "restart": None
-                if measured is None
-                else {"restart_s": measured.restart_s, "drills": measured.drills, "how": measured.how},
-            }
-        )
-        return
-    from drill.cli.render import render_goodput
-
-    render_goodput(stdout(), rows, priced=price is not None)
-    if measured is not None:  # the explanation of R belongs with the table it decides
-        stdout().print(f"R = {measured.restart_s:.1f} s: {measured.how} of policy {policy}", markup=False)
+    _render_goodput_table(rows, measured, policy, priced=price is not None, json=json)
 
 
 def _goodput_from_burst(root: str, gpus: list[int], blocking: list[float], mtbf: float | None, interval: float | None, price: float | None,
@@ -340,7 +365,9 @@ def _goodput_from_burst(root: str, gpus: list[int], blocking: list[float], mtbf:
         stderr().print(f"drill: warning: {w}", markup=False)
 
 
-def _measured(policy: str, since: datetime | None, checkpoint_bytes: str | None, bandwidth: str | None, db: str | None):  # type: ignore[no-untyped-def]
+def _measured(
+    policy: str, since: datetime | None, checkpoint_bytes: str | None, bandwidth: str | None, db: str | None
+) -> tuple[MeasuredRestart, int]:
     """R from the policy's drills (cold ones when there are any), and the bytes a drill read (median)."""
     from drill.api import history
     from drill.goodput import GoodputError, measured_restart

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from drill.cli.common import (
+    ROOT_HELP,
     AllowClassOption,
+    CheckpointOption,
     CoverageDaysOption,
     DbOption,
     DebugOption,
@@ -31,12 +33,7 @@ from drill.verdict import DrillStatus
 if TYPE_CHECKING:
     from drill.pipeline import DrillRequest
 
-Root = Annotated[
-    str | None, typer.Option("--root", help="Run directory holding the checkpoints (step-N/, checkpoint-N/, *.pt).")
-]
-Checkpoint = Annotated[
-    str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")
-]
+Root = Annotated[str | None, typer.Option("--root", help=ROOT_HELP)]
 PolicyFile = Annotated[
     Path | None,
     typer.Option(
@@ -126,7 +123,7 @@ DryRun = Annotated[
 
 def run(
     root: Root = None,
-    checkpoint: Checkpoint = "latest",
+    checkpoint: CheckpointOption = "latest",
     policy: PolicyFile = None,
     device: Device = "auto",
     format: Format = "auto",
