@@ -407,6 +407,12 @@ def test_an_audit_period_by_dates_in_csv_with_an_overview_first(history_db: tupl
     assert list(csv.DictReader(io.StringIO(_report(url, "-f", "csv", "--since", before, "--until", before)))) == []
     bad = invoke(CliRunner(), "report", "--db", url, "--since", str(today), "--until", before)
     assert bad.exit_code == 2 and "not after --since" in bad.stderr
+    tomorrow = str(today + timedelta(days=1))
+    for since, n in ((str(today), 5), (before, 5), (tomorrow, 0), ("all", 5)):  # history takes --since as report does
+        listed = invoke(CliRunner(), "history", "--db", url, "--since", since, "--json")
+        assert listed.exit_code == 0 and len(json.loads(listed.stdout)) == n, (since, listed.stdout)
+    bad = invoke(CliRunner(), "history", "--db", url, "--since", "soon")
+    assert bad.exit_code == 2 and bad.stderr.startswith("drill: error: --since:"), bad.stderr
     html = _report(url, "-f", "html")
     assert html.index("<h2>Overview</h2>") < html.index('<h2 id="run-0">') and "oldest on the left" in html
 

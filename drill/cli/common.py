@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -33,6 +34,18 @@ RunRootOption = Annotated[str, typer.Option("--root", help=ROOT_HELP)]
 CheckpointOption = Annotated[
     str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")
 ]
+SINCE_HELP = "Start of the window: a date (2026-11-01), a time (2026-11-01T06:00Z), a duration back from now (30d, 12h), or 'all'."
+
+
+def since_flag(value: str | None) -> datetime | None:
+    """``--since`` as every command takes it: a date, a time, a duration back from now, or ``all``."""
+    from drill.units import parse_instant
+
+    if value is None or value.strip().lower() == "all":
+        return None
+    return flag("--since", lambda v: parse_instant(v, now=datetime.now(timezone.utc)), value)
+
+
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")]
 SampleOption = Annotated[
     str,

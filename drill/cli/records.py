@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
 from typing import Annotated
 
 import typer
 
-from drill.cli.common import DbOption, DebugOption, JsonOption, exit_with, flag, print_json, stderr, stdout
+from drill.cli.common import (
+    SINCE_HELP,
+    DbOption,
+    DebugOption,
+    JsonOption,
+    exit_with,
+    print_json,
+    since_flag,
+    stderr,
+    stdout,
+)
 from drill.errors import ExitCode, UsageError
 
-Since = Annotated[str | None, typer.Option("--since", help="Only drills started within this long (e.g. 7d, 12h).")]
+Since = Annotated[str | None, typer.Option("--since", help=SINCE_HELP)]
 Status = Annotated[
     str | None, typer.Option("--status", help="Only drills with this verdict (passed, failed, error, …).")
 ]
@@ -37,10 +46,9 @@ def history(
     if bursts:
         return _bursts(root, limit, db, json)
     from drill.api import history as recorded
-    from drill.units import parse_duration
     from drill.verdict import DrillStatus
 
-    after = datetime.now(timezone.utc) - timedelta(seconds=flag("--since", parse_duration, since)) if since else None
+    after = since_flag(since)
     if status is not None:
         known = [s.value for s in DrillStatus]
         if status not in known:

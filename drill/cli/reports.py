@@ -10,19 +10,24 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from drill.cli.common import DbOption, DebugOption, JsonOption, flag, print_json, stderr, stdout, write_output
+from drill.cli.common import (
+    SINCE_HELP,
+    DbOption,
+    DebugOption,
+    JsonOption,
+    flag,
+    print_json,
+    since_flag,
+    stderr,
+    stdout,
+    write_output,
+)
 from drill.errors import UsageError
 
 if TYPE_CHECKING:
     from drill.goodput import GoodputRow, MeasuredRestart
 
-Since = Annotated[
-    str,
-    typer.Option(
-        "--since",
-        help="Start of the window: a date (2026-11-01), a time (2026-11-01T06:00Z), a duration back from now (30d, 12h), or 'all'.",
-    ),
-]
+Since = Annotated[str, typer.Option("--since", help=SINCE_HELP)]
 Until = Annotated[
     str | None,
     typer.Option(
@@ -89,7 +94,7 @@ def _window(since: str, until: str | None) -> tuple[datetime | None, datetime | 
     from drill.units import parse_instant
 
     now = datetime.now(timezone.utc)
-    start = None if since.strip().lower() == "all" else flag("--since", lambda v: parse_instant(v, now=now), since)
+    start = since_flag(since)
     end = None if until is None else flag("--until", lambda v: parse_instant(v, now=now, end=True), until)
     if start is not None and end is not None and end <= start:
         raise UsageError(f"--until {until} is not after --since {since}: the window is empty")
