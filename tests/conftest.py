@@ -140,6 +140,21 @@ def private_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return spool
 
 
+# The fast lane (-m "not slow") leaves out what takes seconds: tests marked slow, whole modules
+# marked slow (pytestmark), and every test that needs one of these fixtures, whose setup alone
+# takes seconds wherever it first runs.
+SLOW_FIXTURES = {
+    "history_db": "tests/test_reports.py: five drills of a real run, recorded",
+    "hf_run": "tests/test_formats.py: a run written by the Hugging Face Trainer",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 # Every finding any test makes in this process, by code: the severities it was made at. A code
 # missing from drill.catalogue, or made at a severity the catalogue does not list, fails the
 # session (the static half of this check is tests/test_catalogue.py).

@@ -88,6 +88,7 @@ def test_an_alert_carries_at_most_ten_errors_and_counts_them_all() -> None:
     )  # its own hint first, in order
 
 
+@pytest.mark.slow
 def test_webhook_that_times_out_is_retried_a_bounded_number_of_times(hook) -> None:
     url, handler = hook
     handler.delay = 2.0
@@ -142,6 +143,7 @@ def test_a_webhook_secret_from_the_environment_is_never_shown_whatever_it_holds(
     assert "s3cr3tT0ken" not in f"{delivery.target} {delivery.error}", delivery
 
 
+@pytest.mark.slow
 def test_a_policy_drill_with_a_bad_webhook_secret_is_recorded_and_the_next_one_runs(
     demo_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -49,6 +49,7 @@ def three_drills(demo_run: Path, db_url: str) -> str:
     return db_url
 
 
+@pytest.mark.slow
 def test_an_untouched_log_is_intact_and_names_its_head(three_drills: str) -> None:
     code, doc = _verify(three_drills)
     assert code == 0 and doc["intact"] and doc["entries"] == 3 and doc["records"] == 3
@@ -73,6 +74,7 @@ def test_an_untouched_log_is_intact_and_names_its_head(three_drills: str) -> Non
         "UPDATE drills SET checkpoint_id = (SELECT MAX(id) FROM checkpoints) WHERE id = 2",
     ],
 )
+@pytest.mark.slow
 def test_an_edited_record_is_named(three_drills: str, edit: str) -> None:
     _sql(three_drills, edit)
     code, doc = _verify(three_drills)
@@ -92,6 +94,7 @@ def test_an_edited_record_is_named(three_drills: str, edit: str) -> None:
     ],
     ids=["time", "json", "entry-time"],
 )
+@pytest.mark.slow
 def test_a_value_that_cannot_be_read_is_an_edit_not_a_crash(
     demo_run: Path, sqlite_url: str, edit: str, expected: list
 ) -> None:
@@ -106,6 +109,7 @@ def test_a_value_that_cannot_be_read_is_an_edit_not_a_crash(
     assert doc["entries"] == 3 and doc["records"] == (3 if expected[0][0] == "entry-edited" else 2)
 
 
+@pytest.mark.slow
 def test_an_edited_replay_step_is_named(demo_run: Path, db_url: str) -> None:
     from drill.replay import ReplaySpec
 
@@ -114,6 +118,7 @@ def test_an_edited_replay_step_is_named(demo_run: Path, db_url: str) -> None:
     assert _codes(_verify(db_url)[1]) == [("record-edited", "drill #1")]
 
 
+@pytest.mark.slow
 def test_deleted_reordered_and_inserted_records_are_named(three_drills: str) -> None:
     _sql(three_drills, "DELETE FROM check_results WHERE drill_id = 2", "DELETE FROM drills WHERE id = 2")
     assert _codes(_verify(three_drills)[1]) == [("record-deleted", "drill #2")]
@@ -128,11 +133,13 @@ def test_deleted_reordered_and_inserted_records_are_named(three_drills: str) -> 
     assert ("link-broken", "entry 1 (drill #3)") in codes and ("link-broken", "entry 3 (drill #1)") in codes
 
 
+@pytest.mark.slow
 def test_a_deleted_entry_and_a_record_inserted_behind_drills_back(three_drills: str) -> None:
     _sql(three_drills, "DELETE FROM audit_log WHERE seq = 2")
     assert _codes(_verify(three_drills)[1]) == [("entries-missing", "entry 3"), ("record-unsealed", "drill #2")]
 
 
+@pytest.mark.slow
 def test_truncating_the_newest_records_is_caught_by_a_pinned_head(three_drills: str) -> None:
     _, before = _verify(three_drills)
     pinned = before["head"]["hash"]
@@ -171,6 +178,7 @@ def _rewrite_chain(url: str) -> None:
         db.close()
 
 
+@pytest.mark.slow
 def test_with_an_audit_key_a_recomputed_chain_is_a_forgery(
     demo_run: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -206,6 +214,7 @@ def test_an_empty_database_has_an_empty_chain(sqlite_url: str) -> None:
     assert res.exit_code == 0 and "audit chain: empty" in res.stdout
 
 
+@pytest.mark.slow
 def test_concurrent_drills_extend_one_chain(demo_run: Path, db_url: str) -> None:
     """Records closed at the same moment by different connections never fork the chain."""
     from drill.pipeline.outcome import DrillOutcome
@@ -236,6 +245,7 @@ def test_concurrent_drills_extend_one_chain(demo_run: Path, db_url: str) -> None
     assert code == 0 and doc["entries"] == 25 and doc["records"] == 25
 
 
+@pytest.mark.slow
 def test_reports_and_metrics_say_when_the_chain_is_broken(demo_run: Path, sqlite_url: str, tmp_path: Path) -> None:
     drill(demo_run, sqlite_url)
     _sql(sqlite_url, "UPDATE drills SET restore_seconds = 0.000001 WHERE id = 1")
@@ -279,6 +289,7 @@ def _append_entry(
 
 
 @pytest.mark.parametrize("closed_by", ["drill", "spool", "parent", None])
+@pytest.mark.slow
 def test_an_edit_followed_by_an_appended_reseal_is_named(three_drills: str, closed_by: str | None) -> None:
     """Every entry of every record is checked, not only its latest: a record sealed once and
     then sealed again (closed by a drill, a spool delivery, a parent, or in the old format to
@@ -291,6 +302,7 @@ def test_an_edit_followed_by_an_appended_reseal_is_named(three_drills: str, clos
     assert expected in [c for c, _ in _codes(doc)], _codes(doc)
 
 
+@pytest.mark.slow
 def test_the_truth_superseding_an_orphan_recoverys_guess_is_intact(demo_run: Path, db_url: str) -> None:
     """The one legitimate second entry: a drill closed as aborted by orphan recovery, then its
     spooled verdict delivered."""
@@ -321,6 +333,7 @@ def test_the_truth_superseding_an_orphan_recoverys_guess_is_intact(demo_run: Pat
     assert doc["entries"] == 2 and doc["records"] == 1
 
 
+@pytest.mark.slow
 def test_under_an_audit_key_an_unauthenticated_or_foreign_entry_is_an_error(
     demo_run: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -346,18 +359,21 @@ def test_under_an_audit_key_an_unauthenticated_or_foreign_entry_is_an_error(
     assert code == 0 and doc["unkeyed_before"] == 2 and doc["authenticated"] == 1
 
 
+@pytest.mark.slow
 def test_a_wiped_chain_under_records_claiming_an_old_version_is_not_before_the_chain(three_drills: str) -> None:
     _sql(three_drills, "DELETE FROM audit_log", "UPDATE drills SET drill_version = '0.1.0'")
     code, doc = _verify(three_drills)
     assert code == 1 and [c for c, _ in _codes(doc)].count("record-unsealed") == 3
 
 
+@pytest.mark.slow
 def test_a_dropped_chain_is_named_not_an_internal_error(three_drills: str) -> None:
     _sql(three_drills, "DROP TABLE audit_log")
     code, doc = _verify(three_drills)
     assert code == 1 and ("chain-missing", "audit_log") in _codes(doc)
 
 
+@pytest.mark.slow
 def test_a_deleted_schema_revision_is_a_database_error_never_an_empty_history(
     three_drills: str, demo_run: Path
 ) -> None:
@@ -393,6 +409,7 @@ def test_a_configured_audit_key_that_cannot_be_read_records_nothing_unsealed(
     assert history(db=sqlite_url) == []
 
 
+@pytest.mark.slow
 def test_an_incremental_pass_checks_what_came_after_the_verified_head(demo_run: Path, db_url: str) -> None:
     """After an intact pass, the next one recomputes only the entries and records after the
     head it verified — a new record edited is caught, an older one only by --full — and the

@@ -69,6 +69,7 @@ def swept(throttled: tuple[str, dict[str, str]], tmp_path_factory: pytest.TempPa
     return json.loads(res.stdout), db
 
 
+@pytest.mark.slow
 def test_the_burst_finds_the_storage_ceiling_and_its_readers_add_up(swept: tuple[dict, str]) -> None:
     """The throttle bounds every rate from above exactly; from below, a loaded machine's start-up
     (interpreters, requests) can only slow a step — so the upper bounds are tight and the lower
@@ -107,6 +108,7 @@ def test_the_ceiling_is_where_a_step_stops_gaining(rates: dict[int, float], expe
     assert bps == pytest.approx(expected[0] * MB, rel=1e-3) and at == expected[1]
 
 
+@pytest.mark.slow
 def test_goodput_takes_r_from_the_burst_and_explains_it(
     throttled: tuple[str, dict[str, str]], swept: tuple[dict, str]
 ) -> None:
@@ -129,6 +131,7 @@ def test_goodput_takes_r_from_the_burst_and_explains_it(
     assert res.returncode == 2 and "no drill burst of this run is recorded" in res.stderr
 
 
+@pytest.mark.slow
 def test_a_recorded_burst_is_listed_shown_reported_and_exported(
     throttled: tuple[str, dict[str, str]], swept: tuple[dict, str], tmp_path: Path
 ) -> None:
@@ -195,6 +198,7 @@ def test_a_recorded_burst_is_listed_shown_reported_and_exported(
     assert "Restore burst #1: aggregate read bandwidth" in html and "R = " in html
 
 
+@pytest.mark.slow
 def test_the_burst_runs_as_the_ranks_of_a_job(tmp_path: Path) -> None:
     """As srun would start them (RANK/WORLD_SIZE, a file:// rendezvous): 3 ranks, the sweep
     1 → 2 → 3 readers over a local checkpoint; rank 0 records and prints, each step's readers

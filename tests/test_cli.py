@@ -20,6 +20,7 @@ def _drills(db_url: str) -> list[dict]:
     return [d.to_document(with_checks=False) for d in history(db=db_url, limit=1000)]
 
 
+@pytest.mark.slow
 def test_run_latest_passes_and_is_recorded(cli: CliRunner, demo_run: Path, db_url: str) -> None:
     res = invoke(cli, "run", "--root", str(demo_run), "--checkpoint", "latest", "--db", db_url)
     assert res.exit_code == 0, res.stderr
@@ -36,6 +37,7 @@ def test_run_latest_passes_and_is_recorded(cli: CliRunner, demo_run: Path, db_ur
     assert t["restore"] == pytest.approx(t["discover"] + t["plan"] + t["read"] + t["load"] + t["other"])
 
 
+@pytest.mark.slow
 def test_run_json_is_one_document_on_stdout(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
     res = invoke(cli, "run", "--root", str(demo_run), "-c", "step:20", "--json", "--db", sqlite_url)
     assert res.exit_code == 0
@@ -65,6 +67,7 @@ def test_run_by_path_needs_no_root(cli: CliRunner, demo_run: Path, sqlite_url: s
     assert json.loads(res.stdout)["checkpoint"]["step"] == 10
 
 
+@pytest.mark.slow
 def test_deleted_shard_fails_the_drill_naming_the_file(cli: CliRunner, demo_run: Path, db_url: str) -> None:
     os.remove(demo_run / "step-30" / "__0_1.distcp")
     res = invoke(cli, "run", "--root", str(demo_run), "--json", "--db", db_url)
@@ -124,6 +127,7 @@ def test_missing_part_fails_the_keys_check(tmp_path: Path, sqlite_url: str, cli:
         ("demo", ["--root", "{run}", "--bogus"], 2, "No such option: --bogus"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_line_with_its_exit_code_and_keeps_records(
     cli: CliRunner, demo_run: Path, tmp_path: Path, db_url: str, setup: str, args: list[str], code: int, stderr_has: str
 ) -> None:
@@ -163,6 +167,7 @@ def test_cuda_on_a_cpu_host_is_a_usage_error(cli: CliRunner, demo_run: Path, sql
     assert res.exit_code == 2 and "CUDA is not available" in res.stderr
 
 
+@pytest.mark.slow
 def test_history_and_show(cli: CliRunner, demo_run: Path, db_url: str, tmp_path: Path) -> None:
     invoke(cli, "run", "--root", str(demo_run), "--no-replay", "--db", db_url)
     (tmp_path / "inc" / "step-5").mkdir(parents=True)
@@ -217,6 +222,7 @@ def test_run_against_a_postgres_schema_that_is_behind(cli: CliRunner, demo_run: 
     assert res.exit_code == 4 and "drill db upgrade" in res.stderr
 
 
+@pytest.mark.slow
 def test_demo_command(cli: CliRunner, tmp_path: Path) -> None:
     res = invoke(cli, "demo", str(tmp_path / "run"), "--steps", "6", "--save-every", "2", "--keep", "2", "--json")
     assert res.exit_code == 0, res.stderr
@@ -405,6 +411,7 @@ def test_cli_conventions_a_new_user_expects(cli: CliRunner, demo_run: Path, sqli
     assert both.exit_code == 0 and json.loads(both.stdout)["options"]["allow_missing"] == ["rng", "dataloader"]
 
 
+@pytest.mark.slow
 def test_history_fits_80_columns_and_drill_runs_shows_the_whole_run(demo_run: Path, sqlite_url: str) -> None:
     import io
 

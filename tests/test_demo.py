@@ -26,6 +26,7 @@ def test_run_directory_layout(pristine_run: Path) -> None:
     assert json.loads((pristine_run / "run.json").read_text())["config"]["steps"] == SMALL_RUN.steps
 
 
+@pytest.mark.slow
 def test_retention_keeps_last_l(tmp_path: Path) -> None:
     from drill.demo import train
 
@@ -43,6 +44,7 @@ def test_loss_goes_down(pristine_run: Path) -> None:
     assert all(r.batch and len(r.batch) == 16 for r in log)
 
 
+@pytest.mark.slow
 def test_restored_run_continues_bit_for_bit(pristine_run: Path) -> None:
     """Restoring step-20 into fresh objects and training on reproduces steps 21..30 exactly:
     model, optimizer, scheduler, data order and RNG are all in the checkpoint."""

@@ -42,6 +42,7 @@ def test_the_example_uses_only_public_drill_names() -> None:
                 assert all(a.name in ("drill.sdk",) or not a.name.startswith("drill") for a in node.names)
 
 
+@pytest.mark.slow
 def test_the_example_replays_bit_for_bit(my_run: Path, sqlite_url: str, cli: CliRunner) -> None:
     result = invoke(
         cli, "run", "--root", str(my_run), "--checkpoint", "step:20", "--replay", REPLAY, "--db", sqlite_url, "--json"
@@ -55,6 +56,7 @@ def test_the_example_replays_bit_for_bit(my_run: Path, sqlite_url: str, cli: Cli
     assert keys["status"] == "passed" and not keys["findings"]
 
 
+@pytest.mark.slow
 def test_a_run_that_resumed_on_other_data_is_caught(
     my_run: Path, sqlite_url: str, cli: CliRunner, tmp_path: Path
 ) -> None:
@@ -85,6 +87,7 @@ def test_a_relative_entrypoint_file_in_a_policy_is_read_against_the_policy() -> 
     assert policy.checkpoints.root == str(EXAMPLE.parent.parent / "my-run")
 
 
+@pytest.mark.slow
 def test_a_file_entrypoint_the_run_names_inside_itself_is_refused(
     my_run: Path, sqlite_url: str, cli: CliRunner, tmp_path: Path
 ) -> None:

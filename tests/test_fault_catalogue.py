@@ -564,6 +564,7 @@ def _run(case: Case, run: Path, tmp: Path, db: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.slow
 def test_fault(case: Case, demo_run: Path, tmp_path: Path, sqlite_url: str) -> None:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -594,6 +595,7 @@ def test_the_documented_catalogue_is_this_suite() -> None:
         assert f"`{name}`" in readme, f"docs/faults.md's fuzzing table lacks {name}"
 
 
+@pytest.mark.slow
 def test_hugging_face_run_directories(tmp_path: Path, sqlite_url: str) -> None:
     """HF's example scripts end with save_model() and save_state(): a final export at the top
     of the output directory, beside checkpoint-N/ — the checkpoints are what drill drills."""

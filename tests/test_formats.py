@@ -86,6 +86,7 @@ def test_clean_nanogpt_torch_save(tmp_path: Path, sqlite_url: str) -> None:
     assert ("part-missing", "rng") in warned and ("part-missing", "dataloader") in warned
 
 
+@pytest.mark.slow
 def test_clean_lightning(lightning_ckpts: Path, sqlite_url: str) -> None:
     outcome = _drill(lightning_ckpts, sqlite_url)
     assert outcome.status == "passed", _errors(outcome)
@@ -95,6 +96,7 @@ def test_clean_lightning(lightning_ckpts: Path, sqlite_url: str) -> None:
     assert {"model", "optimizer", "lr_scheduler", "train_state", "dataloader"} <= set(keys.evidence["parts"])
 
 
+@pytest.mark.slow
 def test_clean_hf_trainer(hf_run: Path, sqlite_url: str) -> None:
     outcome = _drill(hf_run, sqlite_url)
     assert outcome.status == "passed", _errors(outcome)
@@ -178,6 +180,7 @@ def test_latest_pointer_to_a_half_written_directory(demo_run: Path, sqlite_url: 
     assert ("resume", "pointer-ahead", "latest") in _errors(_drill(demo_run, sqlite_url))
 
 
+@pytest.mark.slow
 def test_hf_two_ranks_with_rng_state_1_deleted(hf_copy: Path, sqlite_url: str) -> None:
     ckpt = hf_copy / "checkpoint-4"
     os.rename(ckpt / "rng_state.pth", ckpt / "rng_state_0.pth")
@@ -215,6 +218,7 @@ def test_hf_highest_checkpoint_incomplete(hf_copy: Path, sqlite_url: str) -> Non
     )  # it would pick the unfinished one
 
 
+@pytest.mark.slow
 def test_training_args_are_read_for_their_seed_without_an_allow_list_or_an_import(
     hf_run: Path, sqlite_url: str
 ) -> None:
@@ -289,6 +293,7 @@ def test_hf_inventory_names_rng_ranks(hf_copy: Path, sqlite_url: str) -> None:
 
 @pytest.mark.parametrize("damaged", [False, True], ids=["clean", "truncated"])
 @pytest.mark.parametrize("kind", ["dcp", "hf-trainer", "torch-save", "lightning"])
+@pytest.mark.slow
 def test_run_verify_and_the_sdk_give_one_structural_verdict(
     kind: str, damaged: bool, demo_run: Path, hf_run: Path, lightning_ckpts: Path, tmp_path: Path, sqlite_url: str
 ) -> None:

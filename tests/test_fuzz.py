@@ -72,6 +72,7 @@ def sealed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @FUZZ
 @given(edits=EDITS, cut=CUT)
+@pytest.mark.slow
 def test_manifest_bytes(sealed: Path, edits: list[tuple[int, int]], cut: int | None) -> None:
     _manifest_outcome(_mutate((sealed / MANIFEST_NAME).read_bytes(), edits, cut))
 
@@ -85,6 +86,7 @@ def test_manifest_bytes(sealed: Path, edits: list[tuple[int, int]], cut: int | N
 )
 @example(field="size", value=float("inf"))  # int(inf): OverflowError, once a crash
 @example(field="chunk_size", value=float("nan"))
+@pytest.mark.slow
 def test_manifest_fields(sealed: Path, field: str, value: Any) -> None:
     doc = json.loads((sealed / MANIFEST_NAME).read_bytes())
     if field in ("path", "size", "chunks", "xxh3_128"):
@@ -113,6 +115,7 @@ def dcp_copy(sealed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @SLOW
 @given(edits=EDITS, cut=CUT)
 @example(edits=[(53114483, 65)], cut=None)  # a storage key's name turned into a tuple: once a crash in verify
+@pytest.mark.slow
 def test_dcp_metadata_in_a_restore_and_a_verify(
     sealed: Path, dcp_copy: Path, edits: list[tuple[int, int]], cut: int | None
 ) -> None:
@@ -171,6 +174,7 @@ def test_dcp_value_entries(sealed: Path, edits: list[tuple[int, int]], cut: int 
     claim=st.none() | st.integers(0, 1 << 64 - 1),
 )
 @example(header={"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 1 << 62]}}, data=b"\0" * 4, claim=None)
+@pytest.mark.slow
 def test_safetensors_headers(header: dict[str, Any], data: bytes, claim: int | None) -> None:
     body = json.dumps(header).encode()
     blob = struct.pack("<Q", len(body) if claim is None else claim) + body + data
@@ -191,6 +195,7 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @given(state=JSON, weights=EDITS)
 @example(state={"global_step": [1, 2], "epoch": "x"}, weights=[])
 @example(state={"global_step": float("nan")}, weights=[])
+@pytest.mark.slow
 def test_hf_trainer_state_and_weights(
     hf_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory, state: Any, weights: list[tuple[int, int]]
 ) -> None:
@@ -221,6 +226,7 @@ POLICY = {
 
 @FUZZ
 @given(section=st.sampled_from([*POLICY, "replay", "slo", "limits", "alerts", "contract", "allocation"]), value=JSON)
+@pytest.mark.slow
 def test_policy_fields(section: str, value: Any) -> None:
     _policy_outcome(yaml.safe_dump({**POLICY, section: value}))
 
@@ -242,6 +248,7 @@ def _policy_outcome(text: str) -> None:
 
 
 @pytest.mark.parametrize("numel", [0, 1, 1000, 3_000_000])
+@pytest.mark.slow
 def test_the_direct_zip_directory_reader_agrees_with_zipfile(numel: int) -> None:
     """torch.save's zips are listed straight from their central directory (no zipfile pass per
     entry): the same records as zipfile on real entries; a damaged end record or zip64 trailer

@@ -151,6 +151,7 @@ class _RecordingStorage(LocalStorage):
 
 
 @pytest.mark.parametrize("evil", ["../../etc/passwd", "/etc/passwd"])
+@pytest.mark.slow
 def test_manifest_path_escaping_is_rejected_before_anything_is_opened(
     demo_run: Path, sqlite_url: str, evil: str
 ) -> None:
@@ -334,6 +335,7 @@ def test_storage_without_positioned_reads_streams_each_file_whole(
 
 
 @pytest.mark.parametrize("replay", [True, False])
+@pytest.mark.slow
 def test_a_flip_under_a_recomputed_unkeyed_seal_is_still_a_crc_finding(
     demo_run: Path, sqlite_url: str, replay: bool
 ) -> None:
@@ -391,6 +393,7 @@ def _remove_deep(top: Path) -> None:
 
 @pytest.mark.parametrize("sealed", [True, False])
 @pytest.mark.parametrize("hazard", ["a symlink loop", "a link cycle", "a 10,000-deep directory"])
+@pytest.mark.slow
 def test_a_link_loop_or_deep_tree_in_a_checkpoint_is_a_finding_on_that_path(
     demo_run: Path, sqlite_url: str, hazard: str, sealed: bool
 ) -> None:

@@ -54,6 +54,7 @@ def _as_controllers(cluster: FakeCluster, act) -> threading.Thread:
     return t
 
 
+@pytest.mark.slow
 def test_a_job_whose_pod_runs_the_drill_ends_with_its_record(
     cluster: FakeCluster, demo_run: Path, tmp_path: Path
 ) -> None:
@@ -85,6 +86,7 @@ def test_a_job_whose_pod_runs_the_drill_ends_with_its_record(
     assert recorded.status == "passed" and recorded.job_id == f"k8s:{cluster.job()['metadata']['name']}"
 
 
+@pytest.mark.slow
 def test_a_job_that_fails_under_its_drill_closes_the_record(
     cluster: FakeCluster, demo_run: Path, tmp_path: Path
 ) -> None:
@@ -121,6 +123,7 @@ def test_a_job_that_fails_under_its_drill_closes_the_record(
     ), recorded.message
 
 
+@pytest.mark.slow
 def test_a_job_pending_past_the_queue_timeout_is_deleted_and_recorded(
     cluster: FakeCluster, demo_run: Path, tmp_path: Path
 ) -> None:
@@ -142,6 +145,7 @@ def test_a_job_pending_past_the_queue_timeout_is_deleted_and_recorded(
     assert "job output: kubectl logs -n training job/drill-nightly-" in (recorded.message or "")
 
 
+@pytest.mark.slow
 def test_ctrl_c_deletes_the_job_and_records_the_drill_aborted(
     cluster: FakeCluster, demo_run: Path, tmp_path: Path
 ) -> None:

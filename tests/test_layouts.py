@@ -18,6 +18,8 @@ from drill.verifier import verify_checkpoint
 from tests.conftest import drill as _drill
 from tests.support import layouts
 
+pytestmark = pytest.mark.slow  # every layout is written by real ranks first
+
 KINDS = ("torchtitan", "megatron", "lightning")
 DIRS = {"torchtitan": "step-2", "megatron": "iter_0000030", "lightning": "epoch=0-step=2.ckpt"}
 RECOGNISED = {"torchtitan": "torchtitan", "megatron": "Megatron torch_dist", "lightning": "Lightning FSDP sharded"}

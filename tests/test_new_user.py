@@ -43,6 +43,7 @@ def test_db_status_exits_4_when_behind_even_with_json(postgres_url: str) -> None
     assert res.exit_code == 4 and json.loads(res.stdout)["state"] == "behind"
 
 
+@pytest.mark.slow
 def test_a_schema_newer_than_drill_says_so_and_upgrade_refuses(sqlite_url: str) -> None:
     from drill.records.db import open_database
 
@@ -90,6 +91,7 @@ def test_history_of_a_database_that_does_not_exist_yet_creates_none(tmp_path: Pa
 
 
 # -- what a drill prints --------------------------------------------------------------------
+@pytest.mark.slow
 def test_show_prints_the_evidence_the_replayed_steps_and_the_alerts(demo_run: Path, sqlite_url: str) -> None:
     res = invoke(CliRunner(), "run", "--root", str(demo_run), "--replay-steps", "2", "--json", "-q", "--db", sqlite_url)
     drill_id = json.loads(res.stdout)["id"]
@@ -107,6 +109,7 @@ def test_show_prints_the_evidence_the_replayed_steps_and_the_alerts(demo_run: Pa
     assert "restore" in shown and "other" in shown  # the phases, adding up to the restore
 
 
+@pytest.mark.slow
 def test_fewer_replay_steps_than_asked_says_why(demo_run: Path, sqlite_url: str) -> None:
     res = invoke(
         CliRunner(), "run", "--root", str(demo_run), "--replay-steps", "20", "--json", "-q", "--db", sqlite_url
@@ -173,6 +176,7 @@ def test_policy_check_warns_about_what_cannot_run_here(
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
+@pytest.mark.slow
 def test_a_policy_that_cannot_run_here_is_one_line_naming_its_field(
     tmp_path: Path, demo_run: Path, sqlite_url: str
 ) -> None:
@@ -195,6 +199,7 @@ def test_the_cron_example_names_drill_by_its_full_path() -> None:
 
 
 # -- code in the run directory --------------------------------------------------------------
+@pytest.mark.slow
 def test_an_entrypoint_the_user_names_may_live_in_the_run_directory(demo_run: Path, sqlite_url: str) -> None:
     (demo_run / "my_replay.py").write_text("from drill.demo.replay import build_replay as build\n")
     res = invoke(

@@ -36,6 +36,7 @@ def _recorded(db: str, outcome: DrillOutcome) -> dict[str, Any]:
     ],
     ids=["no-rng", "no-dataloader", "no-lr_scheduler", "no-exp_avg"],
 )
+@pytest.mark.slow
 def test_a_checkpoint_missing_a_part_fails_with_exit_1_even_with_the_replay_on(
     demo_run: Path, sqlite_url: str, drop, check: str, code: str
 ) -> None:
@@ -97,6 +98,7 @@ def test_a_null_recorder_drill_records_nothing(demo_run: Path, sqlite_url: str) 
 
 
 # -- a record closed for every fault --------------------------------------------------------
+@pytest.mark.slow
 def test_non_finite_replay_values_are_recorded_on_both_backends(demo_run: Path, db_url: str) -> None:
     outcome = drill(demo_run, db_url, replay=ReplaySpec(entrypoint="tests.support.replay_targets:nan_loss", steps=2))
     assert outcome.status == "failed" and outcome.record_problem is None
@@ -160,6 +162,7 @@ def test_a_full_disk_closes_the_row_as_error_with_the_real_verdict(
     assert doc["status"] == "error" and "the drill passed" in doc["message"] and "full" in doc["message"]
 
 
+@pytest.mark.slow
 def test_a_lock_held_past_the_busy_timeout_spools_the_verdict_for_the_next_drill(
     demo_run: Path, sqlite_url: str, private_spool: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -199,6 +202,7 @@ def test_a_lock_held_past_the_busy_timeout_spools_the_verdict_for_the_next_drill
     assert delivered["status"] == "passed" and delivered["checks"] == outcome.to_document()["checks"]
 
 
+@pytest.mark.slow
 def test_a_database_away_when_the_drill_began_still_gets_the_drill(
     demo_run: Path, sqlite_url: str, private_spool: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -230,6 +234,7 @@ def test_a_database_away_when_the_drill_began_still_gets_the_drill(
     ],
     ids=["bit-flip", "truncated-while-read", "grew-while-read", "io-error-mid-file"],
 )
+@pytest.mark.slow
 def test_faults_during_the_read_fail_the_drill_with_their_finding(
     demo_run: Path, sqlite_url: str, fault, check: str, code: str
 ) -> None:
@@ -259,6 +264,7 @@ def test_the_public_api(demo_run: Path, sqlite_url: str) -> None:
     assert outcome.status is api.DrillStatus.PASSED and outcome.exit_code is api.ExitCode.PASSED
 
 
+@pytest.mark.slow
 def test_a_read_that_never_returns_ends_the_drill_at_its_timeout(demo_run: Path, sqlite_url: str) -> None:
     import threading
     import time
@@ -277,6 +283,7 @@ def test_a_read_that_never_returns_ends_the_drill_at_its_timeout(demo_run: Path,
     assert _recorded(sqlite_url, outcome)["status"] == "error"
 
 
+@pytest.mark.slow
 def test_no_checkpoint_file_is_ever_memory_mapped(
     demo_run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

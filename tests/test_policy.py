@@ -176,6 +176,7 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("what", list(HOSTILE))
+@pytest.mark.slow
 def test_a_hostile_policy_is_a_policy_error_with_its_line_fast_and_small(what: str, tmp_path: Path) -> None:
     """Every hostile document is refused as a policy error (exit 2, file and line where known)
     by ``policy check`` and ``run --policy`` alike — never a MemoryError, RecursionError or

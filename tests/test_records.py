@@ -165,6 +165,7 @@ def test_the_schema_head_drill_checks_without_alembic_is_alembics_head() -> None
     ],
     ids=["time", "status", "json"],
 )
+@pytest.mark.slow
 def test_a_record_edited_outside_drill_is_a_database_error(demo_run: Path, tmp_path: Path, damage: str) -> None:
     """Reading a row drill cannot turn back into a record names the database (exit 4), for
     the library and every reading command; it is never an internal error."""

@@ -31,6 +31,7 @@ def _replay(outcome: DrillOutcome):
     return next(c for c in outcome.checks if c.name == "replay")
 
 
+@pytest.mark.slow
 def test_clean_checkpoint_replays_bit_for_bit(demo_run: Path, sqlite_url: str) -> None:
     outcome, record = _drill(demo_run, sqlite_url)
     assert outcome.status == "passed"
@@ -44,6 +45,7 @@ def test_clean_checkpoint_replays_bit_for_bit(demo_run: Path, sqlite_url: str) -
     assert record["timings"]["ttfs"] > record["timings"]["restore"] > 0
 
 
+@pytest.mark.slow
 def test_dataloader_rewound_diverges_on_data_at_the_first_step(demo_run: Path, sqlite_url: str) -> None:
     def rewind(s: dict[str, Any]) -> None:
         s["dataloader.position"] -= s["dataloader.batch_size"]
@@ -55,6 +57,7 @@ def test_dataloader_rewound_diverges_on_data_at_the_first_step(demo_run: Path, s
     assert finding.code == "replay-diverged-data" and finding.subject == "step 31"
 
 
+@pytest.mark.slow
 def test_rng_from_another_seed_diverges_on_loss(demo_run: Path, sqlite_url: str) -> None:
     torch.manual_seed(4321)
     other = RNGState().state_dict()["torch"]
@@ -68,6 +71,7 @@ def test_rng_from_another_seed_diverges_on_loss(demo_run: Path, sqlite_url: str)
     assert finding.code == "replay-diverged-loss" and finding.subject == "step 31"  # same data, other dropout
 
 
+@pytest.mark.slow
 def test_nudged_weight_passes_hashes_and_diverges_on_loss(demo_run: Path, sqlite_url: str) -> None:
     def nudge(s: dict[str, Any]) -> None:
         s["model.head.weight"] = s["model.head.weight"].clone()
@@ -97,6 +101,7 @@ def test_no_entrypoint_is_not_replayable(demo_run: Path, sqlite_url: str) -> Non
     assert "no replay entrypoint" in _replay(outcome).summary
 
 
+@pytest.mark.slow
 def test_step_function_that_raises_is_an_error_with_its_traceback(demo_run: Path, sqlite_url: str) -> None:
     outcome, record = _drill(demo_run, sqlite_url, entrypoint="tests.support.replay_targets:raising")
     assert outcome.status == "error" and record["replay"]["verdict"] == "error"
@@ -104,6 +109,7 @@ def test_step_function_that_raises_is_an_error_with_its_traceback(demo_run: Path
     assert "Traceback" in record["error"] and "replay_targets.py" in record["error"]
 
 
+@pytest.mark.slow
 def test_hanging_replay_is_killed_at_its_timeout(demo_run: Path, sqlite_url: str) -> None:
     outcome, record = _drill(demo_run, sqlite_url, entrypoint="tests.support.replay_targets:hanging", timeout=8)
     assert outcome.status == "error" and "timed out after 8 s" in outcome.message and "0 of 5 steps" in outcome.message
@@ -124,6 +130,7 @@ def test_compare_is_exact_on_the_same_device() -> None:
 
 
 # -- importers: third-party runs replay from what their frameworks already log --------------
+@pytest.mark.slow
 def test_reference_from_hf_log_history(tmp_path: Path) -> None:
     pytest.importorskip("transformers", reason="transformers is not installed")
     from tests.support.frameworks import hf_trainer_run
@@ -155,6 +162,7 @@ def test_reference_from_tensorboard(tmp_path: Path) -> None:
     assert ref is not None and {s: r.loss for s, r in ref.steps.items()} == {1: 3.0, 2: 2.5, 3: 2.25}
 
 
+@pytest.mark.slow
 def test_cli_shows_ttfs_and_takes_replay_options(demo_run: Path, sqlite_url: str) -> None:
     from typer.testing import CliRunner
 

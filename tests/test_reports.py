@@ -46,6 +46,7 @@ def _report(url: str, *args: str) -> str:
     return res.stdout
 
 
+@pytest.mark.slow
 def test_the_json_report_holds_the_evidence(history_db: tuple[str, Path]) -> None:
     url, run = history_db
     doc = json.loads(_report(url, "-f", "json"))
@@ -91,6 +92,7 @@ def test_the_json_report_holds_the_evidence(history_db: tuple[str, Path]) -> Non
     assert doc["chain"]["intact"] and doc["chain"]["head"]["seq"] == 5
 
 
+@pytest.mark.slow
 def test_the_markdown_report_escapes_what_it_did_not_write(history_db: tuple[str, Path]) -> None:
     url, _ = history_db
     md = _report(url, "-f", "md")
@@ -334,6 +336,7 @@ def test_goodput_cli_table_json_and_errors() -> None:
         assert res.exit_code == 2 and message in res.stderr, (args, res.stderr)
 
 
+@pytest.mark.slow
 def test_goodput_takes_r_from_a_policys_drills(demo_run: Path, sqlite_url: str) -> None:
     measured = drill(demo_run, sqlite_url, replay=ReplaySpec(steps=1), policy="nightly")
     res = invoke(CliRunner(), "goodput", "--json", "--policy", "nightly", "--gpus", "16384", "--db", sqlite_url)
@@ -370,6 +373,7 @@ def test_goodput_takes_r_from_a_policys_drills(demo_run: Path, sqlite_url: str) 
     assert res.exit_code == 2 and "no drill of it has a time to first step" in res.stderr
 
 
+@pytest.mark.slow
 def test_a_finding_about_the_whole_drill_renders_in_every_format(
     demo_run: Path, sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -441,6 +445,7 @@ def test_goodput_prices_the_checkpoint_stall_apart_from_restarts_and_rework(cli)
     assert res.exit_code == 0 and "$61.6K" in res.stdout and "$22.5M" in res.stdout and "ckpt stall" in res.stdout
 
 
+@pytest.mark.slow
 def test_a_report_lists_the_newest_drills_and_the_failures_and_counts_them_all(history_db: tuple[str, Path]) -> None:
     """Past --drills N a run lists the newest N and the failures among the newest 2N in full;
     counts, percentiles, coverage and goodput still cover every drill of the window, and

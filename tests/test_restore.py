@@ -21,6 +21,7 @@ def _latest(run: Path):
     return discover(LocalStorage(), str(run)).checkpoints[-1]
 
 
+@pytest.mark.slow
 def test_restore_reads_every_byte_and_matches_a_plain_dcp_load(pristine_run: Path) -> None:
     ref = _latest(pristine_run)
     result = restore(LocalStorage(), ref, torch.device("cpu"))
@@ -117,6 +118,7 @@ def test_symlink_leading_out_is_refused(demo_run: Path, tmp_path: Path) -> None:
     assert [f.relative_path for f in result.files if f.error_kind == "escapes"] == ["__0_0.distcp"]
 
 
+@pytest.mark.slow
 def test_a_cold_drill_drops_the_checkpoint_from_the_page_cache_and_says_so(demo_run, tmp_path) -> None:
     """--cold: every file of the checkpoint is dropped from the page cache before the restore
     (mincore says none of it is resident), so the restore reads from the disk — and afterwards

@@ -39,6 +39,7 @@ def _flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 def test_resume_through_drill_is_dcp_load_and_is_recorded(run: Path, sqlite_url: str) -> None:
     ckpt = _newest(run)
     ours, theirs = _objects(run), _objects(run)
@@ -59,6 +60,7 @@ def test_resume_through_drill_is_dcp_load_and_is_recorded(run: Path, sqlite_url:
     assert drill_record.timings.restore is not None and drill_record.timings.read is not None
 
 
+@pytest.mark.slow
 def test_flipped_byte_raises_naming_the_file_and_byte_range_and_falls_back(run: Path, sqlite_url: str) -> None:
     ckpt = _newest(run)
     shard = ckpt / "__0_0.distcp"
@@ -101,6 +103,7 @@ def test_database_away_never_fails_the_resume_and_the_record_is_spooled(run: Pat
     assert list(private_spool.rglob("*.json")) == spooled  # still there for the next delivery
 
 
+@pytest.mark.slow
 def test_no_database_layer_on_the_trainers_host(run: Path, sqlite_url: str) -> None:
     """Recording a resume imports no database driver, ORM or migration tool into the trainer:
     the record is a spooled file, delivered by the next drill, the scheduler or flush_records."""
@@ -146,6 +149,7 @@ def _two_ranks(ckpt: Path, db: str) -> list[dict]:
         return [json.loads(o.read_text()) for o in outs]
 
 
+@pytest.mark.slow
 def test_two_ranks_reshard_a_one_rank_checkpoint_and_agree_on_damage(run: Path, sqlite_url: str) -> None:
     ckpt = _newest(run)
     clean = _two_ranks(ckpt, sqlite_url)
@@ -159,6 +163,7 @@ def test_two_ranks_reshard_a_one_rank_checkpoint_and_agree_on_damage(run: Path, 
     assert [d.trigger for d in records] == ["resume", "resume"] and records[-1].status.value == "failed"
 
 
+@pytest.mark.slow
 def test_hf_trainer_resumes_from_a_verified_checkpoint(tmp_path: Path, sqlite_url: str) -> None:
     """Hugging Face's Trainer loads its checkpoints by itself: drill.sdk.verified proves the
     bytes first, and the resume is on the record."""

@@ -92,6 +92,7 @@ def test_async_save_seals_in_the_background(tmp_path: Path) -> None:
     assert _verify(ckpt).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_save_killed_mid_write_leaves_neither_manifest_nor_metadata(tmp_path: Path) -> None:
     ckpt = tmp_path / "step-10"
     code = f"import torch; from drill.sdk import save; from tests.test_sealed_save import _state; save(_state(), {str(ckpt)!r}, no_dist=True, thread_count=2)"
@@ -106,6 +107,7 @@ def test_a_save_killed_mid_write_leaves_neither_manifest_nor_metadata(tmp_path: 
     assert names and not names & {"drill-manifest.json", ".metadata"}  # a data file or two, never sealed or committed
 
 
+@pytest.mark.slow
 def test_the_sharded_demo_saves_sealed_on_every_rank_and_loads_on_one_and_two(tmp_path: Path) -> None:
     """The 2-rank demo saves through drill.sdk.save: the seal covers both ranks' shards; one
     process restores it (drill run), and two ranks do (distributed drill)."""
@@ -151,6 +153,7 @@ def test_every_writer_thread_count_seals_the_same_bytes_drill_seal_reads(tmp_pat
     assert _files(ckpt / "drill-manifest.json") == _files(twin / "drill-manifest.json")
 
 
+@pytest.mark.slow
 def test_the_trainer_callback_seals_every_checkpoint_as_it_is_saved(tmp_path: Path) -> None:
     """transformers' own Trainer, with DrillSealCallback: each checkpoint-N is sealed (keyed)
     right after the save; drill run proves every byte, and a flipped byte is caught."""
@@ -252,6 +255,7 @@ def test_a_save_whose_database_is_away_is_spooled_and_delivered_later_never_fail
     database.close()
 
 
+@pytest.mark.slow
 def test_lightning_fsdp_checkpoints_are_sealed_after_the_strategy_saves_them(tmp_path: Path) -> None:
     """Lightning's own FSDP strategy on 2 CPU ranks, with SealAfterSave mixed in: each sharded
     *.ckpt/ directory (DCP shards and meta.pt) is sealed; drill verify proves every byte."""
@@ -270,6 +274,7 @@ def test_lightning_fsdp_checkpoints_are_sealed_after_the_strategy_saves_them(tmp
         )
 
 
+@pytest.mark.slow
 def test_recording_a_save_imports_no_database_layer_into_the_trainer(tmp_path: Path) -> None:
     """As a resume's: the save's record is a spooled file; no SQLAlchemy, Alembic or driver
     is imported on the trainer's host to write it."""

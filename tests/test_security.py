@@ -29,6 +29,7 @@ def _flip(path: Path) -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 def test_no_secret_reaches_output_records_reports_metrics_or_spool(
     demo_run: Path, postgres_url: str, tmp_path: Path, private_spool: Path
 ) -> None:
@@ -108,6 +109,7 @@ def _database_text(url: str) -> str:
     return "\n".join(out)
 
 
+@pytest.mark.slow
 def test_files_drill_creates_are_its_owners(demo_run: Path, tmp_path: Path) -> None:
     db = tmp_path / "records" / "drill.db"
     db.parent.mkdir()
@@ -346,6 +348,7 @@ HOSTILE_NAMES = (
 rewrites the line, a bidi override, bytes that are not UTF-8, a C1 CSI."""
 
 
+@pytest.mark.slow
 def test_hostile_file_names_are_escaped_on_every_output_and_recorded_losslessly(
     demo_run: Path, db_url: str, cli, tmp_path: Path, private_spool: Path
 ) -> None:
@@ -392,6 +395,7 @@ def _zip_bomb(path: Path, inflated: int = 512 << 20) -> None:
             dst.writestr(info.filename, data, compress_type=zipfile.ZIP_DEFLATED)
 
 
+@pytest.mark.slow
 def test_a_zip_bomb_is_refused_before_it_is_inflated_in_run_and_verify(tmp_path: Path, sqlite_url: str) -> None:
     """Bounded in memory and time: a compressed record is a finding, never inflated (the peak
     stays far below what the bomb would take) — in the restore and in the structural proof."""

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from drill.formats.dcp_types import is_bytes, is_tensor, load_metadata
 from drill.safe_pickle import restricted_loads
 from tests.conftest import fresh_python
 
 
+@pytest.mark.slow
 def test_a_drill_restores_and_verifies_without_importing_dcp(demo_run: Path, tmp_path: Path) -> None:
     code = (
         "import sys\n"

@@ -148,6 +148,7 @@ def _names(subjects: list[str | None], what: str) -> bool:
 
 
 @pytest.mark.parametrize("kind", WRITERS)
+@pytest.mark.slow
 def test_a_clean_checkpoint_passes_in_run_and_verify(written, kind: str, sqlite_url: str) -> None:
     w = WRITERS[kind]
     run = written(kind) / w.root
@@ -169,6 +170,7 @@ DAMAGE = ("flip-sealed", "delete", "truncate", "slot", "rng", "pointer")
 
 @pytest.mark.parametrize("damage", DAMAGE)
 @pytest.mark.parametrize("kind", WRITERS)
+@pytest.mark.slow
 def test_damage_fails_naming_the_file_or_part_in_run_and_verify(
     copy_of, kind: str, damage: str, sqlite_url: str
 ) -> None:
@@ -219,6 +221,7 @@ def test_damage_fails_naming_the_file_or_part_in_run_and_verify(
     )
 
 
+@pytest.mark.slow
 def test_a_torchtune_recipe_state_older_than_the_weights_fails_in_run_and_verify(copy_of, sqlite_url: str) -> None:
     """The one recipe_state.pt is overwritten at each save: saved after epoch 0 beside epoch 1's
     weights, a resume would pair new weights with an old optimizer and data position."""
@@ -234,6 +237,7 @@ def test_a_torchtune_recipe_state_older_than_the_weights_fails_in_run_and_verify
     assert verified.status == "failed" and any(f.code == "recipe-state-stale" for f in verified.result.findings)
 
 
+@pytest.mark.slow
 def test_an_older_torchtune_epoch_is_weights_only_and_says_why(written, sqlite_url: str) -> None:
     run = written("torchtune") / "output"
     outcome = _drill(run, sqlite_url, str(run / "epoch_0"))
@@ -243,6 +247,7 @@ def test_an_older_torchtune_epoch_is_weights_only_and_says_why(written, sqlite_u
 
 
 @pytest.mark.parametrize("kind", WRITERS)
+@pytest.mark.slow
 def test_the_memory_budget_binds_every_writers_checkpoint(written, kind: str, sqlite_url: str) -> None:
     outcome = _drill(written(kind) / WRITERS[kind].root, sqlite_url, memory_budget=16)
     assert (
@@ -252,6 +257,7 @@ def test_the_memory_budget_binds_every_writers_checkpoint(written, kind: str, sq
 
 @pytest.mark.parametrize("damaged", [False, True], ids=["clean", "truncated"])
 @pytest.mark.parametrize("kind", WRITERS)
+@pytest.mark.slow
 def test_run_verify_and_the_sdk_give_one_structural_verdict(copy_of, kind: str, damaged: bool, sqlite_url: str) -> None:
     """The integrity check of ``drill run``, ``drill verify`` and ``drill.sdk.verified`` (and
     ``drill.sdk.load`` for DCP, which it loads) agree on the same bytes."""

@@ -67,6 +67,7 @@ def _forked_pid(log: Path) -> int:
     return int(first.split()[1])
 
 
+@pytest.mark.slow
 def test_the_command_replays_in_the_child_it_forked(demo_run: Path, tmp_path: Path) -> None:
     log = tmp_path / "zygote.log"
     done = _drill(log, "run", "--root", str(demo_run), "--db", str(tmp_path / "d.db"), "--json")
@@ -77,6 +78,7 @@ def test_the_command_replays_in_the_child_it_forked(demo_run: Path, tmp_path: Pa
     assert _gone(_forked_pid(log))
 
 
+@pytest.mark.slow
 def test_a_fork_the_drill_does_not_use_goes_with_it(demo_run: Path, tmp_path: Path) -> None:
     """A drill that fails before its replay ends its fork at once (no process left behind)."""
     ckpt = sorted(demo_run.glob("step-*"))[-1]
@@ -88,6 +90,7 @@ def test_a_fork_the_drill_does_not_use_goes_with_it(demo_run: Path, tmp_path: Pa
     assert _gone(_forked_pid(log), within=2)
 
 
+@pytest.mark.slow
 def test_no_fork_without_a_replay(demo_run: Path, tmp_path: Path) -> None:
     log = tmp_path / "zygote.log"
     done = _drill(log, "run", "--root", str(demo_run), "--db", str(tmp_path / "d.db"), "--no-replay")
@@ -95,6 +98,7 @@ def test_no_fork_without_a_replay(demo_run: Path, tmp_path: Path) -> None:
     assert not log.exists()
 
 
+@pytest.mark.slow
 def test_a_replay_that_fails_in_the_fork_is_reported(demo_run: Path, tmp_path: Path) -> None:
     log = tmp_path / "zygote.log"
     done = _drill(
@@ -106,6 +110,7 @@ def test_a_replay_that_fails_in_the_fork_is_reported(demo_run: Path, tmp_path: P
     assert "TypeError: loads()" in doc["replay"]["reason"] and done.returncode != 0
 
 
+@pytest.mark.slow
 def test_the_fork_dies_with_a_killed_drill(demo_run: Path, tmp_path: Path) -> None:
     marker = tmp_path / "at-checks"
     proc = start("checks", marker, "--root", str(demo_run), "--db", str(tmp_path / "d.db"))
@@ -136,6 +141,7 @@ def test_no_fork_where_it_is_not_safe(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("replay", [True, False])
+@pytest.mark.slow
 def test_library_drills_start_a_fresh_child(demo_run: Path, tmp_path: Path, replay: bool) -> None:
     """run_drill from a caller's process never forks it: the caller may have used torch."""
     from drill import DrillRequest, run_drill
