@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -12,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from drill.demo import DemoConfig, train
+from tests.support import pglock
 
 # A run small enough to train in a second or two, with three retained checkpoints (10, 20,
 # 30) and a step log that goes on to step 36, past the last save: the replay reference.
@@ -46,7 +48,7 @@ def _postgres_available() -> str | None:
 
     try:
         engine = create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
-        with engine.connect() as conn:
+        with pglock.holding(exclusive=False), engine.connect() as conn:  # not while another suite restarts it
             conn.execute(text("select 1"))
         engine.dispose()
         return None
@@ -64,20 +66,33 @@ def postgres_reachable() -> None:
 
 
 @pytest.fixture
-def postgres_url(postgres_reachable: None) -> Iterator[str]:
+def postgres_to_restart(postgres_reachable: None) -> Iterator[None]:
+    """The live server to oneself: no other copy of the suite uses it while this test runs."""
+    with pglock.holding(exclusive=True):
+        yield
+
+
+@pytest.fixture
+def postgres_url(postgres_reachable: None, request: pytest.FixtureRequest) -> Iterator[str]:
     """A URL whose connections live in a fresh, empty schema, dropped afterwards."""
     from sqlalchemy import create_engine, text
 
+    if "postgres_to_restart" in request.fixturenames:
+        request.getfixturevalue("postgres_to_restart")  # held exclusively, before the schema
+        held = contextlib.nullcontext()
+    else:
+        held = pglock.holding(exclusive=False)
     schema = f"drill_test_{uuid.uuid4().hex[:12]}"
     admin = create_engine(POSTGRES_URL, pool_pre_ping=True)  # survives a test that restarts the server
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
-    finally:
+    with held:
         with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+        try:
+            yield f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+        finally:
+            with admin.begin() as conn:
+                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+            admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -86,7 +86,7 @@ def _pg(action: str) -> None:
 
 @pytest.mark.postgres
 def test_postgres_stopped_mid_drill_spools_the_verdict_and_flush_delivers_it_once(
-    demo_run: Path, postgres_url: str, tmp_path: Path, private_spool: Path
+    demo_run: Path, postgres_to_restart: None, postgres_url: str, tmp_path: Path, private_spool: Path
 ) -> None:
     if shutil.which("pg_ctlcluster") is None or os.geteuid() != 0:
         pytest.skip("needs the right to stop and start the live PostgreSQL (pg_ctlcluster as root)")
