@@ -497,3 +497,16 @@ def test_a_flip_in_a_large_tensor_is_caught_by_the_crc_lane(tmp_path: Path) -> N
     targets = {"big": torch.zeros_like(state["big"]), "small": torch.zeros_like(state["small"])}
     with pytest.raises(sdk.CheckpointCorrupt, match="CRC"):
         sdk.load(targets, str(ckpt), record=False)
+
+
+@pytest.mark.parametrize(
+    "path", ["", "/etc/passwd", "//host/x", "../x", "a/../../x", "a/..", "~root/x", "a\\..\\x", "a\x00b"]
+)
+def test_a_manifest_path_that_could_leave_the_checkpoint_is_refused(path: str) -> None:
+    from drill.integrity.manifest import ManifestInvalid, check_relative_path
+
+    with pytest.raises(ManifestInvalid) as caught:
+        check_relative_path(path)
+    assert caught.value.code == "manifest-path-escapes"
+    for inside in ("a", "sub/a.distcp", "./a", "a/./b", "a..b", "..a"):  # dots in a name are not a parent
+        check_relative_path(inside)
