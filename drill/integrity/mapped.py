@@ -182,15 +182,15 @@ def _digests(
     window = max(1, WINDOW // chunk_size) * chunk_size
     fd = open_fd(uri)
     try:
-        if os.fstat(fd).st_size < start + length:
-            return None  # shrank since it was listed: the positioned read reports it
-        if length <= SMALL_SPAN:
+        if length <= SMALL_SPAN:  # a short read says the file shrank: no fstat needed
             data = memoryview(os.pread(fd, length, start))
             if len(data) < length:
-                return None
+                return None  # the positioned read in the parent reports it
             return [xxhash.xxh3_128(data[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)] or [
                 xxhash.xxh3_128(b"").digest()
             ]
+        if os.fstat(fd).st_size < start + length:
+            return None  # shrank since it was listed: a mapping past its end would fault
         digests: list[bytes] = []
         for at in range(start, start + length, window):
             digests += _window(fd, at, min(window, start + length - at), chunk_size)
