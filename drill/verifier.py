@@ -23,6 +23,7 @@ from drill.integrity.reading import describe_read_error, read_whole
 from drill.integrity.sampling import SampleSpec
 from drill.integrity.verify import NAME, Observed, plan_integrity
 from drill.storage import Storage, StorageUnavailable, storage_for
+from drill.storage.listed import ListedOnce
 
 if TYPE_CHECKING:
     from drill.records.lite import Ledger
@@ -136,7 +137,7 @@ def verify_checkpoint(
     there and :class:`~drill.errors.UsageError` for a run directory (naming its checkpoints);
     an incomplete save is a failed verification.
     """
-    storage = storage or storage_for(uri)
+    storage = ListedOnce(storage or storage_for(uri))  # what it is, then its proof: one listing
     uri = storage.normalize(uri)
     sample = sample or SampleSpec("all")
     started = time.perf_counter()

@@ -144,10 +144,36 @@ def test_manifest_that_is_not_json(demo_run: Path, sqlite_url: str) -> None:
 class _RecordingStorage(LocalStorage):
     def __init__(self) -> None:
         self.opened: list[str] = []
+        self.listed: list[str] = []
 
     def open(self, uri: str) -> BinaryIO:
         self.opened.append(uri)
         return super().open(uri)
+
+    def list(self, uri: str) -> list:
+        self.listed.append(uri)
+        return super().list(uri)
+
+
+def test_verify_lists_a_checkpoint_once_and_still_finds_a_file_changed_after(demo_run: Path) -> None:
+    """What the path is and the proof of its files share one listing; the proof reads sizes
+    again as it hashes, so a file truncated after the listing is still found."""
+    ckpt = demo_run / "step-30"
+    storage = _RecordingStorage()
+    assert verify_checkpoint(str(ckpt), storage=storage).status == "passed"
+    assert storage.listed.count(str(ckpt)) == 1, storage.listed
+    shard = next(ckpt.glob("*.distcp"))
+
+    class Truncating(_RecordingStorage):
+        def list(self, uri: str) -> list:
+            listed = super().list(uri)
+            if uri == str(ckpt):
+                os.truncate(shard, shard.stat().st_size // 2)  # after the listing, before the read
+            return listed
+
+    result = verify_checkpoint(str(ckpt), storage=Truncating()).result
+    (error,) = result.errors
+    assert error.subject == shard.name and "shrank while it was read" in (error.message or ""), error
 
 
 @pytest.mark.parametrize("evil", ["../../etc/passwd", "/etc/passwd"])

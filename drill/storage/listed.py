@@ -1,0 +1,58 @@
+"""A storage that lists each directory once for the span of one command.
+
+``drill verify`` asks what a path is (which lists it) and then plans the proof of its files
+(which lists it again): on a checkpoint of 20,000 files that is 20,000 ``stat`` calls paid
+twice. Wrapped in :class:`ListedOnce`, the second listing is the first one's. Nothing that is
+read is cached — opening, resolving and hashing go to the storage itself — and the proof still
+compares every file's size as it reads it, so a file that changes after the listing is found.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any
+
+from drill.storage.base import CacheState, Entry, Storage
+
+
+class ListedOnce:
+    """``inner``, with :meth:`list` answered once per directory."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.positioned_reads = inner.positioned_reads
+        self._listed: dict[str, list[Entry]] = {}
+
+    def list(self, uri: str) -> list[Entry]:
+        if uri not in self._listed:
+            self._listed[uri] = self.inner.list(uri)
+        return list(self._listed[uri])
+
+    def stat(self, uri: str) -> Entry:
+        return self.inner.stat(uri)
+
+    def open(self, uri: str) -> io.RawIOBase:
+        return self.inner.open(uri)
+
+    def child(self, base: str, relative: str) -> str:
+        return self.inner.child(base, relative)
+
+    def write(self, uri: str, data: bytes, *, replace: bool = False) -> None:
+        self._listed.clear()  # a written file is in the next listing
+        self.inner.write(uri, data, replace=replace)
+
+    def normalize(self, uri: str) -> str:
+        return self.inner.normalize(uri)
+
+    def cached(self, sizes: Mapping[str, int]) -> CacheState:
+        return self.inner.cached(sizes)
+
+    def evict(self, sizes: Mapping[str, int]) -> CacheState:
+        return self.inner.evict(sizes)
+
+    def __getattr__(self, name: str) -> Any:  # what a storage offers beyond the protocol (open_fd)
+        return getattr(self.inner, name)
+
+
+__all__ = ["ListedOnce"]
