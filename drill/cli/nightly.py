@@ -22,6 +22,7 @@ from drill.cli.common import (
 from drill.errors import ExitCode, NothingToDrill, UsageError
 
 if TYPE_CHECKING:
+    from drill.pipeline.outcome import DrillOutcome
     from drill.policy.model import Policy
 
 
@@ -155,25 +156,52 @@ def scheduler_status(db: DbOption = None, json: JsonOption = False, debug: Debug
         raise exit_with(ExitCode.NOTHING_TO_DRILL)
 
 
+def _print_last_good(good: DrillOutcome, uri: str, json: bool) -> None:
+    """The checkpoint's path on stdout (data for a script, escaped for a terminal) and what its
+    pass rested on on stderr; or one JSON document."""
+    from drill.claims import proof_of
+    from drill.text import printable
+
+    proof = proof_of(good)
+    if json:
+        print_json(
+            {
+                "checkpoint": good.to_document(with_checks=False)["checkpoint"],
+                "drill_id": good.id,
+                "drilled_at": good.started_at.isoformat(),
+                "proof": proof.to_dict(),
+            }
+        )
+        return None
+    sys.stdout.write(
+        (printable(uri) if sys.stdout.isatty() else uri) + "\n"
+    )  # data for a script, escaped for a terminal
+    stderr().print(f"drill #{good.id}, {good.started_at.isoformat()[:19]}Z: {proof.describe()}", markup=False)
+
+
+MinEvidence = Annotated[
+    str,
+    typer.Option(
+        "--min-evidence",
+        help="Weakest proof a pass may rest on: structural, sealed or authenticated (default structural).",
+    ),
+]
+RequireReplay = Annotated[
+    bool, typer.Option("--require-replay", help="Only a checkpoint whose passing drill also replayed bit for bit.")
+]
+ListingTimeout = Annotated[
+    float,
+    typer.Option(
+        "--timeout", help="Seconds listing the run may take (a storage that never answers ends as an error, exit 5)."
+    ),
+]
+
+
 def last_good(
     root: RunRootOption,
-    min_evidence: Annotated[
-        str,
-        typer.Option(
-            "--min-evidence",
-            help="Weakest proof a pass may rest on: structural, sealed or authenticated (default structural).",
-        ),
-    ] = "structural",
-    require_replay: Annotated[
-        bool, typer.Option("--require-replay", help="Only a checkpoint whose passing drill also replayed bit for bit.")
-    ] = False,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            "--timeout",
-            help="Seconds listing the run may take (a storage that never answers ends as an error, exit 5).",
-        ),
-    ] = 300.0,
+    min_evidence: MinEvidence = "structural",
+    require_replay: RequireReplay = False,
+    timeout: ListingTimeout = 300.0,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -187,8 +215,7 @@ def last_good(
     Example: torchrun train.py --resume "$(drill last-good --root /ckpt/run7 --min-evidence sealed)"
     """
     from drill.api import last_good as proven
-    from drill.claims import parse_level, proof_of
-    from drill.text import printable
+    from drill.claims import parse_level
 
     level = flag("--min-evidence", parse_level, min_evidence)
     if level == "none":
@@ -204,19 +231,4 @@ def last_good(
             f"no retained checkpoint under {root} has passed its latest drill{asked}",
             hint=f"drill one: drill run --root {root}",
         )
-    proof = proof_of(good)
-    if json:
-        print_json(
-            {
-                "checkpoint": good.to_document(with_checks=False)["checkpoint"],
-                "drill_id": good.id,
-                "drilled_at": good.started_at.isoformat(),
-                "proof": proof.to_dict(),
-            }
-        )
-        return
-    uri = good.checkpoint.uri
-    sys.stdout.write(
-        (printable(uri) if sys.stdout.isatty() else uri) + "\n"
-    )  # data for a script, escaped for a terminal
-    stderr().print(f"drill #{good.id}, {good.started_at.isoformat()[:19]}Z: {proof.describe()}", markup=False)
+    _print_last_good(good, good.checkpoint.uri, json)
