@@ -264,7 +264,9 @@ def test_no_file_descriptor_or_thread_leaks_across_a_hundred_drills(demo_run: Pa
     before = (fds(), threading.active_count())
     for _ in range(100):
         assert _drill(demo_run, sqlite_url).status.value == "passed"
-    time.sleep(0.5)  # reader threads finishing their last task
+    deadline = time.monotonic() + 10  # reader threads finishing their last task: wait for it, not a clock
+    while threading.active_count() > before[1] + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     after = (fds(), threading.active_count())
     assert after[0] <= before[0] + 2, f"file descriptors {before[0]} → {after[0]}"
     assert after[1] <= before[1] + 1, f"threads {before[1]} → {after[1]}"

@@ -12,6 +12,7 @@ import pytest
 
 from drill import history
 from tests.support.drive import start, wait_for
+from tests.support.replay_targets import REPLAYING
 
 pytestmark = pytest.mark.slow
 
@@ -32,12 +33,12 @@ pytestmark = pytest.mark.slow
 def test_an_interrupt_at_any_phase_is_one_aborted_record(
     demo_run: Path, sqlite_url: str, tmp_path: Path, phase: str, recorded_phase: str | None, sig: int
 ) -> None:
-    marker = tmp_path / "arrived"
+    marker, replaying = tmp_path / "arrived", tmp_path / "replaying"
     extra = ("--replay", "tests.support.replay_targets:hanging") if phase == "replay" else ("--no-replay",)
-    proc = start(phase, marker, "--root", str(demo_run), "--db", sqlite_url, *extra)
+    proc = start(phase, marker, "--root", str(demo_run), "--db", sqlite_url, *extra, env={REPLAYING: str(replaying)})
     wait_for(marker, proc)
     if phase == "replay":
-        time.sleep(1.0)  # the replay child is running
+        wait_for(replaying, proc)  # the replay child is in its step
     sent = time.monotonic()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
@@ -75,7 +76,7 @@ def test_an_interrupt_before_the_record_exists_claims_none(
 
 
 def test_the_replay_child_goes_with_the_drill(demo_run: Path, sqlite_url: str, tmp_path: Path) -> None:
-    marker = tmp_path / "arrived"
+    marker, replaying = tmp_path / "arrived", tmp_path / "replaying"
     proc = start(
         "replay",
         marker,
@@ -85,14 +86,23 @@ def test_the_replay_child_goes_with_the_drill(demo_run: Path, sqlite_url: str, t
         sqlite_url,
         "--replay",
         "tests.support.replay_targets:hanging",
+        env={REPLAYING: str(replaying)},
     )
     wait_for(marker, proc)
-    time.sleep(1.0)
+    wait_for(replaying, proc)
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert children, "the replay child should be running"
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=30)
-    time.sleep(0.5)
-    for pid in children:
-        with pytest.raises(ProcessLookupError):
-            os.kill(int(pid), 0)
+    deadline = time.monotonic() + 10
+    while alive := [pid for pid in children if _exists(int(pid))]:  # gone with it, not merely later
+        assert time.monotonic() < deadline, f"the replay child outlived the drill: {alive}"
+        time.sleep(0.05)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

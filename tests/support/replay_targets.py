@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,8 +17,14 @@ class _Raising(DemoReplay):
         raise RuntimeError("the step function exploded")
 
 
+REPLAYING = "DRILL_TEST_REPLAYING"
+"""A file the hanging replay creates once it is in its step (the test waits on it, not a clock)."""
+
+
 class _Hanging(DemoReplay):
     def step(self) -> Any:
+        if os.environ.get(REPLAYING):
+            Path(os.environ[REPLAYING]).touch()
         time.sleep(3600)
 
 
