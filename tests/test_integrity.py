@@ -349,7 +349,7 @@ def test_storage_without_positioned_reads_streams_each_file_whole(
 
     data = os.urandom(300_001)
     (tmp_path / "big").write_bytes(data)
-    monkeypatch.setattr(parallel, "hash_span", lambda *a, **k: pytest.fail("a span was read"))
+    monkeypatch.setattr(parallel, "span_digests", lambda *a, **k: pytest.fail("a span was read"))
     monkeypatch.setattr("drill.proc.may_fork", lambda: pytest.fail("a fork was considered"))
     got = parallel.hash_files(Streaming(), str(tmp_path), {"big": len(data)}, 16 << 10)["big"]
     from drill.integrity.reading import hash_stream
@@ -536,3 +536,38 @@ def test_a_manifest_path_that_could_leave_the_checkpoint_is_refused(path: str) -
     assert caught.value.code == "manifest-path-escapes"
     for inside in ("a", "sub/a.distcp", "./a", "a/./b", "a..b", "..a"):  # dots in a name are not a parent
         check_relative_path(inside)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("size", True, "size (bool"),
+        ("size", 16.0, "size (float"),
+        ("path", 7, "path (int"),
+        ("xxh3_128", None, "xxh3_128 (NoneType"),
+        ("chunks", "ab", "chunks (str"),
+        ("chunks", [1], "chunk digest (int"),
+        ("path", "missing", "'path'"),
+        (None, ["a", 1], "list"),
+    ],
+)
+def test_a_manifest_entry_of_the_wrong_json_type_is_invalid_and_names_its_field(
+    field: str | None, value: object, named: str
+) -> None:
+    """Each file's fields are exactly the JSON types drill writes — checked before the digest,
+    so a manifest re-digested after the edit is still refused, with the field named."""
+    from drill.integrity.manifest import DIGESTS, ManifestInvalid, parse_manifest, self_digest
+
+    doc = {"format": "drill-manifest", "version": 1, "step": 1, "created_at": "t", "chunk_size": 16, "frameworks": {}}
+    entry: object = {"path": "a.distcp", "size": 16, "xxh3_128": "00", "chunks": ["00"]}
+    if field is None:
+        entry = value
+    elif value == "missing":
+        del entry[field]  # type: ignore[attr-defined]
+    else:
+        entry[field] = value  # type: ignore[index]
+    doc["files"] = [{"path": "b.distcp", "size": 1, "xxh3_128": "01", "chunks": ["01"]}, entry]
+    doc["manifest_xxh3_128"] = self_digest({k: v for k, v in doc.items() if k not in DIGESTS})
+    with pytest.raises(ManifestInvalid) as invalid:
+        parse_manifest(json.dumps(doc).encode())
+    assert invalid.value.code == "manifest-invalid" and named in str(invalid.value), invalid.value

@@ -184,3 +184,47 @@ def test_verify_keeps_the_ledger_without_importing_sqlalchemy(demo_run: Path, tm
     assert datetime.fromisoformat(stamp) > datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(
         minutes=5
     )  # the second run wrote its proofs
+
+
+def _times(path: str) -> dict[str, str]:
+    with sqlite3.connect(path) as conn:
+        return dict(conn.execute("SELECT path, verified_at FROM file_verifications").fetchall())
+
+
+@pytest.mark.parametrize("writer", ["records", "sqlite3"])
+def test_a_nightly_reverify_redates_every_proof_and_a_resealed_file_is_rewritten(tmp_path: Path, writer: str) -> None:
+    """The common night: every file proven again, of the same bytes — each proof re-dated (in
+    one statement); then a file sealed anew (other bytes, other size) — its proof rewritten,
+    the rest re-dated; then one that is new beside them. Both writers leave the same rows."""
+    path = _fresh(tmp_path, f"{writer}.db")
+    database = open_database(path) if writer == "records" else None
+    ledger = Records(database) if database is not None else SqliteLedger.at_head(path)
+    assert ledger is not None
+    resealed = SEALED | {"a.distcp": (700, "a2" * 16)}
+    grown = resealed | {"c.distcp": (200, "cc" * 16)}
+    try:
+        cid = ledger.ensure_checkpoint(run_root="/runs/r", uri="/runs/r/step-30", step=30, format="dcp")
+        assert ledger.apply_coverage(cid, None, _update(set(SEALED), set()), 7.0) == 1.0
+        first = _times(path)
+        with sqlite3.connect(path) as conn:  # a week ago: only a re-dating makes them fresh again
+            conn.execute("UPDATE file_verifications SET verified_at = '2020-01-01 00:00:00.000000'")
+        assert ledger.apply_coverage(cid, None, _update(set(SEALED), set()), 7.0) == 1.0
+        redated = _times(path)
+        assert set(redated) == set(first) and all(t > "2021" for t in redated.values())
+        update = CoverageUpdate(sealed=resealed, verified=dict(resealed), broken=frozenset())
+        assert ledger.apply_coverage(cid, None, update, 7.0) == 1.0
+        update = CoverageUpdate(sealed=grown, verified={"c.distcp": grown["c.distcp"]}, broken=frozenset())
+        assert ledger.apply_coverage(cid, None, update, 7.0) == 1.0
+    finally:
+        if database is not None:
+            database.close()
+        else:
+            ledger.close()
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT path, size, xxh3_128, drill_id FROM file_verifications ORDER BY path").fetchall()
+    assert rows == [
+        (".metadata", 100, "mm" * 16, None),
+        ("a.distcp", 700, "a2" * 16, None),
+        ("b.distcp", 300, "bb" * 16, None),
+        ("c.distcp", 200, "cc" * 16, None),
+    ]

@@ -68,7 +68,7 @@ def test_hash_files_uses_the_workers_and_matches_a_stream(
 ) -> None:
     import drill.integrity.parallel as parallel
 
-    monkeypatch.setattr(parallel, "hash_span", lambda *a, **k: pytest.fail("a span was read, not mapped"))
+    monkeypatch.setattr(parallel, "span_digests", lambda *a, **k: pytest.fail("a span was read, not mapped"))
     storage = LocalStorage()
     got = hash_files(storage, str(tmp_path), {n: len(b) for n, b in files.items()}, CHUNK, workers=2)
     for name in files:
@@ -91,10 +91,10 @@ def test_a_worker_killed_by_sigbus_loses_only_the_spans_it_had_not_reported(
     storage, spans = LocalStorage(), _spans(tmp_path, files)
     real = mapped._digests
 
-    def dies_on_b(open_fd, uri, start, length, chunk):
+    def dies_on_b(open_fd, uri, start, length, chunk, *rest):
         if uri.endswith("/b"):
             os.kill(os.getpid(), signal.SIGBUS)
-        return real(open_fd, uri, start, length, chunk)
+        return real(open_fd, uri, start, length, chunk, *rest)
 
     monkeypatch.setattr(mapped, "_digests", dies_on_b)
     got = mapped.hash_mapped(storage.open_fd, spans, CHUNK, workers=len(spans))
@@ -139,6 +139,7 @@ def test_a_file_truncated_under_the_mapping_is_a_changed_file(
             return xxhash.xxh3_128(view)
 
     monkeypatch.setattr(mapped, "xxhash", Cutting())
+    monkeypatch.setattr(mapped, "SMALL_SPAN", 0)  # every span through a mapping, however small
     got = hash_files(LocalStorage(), str(tmp_path), {"a": len(files["a"])}, CHUNK, workers=2)
     assert isinstance(got["a"], OSError) and "shrank" in str(got["a"])
 
@@ -155,7 +156,7 @@ def test_the_drill_command_hashes_through_workers_and_names_damage(tmp_path: Pat
         f.write(bytes([f.read(1)[0] ^ 0xFF]))
     code = (
         "import sys, drill.integrity.parallel as p\n"
-        "p.hash_span = lambda *a, **k: sys.exit('a span was read, not mapped')\n"
+        "p.span_digests = lambda *a, **k: sys.exit('a span was read, not mapped')\n"
         f"sys.argv = ['drill', 'verify', {str(tmp_path)!r}, '--db', {str(tmp_path.parent / (tmp_path.name + '.db'))!r}, '--json']\n"
         "from drill.cli import main\nmain()\n"
     )
@@ -191,3 +192,35 @@ def test_workers_leave_the_cores_other_work_keeps_busy(monkeypatch: pytest.Monke
     for load, expected in ((0.0, 4), (1.0, 3), (2.2, 2), (3.9, 1), (40.0, 1)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
         assert parallel.free_cores(8) == expected, load
+
+
+@pytest.mark.parametrize("mapping", [False, True])
+@pytest.mark.parametrize("name", ["c", "a"])
+def test_a_file_longer_than_listed_is_read_again_and_reported(
+    tmp_path: Path, files: dict[str, bytes], forking: None, name: str, mapping: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker proves the end of each file it reads (the span that ends it: a small one read
+    whole, a large one mapped), so the caller takes no ``stat`` of each file after — and a file
+    that grew is still found."""
+    if mapping:
+        monkeypatch.setattr(mapped, "SMALL_SPAN", 0)  # every span through a mapping (the workers are forked after)
+    listed = {n: len(b) for n, b in files.items()} | {name: len(files[name]) - 7}
+    got = hash_files(LocalStorage(), str(tmp_path), listed, CHUNK, workers=2)
+    assert isinstance(got[name], OSError) and f"{len(files[name])} bytes by the end of the read" in str(got[name])
+    assert all(not isinstance(got[n], OSError) for n in files if n != name)
+
+
+@pytest.mark.parametrize(
+    "lengths", [[5] * 3, [16 << 10] * 20_000, [1 << 30] + [100] * 1000, [100] * 1000 + [1 << 30], [7]]
+)
+@pytest.mark.parametrize("workers", [1, 2, 8])
+def test_spans_are_handed_out_in_runs_of_about_equal_work(lengths: list[int], workers: int) -> None:
+    spans = [("f", 0, n) for n in lengths]
+    bounds = mapped.runs(spans, workers)
+    assert bounds[0] == 0 and bounds[-1] == len(spans) and bounds == sorted(set(bounds))  # every span, once, in order
+    jobs = min(len(spans), mapped.JOBS_PER_WORKER * workers)
+    assert len(bounds) - 1 <= jobs + 1
+    cost = [n + mapped.SPAN_COST for n in lengths]
+    fair = sum(cost) / jobs
+    for a, b in zip(bounds, bounds[1:], strict=False):  # a run is over its share by one span at most
+        assert sum(cost[a:b]) - max(cost[a:b]) <= fair

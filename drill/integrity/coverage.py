@@ -5,9 +5,10 @@ Pure functions; the record store applies them (see :meth:`drill.records.store.Re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from drill.findings import CheckResult, Severity
 from drill.integrity.verify import IntegrityPlan
@@ -33,6 +34,45 @@ def coverage_update(plan: IntegrityPlan, integrity: CheckResult) -> CoverageUpda
         str(f.subject) for f in integrity.findings if f.severity is Severity.ERROR and f.subject in sealed
     )
     return CoverageUpdate(sealed, verified, broken)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerWrites:
+    """What a ledger writes for one update, given the proofs it holds (path → (size, digest)):
+    each of its writers (:mod:`drill.records.lite`, :mod:`drill.records.ledger`) asks here."""
+
+    redate_all: bool
+    """Every stored proof was just proven again, of the same bytes: one statement re-dates them
+    all (a nightly verify of an unchanged checkpoint of 20,000 files writes no row one by one)."""
+    write: list[str]
+    """Files whose proof is new or of other bytes (with ``redate_all``), else every verified one."""
+    forget: list[str]
+    """Files whose stored proofs no longer hold."""
+
+
+def ledger_writes(update: CoverageUpdate, stored: Mapping[str, tuple[int, str]]) -> LedgerWrites:
+    same = [p for p, proof in update.verified.items() if stored.get(p) == proof]
+    redate_all = bool(stored) and len(same) == len(stored)
+    write = [p for p in update.verified if stored.get(p) != update.verified[p]] if redate_all else list(update.verified)
+    return LedgerWrites(redate_all, write, sorted(update.broken & stored.keys()))
+
+
+def proofs_after(
+    update: CoverageUpdate,
+    stored: Mapping[str, tuple[str, Any]],
+    writes: LedgerWrites,
+    now: datetime,
+    parse: Callable[[Any], datetime],
+) -> dict[str, tuple[str, datetime]]:
+    """Path → (digest, when) once the writes are made: what :func:`fresh_share` measures.
+    ``stored``: path → (digest, time as stored), the time read with ``parse`` only for the
+    proofs that stand as they were."""
+    forgotten = set(writes.forget)
+    proofs = {
+        p: (digest, parse(at)) for p, (digest, at) in stored.items() if p not in update.verified and p not in forgotten
+    }
+    proofs.update((p, (digest, now)) for p, (_, digest) in update.verified.items())
+    return proofs
 
 
 def fresh_share(update: CoverageUpdate, proofs: Mapping[str, tuple[str, datetime]], since: datetime) -> float:

@@ -21,10 +21,11 @@ import select
 import signal
 import struct
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import xxhash
 
+from drill.integrity.reading import span_digests
 from drill.proc import die_with_parent
 
 Span = tuple[str, int, int]
@@ -43,10 +44,17 @@ REPORT_BYTES = 1 << 15
 
 
 def hash_mapped(
-    open_fd: Callable[[str], int], spans: Sequence[Span], chunk_size: int, workers: int
+    open_fd: Callable[[str], int],
+    spans: Sequence[Span],
+    chunk_size: int,
+    workers: int,
+    sizes: Mapping[str, int] | None = None,
 ) -> list[list[bytes] | None]:
     """Each span's chunk digests, or None where no worker reported it (a fault in the mapping,
-    a file shorter than the span, a worker that died): hash those the ordinary way."""
+    a file shorter than the span, a worker that died): hash those the ordinary way.
+
+    ``sizes``: each file's listed size; a span that ends there is reported only if the file
+    is no longer than that when it has been read (a file that grew is read again, and found)."""
     done: list[list[bytes] | None] = [None] * len(spans)
     if not spans:
         return done
@@ -55,7 +63,8 @@ def hash_mapped(
     parent = os.getpid()
     pids: list[int] = []
     pipes: dict[int, bytearray] = {}
-    jobs = _job_queue(len(spans))
+    bounds = runs(spans, workers)
+    jobs = _job_queue(len(bounds) - 1)
     try:
         for _ in range(min(workers, len(spans))):
             read_fd, write_fd = os.pipe()
@@ -67,7 +76,7 @@ def hash_mapped(
                 break
             if pid == 0:  # pragma: no cover - the worker; its report is checked by the caller
                 os.close(read_fd)
-                _work(parent, write_fd, jobs, open_fd, spans, chunk_size)
+                _work(parent, write_fd, jobs, bounds, open_fd, spans, chunk_size, sizes or {})
             os.close(write_fd)
             pids.append(pid)
             pipes[read_fd] = bytearray()
@@ -86,24 +95,39 @@ def hash_mapped(
 
 
 MAX_JOBS = 65536 // 4
-"""Jobs a pipe buffer holds: more spans than this are handed out in runs."""
+"""Jobs a pipe buffer holds."""
+JOBS_PER_WORKER = 64
+"""Runs of spans per worker: enough that a worker on a busy core takes fewer of them, few
+enough that thousands of small files are not a pipe read each."""
+SPAN_COST = 64 << 10
+"""What opening a span's file costs, in bytes hashed: a run of thousands of small files is
+as much work as a few large spans."""
 
 
-def _job_queue(n: int) -> int:
-    """A pipe holding job numbers (each a run of spans, :func:`_job_spans`), its write end
+def runs(spans: Sequence[Span], workers: int) -> list[int]:
+    """Where each job's run of spans begins (and, last, where the final one ends): runs of
+    about equal work — bytes plus :data:`SPAN_COST` a span — and a span never split."""
+    jobs = max(1, min(len(spans), MAX_JOBS, workers * JOBS_PER_WORKER))
+    total = sum(n for _, _, n in spans) + SPAN_COST * len(spans)
+    bounds, done = [0], 0
+    for i, (_, _, n) in enumerate(spans):
+        done += n + SPAN_COST
+        if done * jobs >= total * len(bounds) and i + 1 < len(spans):
+            bounds.append(i + 1)
+    bounds.append(len(spans))
+    return bounds
+
+
+def _job_queue(jobs: int) -> int:
+    """A pipe holding job numbers (each a run of spans, :func:`runs`), its write end
     closed: each worker takes the next job when it is free (a 4-byte read from a pipe is
     atomic), so a worker on a busy core takes fewer spans instead of holding the others up."""
     read_fd, write_fd = os.pipe()
     try:
-        _write_all(write_fd, b"".join(_INDEX.pack(i) for i in range(min(n, MAX_JOBS))))
+        _write_all(write_fd, b"".join(_INDEX.pack(i) for i in range(jobs)))
     finally:
         os.close(write_fd)
     return read_fd
-
-
-def _job_spans(job: int, n: int) -> range:
-    jobs = min(n, MAX_JOBS)
-    return range(job * n // jobs, (job + 1) * n // jobs)
 
 
 def _collect(pipes: dict[int, bytearray]) -> None:
@@ -144,15 +168,25 @@ def _parse(data: bytearray, done: list[list[bytes] | None]) -> None:
 
 
 def _work(
-    parent: int, fd: int, jobs: int, open_fd: Callable[[str], int], spans: Sequence[Span], chunk_size: int
+    parent: int,
+    fd: int,
+    jobs: int,
+    bounds: list[int],
+    open_fd: Callable[[str], int],
+    spans: Sequence[Span],
+    chunk_size: int,
+    sizes: Mapping[str, int],
 ) -> None:  # pragma: no cover
     code = 1
     try:
         _detach(parent)
         reports = bytearray()
         while len(taken := os.read(jobs, _INDEX.size)) == _INDEX.size:
-            for index in _job_spans(_INDEX.unpack(taken)[0], len(spans)):
-                digests = _digests(open_fd, *spans[index], chunk_size)
+            job = _INDEX.unpack(taken)[0]
+            for index in range(bounds[job], bounds[job + 1]):
+                uri, start, length = spans[index]
+                ends = start + length == sizes.get(uri, -1)
+                digests = _digests(open_fd, uri, start, length, chunk_size, ends)
                 if digests is not None:
                     reports += _HEAD.pack(index, len(digests)) + b"".join(digests)
                 if len(reports) >= REPORT_BYTES:  # many small files: one write per batch, not per file
@@ -175,25 +209,26 @@ def _detach(parent: int) -> None:  # pragma: no cover - in the worker
 
 
 def _digests(
-    open_fd: Callable[[str], int], uri: str, start: int, length: int, chunk_size: int
+    open_fd: Callable[[str], int], uri: str, start: int, length: int, chunk_size: int, ends: bool = False
 ) -> list[bytes] | None:  # pragma: no cover
     """The span's chunk digests, through one window of whole chunks at a time (a small span is
-    read in one positioned read: a mapping's set-up costs more than copying it)."""
+    read in one positioned read: a mapping's set-up costs more than copying it). None when the
+    file is shorter than the span, or — the span ``ends`` the file — longer than it."""
     window = max(1, WINDOW // chunk_size) * chunk_size
     fd = open_fd(uri)
     try:
-        if length <= SMALL_SPAN:  # a short read says the file shrank: no fstat needed
-            data = memoryview(os.pread(fd, length, start))
-            if len(data) < length:
+        if length <= SMALL_SPAN:  # a mapping's set-up costs more than copying the span
+            try:
+                return span_digests(fd, start, length, chunk_size, ends=ends)
+            except (EOFError, OSError):
                 return None  # the positioned read in the parent reports it
-            return [xxhash.xxh3_128(data[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)] or [
-                xxhash.xxh3_128(b"").digest()
-            ]
         if os.fstat(fd).st_size < start + length:
             return None  # shrank since it was listed: a mapping past its end would fault
         digests: list[bytes] = []
         for at in range(start, start + length, window):
             digests += _window(fd, at, min(window, start + length - at), chunk_size)
+        if ends and os.fstat(fd).st_size != start + length:
+            return None  # grew while it was read
         return digests
     finally:
         os.close(fd)

@@ -4,7 +4,8 @@ A local file is cut into spans of whole chunks, so one big shard does not hash o
 Where this process may fork, the spans are hashed through mappings in forked workers
 (:mod:`drill.integrity.mapped`, twice the bytes per core); what they leave — a span whose
 mapping faulted, everything where forking is not safe — is read with positioned reads on
-threads. Object storage streams each file (its reader reads ahead by itself), as does a file
+threads, a run of spans to a thread. Files are opened by relative path beneath the checkpoint
+(no ``stat`` of each, no re-check after). Object storage streams each file (its reader reads ahead by itself), as does a file
 that needs SHA-256 besides.
 """
 
@@ -12,13 +13,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from drill.integrity.hashing import FileHashes
-from drill.integrity.reading import FileChanged, hash_span, hash_stream
+from drill.integrity.reading import FileChanged, hash_stream, span_digests
 from drill.storage import Storage
 
-T = TypeVar("T")
 Spans = dict[str, list[tuple[int, int]]]
 """File → (start, length) of its spans, each a run of whole chunks."""
 Digests = dict[tuple[str, int], list[bytes] | OSError]
@@ -42,34 +42,25 @@ def hash_files(
     spans = {
         rel: _spans(sizes[rel], chunk_size, workers) for rel in paths if spannable and rel not in sha256 and sizes[rel]
     }
-    uris = {rel: storage.child(checkpoint, rel) for rel in spans}
-    done: Digests = dict(_hash_mapped(storage, uris, spans, chunk_size, workers))
     streamed = [rel for rel in paths if rel not in spans]
-    left = [(rel, a, n) for rel, parts in spans.items() for a, n in parts if (rel, a) not in done]
     out: dict[str, FileHashes | OSError] = {}
-    if streamed or left:
-        from concurrent.futures import ThreadPoolExecutor
+    with _opener(storage, checkpoint, bool(spans)) as opener:
+        done: Digests = dict(_hash_mapped(opener, spans, sizes, chunk_size, workers))
+        left = [(rel, a, n) for rel, parts in spans.items() for a, n in parts if (rel, a) not in done]
+        if streamed or left:
+            from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            whole = {
-                rel: pool.submit(
-                    _caught,
-                    hash_stream,
-                    storage,
-                    storage.child(checkpoint, rel),
-                    sizes[rel],
-                    chunk_size=chunk_size,
-                    sha256=rel in sha256,
-                )
-                for rel in streamed
-            }
-            read = {
-                (rel, a): pool.submit(_caught, hash_span, storage, uris[rel], a, n, chunk_size) for rel, a, n in left
-            }
-            out.update((rel, f.result()) for rel, f in whole.items())
-            done.update((key, f.result()) for key, f in read.items())
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                whole = {
+                    rel: pool.submit(_streamed, storage, checkpoint, rel, sizes[rel], chunk_size, rel in sha256)
+                    for rel in streamed
+                }
+                read = [pool.submit(_read_run, opener, run, sizes, chunk_size) for run in _in_runs(left, workers)]
+                out.update((rel, f.result()) for rel, f in whole.items())
+                for f in read:
+                    done.update(f.result())
     for rel, parts in spans.items():
-        out[rel] = _joined(storage, uris[rel], sizes[rel], chunk_size, [done[(rel, a)] for a, _ in parts])
+        out[rel] = _joined(sizes[rel], chunk_size, [done[(rel, a)] for a, _ in parts])
     return {rel: out[rel] for rel in paths}
 
 
@@ -102,15 +93,19 @@ core takes fewer of them."""
 def _spans(size: int, chunk: int, parts: int) -> list[tuple[int, int]]:
     """(start, length) of runs of whole chunks covering ``size`` (> 0) bytes: at least
     ``parts`` of them where there are as many chunks, none over :data:`SPAN_BYTES`."""
+    if size <= chunk:  # most files of a checkpoint of many small ones
+        return [(0, size)]
     chunks = -(-size // chunk)
     per = max(1, min(-(-chunks // max(1, parts)), SPAN_BYTES // chunk))
     return [(i * chunk, min(size, (i + per) * chunk) - i * chunk) for i in range(0, chunks, per)]
 
 
 def _hash_mapped(
-    storage: Storage, uris: Mapping[str, str], spans: Spans, chunk_size: int, workers: int
+    opener: Callable[[str], int], spans: Spans, sizes: Mapping[str, int], chunk_size: int, workers: int
 ) -> dict[tuple[str, int], list[bytes]]:
-    """The spans forked workers hashed through mappings; none where this process may not fork."""
+    """The spans forked workers hashed through mappings; none where this process may not fork.
+    Each span that ends a file also proves the file no longer than listed, so no file needs a
+    ``stat`` after."""
     from drill.proc import may_fork
 
     if not spans or not may_fork():
@@ -118,33 +113,84 @@ def _hash_mapped(
     from drill.integrity.mapped import hash_mapped
 
     keys = [(rel, a, n) for rel, parts in spans.items() for a, n in parts]
-    open_fd = storage.open_fd  # type: ignore[attr-defined]  # a storage with positioned reads (local) offers it
-    got = hash_mapped(open_fd, [(uris[rel], a, n) for rel, a, n in keys], chunk_size, workers)
+    got = hash_mapped(opener, keys, chunk_size, workers, sizes=sizes)
     return {(rel, a): digests for (rel, a, _), digests in zip(keys, got, strict=True) if digests is not None}
 
 
-def _caught(read: Callable[..., T], *args: Any, **kwargs: Any) -> T | OSError:
-    """What ``read`` returns, or the error that stopped it (a file that changed size included)."""
+def _opener(storage: Storage, checkpoint: str, needed: bool) -> Any:
+    """What opens a file of the checkpoint by relative path for positioned reads: the storage's
+    own (local: :meth:`~drill.storage.local.LocalStorage.beneath`), else resolved then opened."""
+    beneath = getattr(storage, "beneath", None)
+    if needed and beneath is not None:
+        try:
+            return beneath(checkpoint)
+        except OSError:  # the directory itself is gone or unreadable: each file says so
+            pass
+    return _Resolving(storage, checkpoint)
+
+
+class _Resolving:
+    """Opens a relative path the checked way: resolved (:meth:`Storage.child`), then opened."""
+
+    def __init__(self, storage: Storage, checkpoint: str) -> None:
+        self.storage, self.checkpoint = storage, checkpoint
+
+    def __call__(self, rel: str) -> int:
+        return self.storage.open_fd(self.storage.child(self.checkpoint, rel))  # type: ignore[attr-defined]
+
+    def __enter__(self) -> _Resolving:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _in_runs(spans: list[tuple[str, int, int]], workers: int) -> list[list[tuple[str, int, int]]]:
+    """The spans in runs of about equal work (:func:`drill.integrity.mapped.runs`): a thread
+    takes a run, not a file — thousands of small files are not thousands of tasks."""
+    from drill.integrity.mapped import runs
+
+    bounds = runs(spans, workers)
+    return [spans[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _read_run(
+    opener: Callable[[str], int], run: list[tuple[str, int, int]], sizes: Mapping[str, int], chunk_size: int
+) -> Digests:
+    """Each span of the run read with positioned reads (:func:`span_digests`), or its error."""
+    out: Digests = {}
+    for rel, a, n in run:
+        try:
+            fd = opener(rel)
+        except OSError as exc:
+            out[(rel, a)] = exc
+            continue
+        try:
+            out[(rel, a)] = span_digests(fd, a, n, chunk_size, ends=a + n == sizes[rel])
+        except FileChanged as exc:
+            out[(rel, a)] = OSError(0, str(exc))
+        except OSError as exc:
+            out[(rel, a)] = exc
+        finally:
+            os.close(fd)
+    return out
+
+
+def _streamed(
+    storage: Storage, checkpoint: str, rel: str, size: int, chunk_size: int, sha256: bool
+) -> FileHashes | OSError:
+    """A whole file hashed through the storage's reader (object storage; a file that needs SHA-256)."""
     try:
-        return read(*args, **kwargs)
+        return hash_stream(storage, storage.child(checkpoint, rel), size, chunk_size=chunk_size, sha256=sha256)
     except FileChanged as exc:
         return OSError(0, str(exc))
     except OSError as exc:
         return exc
 
 
-def _joined(
-    storage: Storage, uri: str, size: int, chunk_size: int, parts: list[list[bytes] | OSError]
-) -> FileHashes | OSError:
-    """One file's hashes from its spans'; the file's size checked again, as a streamed read
-    would notice it grow."""
+def _joined(size: int, chunk_size: int, parts: list[list[bytes] | OSError]) -> FileHashes | OSError:
+    """One file's hashes from its spans' (each read proved the file's end where it reached it)."""
     failed = next((p for p in parts if isinstance(p, OSError)), None)
     if failed is not None:
         return failed
-    try:
-        now = storage.stat(uri).size
-    except OSError as exc:
-        return exc
-    if now != size:
-        return OSError(0, f"file is {now} bytes by the end of the read, {size} when listed")
     return FileHashes(size=size, chunk_size=chunk_size, chunks=[c for p in parts for c in p])  # type: ignore[union-attr]

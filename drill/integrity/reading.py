@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from queue import SimpleQueue
 
+import xxhash
+
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, ChunkHasher, FileHashes, crc32
 from drill.storage import FileChanged, NotARegularFile, PathEscapesCheckpoint, Storage, StorageUnavailable
 
@@ -119,23 +121,47 @@ def hash_stream(
 
 
 def hash_span(storage: Storage, uri: str, start: int, length: int, chunk_size: int) -> list[bytes]:
-    """The chunk digests of ``length`` bytes at ``start`` (a chunk boundary), read with
-    positioned reads so that spans of one file hash on several cores at once (storages with
-    ``positioned_reads``). :class:`FileChanged` when the file ends before the span does."""
-    hasher = ChunkHasher(chunk_size)
+    """The chunk digests of ``length`` bytes at ``start`` (a chunk boundary) of ``uri``
+    (:func:`span_digests` on a descriptor of it)."""
     with storage.open(uri) as f:
-        fd = f.fileno()
-        buf = memoryview(mmap.mmap(-1, min(SPAN_READ, length)))
-        pos, end = start, start + length
-        while pos < end:
-            n = os.preadv(fd, [buf[: min(len(buf), end - pos)]], pos)
-            if not n:
-                raise FileChanged(
-                    f"file shrank while it was read: it ends at byte {pos}, {start + length} or more when listed"
-                )
-            hasher.update(buf[:n])
-            pos += n
+        return span_digests(f.fileno(), start, length, chunk_size)
+
+
+def span_digests(fd: int, start: int, length: int, chunk_size: int, *, ends: bool = False) -> list[bytes]:
+    """The chunk digests of ``length`` bytes at ``start`` (a chunk boundary), read with
+    positioned reads, so that spans of one file hash on several cores at once. A small span is
+    one read (thousands of small files pay for nothing else). :class:`FileChanged` when the file
+    ends before the span does — or, where the span ``ends`` the file as listed, after it."""
+    end = start + length
+    if length <= SPAN_READ:
+        data = memoryview(os.pread(fd, length + 1 if ends else length, start))
+        if len(data) < length:
+            raise FileChanged(
+                f"file shrank while it was read: it ends at byte {start + len(data)}, {end} or more when listed"
+            )
+        if len(data) > length:
+            raise _grew(fd, end)
+        return [xxhash.xxh3_128(data[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)] or [
+            xxhash.xxh3_128(b"").digest()
+        ]
+    hasher = ChunkHasher(chunk_size)
+    buf = memoryview(mmap.mmap(-1, SPAN_READ))
+    pos = start
+    while pos < end:
+        n = os.preadv(fd, [buf[: min(len(buf), end - pos)]], pos)
+        if not n:
+            raise FileChanged(f"file shrank while it was read: it ends at byte {pos}, {end} or more when listed")
+        hasher.update(buf[:n])
+        pos += n
+    if ends and os.pread(fd, 1, end):
+        raise _grew(fd, end)
     return hasher.finish().chunks
+
+
+def _grew(fd: int, listed: int) -> FileChanged:
+    return FileChanged(
+        f"file grew while it was read: {os.fstat(fd).st_size} bytes by the end of the read, {listed} when listed"
+    )
 
 
 INFRASTRUCTURE = frozenset({"denied", "unavailable"})

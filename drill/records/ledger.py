@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
+from typing import cast
 
-from sqlalchemy import String, select, type_coerce
-from sqlalchemy.orm import Session, load_only
+from sqlalchemy import String, Table, bindparam, delete, insert, select, type_coerce
+from sqlalchemy import update as update_rows
+from sqlalchemy.orm import Session
 
-from drill.integrity.coverage import CoverageUpdate, fresh_share
+from drill.integrity.coverage import CoverageUpdate, fresh_share, ledger_writes, proofs_after
 from drill.records.lite import stored_time
 from drill.records.models import Checkpoint, FileVerification
 from drill.records.rows import checkpoint_row
@@ -39,30 +41,35 @@ class LedgerMixin:
 
     def apply_coverage(self, checkpoint_id: int, drill_id: int | None, update: CoverageUpdate, days: float) -> float:
         """Record the files that matched, forget the ones that failed, and return the share of
-        the checkpoint's sealed bytes verified within ``days``."""
+        the checkpoint's sealed bytes verified within ``days`` — in statements over many rows
+        each (:func:`~drill.integrity.coverage.ledger_writes`), never an object per file."""
         now = datetime.now(timezone.utc)
+        table = cast(Table, FileVerification.__table__)
+        of_checkpoint = table.c.checkpoint_id == checkpoint_id
         with self._session() as s:
-            proofs = _proofs(s, checkpoint_id)
-            # The rows without their times: a time that cannot be read is overwritten, not loaded.
-            query = (
-                select(FileVerification)
-                .options(load_only(FileVerification.path))
-                .where(FileVerification.checkpoint_id == checkpoint_id)
-            )
-            rows = {r.path: r for r in s.scalars(query)}
-            for path, (size, digest) in update.verified.items():
-                row = rows.get(path)
-                if row is None:
-                    row = rows[path] = FileVerification(
-                        checkpoint_id=checkpoint_id, path=path, size=size, xxh3_128=digest, verified_at=now
-                    )
-                    s.add(row)
-                row.size, row.xxh3_128, row.verified_at, row.drill_id = size, digest, now, drill_id
-                proofs[path] = (digest, now)
-            for path in update.broken & set(rows):
-                s.delete(rows.pop(path))
-                proofs.pop(path, None)
-            return fresh_share(update, proofs, now - timedelta(days=days))
+            raw = type_coerce(table.c.verified_at, String)  # SQLite: the stored text; PostgreSQL: a datetime
+            rows = s.execute(select(table.c.path, table.c.size, table.c.xxh3_128, raw).where(of_checkpoint)).all()
+            stored = {path: (size, digest) for path, size, digest, _ in rows}
+            writes = ledger_writes(update, stored)
+            if writes.redate_all:
+                s.execute(update_rows(table).where(of_checkpoint).values(verified_at=now, drill_id=drill_id))
+            fields = [{"p": p, "size": update.verified[p][0], "xxh3_128": update.verified[p][1]} for p in writes.write]
+            if changed := [f for f in fields if f["p"] in stored]:
+                where = of_checkpoint & (table.c.path == bindparam("p"))
+                s.execute(update_rows(table).where(where).values(verified_at=now, drill_id=drill_id), changed)
+            if new := [f for f in fields if f["p"] not in stored]:
+                s.execute(
+                    insert(table),
+                    [
+                        {"checkpoint_id": checkpoint_id, "path": f["p"], "size": f["size"], "xxh3_128": f["xxh3_128"]}
+                        | {"verified_at": now, "drill_id": drill_id}
+                        for f in new
+                    ],
+                )
+            if writes.forget:
+                s.execute(delete(table).where(of_checkpoint & table.c.path.in_(writes.forget)))
+        proofs = proofs_after(update, {p: (d, at) for p, _, d, at in rows}, writes, now, stored_time)
+        return fresh_share(update, proofs, now - timedelta(days=days))
 
 
 def _proofs(s: Session, checkpoint_id: int) -> dict[str, tuple[str, datetime]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from drill.errors import DatabaseError
-from drill.integrity.coverage import CoverageUpdate, fresh_share
+from drill.integrity.coverage import CoverageUpdate, fresh_share, ledger_writes, proofs_after
 from drill.records.urls import SCHEMA_HEAD, sqlite_busy_timeout, sqlite_pragmas
 from drill.text import lossless
 
@@ -104,26 +104,30 @@ class SqliteLedger:
 
     def apply_coverage(self, checkpoint_id: int, drill_id: int | None, update: CoverageUpdate, days: float) -> float:
         now = datetime.now(timezone.utc)
+        stamp = _stamp(now)
         with self._transaction() as c:
-            proofs = {path: (digest, stored_time(at)) for path, digest, at in self._proofs(c, checkpoint_id)}
-            stamp = _stamp(now)
+            rows = c.execute(
+                "SELECT path, size, xxh3_128, verified_at FROM file_verifications WHERE checkpoint_id = ?",
+                (checkpoint_id,),
+            ).fetchall()
+            writes = ledger_writes(update, {path: (size, digest) for path, size, digest, _ in rows})
+            if writes.redate_all:
+                c.execute(
+                    "UPDATE file_verifications SET verified_at = ?, drill_id = ? WHERE checkpoint_id = ?",
+                    (stamp, drill_id, checkpoint_id),
+                )
             c.executemany(  # one statement for every file: thousands of small files cost one round trip
                 "INSERT INTO file_verifications (checkpoint_id, path, size, xxh3_128, verified_at, drill_id) VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (checkpoint_id, path) DO UPDATE SET size = excluded.size, xxh3_128 = excluded.xxh3_128, "
                 "verified_at = excluded.verified_at, drill_id = excluded.drill_id",
-                [
-                    (checkpoint_id, lossless(path), size, digest, stamp, drill_id)
-                    for path, (size, digest) in update.verified.items()
-                ],
+                [(checkpoint_id, lossless(p), *update.verified[p], stamp, drill_id) for p in writes.write],
             )
-            proofs.update((path, (digest, now)) for path, (_, digest) in update.verified.items())
-            broken = sorted(update.broken & set(proofs))
             c.executemany(
                 "DELETE FROM file_verifications WHERE checkpoint_id = ? AND path = ?",
-                [(checkpoint_id, lossless(p)) for p in broken],
+                [(checkpoint_id, lossless(p)) for p in writes.forget],
             )
-            for path in broken:
-                del proofs[path]
+        stored = {path: (digest, at) for path, _, digest, at in rows}
+        proofs = proofs_after(update, stored, writes, now, stored_time)
         return fresh_share(update, proofs, now - timedelta(days=days))
 
     @staticmethod

@@ -40,7 +40,7 @@ class LocalStorage:
         entries = []
         with os.scandir(path) as it:
             for de in it:
-                full = os.path.join(path, de.name)
+                full = de.path
                 target = os.readlink(full) if de.is_symlink() else None
                 try:
                     st = de.stat(follow_symlinks=True)
@@ -88,22 +88,13 @@ class LocalStorage:
         closes it): what :meth:`open` wraps, without the file object — hashing thousands of
         small files pays for nothing else."""
         path = _path(uri)
-        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
-        # The type is checked on the descriptor itself, so a file swapped for a FIFO between a
-        # listing and this open is caught too. (A regular file's reads ignore O_NONBLOCK.)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        try:
-            mode = os.fstat(fd).st_mode
-            if stat_mod.S_ISDIR(mode):
-                raise IsADirectoryError(21, "Is a directory", path)
-            if not stat_mod.S_ISREG(mode):
-                raise NotARegularFile(
-                    f"{path} is not a regular file (a FIFO, socket or device): not opened for reading"
-                )
-            return fd
-        except BaseException:
-            os.close(fd)
-            raise
+        return _regular(os.open(path, _READ), path)
+
+    def beneath(self, base: str) -> Beneath:
+        """An opener of files below ``base`` by relative path (:class:`Beneath`): what
+        :meth:`child` and :meth:`open_fd` do together, without a ``stat`` of every component
+        of every path."""
+        return Beneath(self, base)
 
     def child(self, base: str, relative: str) -> str:
         parts = [p for p in relative.split("/") if p not in ("", ".")]
@@ -167,6 +158,98 @@ class LocalStorage:
         return CacheState(
             after.bytes, after.resident, "written back and dropped from the page cache (posix_fadvise DONTNEED)"
         )
+
+
+_READ = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+"""O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever (a regular
+file's reads ignore it)."""
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_A_LINK = frozenset({errno.ELOOP, errno.EMLINK, errno.ENOTDIR})
+"""What ``open`` with ``O_NOFOLLOW`` says of a link (Linux: ELOOP, FreeBSD: EMLINK; a link to a
+directory opened with ``O_DIRECTORY``: ENOTDIR)."""
+
+
+def _regular(fd: int, path: str, relative: str = "") -> int:
+    """``fd``, checked to be a regular file — on the descriptor itself, so a file swapped for a
+    FIFO between a listing and the open is caught too; closed and raised otherwise. The path
+    named in the error is ``path``, joined with ``relative`` where given."""
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat_mod.S_ISREG(mode):
+            return fd
+        path = os.path.join(path, relative) if relative else path
+        if stat_mod.S_ISDIR(mode):
+            raise IsADirectoryError(21, "Is a directory", path)
+        raise NotARegularFile(f"{path} is not a regular file (a FIFO, socket or device): not opened for reading")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class Beneath:
+    """Opens regular files below one directory by relative path, for positioned reads.
+
+    Each component is opened relative to the one above it with ``O_NOFOLLOW``, so a path with
+    no link along it is opened without a ``stat`` of each component — and without the race of
+    checking a path and then opening it: a component swapped for a link in between is refused
+    by the open itself. A path with a link along it goes the checked way (:meth:`LocalStorage.child`),
+    which follows a link that stays inside and refuses one that leads out. The directory's
+    descriptor is inherited by forked workers; :meth:`close` releases it.
+    """
+
+    def __init__(self, storage: LocalStorage, base: str) -> None:
+        self._storage = storage
+        self._base = base
+        self._root = _path(base)
+        self._fd = os.open(_real_directory(self._root), os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+
+    def __call__(self, relative: str) -> int:
+        if "/" in relative or relative in ("", ".", "..") or "\x00" in relative:
+            return self._nested(relative)
+        try:  # a file directly inside: one open, the common case
+            fd = os.open(relative, _READ | _NOFOLLOW, dir_fd=self._fd)
+        except OSError as exc:
+            return self._failed(exc, relative)
+        return _regular(fd, self._root, relative)
+
+    def _nested(self, relative: str) -> int:
+        parts = relative.split("/")
+        if "" in parts or "." in parts or ".." in parts or "\x00" in relative:
+            return self._checked(relative)  # refused there, or normalised ("a//b", "./a")
+        opened: list[int] = []
+        try:
+            at = self._fd
+            for part in parts[:-1]:
+                at = os.open(part, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=at)
+                opened.append(at)
+            fd = os.open(parts[-1], _READ | _NOFOLLOW, dir_fd=at)
+        except OSError as exc:
+            return self._failed(exc, relative)
+        finally:
+            for d in opened:
+                os.close(d)
+        return _regular(fd, self._root, relative)
+
+    def _failed(self, exc: OSError, relative: str) -> int:
+        """A link along the path is followed the checked way; any other error is the path's."""
+        if exc.errno in _A_LINK:
+            return self._checked(relative)
+        exc.filename = os.path.join(self._root, relative)
+        raise exc
+
+    def _checked(self, relative: str) -> int:
+        return self._storage.open_fd(self._storage.child(self._base, relative))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> Beneath:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 _REAL: dict[str, tuple[int, int, str]] = {}
