@@ -19,10 +19,8 @@ from drill.integrity.hashing import FileHashes
 from drill.integrity.reading import FileChanged, hash_stream, span_digests
 from drill.storage import Storage
 
-Spans = dict[str, list[tuple[int, int]]]
-"""File → (start, length) of its spans, each a run of whole chunks."""
-Digests = dict[tuple[str, int], list[bytes] | OSError]
-"""(file, span start) → the span's chunk digests, or the error that stopped its read."""
+Span = tuple[str, int, int]
+"""(file, start, length): a run of whole chunks of one file."""
 
 
 def hash_files(
@@ -39,14 +37,13 @@ def hash_files(
     paths = sorted(sizes)
     workers = workers or free_cores(8)
     spannable = getattr(storage, "positioned_reads", False)
-    spans = {
-        rel: _spans(sizes[rel], chunk_size, workers) for rel in paths if spannable and rel not in sha256 and sizes[rel]
-    }
-    streamed = [rel for rel in paths if rel not in spans]
+    spanned = [rel for rel in paths if spannable and rel not in sha256 and sizes[rel]]
+    spans = [(rel, a, n) for rel in spanned for a, n in _spans(sizes[rel], chunk_size, workers)]
+    streamed = sorted(set(paths) - set(spanned))
     out: dict[str, FileHashes | OSError] = {}
     with _opener(storage, checkpoint, bool(spans)) as opener:
-        done: Digests = dict(_hash_mapped(opener, spans, sizes, chunk_size, workers))
-        left = [(rel, a, n) for rel, parts in spans.items() for a, n in parts if (rel, a) not in done]
+        got = _hash_mapped(opener, spans, sizes, chunk_size, workers)
+        left = [i for i, g in enumerate(got) if g is None]
         if streamed or left:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -55,12 +52,13 @@ def hash_files(
                     rel: pool.submit(_streamed, storage, checkpoint, rel, sizes[rel], chunk_size, rel in sha256)
                     for rel in streamed
                 }
-                read = [pool.submit(_read_run, opener, run, sizes, chunk_size) for run in _in_runs(left, workers)]
+                runs = _in_runs(spans, left, workers)
+                read = [pool.submit(_read_run, opener, [spans[i] for i in run], sizes, chunk_size) for run in runs]
                 out.update((rel, f.result()) for rel, f in whole.items())
-                for f in read:
-                    done.update(f.result())
-    for rel, parts in spans.items():
-        out[rel] = _joined(sizes[rel], chunk_size, [done[(rel, a)] for a, _ in parts])
+                for run, f in zip(runs, read, strict=True):
+                    for i, result in zip(run, f.result(), strict=True):
+                        got[i] = result
+    out.update(_joined(spans, got, sizes, chunk_size))
     return {rel: out[rel] for rel in paths}
 
 
@@ -101,20 +99,18 @@ def _spans(size: int, chunk: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _hash_mapped(
-    opener: Callable[[str], int], spans: Spans, sizes: Mapping[str, int], chunk_size: int, workers: int
-) -> dict[tuple[str, int], list[bytes]]:
-    """The spans forked workers hashed through mappings; none where this process may not fork.
-    Each span that ends a file also proves the file no longer than listed, so no file needs a
-    ``stat`` after."""
+    opener: Callable[[str], int], spans: list[Span], sizes: Mapping[str, int], chunk_size: int, workers: int
+) -> list[list[bytes] | OSError | None]:
+    """Each span's digests as forked workers hashed them through mappings; None for a span no
+    worker reported, and for every span where this process may not fork. Each span that ends a
+    file also proves the file no longer than listed, so no file needs a ``stat`` after."""
     from drill.proc import may_fork
 
     if not spans or not may_fork():
-        return {}
+        return [None] * len(spans)
     from drill.integrity.mapped import hash_mapped
 
-    keys = [(rel, a, n) for rel, parts in spans.items() for a, n in parts]
-    got = hash_mapped(opener, keys, chunk_size, workers, sizes=sizes)
-    return {(rel, a): digests for (rel, a, _), digests in zip(keys, got, strict=True) if digests is not None}
+    return list(hash_mapped(opener, spans, chunk_size, workers, sizes=sizes))
 
 
 def _opener(storage: Storage, checkpoint: str, needed: bool) -> Any:
@@ -145,32 +141,32 @@ class _Resolving:
         pass
 
 
-def _in_runs(spans: list[tuple[str, int, int]], workers: int) -> list[list[tuple[str, int, int]]]:
-    """The spans in runs of about equal work (:func:`drill.integrity.mapped.runs`): a thread
-    takes a run, not a file — thousands of small files are not thousands of tasks."""
+def _in_runs(spans: list[Span], indices: list[int], workers: int) -> list[list[int]]:
+    """The spans at ``indices`` in runs of about equal work (:func:`drill.integrity.mapped.runs`):
+    a thread takes a run, not a file — thousands of small files are not thousands of tasks."""
     from drill.integrity.mapped import runs
 
-    bounds = runs(spans, workers)
-    return [spans[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    bounds = runs([spans[i] for i in indices], workers)
+    return [indices[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def _read_run(
-    opener: Callable[[str], int], run: list[tuple[str, int, int]], sizes: Mapping[str, int], chunk_size: int
-) -> Digests:
+    opener: Callable[[str], int], run: list[Span], sizes: Mapping[str, int], chunk_size: int
+) -> list[list[bytes] | OSError]:
     """Each span of the run read with positioned reads (:func:`span_digests`), or its error."""
-    out: Digests = {}
+    out: list[list[bytes] | OSError] = []
     for rel, a, n in run:
         try:
             fd = opener(rel)
         except OSError as exc:
-            out[(rel, a)] = exc
+            out.append(exc)
             continue
         try:
-            out[(rel, a)] = span_digests(fd, a, n, chunk_size, ends=a + n == sizes[rel])
+            out.append(span_digests(fd, a, n, chunk_size, ends=a + n == sizes[rel]))
         except FileChanged as exc:
-            out[(rel, a)] = OSError(0, str(exc))
+            out.append(OSError(0, str(exc)))
         except OSError as exc:
-            out[(rel, a)] = exc
+            out.append(exc)
         finally:
             os.close(fd)
     return out
@@ -188,9 +184,17 @@ def _streamed(
         return exc
 
 
-def _joined(size: int, chunk_size: int, parts: list[list[bytes] | OSError]) -> FileHashes | OSError:
-    """One file's hashes from its spans' (each read proved the file's end where it reached it)."""
-    failed = next((p for p in parts if isinstance(p, OSError)), None)
-    if failed is not None:
-        return failed
-    return FileHashes(size=size, chunk_size=chunk_size, chunks=[c for p in parts for c in p])  # type: ignore[union-attr]
+def _joined(
+    spans: list[Span], got: list[list[bytes] | OSError | None], sizes: Mapping[str, int], chunk_size: int
+) -> dict[str, FileHashes | OSError]:
+    """Each file's hashes from its spans' (in file order; each read proved the file's end where
+    it reached it), or the first error among them."""
+    out: dict[str, FileHashes | OSError] = {}
+    for (rel, _, _), digests in zip(spans, got, strict=True):
+        assert digests is not None  # every span was read by a worker or a thread
+        sofar = out.get(rel)
+        if sofar is None or isinstance(digests, OSError):
+            out[rel] = digests if isinstance(digests, OSError) else FileHashes(sizes[rel], chunk_size, list(digests))
+        elif not isinstance(sofar, OSError):
+            sofar.chunks += digests
+    return out
