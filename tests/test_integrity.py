@@ -506,6 +506,71 @@ def test_one_pass_read_hashes_and_crcs_exactly_what_two_passes_would(tmp_path: P
     assert hashes is not None and hashes.chunks == whole.finish().chunks
 
 
+def test_the_lane_hashes_in_read_order_however_lane_and_inline_reads_alternate(tmp_path: Path) -> None:
+    """Reads into targets hand their hashing to the lane, the rest (headers, gaps) hash on the
+    reader's thread: the chunk digests are the whole file's whatever the order and wherever a
+    chunk boundary falls, and each target's CRC-32 is its own bytes'."""
+    import threading
+    import zlib
+
+    from drill.integrity.hashing import ChunkHasher
+    from drill.integrity.reading import CrcLane, SequentialReader
+
+    layout = [("gap", 5), ("lane", (3 << 20) + 1), ("lane", 1 << 20), ("head", 333), ("lane", 2 << 20), ("gap", 99)]
+    layout += [("head", 1), ("lane", 7), ("lane", (1 << 20) + 17)]
+    data = os.urandom(sum(n for _, n in layout) + 11)
+    (tmp_path / "f").write_bytes(data)
+
+    class Lagging(ChunkHasher):
+        """The lane falls behind the reader at each target's first piece: a reader that did not
+        wait for it would hash the next header first."""
+
+        def update(self, data: memoryview | bytes) -> None:
+            if threading.current_thread() is not threading.main_thread() and len(data) > 4096:
+                threading.Event().wait(0.05)
+            super().update(data)
+
+    lane, crcs, at = CrcLane(), [], 0
+    with open(tmp_path / "f", "rb", buffering=0) as f:
+        reader = SequentialReader(f, len(data), Lagging(chunk_size=1 << 20))
+        for how, n in layout:
+            if how == "gap":
+                reader.skip_to(at + n)
+            elif how == "head":
+                assert bytes(reader.read(n)) == data[at : at + n]
+            else:
+                target = memoryview(bytearray(n))
+                reader.read_into(target, lane.begin())
+                lane.end()
+                crcs.append((lane, zlib.crc32(data[at : at + n]), bytes(target) == data[at : at + n]))
+            at += n
+        hashes = reader.finish()
+    assert [(ln.result(), want, landed) for ln, want, landed in crcs] == [(want, want, True) for _, want, _ in crcs]
+    lane.close()
+    whole = ChunkHasher(chunk_size=1 << 20)
+    whole.update(data)
+    assert hashes is not None and hashes.chunks == whole.finish().chunks
+
+
+def test_a_lane_that_fails_says_so_at_the_next_drain_and_never_hangs_the_reader() -> None:
+    from drill.integrity.reading import CrcLane
+
+    class Broken:
+        def update(self, piece: object) -> None:
+            raise ValueError("the hasher broke")
+
+    lane = CrcLane().begin()
+    lane.hashing(Broken())  # type: ignore[arg-type]
+    lane.update(memoryview(b"x" * 10))
+    with pytest.raises(ValueError, match="the hasher broke"):
+        lane.drain()
+    lane.hashing(None)
+    lane.update(memoryview(b"x" * 10))
+    lane.drain()  # the lane goes on
+    assert lane.value() == __import__("zlib").crc32(b"x" * 20)
+    lane.close()
+
+
 def test_a_flip_in_a_large_tensor_is_caught_by_the_crc_lane(tmp_path: Path) -> None:
     """An entry large enough for the CRC lane, damaged and resealed: the CRC-32 taken beside
     the read still names it."""

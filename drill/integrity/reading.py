@@ -206,6 +206,8 @@ class SequentialReader:
         self.f, self.size, self.hasher, self.on_bytes = f, size, hasher, on_bytes
         self.pos = 0
         self._scratch: memoryview | None = None
+        self._lane: CrcLane | None = None
+        """The lane hashing what was read into a target, when it may still be behind."""
 
     def read(self, n: int) -> memoryview:
         """The next ``n`` bytes, in a buffer of their own."""
@@ -216,8 +218,20 @@ class SequentialReader:
     def read_into(self, view: memoryview, crc: Crc | CrcLane | None = None) -> None:
         """Fill ``view`` with the next ``len(view)`` bytes, hashing each piece as it lands
         and handing it to ``crc`` while it is still in cache. :class:`FileChanged` if the file
-        ends first."""
-        got, hasher, total, handed = 0, self.hasher, len(view), 0
+        ends first.
+
+        With a :class:`CrcLane` (``view`` is a target's memory, not a buffer read into again),
+        the lane takes the hashing too: this thread only reads, the lane hashes and takes the
+        CRC of each piece in order, still in the cache the cores share — two cores on one
+        file's bytes. The hasher is the lane's until the next read this thread hashes itself."""
+        if isinstance(crc, CrcLane) and self.hasher is not None:
+            self._lane = crc
+            hasher: ChunkHasher | None = None
+            crc.hashing(self.hasher)
+        else:
+            self._caught_up()
+            hasher = self.hasher
+        got, total, handed = 0, len(view), 0
         while got < total:
             piece = view[got : got + PIECE]
             n = self.f.readinto(piece)
@@ -258,9 +272,17 @@ class SequentialReader:
     def finish(self) -> FileHashes | None:
         """Read to the size the file had when listed; :class:`FileChanged` if it grew."""
         self.skip_to(self.size)
+        self._caught_up()
         if self.f.read(1):
             raise FileChanged(f"file grew while it was read: more than the {self.size} bytes it had when listed")
         return self.hasher.finish() if self.hasher is not None else None
+
+    def _caught_up(self) -> None:
+        """Wait until the lane has hashed all it was handed: the hasher is this thread's again."""
+        if self._lane is not None:
+            self._lane.hashing(None)
+            self._lane.drain()
+            self._lane = None
 
 
 class Crc:
@@ -288,14 +310,16 @@ _BEGIN, _END = object(), object()
 
 
 class CrcLane:
-    """CRC-32s taken on another core, in order, while the reader thread goes on reading and
-    hashing. Each piece is handed over as soon as it has landed and been hashed, so the lane
-    reads it from the cache the cores share, not from DRAM: the check costs CPU, not wall
-    time. One lane per reader thread, started on first use; :meth:`close` when done."""
+    """CRC-32s taken on another core, in order, while the reader thread goes on reading. Each
+    piece is handed over as soon as it has landed, so the lane reads it from the cache the
+    cores share, not from DRAM: the check costs CPU, not wall time. While a reader has handed
+    it its hasher (:meth:`hashing`), the lane hashes the pieces too. One lane per reader
+    thread, started on first use; :meth:`close` when done."""
 
     def __init__(self) -> None:
         self._jobs: SimpleQueue[object] = SimpleQueue()
         self._results: SimpleQueue[int] = SimpleQueue()
+        self._synced: SimpleQueue[BaseException | None] = SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def begin(self) -> CrcLane:
@@ -308,6 +332,20 @@ class CrcLane:
 
     def update(self, piece: memoryview) -> None:
         self._jobs.put(piece)
+
+    def hashing(self, hasher: ChunkHasher | None) -> None:
+        """Hash the pieces handed from now on with ``hasher`` too (None: no longer)."""
+        if self._thread is not None:
+            self._jobs.put(_Hashing(hasher))
+
+    def drain(self) -> None:
+        """Wait until every piece handed so far is hashed and taken into its CRC; raises what
+        stopped the lane, if anything did."""
+        if self._thread is not None:
+            self._jobs.put(_DRAIN)
+            failed = self._synced.get()
+            if failed is not None:
+                raise failed
 
     def end(self) -> None:
         """End the CRC begun last, without waiting: :meth:`result` gives it, in order."""
@@ -328,11 +366,29 @@ class CrcLane:
             self._thread = None
 
     def _run(self) -> None:
-        value = 0
+        value, hasher, failed = 0, None, None
         while (job := self._jobs.get()) is not None:
             if job is _BEGIN:
                 value = 0
             elif job is _END:
                 self._results.put(value)
+            elif job is _DRAIN:
+                self._synced.put(failed)
+                failed = None
+            elif isinstance(job, _Hashing):
+                hasher = job.hasher
             else:
-                value = crc32(job, value)
+                try:
+                    value = crc32(job, value)
+                    if hasher is not None:
+                        hasher.update(job)  # type: ignore[arg-type]
+                except Exception as exc:  # noqa: BLE001 - handed to the reader at the next drain
+                    failed = failed or exc
+
+
+_DRAIN = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Hashing:
+    hasher: ChunkHasher | None
