@@ -400,7 +400,9 @@ def _read_in_place(
     if spec is None or pkl_at is None or not _fits(spec, data[0], item, target):
         return view
     if target.device.type == "cpu" and target.is_contiguous() and crc and length >= LANE_MIN:
-        reader.read_into(byte_view(target), outcome.lane.begin())
+        lane = outcome.lane.begin()
+        lane.populate(target.data_ptr(), target.numel() * target.element_size())  # a fresh target's pages, ahead
+        reader.read_into(byte_view(target), lane)
         outcome.lane.end()  # the reader goes on to the next entry; the verdict is settled with the file
         outcome.unsettled.append((item, data[0], pkl, bytes(view[pkl_at : pkl_at + pkl.size]), _nbytes(target)))
         planner.commit_tensor(item, target)

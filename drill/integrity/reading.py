@@ -21,6 +21,7 @@ from queue import SimpleQueue
 import xxhash
 
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, ChunkHasher, FileHashes, crc32
+from drill.memory import populate
 from drill.storage import FileChanged, NotARegularFile, PathEscapesCheckpoint, Storage, StorageUnavailable
 
 READ_CHUNK = 8 << 20
@@ -340,6 +341,13 @@ class CrcLane:
         if self._thread is not None:
             self._jobs.put(_Hashing(hasher))
 
+    def populate(self, address: int, length: int) -> None:
+        """Fault in the pages of the target at ``address`` (``length`` bytes) before taking the
+        pieces read into it (:func:`drill.memory.populate`): the lane gets ahead of the reader,
+        whose reads then land in memory that is there. Call after :meth:`begin`."""
+        if self._thread is not None:
+            self._jobs.put(_Populate(address, length))
+
     def drain(self) -> None:
         """Wait until every piece handed so far is hashed and taken into its CRC; raises what
         stopped the lane, if anything did."""
@@ -379,6 +387,8 @@ class CrcLane:
                 failed = None
             elif isinstance(job, _Hashing):
                 hasher = job.hasher
+            elif isinstance(job, _Populate):
+                populate(job.address, job.length)
             else:
                 try:
                     value = crc32(job, value)
@@ -394,3 +404,9 @@ _DRAIN = object()
 @dataclass(frozen=True, slots=True)
 class _Hashing:
     hasher: ChunkHasher | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Populate:
+    address: int
+    length: int

@@ -1,0 +1,44 @@
+"""A fresh target's pages faulted in ahead of the reads (drill.memory): present afterwards,
+unchanged, and nothing done where the kernel cannot."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+
+import pytest
+
+from drill import memory
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+
+
+def _address(buf: mmap.mmap) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
+def test_populate_brings_a_fresh_region_in_and_changes_no_byte() -> None:
+    size = 64 << 20
+    buf = mmap.mmap(-1, size)
+    buf[:5] = b"drill"  # one page already in, with data on it
+    before = _rss()
+    if not memory.populate(_address(buf), size):
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
+    assert _rss() - before >= size - (1 << 20)  # the whole region is in memory now
+    assert buf[:5] == b"drill" and buf[5 : 1 << 20] == bytes((1 << 20) - 5) and buf[-4096:] == bytes(4096)
+
+
+def test_partial_pages_and_empty_ranges_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    monkeypatch.setattr(memory, "_madvise", lambda a, n, how: calls.append((a, n, how)) or 0)
+    page = memory._PAGE
+    assert not memory.populate(page + 1, page)  # no whole page inside
+    assert memory.populate(page + 1, 3 * page)
+    assert calls == [(2 * page, 2 * page, 23)]  # the whole pages within, never a byte outside
+    monkeypatch.setattr(memory, "_madvise", None)
+    assert not memory.populate(page, 8 * page)  # a system without it: the reads fault as before
