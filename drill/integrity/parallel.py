@@ -5,8 +5,8 @@ Where this process may fork, the spans are hashed through mappings in forked wor
 (:mod:`drill.integrity.mapped`, twice the bytes per core); what they leave — a span whose
 mapping faulted, everything where forking is not safe — is read with positioned reads on
 threads, a run of spans to a thread. Files are opened by relative path beneath the checkpoint
-(no ``stat`` of each, no re-check after). Object storage streams each file (its reader reads ahead by itself), as does a file
-that needs SHA-256 besides.
+(no ``stat`` of each, no re-check after). Object storage streams each file (its reader reads
+ahead by itself), as does a file that needs SHA-256 besides.
 """
 
 from __future__ import annotations
