@@ -95,3 +95,21 @@ def test_forked_workers_inherit_the_opener(ckpt: Path) -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         opener.close()
+
+
+def test_open_below_opens_sizes_and_refuses_as_child_and_open_do(ckpt: Path) -> None:
+    """``open_below`` (a reader's one step per file: open and size): a file directly inside or
+    nested, a link inside followed, a link out, a path out and a FIFO refused."""
+    storage = LocalStorage()
+    (ckpt / "in").symlink_to("a.distcp")
+    (ckpt / "out").symlink_to(ckpt.parent / "outside" / "secret")
+    os.mkfifo(ckpt / "fifo")
+    for rel, want in (("a.distcp", b"top"), ("sub/deeper/b.bin", b"nested"), ("in", b"top")):
+        f, size = storage.open_below(str(ckpt), rel)
+        with f:
+            assert (f.read(), size) == (want, len(want))
+    for rel in ("out", "../outside/secret", "sub/../../outside/secret"):
+        with pytest.raises(PathEscapesCheckpoint):
+            storage.open_below(str(ckpt), rel)
+    with pytest.raises(NotARegularFile):
+        storage.open_below(str(ckpt), "fifo")

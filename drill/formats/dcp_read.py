@@ -267,11 +267,10 @@ class DrillReader:
 
     def _stream_file(self, relative_path: str, items: list[Any], outcome: _FileOutcome, planner: Any) -> None:
         record = outcome.record
-        uri = self.storage.child(self.uri, relative_path)
-        record.size = self.storage.stat(uri).size
+        f, record.size = self.storage.open_below(self.uri, relative_path)
         wanted = self._hashing(relative_path)
         hasher = ChunkHasher(wanted["chunk_size"], wanted["sha256"]) if wanted["hash"] else None
-        with self.storage.open(uri) as f:
+        with f:
             reader = SequentialReader(f, record.size, hasher, self.ctx.progress.advance)
             try:
                 for item in items:

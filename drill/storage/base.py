@@ -99,6 +99,12 @@ class Storage(Protocol):
         would resolve outside ``base``."""
         ...
 
+    def open_below(self, base: str, relative: str) -> tuple[io.RawIOBase, int]:
+        """:meth:`open` of :meth:`child` and the file's size as opened, in one step: a reader of
+        thousands of small files pays one open each (a local file is opened without resolving
+        its path first — a link along it is still refused — and sized by its descriptor)."""
+        ...
+
     def write(self, uri: str, data: bytes, *, replace: bool = False) -> None:
         """Write ``data`` to ``uri`` atomically: readers see the old object or the new one,
         never a torn one. Without ``replace``, raises ``FileExistsError`` if ``uri`` exists."""

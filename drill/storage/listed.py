@@ -38,6 +38,9 @@ class ListedOnce:
     def child(self, base: str, relative: str) -> str:
         return self.inner.child(base, relative)
 
+    def open_below(self, base: str, relative: str) -> tuple[io.RawIOBase, int]:
+        return self.inner.open_below(base, relative)
+
     def write(self, uri: str, data: bytes, *, replace: bool = False) -> None:
         self._listed.clear()  # a written file is in the next listing
         self.inner.write(uri, data, replace=replace)

@@ -83,6 +83,25 @@ class LocalStorage:
             os.close(fd)
             raise
 
+    def open_below(self, base: str, relative: str) -> tuple[io.RawIOBase, int]:
+        if "/" in relative or relative in ("", ".", "..") or "\x00" in relative:
+            fd = self.open_fd(self.child(base, relative))  # nested: resolved, then opened
+        else:  # a file directly inside: its directory resolved once (cached), the file never followed
+            path = os.path.join(_real_directory(_path(base)), relative)
+            try:
+                fd = _regular(os.open(path, _READ | _NOFOLLOW), path)
+            except OSError as exc:
+                if exc.errno not in _A_LINK:
+                    raise
+                fd = self.open_fd(self.child(base, relative))  # a link: followed only if it stays inside
+        try:
+            size = os.fstat(fd).st_size
+            os.set_blocking(fd, True)
+            return open(fd, "rb", buffering=0, closefd=True), size
+        except BaseException:
+            os.close(fd)
+            raise
+
     def open_fd(self, uri: str) -> int:
         """A raw descriptor of the regular file at ``uri``, for positioned reads (the caller
         closes it): what :meth:`open` wraps, without the file object — hashing thousands of

@@ -230,6 +230,10 @@ class S3Storage:
         head = self._head(bucket, key, fresh=False)
         return S3Object(self, bucket, key, int(head["ContentLength"]), head.get("ETag"))
 
+    def open_below(self, base: str, relative: str) -> tuple[io.RawIOBase, int]:
+        f = self.open(self.child(base, relative))
+        return f, f.size  # type: ignore[attr-defined]  # an S3Object knows its length from the HEAD
+
     def child(self, base: str, relative: str) -> str:
         rel = PurePosixPath(relative)
         if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\x00" in relative or "//" in relative:

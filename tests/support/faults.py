@@ -101,12 +101,26 @@ class FaultyStorage(LocalStorage):
         self.opens: dict[str, int] = {}
 
     def open(self, uri: str) -> BinaryIO:
+        return self._faulty(uri, lambda: super(FaultyStorage, self).open(uri))
+
+    def open_below(self, base: str, relative: str) -> tuple[BinaryIO, int]:
+        sized: list[int] = []
+
+        def opened() -> BinaryIO:
+            f, size = super(FaultyStorage, self).open_below(base, relative)
+            sized.append(size)
+            return f
+
+        f = self._faulty(relative, opened)
+        return f, sized[0]
+
+    def _faulty(self, uri: str, opened) -> BinaryIO:
         name = os.path.basename(uri)
         fault = self.faults.get(name)
         self.opens[name] = self.opens.get(name, 0) + 1
         if fault == "deny":
             raise PermissionError(13, "Permission denied", uri)
-        inner = super().open(uri)
+        inner = opened()
         if fault is None or (isinstance(fault, Fail) and fault.times is not None and self.opens[name] > fault.times):
             return inner
         return _FaultyReader(inner, fault)
