@@ -42,3 +42,46 @@ def test_partial_pages_and_empty_ranges_are_left_alone(monkeypatch: pytest.Monke
     assert calls == [(2 * page, 2 * page, 23)]  # the whole pages within, never a byte outside
     monkeypatch.setattr(memory, "_madvise", None)
     assert not memory.populate(page, 8 * page)  # a system without it: the reads fault as before
+
+
+def test_the_next_target_is_populated_ahead_only_for_drills_own_planners(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the reader fills one target, the next one's pages are faulted in on the lane's
+    populating thread — asked of drill's planners only (a user's may allocate on each call),
+    and only for a large target in host memory; the entry then skips its own populate."""
+    import threading
+
+    import torch
+
+    import drill.integrity.reading as reading
+    from drill.formats import dcp_read
+    from drill.formats.dcp_types import LoadItemType, MetadataIndex, ReadItem
+
+    done = threading.Event()
+    asked: list[tuple[int, int]] = []
+
+    def record(address: int, length: int) -> bool:
+        asked.append((address, length))
+        done.set()
+        return True
+
+    monkeypatch.setattr(reading, "populate", record)
+    big, small = torch.empty(dcp_read.LANE_MIN // 4, dtype=torch.float32), torch.empty(16)
+    state = {"big": big, "small": small}
+
+    def item(fqn: str, n: int) -> ReadItem:
+        index = MetadataIndex(fqn, torch.Size([0]))
+        return ReadItem(LoadItemType.TENSOR, index, index, torch.Size([0]), torch.Size([0]), torch.Size([n]))
+
+    class Users:  # any planner that is not drill's: never asked ahead
+        def resolve_tensor(self, read_item: object) -> torch.Tensor:
+            raise AssertionError("a user's planner was asked for a target ahead of its entry")
+
+    outcome = dcp_read._FileOutcome(dcp_read.FileRead("f", None))
+    try:
+        dcp_read._populate_ahead(item("big", big.numel()), Users(), outcome)
+        dcp_read._populate_ahead(item("small", 16), dcp_read.TargetPlanner(state, []), outcome)
+        assert not outcome.populated
+        dcp_read._populate_ahead(item("big", big.numel()), dcp_read.TargetPlanner(state, []), outcome)
+        assert done.wait(60) and asked == [(big.data_ptr(), big.numel() * 4)] and outcome.populated == {big.data_ptr()}
+    finally:
+        outcome.lane.close()

@@ -120,6 +120,8 @@ class _FileOutcome:
     """Host buffers towards targets the reader cannot write itself (a GPU's)."""
     lane: CrcLane = field(default_factory=CrcLane)
     """Where large entries' CRC-32s are taken, beside the read."""
+    populated: set[int] = field(default_factory=set)
+    """Targets (by address) the lane was asked to fault in ahead of their entry."""
     unsettled: list[tuple[Any, Any, Any, bytes, int]] = field(default_factory=list)
     """Entries read in place whose CRC-32 the lane is still taking: (item, data record,
     data.pkl record, data.pkl's bytes, tensor bytes), settled in order when the file is read."""
@@ -273,7 +275,9 @@ class DrillReader:
         with f:
             reader = SequentialReader(f, record.size, hasher, self.ctx.progress.advance)
             try:
-                for item in items:
+                for i, item in enumerate(items):
+                    if i + 1 < len(items):
+                        _populate_ahead(items[i + 1], planner, outcome)
                     self._entry(reader, item, planner, outcome)
                 _settle(outcome)
             finally:
@@ -400,7 +404,8 @@ def _read_in_place(
         return view
     if target.device.type == "cpu" and target.is_contiguous() and crc and length >= LANE_MIN:
         lane = outcome.lane.begin()
-        lane.populate(target.data_ptr(), target.numel() * target.element_size())  # a fresh target's pages, ahead
+        if target.data_ptr() not in outcome.populated:  # a fresh target's pages, before the reads
+            lane.populate(target.data_ptr(), target.numel() * target.element_size())
         reader.read_into(byte_view(target), lane)
         outcome.lane.end()  # the reader goes on to the next entry; the verdict is settled with the file
         outcome.unsettled.append((item, data[0], pkl, bytes(view[pkl_at : pkl_at + pkl.size]), _nbytes(target)))
@@ -419,6 +424,19 @@ def _read_in_place(
     planner.commit_tensor(item, target)
     reader.skip_to(start + length)
     return None
+
+
+def _populate_ahead(item: Any, planner: Any, outcome: _FileOutcome) -> None:
+    """Have the next entry's target faulted in (:meth:`CrcLane.populate`) while the reader
+    fills this one — for drill's own planners only, whose ``resolve_tensor`` gives the same
+    target every time it is asked (a user's planner may allocate anew on each call)."""
+    if not isinstance(planner, TargetPlanner) or is_byte_io(item):
+        return
+    target = planner.resolve_tensor(item)
+    nbytes = target.numel() * target.element_size()
+    if target.device.type == "cpu" and target.is_contiguous() and nbytes >= LANE_MIN:
+        outcome.lane.populate(target.data_ptr(), nbytes)
+        outcome.populated.add(target.data_ptr())
 
 
 def _settle(outcome: _FileOutcome) -> None:

@@ -316,14 +316,17 @@ class CrcLane:
     """CRC-32s taken on another core, in order, while the reader thread goes on reading. Each
     piece is handed over as soon as it has landed, so the lane reads it from the cache the
     cores share, not from DRAM: the check costs CPU, not wall time. While a reader has handed
-    it its hasher (:meth:`hashing`), the lane hashes the pieces too. One lane per reader
-    thread, started on first use; :meth:`close` when done."""
+    it its hasher (:meth:`hashing`), the lane hashes the pieces too; targets to fault in
+    (:meth:`populate`) go to a thread of its own. One lane per reader thread, started on first
+    use; :meth:`close` when done."""
 
     def __init__(self) -> None:
         self._jobs: SimpleQueue[object] = SimpleQueue()
         self._results: SimpleQueue[int] = SimpleQueue()
         self._synced: SimpleQueue[BaseException | None] = SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._populator: threading.Thread | None = None
+        self._populating: SimpleQueue[_Populate | None] = SimpleQueue()
 
     def begin(self) -> CrcLane:
         """Start a new CRC (of one entry)."""
@@ -342,11 +345,17 @@ class CrcLane:
             self._jobs.put(_Hashing(hasher))
 
     def populate(self, address: int, length: int) -> None:
-        """Fault in the pages of the target at ``address`` (``length`` bytes) before taking the
-        pieces read into it (:func:`drill.memory.populate`): the lane gets ahead of the reader,
-        whose reads then land in memory that is there. Call after :meth:`begin`."""
-        if self._thread is not None:
-            self._jobs.put(_Populate(address, length))
+        """Fault in the pages of the target at ``address`` (``length`` bytes) on a thread of
+        its own (:func:`drill.memory.populate`), in the order asked, beside the hashing: asked
+        for the next target while the reader fills this one, it is there before the reads."""
+        if self._populator is None:
+            self._populator = threading.Thread(target=self._populate, name="drill-populate", daemon=True)
+            self._populator.start()
+        self._populating.put(_Populate(address, length))
+
+    def _populate(self) -> None:
+        while (job := self._populating.get()) is not None:
+            populate(job.address, job.length)
 
     def drain(self) -> None:
         """Wait until every piece handed so far is hashed and taken into its CRC; raises what
@@ -374,6 +383,9 @@ class CrcLane:
         if self._thread is not None:
             self._jobs.put(None)
             self._thread = None
+        if self._populator is not None:
+            self._populating.put(None)
+            self._populator = None
 
     def _run(self) -> None:
         value, hasher, failed = 0, None, None
@@ -387,8 +399,6 @@ class CrcLane:
                 failed = None
             elif isinstance(job, _Hashing):
                 hasher = job.hasher
-            elif isinstance(job, _Populate):
-                populate(job.address, job.length)
             else:
                 try:
                     value = crc32(job, value)
