@@ -14,10 +14,18 @@ import pytest
 
 import drill.integrity.mapped as mapped
 from drill.integrity.parallel import hash_files
-from drill.integrity.reading import hash_span, hash_stream
+from drill.integrity.reading import hash_stream, span_digests
 from drill.storage import LocalStorage
 
 CHUNK = 64 << 10
+
+
+def hash_span(storage: LocalStorage, uri: str, start: int, length: int, chunk: int) -> list[bytes]:
+    """The span's digests as a positioned read in this process gives them: the reference."""
+    with storage.open(uri) as f:
+        return span_digests(f.fileno(), start, length, chunk)
+
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
 
 

@@ -121,13 +121,6 @@ def hash_stream(
     return result
 
 
-def hash_span(storage: Storage, uri: str, start: int, length: int, chunk_size: int) -> list[bytes]:
-    """The chunk digests of ``length`` bytes at ``start`` (a chunk boundary) of ``uri``
-    (:func:`span_digests` on a descriptor of it)."""
-    with storage.open(uri) as f:
-        return span_digests(f.fileno(), start, length, chunk_size)
-
-
 def span_digests(fd: int, start: int, length: int, chunk_size: int, *, ends: bool = False) -> list[bytes]:
     """The chunk digests of ``length`` bytes at ``start`` (a chunk boundary), read with
     positioned reads, so that spans of one file hash on several cores at once. A small span is

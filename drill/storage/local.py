@@ -84,23 +84,31 @@ class LocalStorage:
             raise
 
     def open_below(self, base: str, relative: str) -> tuple[io.RawIOBase, int]:
-        if "/" in relative or relative in ("", ".", "..") or "\x00" in relative:
-            fd = self.open_fd(self.child(base, relative))  # nested: resolved, then opened
+        if not _one_name(relative):
+            fd = self.open_checked(base, relative)  # nested: resolved, then opened
+            size = os.fstat(fd).st_size
         else:  # a file directly inside: its directory resolved once (cached), the file never followed
             path = os.path.join(_real_directory(_path(base)), relative)
             try:
-                fd = _regular(os.open(path, _READ | _NOFOLLOW), path)
+                fd = os.open(path, _READ | _NOFOLLOW)
             except OSError as exc:
                 if exc.errno not in _A_LINK:
                     raise
-                fd = self.open_fd(self.child(base, relative))  # a link: followed only if it stays inside
+                fd = self.open_checked(base, relative)  # a link: followed only if it stays inside
+                size = os.fstat(fd).st_size
+            else:
+                size = _regular_stat(fd, path).st_size
         try:
-            size = os.fstat(fd).st_size
             os.set_blocking(fd, True)
             return open(fd, "rb", buffering=0, closefd=True), size
         except BaseException:
             os.close(fd)
             raise
+
+    def open_checked(self, base: str, relative: str) -> int:
+        """:meth:`open_fd` of :meth:`child`: the way for a path with a link along it, which is
+        followed only where it stays inside ``base``."""
+        return self.open_fd(self.child(base, relative))
 
     def open_fd(self, uri: str) -> int:
         """A raw descriptor of the regular file at ``uri``, for positioned reads (the caller
@@ -188,21 +196,33 @@ _A_LINK = frozenset({errno.ELOOP, errno.EMLINK, errno.ENOTDIR})
 directory opened with ``O_DIRECTORY``: ENOTDIR)."""
 
 
-def _regular(fd: int, path: str, relative: str = "") -> int:
-    """``fd``, checked to be a regular file — on the descriptor itself, so a file swapped for a
-    FIFO between a listing and the open is caught too; closed and raised otherwise. The path
-    named in the error is ``path``, joined with ``relative`` where given."""
+def _one_name(relative: str) -> bool:
+    """Whether ``relative`` names a file directly inside (no separator, not ``.``/``..``, no NUL)."""
+    return "/" not in relative and relative not in ("", ".", "..") and "\x00" not in relative
+
+
+def _regular_stat(fd: int, path: str, relative: str = "") -> os.stat_result:
+    """``fd``'s status, checked to be a regular file's — on the descriptor itself, so a file
+    swapped for a FIFO between a listing and the open is caught too; ``fd`` is closed and the
+    error raised otherwise. The path named in the error is ``path``, joined with ``relative``
+    where given."""
     try:
-        mode = os.fstat(fd).st_mode
-        if stat_mod.S_ISREG(mode):
-            return fd
+        st = os.fstat(fd)
+        if stat_mod.S_ISREG(st.st_mode):
+            return st
         path = os.path.join(path, relative) if relative else path
-        if stat_mod.S_ISDIR(mode):
+        if stat_mod.S_ISDIR(st.st_mode):
             raise IsADirectoryError(21, "Is a directory", path)
         raise NotARegularFile(f"{path} is not a regular file (a FIFO, socket or device): not opened for reading")
     except BaseException:
         os.close(fd)
         raise
+
+
+def _regular(fd: int, path: str, relative: str = "") -> int:
+    """``fd``, checked to be a regular file (:func:`_regular_stat`)."""
+    _regular_stat(fd, path, relative)
+    return fd
 
 
 class Beneath:
@@ -223,7 +243,7 @@ class Beneath:
         self._fd = os.open(_real_directory(self._root), os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
 
     def __call__(self, relative: str) -> int:
-        if "/" in relative or relative in ("", ".", "..") or "\x00" in relative:
+        if not _one_name(relative):
             return self._nested(relative)
         try:  # a file directly inside: one open, the common case
             fd = os.open(relative, _READ | _NOFOLLOW, dir_fd=self._fd)
@@ -233,8 +253,8 @@ class Beneath:
 
     def _nested(self, relative: str) -> int:
         parts = relative.split("/")
-        if "" in parts or "." in parts or ".." in parts or "\x00" in relative:
-            return self._checked(relative)  # refused there, or normalised ("a//b", "./a")
+        if not all(map(_one_name, parts)):
+            return self._storage.open_checked(self._base, relative)  # refused there, or normalised ("a//b", "./a")
         opened: list[int] = []
         try:
             at = self._fd
@@ -252,12 +272,9 @@ class Beneath:
     def _failed(self, exc: OSError, relative: str) -> int:
         """A link along the path is followed the checked way; any other error is the path's."""
         if exc.errno in _A_LINK:
-            return self._checked(relative)
+            return self._storage.open_checked(self._base, relative)
         exc.filename = os.path.join(self._root, relative)
         raise exc
-
-    def _checked(self, relative: str) -> int:
-        return self._storage.open_fd(self._storage.child(self._base, relative))
 
     def close(self) -> None:
         if self._fd >= 0:
