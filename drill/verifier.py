@@ -22,6 +22,7 @@ from drill.integrity.proof import prove
 from drill.integrity.reading import describe_read_error, read_whole
 from drill.integrity.sampling import SampleSpec
 from drill.integrity.verify import NAME, Observed, plan_integrity
+from drill.memory import collector_paused
 from drill.storage import Storage, StorageUnavailable, storage_for
 from drill.storage.listed import ListedOnce
 
@@ -137,9 +138,24 @@ def verify_checkpoint(
     there and :class:`~drill.errors.UsageError` for a run directory (naming its checkpoints);
     an incomplete save is a failed verification.
     """
+    with collector_paused():  # a listing, a seal and digests of thousands of files
+        return _verify(
+            uri, sample or SampleSpec("all"), require_sealed, records, coverage_days, storage, key, allow_classes
+        )
+
+
+def _verify(
+    uri: str,
+    sample: SampleSpec,
+    require_sealed: bool,
+    records: Ledger | None,
+    coverage_days: float,
+    storage: Storage | None,
+    key: bytes | None,
+    allow_classes: tuple[str, ...],
+) -> VerifyOutcome:
     storage = ListedOnce(storage or storage_for(uri))  # what it is, then its proof: one listing
     uri = storage.normalize(uri)
-    sample = sample or SampleSpec("all")
     started = time.perf_counter()
     try:
         what = classify(storage, uri)

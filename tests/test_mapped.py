@@ -232,3 +232,22 @@ def test_spans_are_handed_out_in_runs_of_about_equal_work(lengths: list[int], wo
     fair = sum(cost) / jobs
     for a, b in zip(bounds, bounds[1:], strict=False):  # a run is over its share by one span at most
         assert sum(cost[a:b]) - max(cost[a:b]) <= fair
+
+
+def test_reports_cut_anywhere_yield_exactly_the_spans_written_whole() -> None:
+    """A worker that dies mid-write leaves a partial report: every complete one before it is
+    taken (one digest or many), the partial one and anything naming no span never are."""
+    digests = {0: [b"a" * 16], 2: [b"b" * 16, b"c" * 16, b"d" * 16], 1: [b"e" * 16]}
+    stream = b"".join(mapped._HEAD.pack(i, len(d)) + b"".join(d) for i, d in digests.items())
+    ends, at = [], 0
+    for d in digests.values():
+        at += mapped._HEAD.size + 16 * len(d)
+        ends.append(at)
+    for cut in range(len(stream) + 1):
+        done: list[list[bytes] | None] = [None] * 3
+        mapped._parse(bytearray(stream[:cut]), done)
+        whole = [i for i, end in zip(digests, ends, strict=True) if end <= cut]
+        assert done == [digests[i] if i in whole else None for i in range(3)], cut
+    done = [None] * 2
+    mapped._parse(bytearray(stream), done)  # index 2 is past the spans: nothing after it is trusted
+    assert done == [digests[0], None]

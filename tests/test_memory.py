@@ -1,15 +1,20 @@
-"""A fresh target's pages faulted in ahead of the reads (drill.memory): present afterwards,
-unchanged, and nothing done where the kernel cannot."""
+"""Memory a restore or a verification makes (drill.memory): the collector paused while it is
+made and back as it was after; a fresh target's pages faulted in ahead of the reads, present
+afterwards, unchanged, and nothing done where the kernel cannot."""
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import mmap
 import sys
+from pathlib import Path
 
 import pytest
 
 from drill import memory
+from drill.errors import NothingToDrill
+from drill.verifier import verify_checkpoint
 
 
 def _rss() -> int:
@@ -85,3 +90,22 @@ def test_the_next_target_is_populated_ahead_only_for_drills_own_planners(monkeyp
         assert done.wait(60) and asked == [(big.data_ptr(), big.numel() * 4)] and outcome.populated == {big.data_ptr()}
     finally:
         outcome.lane.close()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_verification_runs_with_the_collector_paused_and_leaves_it_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enabled: bool
+) -> None:
+    import drill.verifier as verifier
+
+    seen = []
+    real = verifier.classify
+    monkeypatch.setattr(verifier, "classify", lambda *a: seen.append(gc.isenabled()) or real(*a))
+    (tmp_path / "ckpt").mkdir()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with pytest.raises(NothingToDrill):  # an empty directory: ends in an error, still restored
+            verify_checkpoint(str(tmp_path / "ckpt"))
+        assert seen == [False] and gc.isenabled() is enabled
+    finally:
+        gc.enable()

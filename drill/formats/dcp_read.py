@@ -43,7 +43,7 @@ from drill.formats.dcp_entries import (
 from drill.formats.dcp_index import claimed_bytes, file_sizes, inventory, saved_ranks, skeleton
 from drill.formats.dcp_layout import apply_layout
 from drill.formats.dcp_names import DCP_METADATA
-from drill.formats.dcp_types import check_metadata, collector_paused, is_byte_io, load_metadata, narrow, read_items
+from drill.formats.dcp_types import check_metadata, is_byte_io, load_metadata, narrow, read_items
 from drill.formats.safeload import load_failure, numpy_arrays
 from drill.integrity.hashing import ChunkHasher, crc32
 from drill.integrity.reading import (
@@ -56,6 +56,7 @@ from drill.integrity.reading import (
     describe_read_error,
     read_whole,
 )
+from drill.memory import collector_paused
 from drill.restore import FileRead, ItemFailure, RestoreResult
 from drill.restore.staging import Stagers, byte_view
 from drill.safe_pickle import with_classes

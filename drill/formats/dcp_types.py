@@ -10,17 +10,15 @@ real classes, from :func:`drill.safe_pickle.restricted_loads`.
 
 from __future__ import annotations
 
-import gc
 import io
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 import torch
 
+from drill.memory import collector_paused
 from drill.safe_pickle import DCP_METADATA_GLOBALS, RestrictedUnpickler
 
 _META = "torch.distributed.checkpoint.metadata"
@@ -156,21 +154,6 @@ def load_metadata(data: bytes, allowed: frozenset[tuple[str, str]] = DCP_METADAT
     unpickling itself)."""
     with collector_paused():
         return _MirrorUnpickler(io.BytesIO(data), allowed).load()
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic collector off while a checkpoint's many small objects are made (its
-    index, one read item and target view per entry), back as it was after: otherwise it walks
-    everything torch imported again and again — ten times the work of reading 20,000 small
-    entries."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
 
 
 def check_metadata(md: Any) -> None:

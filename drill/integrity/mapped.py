@@ -156,14 +156,16 @@ def _reap(pids: list[int]) -> None:
 
 def _parse(data: bytearray, done: list[list[bytes] | None]) -> None:
     """Complete reports only: a worker that died mid-write leaves its span unreported."""
-    pos = 0
-    while pos + _HEAD.size <= len(data):
-        index, count = _HEAD.unpack_from(data, pos)
-        end = pos + _HEAD.size + count * _DIGEST
-        if end > len(data) or index >= len(done):
+    reports = bytes(data)  # one copy: each digest is then a slice of it
+    pos, size, head = 0, len(reports), _HEAD.size
+    while pos + head <= size:
+        index, count = _HEAD.unpack_from(reports, pos)
+        pos += head
+        end = pos + count * _DIGEST
+        if end > size or index >= len(done):
             return
-        body = bytes(data[pos + _HEAD.size : end])
-        done[index] = [body[i : i + _DIGEST] for i in range(0, len(body), _DIGEST)]
+        # Thousands of small files report one digest each: no loop for those.
+        done[index] = [reports[pos:end]] if count == 1 else [reports[i : i + _DIGEST] for i in range(pos, end, _DIGEST)]
         pos = end
 
 
