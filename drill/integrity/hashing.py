@@ -35,7 +35,7 @@ class FileHashes:
 
     @property
     def chunk_hex(self) -> list[str]:
-        return [c.hex() for c in self.chunks]
+        return list(map(bytes.hex, self.chunks))
 
 
 def file_digest(chunks: list[bytes]) -> str:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 import xxhash
 
@@ -49,8 +49,9 @@ class SealConflict(RuntimeError):
     """A different manifest already seals this checkpoint."""
 
 
-@dataclass(frozen=True, slots=True)
-class FileEntry:
+class FileEntry(NamedTuple):
+    """One sealed file (a tuple: a seal of 20,000 files is parsed into 20,000 of them)."""
+
     path: str
     size: int
     xxh3_128: str
@@ -295,29 +296,34 @@ def list_files(storage: Storage, checkpoint: str) -> Listing:
     seen = 0
     while queue:
         prefix, uri, depth, linked = queue.pop(0)
-        for entry in storage.list(uri):
-            seen += 1
-            if seen > MAX_ENTRIES:
-                raise ListingTooLarge(
-                    f"{checkpoint} holds more than {MAX_ENTRIES:,} entries: not a checkpoint drill will list"
-                )
-            rel = f"{prefix}{entry.name}"
+        entries = storage.list(uri)
+        seen += len(entries)
+        if seen > MAX_ENTRIES:
+            raise ListingTooLarge(
+                f"{checkpoint} holds more than {MAX_ENTRIES:,} entries: not a checkpoint drill will list"
+            )
+        for entry in entries:
+            rel, kind = prefix + entry.name, entry.kind
             via_link = linked or entry.link_target is not None
-            if via_link and entry.kind not in (EntryKind.DANGLING, EntryKind.LOOP):
+            if via_link and kind is not EntryKind.DANGLING and kind is not EntryKind.LOOP:
                 storage.child(checkpoint, rel)  # raises if a symlink leads out
-            if entry.is_dir and depth + 1 >= MAX_DEPTH:
+            if kind is EntryKind.FILE:
+                if rel != MANIFEST_NAME and not _is_temp(entry.name):
+                    out.files[rel] = entry.size
+            elif kind is not EntryKind.DIR:
+                out.odd[rel] = kind.value
+            elif depth + 1 >= MAX_DEPTH:
                 out.odd[rel] = "too-deep"
-            elif entry.is_dir:
+            else:
                 queue.append((rel + "/", entry.uri, depth + 1, via_link))
-            elif not entry.is_file:
-                out.odd[rel] = entry.kind.value
-            elif rel != MANIFEST_NAME and not _is_temp(entry.name):
-                out.files[rel] = entry.size
     return out
 
 
+_TEMP = f".{MANIFEST_NAME}."
+
+
 def _is_temp(name: str) -> bool:
-    return name.startswith(f".{MANIFEST_NAME}.") and name.endswith(".tmp")
+    return name.startswith(_TEMP) and name.endswith(".tmp")
 
 
 def frameworks() -> dict[str, str]:

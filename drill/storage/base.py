@@ -6,7 +6,7 @@ import io
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 class StorageError(OSError):
@@ -41,8 +41,9 @@ class EntryKind(str, Enum):
     """A FIFO, socket or device node: not checkpoint data, and never opened."""
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """One entry of a listing (a tuple: a directory of 20,000 shards makes 20,000 of them)."""
+
     name: str
     """Last component of the URI."""
     uri: str

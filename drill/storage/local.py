@@ -13,6 +13,7 @@ import io
 import os
 import stat as stat_mod
 from collections.abc import Mapping
+from operator import itemgetter
 
 from drill.storage.base import CacheState, Entry, EntryKind, NotARegularFile, PathEscapesCheckpoint
 
@@ -21,12 +22,32 @@ def _path(uri: str) -> str:
     return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
+_KINDS = {stat_mod.S_IFDIR: EntryKind.DIR, stat_mod.S_IFREG: EntryKind.FILE}
+
+
 def _kind(mode: int) -> EntryKind:
-    if stat_mod.S_ISDIR(mode):
-        return EntryKind.DIR
-    if stat_mod.S_ISREG(mode):
-        return EntryKind.FILE
-    return EntryKind.OTHER
+    return _KINDS.get(stat_mod.S_IFMT(mode), EntryKind.OTHER)
+
+
+_name = itemgetter(0)
+"""An entry's name (:class:`Entry` is a tuple)."""
+
+
+def _link_entry(de: os.DirEntry[str]) -> Entry | None:
+    """A symlink as listed: what it leads to, dangling, or a loop; None when it was removed
+    while the directory was listed."""
+    try:
+        target = os.readlink(de.path)
+    except FileNotFoundError:
+        return None
+    try:
+        st = de.stat(follow_symlinks=True)
+    except FileNotFoundError:
+        return Entry(de.name, de.path, EntryKind.DANGLING, 0, 0.0, target)
+    except OSError as exc:  # ELOOP: a link that leads back into itself
+        kind = EntryKind.LOOP if exc.errno == errno.ELOOP else EntryKind.DANGLING
+        return Entry(de.name, de.path, kind, 0, 0.0, target)
+    return Entry(de.name, de.path, _kind(st.st_mode), st.st_size, st.st_mtime, target)
 
 
 class LocalStorage:
@@ -36,35 +57,21 @@ class LocalStorage:
     """Spans of one file can be read at once, each at its offset (``os.preadv``)."""
 
     def list(self, uri: str) -> list[Entry]:
-        path = _path(uri)
         entries = []
-        with os.scandir(path) as it:
+        with os.scandir(_path(uri)) as it:
             for de in it:
-                full = de.path
-                target = os.readlink(full) if de.is_symlink() else None
+                if de.is_symlink():
+                    link = _link_entry(de)
+                    if link is not None:
+                        entries.append(link)
+                    continue
                 try:
-                    st = de.stat(follow_symlinks=True)
-                except FileNotFoundError:
-                    if target is None:  # removed while we listed
-                        continue
-                    entries.append(Entry(de.name, full, EntryKind.DANGLING, 0, 0.0, target))
+                    st = de.stat(follow_symlinks=False)
+                except FileNotFoundError:  # removed while we listed
                     continue
-                except OSError as exc:  # ELOOP: a link that leads back into itself
-                    if target is None:
-                        raise
-                    entries.append(
-                        Entry(
-                            de.name,
-                            full,
-                            EntryKind.LOOP if exc.errno == errno.ELOOP else EntryKind.DANGLING,
-                            0,
-                            0.0,
-                            target,
-                        )
-                    )
-                    continue
-                entries.append(Entry(de.name, full, _kind(st.st_mode), st.st_size, st.st_mtime, target))
-        return sorted(entries, key=lambda e: e.name)
+                entries.append(Entry(de.name, de.path, _kind(st.st_mode), st.st_size, st.st_mtime))
+        entries.sort(key=_name)
+        return entries
 
     def stat(self, uri: str) -> Entry:
         path = _path(uri)
