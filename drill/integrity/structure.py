@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import struct
-import zipfile
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -155,6 +154,8 @@ def dcp_structure(storage_data: Mapping[Any, Any], sizes: Mapping[str, int]) -> 
 
 def zip_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str, Any]]:
     """A torch.save file: parse the central directory and check every record's CRC-32."""
+    import zipfile  # with its compressors' modules: only where a zip is checked
+
     from drill.views import ViewReader
 
     try:
