@@ -11,7 +11,12 @@ times, interleaved round by round, median of --repeat, each in a fresh process:
                                  excluded: both import torch.distributed.checkpoint first)
 
 and prints each pair's ratio (targets: verify ≤ 2× xxhsum; sdk.load ≤ 1.0× dcp.load) and the
-cost per file beyond each baseline's.
+cost per file beyond each baseline's. Beside the verify pair it times the *Python floor*, a
+whole process too: the least any verifier written in Python does per file — list the directory
+with a ``stat`` of each entry, ``json.loads`` the seal, then on two processes ``openat`` +
+``fstat`` + one ``pread`` + xxh3-128 + ``close`` of each file and a comparison with its sealed
+digest — nothing else (no findings, no ledger, no format). ``drill verify / floor`` is what drill
+itself adds; ``floor / xxhsum`` what the interpreter costs before drill does anything.
 """
 
 from __future__ import annotations
@@ -35,6 +40,34 @@ g = torch.Generator().manual_seed(0)
 state = {f"p{i}": torch.randn(4096, generator=g) for i in range(int(sys.argv[2]))}
 drill.sdk.save(state, sys.argv[1], no_dist=True, single_file_per_rank=False, sync_files=False)
 """
+
+FLOOR = r"""
+import json, os, sys, xxhash
+root = sys.argv[1]
+d = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+with os.scandir(root) as it:
+    sizes = {e.name: e.stat(follow_symlinks=False).st_size for e in it if e.is_file(follow_symlinks=False)}
+seal = json.loads(open(os.path.join(root, "drill-manifest.json"), "rb").read())
+sealed = {f["path"]: f["chunks"] for f in seal["files"]}
+names = sorted(sealed)
+r, w = os.pipe()
+pid = os.fork()
+bad = 0
+for name in names[len(names) // 2 :] if pid == 0 else names[: len(names) // 2]:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=d)
+    os.fstat(fd)
+    data = os.pread(fd, sizes[name] + 1, 0)
+    os.close(fd)
+    bad += len(data) != sizes[name] or [xxhash.xxh3_128_hexdigest(data)] != sealed[name]
+if pid == 0:
+    os.write(w, str(bad).encode())
+    os._exit(0)
+os.close(w)
+bad += int(os.read(r, 64) or 0)
+os.waitpid(pid, 0)
+assert bad == 0, bad
+"""
+"""The Python floor: every file of the checkpoint is one chunk (16 KiB files), so one digest each."""
 
 LOAD = r"""
 import sys, time, warnings
@@ -76,6 +109,7 @@ def measure(files: int, repeat: int, work: Path) -> dict:
     for _ in range(repeat):
         got.setdefault("drill verify", []).append(wall(["drill", "verify", str(ckpt), *db]))
         got.setdefault("xxhsum -H2", []).append(wall(f"cd {ckpt} && find . -type f -print0 | xargs -0 xxhsum -H2"))
+        got.setdefault("Python floor", []).append(wall([sys.executable, "-c", FLOOR, str(ckpt)]))
         got.setdefault("drill.sdk.load", []).append(load(ckpt, "drill.sdk.load"))
         got.setdefault("dcp.load", []).append(load(ckpt, "dcp.load"))
     shutil.rmtree(ckpt)
@@ -84,6 +118,8 @@ def measure(files: int, repeat: int, work: Path) -> dict:
         "files": files,
         "seconds": med,
         "verify/xxhsum": med["drill verify"] / med["xxhsum -H2"],
+        "verify/floor": med["drill verify"] / med["Python floor"],
+        "floor/xxhsum": med["Python floor"] / med["xxhsum -H2"],
         "sdk.load/dcp.load": med["drill.sdk.load"] / med["dcp.load"],
         "ms per file beyond xxhsum": (med["drill verify"] - med["xxhsum -H2"]) / files * 1e3,
         "ms per file, sdk.load and dcp.load": (med["drill.sdk.load"] / files * 1e3, med["dcp.load"] / files * 1e3),
@@ -108,6 +144,9 @@ def main() -> None:
         print(f"{f['files']:,} files of 16 KiB, median of {args.repeat}")
         print(
             f"  drill verify {s['drill verify']:.3f} s  xxhsum -H2 {s['xxhsum -H2']:.3f} s  ratio {f['verify/xxhsum']:.2f}"
+        )
+        print(
+            f"  Python floor {s['Python floor']:.3f} s  drill verify / floor {f['verify/floor']:.2f}  floor / xxhsum {f['floor/xxhsum']:.2f}"
         )
         print(
             f"  drill.sdk.load {s['drill.sdk.load']:.3f} s  dcp.load {s['dcp.load']:.3f} s  ratio {f['sdk.load/dcp.load']:.2f}"
