@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import typer
 
 from drill.cli.app import EXIT_CODES, app
@@ -104,19 +105,24 @@ def test_the_sdk_imports_no_database_or_cli() -> None:
     assert out == ""
 
 
-def test_verify_of_a_sealed_checkpoint_imports_no_torch(pristine_run: Path, tmp_path: Path) -> None:
-    """`drill verify` of a sealed checkpoint is a pure hashing job: no torch import."""
+@pytest.mark.parametrize(("flags", "absent"), [([], "torch"), (["--json"], "torch,rich")])
+def test_verify_of_a_sealed_checkpoint_imports_no_torch(
+    pristine_run: Path, tmp_path: Path, flags: list[str], absent: str
+) -> None:
+    """`drill verify` of a sealed checkpoint is a pure hashing job: no torch import — and with
+    --json, whose document is written without tables, not rich either."""
     code = (
-        "import atexit, sys; from drill.cli.app import main; sys.argv = ['drill', 'verify', sys.argv[1], '--db', sys.argv[2]]\n"
-        "atexit.register(lambda: print('torch' in sys.modules))\n"
+        "import atexit, sys; from drill.cli.app import main\n"
+        "sys.argv = ['drill', 'verify', sys.argv[1], '--db', sys.argv[2], *sys.argv[4:]]\n"
+        "atexit.register(lambda: print([m for m in sys.argv[3].split(',') if m in sys.modules]))\n"
         "main()"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(pristine_run / "step-20"), f"sqlite:///{tmp_path / 'v.db'}"],
+        [sys.executable, "-c", code, str(pristine_run / "step-20"), f"sqlite:///{tmp_path / 'v.db'}", absent, *flags],
         capture_output=True,
         text=True,
     )
-    assert (done.stdout.strip().splitlines()[-1], done.returncode) == ("False", 0)
+    assert (done.stdout.strip().splitlines()[-1], done.returncode) == ("[]", 0)
 
 
 def test_every_test_security_md_cites_exists() -> None:

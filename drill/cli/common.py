@@ -11,10 +11,12 @@ import os
 import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 from drill.errors import DrillError, ExitCode, UsageError
 
@@ -86,26 +88,33 @@ QuietOption = Annotated[
 ]
 
 
-class _Console(Console):
-    """A console for people: every string it renders — table cells, messages, paths, names
-    from a checkpoint — shows its control characters as escapes (:func:`drill.text.printable`),
-    so a file name cannot drive the terminal. Styles are rich's own and are unaffected."""
+@functools.cache
+def _console_class() -> type[Console]:
+    """rich's console, imported when something is printed through it (``--json`` never is)."""
+    from rich.console import Console
 
-    def render_str(self, text: str, **kwargs: Any) -> Any:
-        from drill.text import printable
+    class _Console(Console):
+        """A console for people: every string it renders — table cells, messages, paths, names
+        from a checkpoint — shows its control characters as escapes (:func:`drill.text.printable`),
+        so a file name cannot drive the terminal. Styles are rich's own and are unaffected."""
 
-        return super().render_str(printable(text), **kwargs)
+        def render_str(self, text: str, **kwargs: Any) -> Any:
+            from drill.text import printable
+
+            return super().render_str(printable(text), **kwargs)
+
+    return _Console
 
 
 def stdout() -> Console:
-    console = _Console(soft_wrap=True, highlight=False)
+    console = _console_class()(soft_wrap=True, highlight=False)
     if not console.is_terminal:  # a pipe or a file: tables one row a line, not wrapped at 80
         console.width = max(console.width, 160)
     return console
 
 
 def stderr() -> Console:
-    return _Console(stderr=True, soft_wrap=True, highlight=False)
+    return _console_class()(stderr=True, soft_wrap=True, highlight=False)
 
 
 def print_json(doc: Any) -> None:

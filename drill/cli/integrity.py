@@ -74,7 +74,6 @@ def seal(
 
 def _render_verified(outcome: VerifyOutcome, json: bool) -> None:
     """A verification on stdout (tables, or its JSON document), and its one line on stderr."""
-    from drill.cli.render import render_check
     from drill.units import human_bytes, human_seconds
 
     r = outcome.result
@@ -91,6 +90,8 @@ def _render_verified(outcome: VerifyOutcome, json: bool) -> None:
             }
         )
     else:
+        from drill.cli.render import render_check  # rich: only where tables are printed
+
         out = stdout()
         render_check(out, r)
         out.print(
