@@ -517,7 +517,8 @@ def test_the_lane_hashes_in_read_order_however_lane_and_inline_reads_alternate(t
     from drill.integrity.reading import CrcLane, SequentialReader
 
     layout = [("gap", 5), ("lane", (3 << 20) + 1), ("lane", 1 << 20), ("head", 333), ("lane", 2 << 20), ("gap", 99)]
-    layout += [("head", 1), ("lane", 7), ("lane", (1 << 20) + 17)]
+    layout += [("head", 1), ("lane", 7), ("gap", (64 << 10) + 3), ("lane", 9), ("head", 70_000)]
+    layout += [("lane", (1 << 20) + 17)]
     data = os.urandom(sum(n for _, n in layout) + 11)
     (tmp_path / "f").write_bytes(data)
 
@@ -546,6 +547,41 @@ def test_the_lane_hashes_in_read_order_however_lane_and_inline_reads_alternate(t
             at += n
         hashes = reader.finish()
     assert [(ln.result(), want, landed) for ln, want, landed in crcs] == [(want, want, True) for _, want, _ in crcs]
+    lane.close()
+    whole = ChunkHasher(chunk_size=1 << 20)
+    whole.update(data)
+    assert hashes is not None and hashes.chunks == whole.finish().chunks
+
+
+@pytest.mark.parametrize(("between", "waits"), [(200, 0), (64 << 10, 0), ((64 << 10) + 1, 1)])
+def test_small_reads_between_targets_go_to_the_lane_and_the_reader_does_not_wait(
+    tmp_path: Path, between: int, waits: int
+) -> None:
+    """A header or trailer read while the lane holds the hasher is handed to it as a copy, in
+    order — the reader waits for the lane (a drain) only before a larger read it hashes itself,
+    and at the end; the digests are the whole file's either way."""
+    from drill.integrity.hashing import ChunkHasher
+    from drill.integrity.reading import CrcLane, SequentialReader
+
+    class Counted(CrcLane):
+        drains = 0
+
+        def drain(self) -> None:
+            Counted.drains += 1
+            super().drain()
+
+    data = os.urandom((2 << 20) + between + 5)
+    (tmp_path / "f").write_bytes(data)
+    lane = Counted()
+    with open(tmp_path / "f", "rb", buffering=0) as f:
+        reader = SequentialReader(f, len(data), ChunkHasher(chunk_size=1 << 20))
+        reader.read_into(memoryview(bytearray(1 << 20)), lane.begin())
+        lane.end()
+        assert bytes(reader.read(between)) == data[1 << 20 : (1 << 20) + between]
+        reader.read_into(memoryview(bytearray(1 << 20)), lane.begin())
+        lane.end()
+        assert Counted.drains == waits
+        hashes = reader.finish()
     lane.close()
     whole = ChunkHasher(chunk_size=1 << 20)
     whole.update(data)
@@ -588,6 +624,35 @@ def test_a_flip_in_a_large_tensor_is_caught_by_the_crc_lane(tmp_path: Path) -> N
     targets = {"big": torch.zeros_like(state["big"]), "small": torch.zeros_like(state["small"])}
     with pytest.raises(sdk.CheckpointCorrupt, match="CRC"):
         sdk.load(targets, str(ckpt), record=False)
+
+
+def test_a_lane_that_lags_behind_the_last_tensor_still_hashes_the_file_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last entry is large (its CRC and hashing on the lane) and the lane lags behind the
+    reader: the file's trailing bytes are still hashed after it, and the lane is closed only once
+    it has hashed everything — a sealed, undamaged checkpoint loads verified, every time."""
+    import threading
+
+    import drill.formats.dcp_read as dcp_read
+    from drill import sdk
+    from drill.integrity.hashing import ChunkHasher
+    from drill.integrity.reading import LANE_MIN
+
+    class Lagging(ChunkHasher):
+        def update(self, data: memoryview | bytes) -> None:
+            if threading.current_thread().name == "drill-crc":
+                threading.Event().wait(0.002)
+            super().update(data)
+
+    ckpt = tmp_path / "ckpt"
+    state = {"a": torch.randn(10), "z": torch.randn(LANE_MIN // 4 + 1000)}  # DCP writes "z" last
+    sdk.save(state, str(ckpt), no_dist=True)
+    monkeypatch.setattr(dcp_read, "ChunkHasher", Lagging)
+    targets = {k: torch.zeros_like(v) for k, v in state.items()}
+    report = sdk.load(targets, str(ckpt), record=False)
+    assert report.sealed and report.verified_files > 0
+    assert all(torch.equal(targets[k], state[k]) for k in state)
 
 
 @pytest.mark.parametrize(

@@ -281,10 +281,10 @@ class DrillReader:
                         _populate_ahead(items[i + 1], planner, outcome)
                     self._entry(reader, item, planner, outcome)
                 _settle(outcome)
+                record.hashes = reader.finish()  # the lane has hashed all it was handed before it closes
             finally:
                 outcome.stagers.finish()  # the copies in flight land before the file counts as read
                 outcome.lane.close()
-            record.hashes = reader.finish()
             record.retries += getattr(f, "retries", 0)  # an object store's retried requests
         record.bytes_read = reader.pos
 

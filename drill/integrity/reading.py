@@ -217,11 +217,16 @@ class SequentialReader:
         With a :class:`CrcLane` (``view`` is a target's memory, not a buffer read into again),
         the lane takes the hashing too: this thread only reads, the lane hashes and takes the
         CRC of each piece in order, still in the cache the cores share — two cores on one
-        file's bytes. The hasher is the lane's until the next read this thread hashes itself."""
+        file's bytes. The hasher is the lane's until the next read this thread hashes itself;
+        a small read in between (an entry's header, its trailer) is handed to the lane as a copy,
+        in order, so the reader does not wait for the lane at every entry."""
+        handing: CrcLane | None = None
         if isinstance(crc, CrcLane) and self.hasher is not None:
             self._lane = crc
             hasher: ChunkHasher | None = None
             crc.hashing(self.hasher)
+        elif self._lane is not None and len(view) <= HAND_OVER:
+            handing, hasher = self._lane, None
         else:
             self._caught_up()
             hasher = self.hasher
@@ -242,6 +247,8 @@ class SequentialReader:
                 crc.update(view[handed:got])
                 handed = got
             self.on_bytes(n)
+        if handing is not None:
+            handing.hash(bytes(view))
         self.pos += got
 
     def skip_to(self, offset: int) -> None:
@@ -299,6 +306,10 @@ CRC_BATCH = 1 << 20
 share, and the reader waits for no more than one piece's hash and CRC at a target's end
 (1 MiB against 4 and 8: 12% and 26% faster on 0.3 GB, ``benchmarks/limit.py``)."""
 
+HAND_OVER = 64 << 10
+"""Reads up to this size made while the lane holds the hasher are copied to it to hash, in
+order, instead of waiting for it to catch up: the few hundred bytes between two tensors."""
+
 LANE_MIN = 8 << 20
 """Entries at least this large have their CRC-32 taken on the :class:`CrcLane`."""
 
@@ -331,6 +342,13 @@ class CrcLane:
 
     def update(self, piece: memoryview) -> None:
         self._jobs.put(piece)
+
+    def hash(self, data: bytes) -> None:
+        """Hash ``data`` (read between two CRCs: no entry's) in its turn, with the hasher the
+        lane holds."""
+        if self._thread is None:  # closed (or never begun): nothing would hash it, and no drain would say so
+            raise RuntimeError("bytes handed to a CRC lane that is not running")
+        self._jobs.put(_Hash(data))
 
     def hashing(self, hasher: ChunkHasher | None) -> None:
         """Hash the pieces handed from now on with ``hasher`` too (None: no longer)."""
@@ -392,6 +410,12 @@ class CrcLane:
                 failed = None
             elif isinstance(job, _Hashing):
                 hasher = job.hasher
+            elif isinstance(job, _Hash):
+                try:
+                    if hasher is not None:
+                        hasher.update(job.data)
+                except Exception as exc:  # noqa: BLE001 - handed to the reader at the next drain
+                    failed = failed or exc
             else:
                 try:
                     value = crc32(job, value)
@@ -407,6 +431,11 @@ _DRAIN = object()
 @dataclass(frozen=True, slots=True)
 class _Hashing:
     hasher: ChunkHasher | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Hash:
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)
