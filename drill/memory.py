@@ -18,12 +18,12 @@ done: the reads fault the pages in as before.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 @contextmanager
@@ -43,14 +43,26 @@ def collector_paused() -> Iterator[None]:
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MADV_POPULATE_WRITE = 23
-_madvise = None
-if sys.platform.startswith("linux"):
-    try:
-        _madvise = ctypes.CDLL(None, use_errno=True).madvise
-        _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        _madvise.restype = ctypes.c_int
-    except (OSError, AttributeError):  # no C library to ask: nothing to populate with
+_UNASKED: Any = object()
+_madvise: Any = _UNASKED
+"""The C library's ``madvise``, looked up on the first :func:`populate` (ctypes is imported
+only by a process that populates); None where there is none to ask."""
+
+
+def _kernel() -> Any:
+    global _madvise
+    if _madvise is _UNASKED:
         _madvise = None
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                _madvise = ctypes.CDLL(None, use_errno=True).madvise
+                _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+                _madvise.restype = ctypes.c_int
+            except (OSError, AttributeError):  # no C library to ask: nothing to populate with
+                _madvise = None
+    return _madvise
 
 
 def populate(address: int, length: int) -> bool:
@@ -59,9 +71,10 @@ def populate(address: int, length: int) -> bool:
     interpreter lock while the kernel works (a ctypes call)."""
     start = -(-address // _PAGE) * _PAGE
     end = (address + length) // _PAGE * _PAGE
-    if _madvise is None or end <= start:
+    madvise = _kernel()
+    if madvise is None or end <= start:
         return False
-    return _madvise(start, end - start, _MADV_POPULATE_WRITE) == 0
+    return madvise(start, end - start, _MADV_POPULATE_WRITE) == 0
 
 
 __all__ = ["populate"]

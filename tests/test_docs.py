@@ -105,11 +105,12 @@ def test_the_sdk_imports_no_database_or_cli() -> None:
     assert out == ""
 
 
-@pytest.mark.parametrize(("flags", "absent"), [([], "torch"), (["--json"], "torch,rich")])
+@pytest.mark.parametrize(("flags", "absent"), [([], "torch,ctypes,zipfile"), (["--json"], "torch,ctypes,zipfile,rich")])
 def test_verify_of_a_sealed_checkpoint_imports_no_torch(
     pristine_run: Path, tmp_path: Path, flags: list[str], absent: str
 ) -> None:
-    """`drill verify` of a sealed checkpoint is a pure hashing job: no torch import — and with
+    """`drill verify` of a sealed checkpoint is a pure hashing job: no torch import, nor what
+    only a restore needs (ctypes, to fault targets in) or an unsealed file (zipfile) — and with
     --json, whose document is written without tables, not rich either."""
     code = (
         "import atexit, sys; from drill.cli.app import main\n"
