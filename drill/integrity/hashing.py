@@ -6,6 +6,7 @@ data yields both, and chunk digests let a verifier name the damaged range.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,10 @@ class FileHashes:
     @property
     def chunk_hex(self) -> list[str]:
         return list(map(bytes.hex, self.chunks))
+
+    def matches(self, chunks: Sequence[str]) -> bool:
+        """Whether these are the chunk digests ``chunks`` (hex, as a manifest records them)."""
+        return self.chunk_hex == list(chunks)
 
 
 def file_digest(chunks: list[bytes]) -> str:

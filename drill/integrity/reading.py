@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from queue import SimpleQueue
+from typing import Any
 
 import xxhash
 
@@ -410,17 +411,15 @@ class CrcLane:
                 failed = None
             elif isinstance(job, _Hashing):
                 hasher = job.hasher
-            elif isinstance(job, _Hash):
-                try:
-                    if hasher is not None:
-                        hasher.update(job.data)
-                except Exception as exc:  # noqa: BLE001 - handed to the reader at the next drain
-                    failed = failed or exc
             else:
                 try:
-                    value = crc32(job, value)
+                    if isinstance(job, _Hash):  # bytes between two entries: hashed, in no CRC
+                        data: Any = job.data
+                    else:
+                        data = job
+                        value = crc32(job, value)
                     if hasher is not None:
-                        hasher.update(job)  # type: ignore[arg-type]
+                        hasher.update(data)
                 except Exception as exc:  # noqa: BLE001 - handed to the reader at the next drain
                     failed = failed or exc
 

@@ -186,7 +186,7 @@ def file_against_seal(path: str, entry: FileEntry, plan: IntegrityPlan, seen: Ob
         )
     if seen is not None and seen.error is not None:
         return _finding("file-unreadable", path, f"{path} cannot be read ({seen.error})", actual=seen.error)
-    if seen is None or seen.hashes is None or tuple(map(bytes.hex, seen.hashes.chunks)) == entry.chunks:
+    if seen is None or seen.hashes is None or seen.hashes.matches(entry.chunks):
         return None
     assert plan.manifest is not None
     ranges = mismatched_ranges(entry.chunks, seen.hashes.chunk_hex, plan.manifest.chunk_size, entry.size)
