@@ -107,13 +107,23 @@ def _done() -> None:
 
 
 # -- DeepSpeed ---------------------------------------------------------------------------------
+def _no_shm_build() -> None:
+    """Keep DeepSpeed from JIT-compiling its shared-memory collectives (a speed-up over gloo that
+    takes a fresh machine a minute of gcc, not needed here). The module is taken from
+    ``sys.modules``: ``import deepspeed.comm.torch as m`` binds ``deepspeed.comm``'s attribute
+    ``torch`` — torch itself, re-exported there — so patching that would patch nothing."""
+    import importlib
+
+    backend = importlib.import_module("deepspeed.comm.torch")
+    if hasattr(backend, "build_shm_op"):
+        backend.build_shm_op = lambda *a, **k: None
+
+
 def deepspeed(stage: int, out: Path) -> None:
     import deepspeed as ds
-    import deepspeed.comm.torch as ds_comm
     import torch
 
-    if hasattr(ds_comm, "build_shm_op"):
-        ds_comm.build_shm_op = lambda *a, **k: None  # a JIT-compiled speed-up over gloo: minutes to build, not needed
+    _no_shm_build()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     ds.init_distributed(
         dist_backend="gloo",
@@ -141,9 +151,8 @@ def deepspeed(stage: int, out: Path) -> None:
 
 def hf_deepspeed(out: Path) -> None:
     import deepspeed as ds
-    import deepspeed.comm.torch as ds_comm
 
-    ds_comm.build_shm_op = lambda *a, **k: None
+    _no_shm_build()
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT="1", ACCELERATE_USE_DEEPSPEED="true"
     )  # read, never dialled: the group is up
@@ -169,6 +178,7 @@ def hf_deepspeed(out: Path) -> None:
         deepspeed=config,
     )
     Trainer(model=model, args=args, train_dataset=_TokenDataset()).train()
+    _done()
 
 
 # -- accelerate --------------------------------------------------------------------------------
