@@ -8,6 +8,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -170,9 +171,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
-# Every finding any test makes in this process, by code: the severities it was made at. A code
-# missing from drill.catalogue, or made at a severity the catalogue does not list, fails the
-# session (the static half of this check is tests/test_catalogue.py).
+# Every finding any test makes, by code: the severities it was made at. A code missing from
+# drill.catalogue, or made at a severity the catalogue does not list, fails the session (the static
+# half of this check is tests/test_catalogue.py). Under pytest-xdist each worker hands what it saw
+# to the controller, which judges the whole: a worker's own exit status would not fail the run.
 _FINDINGS_SEEN: dict[str, set[str]] = {}
 
 
@@ -188,9 +190,18 @@ def pytest_configure(config: pytest.Config) -> None:
     Finding.__init__ = observed
 
 
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the controller: merge what a worker saw (called by pytest-xdist)."""
+    for code, severities in getattr(node, "workeroutput", {}).get("findings_seen", {}).items():
+        _FINDINGS_SEEN.setdefault(code, set()).update(severities)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from drill.catalogue import CODES
 
+    if hasattr(session.config, "workeroutput"):  # a worker: the controller judges
+        session.config.workeroutput["findings_seen"] = {c: sorted(s) for c, s in _FINDINGS_SEEN.items()}
+        return
     wrong = []
     for code, severities in sorted(_FINDINGS_SEEN.items()):
         entry = CODES.get(code)

@@ -9,9 +9,15 @@ severity it was made at, must be in the catalogue, or the session fails.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from drill.catalogue import CODES, areas, describe
 from drill.findings import Severity
@@ -100,3 +106,26 @@ def test_each_entry_is_complete() -> None:
         assert entry.hint and "TODO" not in entry.hint, entry.code
     grouped = [c.code for _, codes in areas() for c in codes]
     assert sorted(grouped) == sorted(CODES), "a code whose area has no heading"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_finding_outside_the_catalogue_fails_the_session_in_one_process_or_many(tmp_path: Path, workers: str) -> None:
+    """The dynamic half (conftest.py) holds under pytest-xdist too: a worker's own exit status
+    fails nothing, so each hands what it saw to the controller, which fails the run."""
+    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    for n in (1, 2):  # two modules: with two workers, one each
+        (tmp_path / f"test_made_{n}.py").write_text(
+            "from drill.findings import Finding, Severity\n\n\n"
+            f"def test_made() -> None:\n"
+            f"    Finding(check='c', code='not-in-the-catalogue-{n}', severity=Severity.ERROR, subject=None, message='m')\n"
+        )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(DRILL.parent), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers, "--dist", "loadfile", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = res.stdout + res.stderr
+    assert "2 passed" in out and res.returncode == pytest.ExitCode.TESTS_FAILED, out
+    for n in (1, 2):
+        assert f"not-in-the-catalogue-{n} is not in drill.catalogue.CODES" in out, out
