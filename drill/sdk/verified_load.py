@@ -14,8 +14,12 @@ import torch
 import torch.distributed as dist
 
 from drill import formats
+from drill.checks import CheckInputs
+from drill.checks.files import check_files
+from drill.checks.load import check_load
 from drill.claims import DEFAULT_MIN_EVIDENCE, evidence_of
-from drill.findings import CheckResult, Finding, Severity
+from drill.errors import StorageProblem
+from drill.findings import CheckResult, Finding, Severity, not_run
 from drill.formats.base import RestoreContext, one_line
 from drill.formats.dcp_names import DCP_METADATA
 from drill.formats.dcp_read import MetadataUnreadable
@@ -27,7 +31,7 @@ from drill.integrity.verify import IntegrityPlan, plan_integrity
 from drill.restore import RestoreResult
 from drill.sdk.report import TRIGGER, CheckpointCorrupt, LoadReport
 from drill.storage import storage_for
-from drill.verdict import decide
+from drill.verdict import DrillStatus, decide
 
 
 def run_load(
@@ -108,11 +112,6 @@ def _checks(
 ) -> list[CheckResult]:
     """The ``integrity``, ``files`` and ``load`` checks of this rank's read: the same checks
     (and the same structural proof) ``drill run`` gives the same checkpoint."""
-    from drill.checks import CheckInputs
-    from drill.checks.files import check_files
-    from drill.checks.load import check_load
-    from drill.findings import not_run
-
     checks: list[CheckResult] = []
     if plan is not None:
         structure = None if plan.refuse else _DCP.restored_structure(result, storage, plan.checkpoint, plan.on_storage)
@@ -212,9 +211,6 @@ def raise_unless_passed(report: LoadReport, checks: list[CheckResult]) -> None:
     """What the verdict means to the trainer: :class:`CheckpointCorrupt` for a checkpoint that
     failed (fall back), :class:`~drill.errors.StorageProblem` when the storage would not serve
     it (nothing is known about the checkpoint: falling back would not help)."""
-    from drill.errors import StorageProblem
-    from drill.verdict import DrillStatus
-
     verdict = decide(checks)
     if verdict.status is DrillStatus.FAILED:
         findings = [f for c in checks for f in c.errors]
