@@ -318,8 +318,28 @@ def verify_chain(
         report.problems += _prefix_problems(s, since)
     first = s.scalars(select(AuditEntry).order_by(AuditEntry.seq).limit(1)).first()
     first_seen = (first.sealed_at, first.drill_id) if first is not None else None
+    latest, last = _walk(s, report, start, prev_hash, since is not None, key, keyed_from)
+    report.head = last or (_head_of(since) if since is not None else None)
+    report.problems += _record_problems(s, latest, first_seen, report, None if since is None else since.drills_through)
+    if head is not None:
+        report.problems += _pinned_head_problems(s, head)
+    return report
+
+
+def _walk(
+    s: Session,
+    report: ChainReport,
+    start: int,
+    prev_hash: str,
+    current: bool,
+    key: bytes | None,
+    keyed_from: int | None,
+) -> tuple[dict[int, _Seen], ChainHead | None]:
+    """Every entry after ``start`` in order, batch by batch: its link to the one before, its
+    HMAC and what it supersedes (problems go to ``report``). Returns each drill's latest entry
+    and the last readable one."""
     latest: dict[int, _Seen] = {}
-    prev_seq, current, last = start, since is not None, None
+    prev_seq, last = start, None
     for batch in _batches(s, start):
         latest.update(_sealed_before(s, start, {e.drill_id for e in batch} - latest.keys()))
         for e in batch:
@@ -337,19 +357,20 @@ def verify_chain(
                 current, last = current or e.closed_by is not None, ChainHead(e.seq, e.hash, e.drill_id, e.sealed_at)
             prev_hash, prev_seq = e.hash, e.seq
             latest[e.drill_id] = _Seen.of(e)
-    report.head = last or (_head_of(since) if since is not None else None)
-    report.problems += _record_problems(s, latest, first_seen, report, None if since is None else since.drills_through)
-    if head is not None and not s.scalar(
-        select(func.count()).select_from(AuditEntry).where(AuditEntry.hash == head.strip().lower())
-    ):
-        report.problems.append(
-            _problem(
-                "head-missing",
-                head,
-                f"the pinned chain head {head} is not in the chain: the log was rewritten or its newest entries deleted",
-            )
+    return latest, last
+
+
+def _pinned_head_problems(s: Session, head: str) -> list[Finding]:
+    """A head pinned elsewhere (``--head``) that the chain no longer holds."""
+    if s.scalar(select(func.count()).select_from(AuditEntry).where(AuditEntry.hash == head.strip().lower())):
+        return []
+    return [
+        _problem(
+            "head-missing",
+            head,
+            f"the pinned chain head {head} is not in the chain: the log was rewritten or its newest entries deleted",
         )
-    return report
+    ]
 
 
 def _head_of(since: VerifiedHead) -> ChainHead:

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
+from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
 from drill.integrity.sealing import SealingWriter, SealReport, sealing, write_manifest
 
 DATABASE_ENV = "DRILL_DATABASE_URL"
@@ -123,7 +123,6 @@ def seal_across_ranks(
     exists); returns the cost, ``bytes_read_back`` included."""
     import torch.distributed as dist
 
-    from drill.integrity.hashing import FileHashes
     from drill.integrity.manifest import MANIFEST_NAME, list_files
     from drill.integrity.parallel import hash_files
     from drill.restore.partition import assign
@@ -161,20 +160,29 @@ def seal_across_ranks(
     report = SealReport()
     if rank == 0:
         assert gathered is not None
-        files: dict[str, FileHashes] = {}
-        for part, seconds in gathered:
-            report.hash_seconds += seconds
-            for rel, h in part.items():
-                if isinstance(h, OSError):
-                    raise OSError(h.errno, f"cannot seal {checkpoint}: {rel}: {h.strerror or h}")
-                files[rel] = h
-        report.manifest = write_manifest(Path(checkpoint), files, key, chunk_size)
-        report.files, report.bytes, report.keyed = len(files), sum(h.size for h in files.values()), key is not None
-        report.bytes_read_back = report.bytes
+        _write_gathered(report, gathered, checkpoint, key, chunk_size)
     if distributed:
         dist.barrier(group=process_group)  # nobody moves on (rotates, resumes) before the seal exists
     report.save_seconds = time.perf_counter() - started
     return report
+
+
+def _write_gathered(
+    report: SealReport, gathered: list[Any], checkpoint: str, key: bytes | None, chunk_size: int
+) -> None:
+    """On rank 0: the manifest of every rank's digests (``(path → FileHashes or the OSError that
+    stopped the read, seconds)`` each), written into the checkpoint; a file no rank could read
+    seals nothing."""
+    files: dict[str, FileHashes] = {}
+    for part, seconds in gathered:
+        report.hash_seconds += seconds
+        for rel, h in part.items():
+            if isinstance(h, OSError):
+                raise OSError(h.errno, f"cannot seal {checkpoint}: {rel}: {h.strerror or h}")
+            files[rel] = h
+    report.manifest = write_manifest(Path(checkpoint), files, key, chunk_size)
+    report.files, report.bytes, report.keyed = len(files), sum(h.size for h in files.values()), key is not None
+    report.bytes_read_back = report.bytes
 
 
 def record_save(report: SealReport, checkpoint_id: str | os.PathLike, method: str, db: str | None) -> Path | None:
