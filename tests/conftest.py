@@ -190,6 +190,7 @@ def pytest_configure(config: pytest.Config) -> None:
     Finding.__init__ = observed
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown without it
 def pytest_testnodedown(node: Any, error: object) -> None:
     """On the controller: merge what a worker saw (called by pytest-xdist)."""
     for code, severities in getattr(node, "workeroutput", {}).get("findings_seen", {}).items():
