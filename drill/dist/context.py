@@ -48,7 +48,9 @@ def launched_world() -> tuple[int, int] | None:
             try:
                 world, rank = int(env[world_var]), int(env.get(rank_var, "0"))
             except ValueError:
-                raise UsageError(f"${world_var}={env[world_var]!r} / ${rank_var}={env.get(rank_var)!r}: not a rank and world size") from None
+                raise UsageError(
+                    f"${world_var}={env[world_var]!r} / ${rank_var}={env.get(rank_var)!r}: not a rank and world size"
+                ) from None
             if world > 1:
                 if not 0 <= rank < world:
                     raise UsageError(f"rank {rank} is outside a world of {world}")
@@ -86,7 +88,7 @@ class DistContext:
             self.store.set(key, pickle.dumps(obj))
             return obj
         self._await([0], key, stage)
-        return pickle.loads(self.store.get(key))  # noqa: S301 - written by rank 0 of this very attempt
+        return pickle.loads(self.store.get(key))  # trusted: written by rank 0 of this very attempt
 
     def gather(self, obj: Any, stage: str) -> list[Any] | None:
         """Every rank's ``obj`` on rank 0 (None elsewhere); names the ranks that never sent."""
@@ -98,9 +100,11 @@ class DistContext:
                 self.store.set(f"{key}/all", "1")
             return None
         if self.world > 1:
-            self._await(list(range(1, self.world)), f"{key}/all", stage, arrived=lambda r: self.store.check([f"{key}/{r}"]))
+            self._await(
+                list(range(1, self.world)), f"{key}/all", stage, arrived=lambda r: self.store.check([f"{key}/{r}"])
+            )
         others = self.store.multi_get([f"{key}/{r}" for r in range(1, self.world)]) if self.world > 1 else []
-        return [obj, *(pickle.loads(v) for v in others)]  # noqa: S301 - written by the ranks of this very attempt
+        return [obj, *(pickle.loads(v) for v in others)]  # trusted: written by the ranks of this very attempt
 
     def _key(self, stage: str) -> str:
         self._calls[stage] += 1
@@ -120,7 +124,10 @@ class DistContext:
             except Exception:  # noqa: BLE001 - a timed-out wait, or the store's host is gone
                 if not self._store_alive():
                     self.root_lost = "the rendezvous store it hosted went away"
-                    raise RankFailure(f"rank 0 was lost while this rank waited at '{stage}': the rendezvous store it hosted went away", [0]) from None
+                    raise RankFailure(
+                        f"rank 0 was lost while this rank waited at '{stage}': the rendezvous store it hosted went away",
+                        [0],
+                    ) from None
             waiting = [r for r in ranks if arrived is None or not arrived(r)] if time.monotonic() > deadline else ranks
             lost = self.watch.lost(ranks, stage)
             if arrived is not None and lost:
@@ -128,11 +135,16 @@ class DistContext:
             if lost:
                 if lost[0][0] == 0 and not self.is_root:
                     self.root_lost = lost[0][1]
-                shown = "; ".join(why for _, why in lost[:20]) + (f"; and {len(lost) - 20} more ranks" if len(lost) > 20 else "")
+                shown = "; ".join(why for _, why in lost[:20]) + (
+                    f"; and {len(lost) - 20} more ranks" if len(lost) > 20 else ""
+                )
                 raise RankFailure(shown, [r for r, _ in lost])
             if time.monotonic() > deadline:
                 who = "; ".join(f"{self.watch.describe(r)} last reached '{self._at(r)}'" for r in waiting[:20])
-                raise RankFailure(f"{_ranks(waiting)} did not reach '{stage}' within {self.timeout:g} s, though alive (hung): {who}", waiting)
+                raise RankFailure(
+                    f"{_ranks(waiting)} did not reach '{stage}' within {self.timeout:g} s, though alive (hung): {who}",
+                    waiting,
+                )
 
     @property
     def watch_interval(self) -> float:
@@ -146,7 +158,9 @@ class DistContext:
             return False
 
     def _at(self, rank: int) -> str:
-        return self.store.get(f"at/{rank}").decode(errors="replace") if self.store.check([f"at/{rank}"]) else "(nothing)"
+        return (
+            self.store.get(f"at/{rank}").decode(errors="replace") if self.store.check([f"at/{rank}"]) else "(nothing)"
+        )
 
     # -- the verdict, and a rank's failure --------------------------------------------------
     def publish(self, key: str, value: Any) -> None:
@@ -159,7 +173,7 @@ class DistContext:
             self._await([0], f"published/{key}", key)
         finally:
             self.timeout = saved
-        return pickle.loads(self.store.get(f"published/{key}"))  # noqa: S301 - written by rank 0 of this very attempt
+        return pickle.loads(self.store.get(f"published/{key}"))  # trusted: written by rank 0 of this very attempt
 
     def fail(self, cause: str) -> None:
         """This rank stops early: the ranks waiting for it hear why at once."""
@@ -183,7 +197,9 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
 
 
-def connect(rank_timeout: float = DEFAULT_RANK_TIMEOUT, *, lost_after: float = DEFAULT_LOST_AFTER, interval: float | None = None) -> DistContext | None:
+def connect(
+    rank_timeout: float = DEFAULT_RANK_TIMEOUT, *, lost_after: float = DEFAULT_LOST_AFTER, interval: float | None = None
+) -> DistContext | None:
     """Join the job this process is a rank of; None for a single-process drill.
 
     When the process group of a trainer that embeds drill already exists, drill meets in its

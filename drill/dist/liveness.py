@@ -16,10 +16,14 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 DEFAULT_INTERVAL = 1.0
 DEFAULT_LOST_AFTER = 15.0
+_FIRST_PAUSE, _LAST_PAUSE = 0.001, 0.05
+"""How long a wait on the store sleeps between checks: a collective that is ready at once
+costs a millisecond, one that waits is seen within 50 ms."""
 
 
 class Guarded:
@@ -28,6 +32,23 @@ class Guarded:
     def __init__(self, store: Any) -> None:
         self.store = store
         self.lock = threading.Lock()
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        """Until every key is set, or :class:`TimeoutError` after ``timeout``. Never one
+        blocking wait under the lock: a rank waiting at a collective would hold it for the whole
+        wait, again and again, and starve its own heartbeat thread — its waiters would then find
+        it lost while it waits for someone else. Checks under the lock, sleeps outside it."""
+        deadline = time.monotonic() + timeout.total_seconds()
+        pause = _FIRST_PAUSE
+        while True:
+            with self.lock:
+                if self.store.check(keys):
+                    return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"waited {timeout.total_seconds():g} s for {', '.join(keys)}")
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, _LAST_PAUSE)
 
     def __getattr__(self, name: str) -> Any:
         op = getattr(self.store, name)
@@ -80,9 +101,20 @@ class Watch:
         found = self._failed(ranks, stage)
         if found:
             return found
-        joined = [r for r in ranks if self.store.check([f"who/{r}"])] if int(self.store.add("joined", 0)) < self.world else ranks
+        joined = (
+            [r for r in ranks if self.store.check([f"who/{r}"])]
+            if int(self.store.add("joined", 0)) < self.world
+            else ranks
+        )
         if now - self.started > self.join_timeout:
-            found += [(r, f"rank {r} never joined: no sign of it {self.join_timeout:g} s after this rank joined (not started, or it failed before joining)") for r in ranks if r not in joined]
+            found += [
+                (
+                    r,
+                    f"rank {r} never joined: no sign of it {self.join_timeout:g} s after this rank joined (not started, or it failed before joining)",
+                )
+                for r in ranks
+                if r not in joined
+            ]
         if not joined:
             return found
         beats = self.store.multi_get([f"hb/{r}" for r in joined])
@@ -92,13 +124,22 @@ class Watch:
                 self.seen[r] = (beat, now)
             elif now - since > self.lost_after:
                 host, pid = self._who(r) or ("?", "")
-                found.append((r, f"rank {r} on {host} (pid {pid}) was lost at '{stage}': no heartbeat for {now - since:.1f} s{_how_gone(host, pid)}"))
+                found.append(
+                    (
+                        r,
+                        f"rank {r} on {host} (pid {pid}) was lost at '{stage}': no heartbeat for {now - since:.1f} s{_how_gone(host, pid)}",
+                    )
+                )
         return found
 
     def _failed(self, ranks: list[int], stage: str) -> list[tuple[int, str]]:
         if int(self.store.add("failed", 0)) == 0:
             return []
-        return [(r, f"{self.describe(r)} stopped before '{stage}': {self.store.get(f'fail/{r}').decode(errors='replace')}") for r in ranks if self.store.check([f"fail/{r}"])]
+        return [
+            (r, f"{self.describe(r)} stopped before '{stage}': {self.store.get(f'fail/{r}').decode(errors='replace')}")
+            for r in ranks
+            if self.store.check([f"fail/{r}"])
+        ]
 
     def _who(self, rank: int) -> tuple[str, str] | None:
         """(host, pid) as the rank announced itself; None before it did."""
@@ -118,7 +159,11 @@ def _how_gone(host: str, pid: str) -> str:
     host only); elsewhere, what silence means."""
     if host != socket.gethostname() or not pid.isdigit():
         return " (killed, crashed, or its node was lost)"
-    return " (its process is gone: killed or crashed)" if not _alive(int(pid)) else " (its process is alive but silent: stopped or starved)"
+    return (
+        " (its process is gone: killed or crashed)"
+        if not _alive(int(pid))
+        else " (its process is alive but silent: stopped or starved)"
+    )
 
 
 def _alive(pid: int) -> bool:

@@ -68,7 +68,9 @@ def _tcp_store(rank: int, world: int, timeout: float) -> tuple[Any, bool]:
 
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not (addr and port and port.isdigit()):
-        raise UsageError(f"rank {rank} of {world}: set ${INIT_ENV} (file:///shared/dir/rendezvous) or MASTER_ADDR and MASTER_PORT")
+        raise UsageError(
+            f"rank {rank} of {world}: set ${INIT_ENV} (file:///shared/dir/rendezvous) or MASTER_ADDR and MASTER_PORT"
+        )
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"  # torchrun's agent hosts it
     hosts = rank == 0 and not agent
     listener = _listen(addr, int(port)) if hosts else None
@@ -80,7 +82,10 @@ def _tcp_store(rank: int, world: int, timeout: float) -> tuple[Any, bool]:
     except Exception as exc:  # noqa: BLE001 - c10d raises RuntimeError subclasses for every socket problem
         who = "rank 0 (or torchrun's agent)" if rank != 0 or agent else "this rank"
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise RankFailure(f"rank {rank} could not reach the rendezvous at {addr}:{port} within {timeout:g} s: {who} never opened it ({first})", [0]) from None
+        raise RankFailure(
+            f"rank {rank} could not reach the rendezvous at {addr}:{port} within {timeout:g} s: {who} never opened it ({first})",
+            [0],
+        ) from None
     _LISTENERS.append(listener)
     return store, hosts
 
@@ -100,7 +105,9 @@ def _listen(addr: str, port: int) -> socket.socket:
         sock.listen(4096)
         return sock
     except OSError as exc:
-        raise UsageError(f"rank 0 cannot listen on MASTER_ADDR={addr} port {port} ({exc.strerror or exc}): is that an address of this node?") from None
+        raise UsageError(
+            f"rank 0 cannot listen on MASTER_ADDR={addr} port {port} ({exc.strerror or exc}): is that an address of this node?"
+        ) from None
 
 
 __all__ = ["INIT_ENV", "attempt_prefix", "open_store", "where"]

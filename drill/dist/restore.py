@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from drill.restore.finite import scan
 from drill.dist.context import DistContext, RankFailure
-from drill.restore.partition import Shard, balance
 from drill.failpoints import failpoint
 from drill.formats.base import RestoreContext, one_line
 from drill.restore import FileRead, ItemFailure, RestoreResult
+from drill.restore.finite import scan
+from drill.restore.partition import Shard, balance
 
 SMALL_TENSOR_BYTES = 64 << 10
 """Tensors up to this size travel to rank 0 whole (step counters, RNG states); larger ones as shape and dtype."""
@@ -59,19 +59,27 @@ def _light(value: Any) -> Any:
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
-def rank_report(rank: int, result: RestoreResult | None, seconds: float, error: str | None, finite_scan: str) -> RankReport:
+def rank_report(
+    rank: int, result: RestoreResult | None, seconds: float, error: str | None, finite_scan: str
+) -> RankReport:
     report = RankReport(rank, socket.gethostname(), os.getpid(), seconds=seconds, error=error)
     if result is None:
         return report
     report.files, report.failures = result.files, result.failures
     report.light = {k: _light(v) for k, v in result.state.items()}
     report.finite = scan([*result.state.items(), *((k, t) for k, _, t in result.chunks)], finite_scan)
-    report.tensors, report.tensor_bytes, report.values = result.tensors_loaded, result.tensor_bytes, result.values_loaded
+    report.tensors, report.tensor_bytes, report.values = (
+        result.tensors_loaded,
+        result.tensor_bytes,
+        result.values_loaded,
+    )
     report.read_seconds, report.load_seconds = result.read_seconds, result.load_seconds
     return report
 
 
-def restore_share(dist: DistContext, adapter: Any, storage: Any, ref: Any, ctx: RestoreContext, finite_scan: str) -> list[RankReport] | None:
+def restore_share(
+    dist: DistContext, adapter: Any, storage: Any, ref: Any, ctx: RestoreContext, finite_scan: str
+) -> list[RankReport] | None:
     """Restore this rank's share; on rank 0, every rank's report (rank 0's carrying its result)."""
     started = time.perf_counter()
     result, error = None, None
@@ -96,12 +104,24 @@ def merge(reports: list[RankReport]) -> RestoreResult:
     """One result, as if one process had restored everything; :class:`RankFailure` when a rank failed."""
     failed = [r for r in reports if r.error]
     if failed:
-        raise RankFailure("; ".join(f"rank {r.rank} on {r.host} failed its share: {r.error}" for r in failed), [r.rank for r in failed])
+        raise RankFailure(
+            "; ".join(f"rank {r.rank} on {r.host} failed its share: {r.error}" for r in failed),
+            [r.rank for r in failed],
+        )
     root = reports[0].result
     assert root is not None
     merged = RestoreResult(uri=root.uri, format=root.format, device=root.device)
-    merged.index, merged.inventory, merged.layout, merged.structure = root.index, root.inventory, root.layout, root.structure
-    merged.metadata_error, merged.metadata_code, merged.index_file = root.metadata_error, root.metadata_code, root.index_file
+    merged.index, merged.inventory, merged.layout, merged.structure = (
+        root.index,
+        root.inventory,
+        root.layout,
+        root.structure,
+    )
+    merged.metadata_error, merged.metadata_code, merged.index_file = (
+        root.metadata_error,
+        root.metadata_code,
+        root.index_file,
+    )
     merged.files = sorted((f for r in reports for f in r.files), key=lambda f: f.relative_path)
     merged.failures = [f for r in reports for f in r.failures]
     merged.finite = {}
@@ -127,7 +147,9 @@ def _merged_state(reports: list[RankReport], root: RestoreResult) -> dict[str, A
     loaded = {f.key for f in root.failures}
     for info in root.inventory:
         if info.key not in state and info.key not in loaded:
-            state[info.key] = torch.empty(info.shape, dtype=getattr(torch, info.dtype.removeprefix("torch.")), device="meta")
+            state[info.key] = torch.empty(
+                info.shape, dtype=getattr(torch, info.dtype.removeprefix("torch.")), device="meta"
+            )
     return state
 
 
@@ -147,7 +169,9 @@ def figures(reports: list[RankReport], shard: Shard | None) -> dict[str, Any]:
     parts = {
         "waiting on storage": slowest.read_seconds,
         "deserializing": slowest.load_seconds,
-        "reading the index and waiting on the other ranks": max(0.0, slowest.seconds - slowest.read_seconds - slowest.load_seconds),
+        "reading the index and waiting on the other ranks": max(
+            0.0, slowest.seconds - slowest.read_seconds - slowest.load_seconds
+        ),
     }
     most = max(parts, key=parts.__getitem__)
     why = f"read {slowest.bytes:,} bytes ({100 * share:.0f}% of the checkpoint); most of its {slowest.seconds:.2f} s {most} ({parts[most]:.2f} s)"
