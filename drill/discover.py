@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from drill import formats
 from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave, step_of
-from drill.storage import Entry, EntryKind, Storage
+from drill.storage import Entry, EntryKind, Listing, Storage
 
 
 def inspect_dir(
@@ -50,7 +50,7 @@ def discover(storage: Storage, root: str) -> Discovery:
             raise NotADirectoryError(20, "Not a directory", root)
         found.checkpoints.append(single)
         return found
-    entries = storage.list(root)
+    entries = Listing.of(storage.list(root))  # indexed once, for every format asked below
     claimed = formats.recognize(storage, root, root_entry.name, entries)
     if isinstance(claimed, CheckpointRef) and not formats.get(claimed.format).is_export(claimed, entries):
         # ``drill run --root step-40``: the root is itself one checkpoint — its files and the

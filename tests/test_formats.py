@@ -333,3 +333,60 @@ def test_run_verify_and_the_sdk_give_one_structural_verdict(
             drill.sdk.verified(str(ckpt), record=False)
     else:
         assert drill.sdk.verified(str(ckpt), record=False) == str(ckpt)
+
+
+class _Counted(list):
+    """Entries that count how often they are walked."""
+
+    walks = 0
+
+    def __iter__(self):
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_every_format_recognizes_a_directory_of_thousands_from_one_index(tmp_path: Path) -> None:
+    """Nine formats are asked of every directory: each looks names up in the listing's index
+    (:class:`drill.storage.Listing`), so 20,000 shards are walked twice (the index by name,
+    the index by suffix), not once per format — and the answers are the same as a walk's."""
+    from drill import formats
+    from drill.storage import Entry, EntryKind, Listing
+
+    def entry(name: str, kind: EntryKind = EntryKind.FILE) -> Entry:
+        return Entry(name, f"{tmp_path}/{name}", kind, 16, 1.0)
+
+    shards = [entry(f"__0_{i}.distcp") for i in range(20_000)]
+    cases = {
+        "dcp": [entry(".metadata"), *shards],
+        "hf-trainer": [entry("trainer_state.json"), entry("optimizer.pt"), *shards],
+        "accelerate": [entry("random_states_0.pkl"), entry("model.safetensors"), *shards],
+        "deepspeed": [entry("mp_rank_00_model_states.pt"), *shards],
+        "torchsnapshot": [entry(".snapshot_metadata"), entry("0", EntryKind.DIR), *shards],
+        "safetensors": [entry("model.safetensors.index.json"), entry("model-00001-of-00001.safetensors"), *shards],
+    }
+    storage = LocalStorage()
+    for expected, entries in cases.items():
+        listed = Listing.of(_Counted(sorted(entries, key=lambda e: e.name)))
+        _Counted.walks = 0
+        found = formats.recognize(storage, str(tmp_path / "step-7"), "step-7", listed)
+        assert found is not None and getattr(found, "format", None) == expected, (expected, found)
+        assert _Counted.walks <= 2, f"{expected}: the listing was walked {_Counted.walks} times"
+    incomplete = formats.recognize(storage, str(tmp_path / "step-7"), "step-7", Listing(shards))
+    assert incomplete is not None and "no .metadata" in getattr(incomplete, "reason", "")
+
+
+def test_a_listing_answers_by_name_suffix_and_kind() -> None:
+    from drill.storage import Entry, EntryKind, Listing
+
+    entries = [
+        Entry(n, n, k, 1, 0.0)
+        for n, k in [("a.pt", EntryKind.FILE), ("b", EntryKind.DIR), (".hidden", EntryKind.FILE), ("c.pt", EntryKind.DIR)]
+    ]
+    listing = Listing(entries)
+    assert Listing.of(listing) is listing and list(listing) == entries
+    assert listing.get("b") == entries[1] and listing.get("zz") is None
+    assert listing.file("b") is None and listing.file("a.pt") == entries[0]
+    assert [e.name for e in listing.suffixed(".pt")] == ["a.pt", "c.pt"]
+    assert [e.name for e in listing.suffixed("")] == ["b", ".hidden"]  # a leading dot is a name, not a suffix
+    assert [e.name for e in listing.suffixed(".pt", "")] == [".hidden", "a.pt", "b", "c.pt"]
+    assert [e.name for e in listing.dirs] == ["b", "c.pt"]

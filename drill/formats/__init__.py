@@ -67,9 +67,13 @@ def resolve_format(forced: str, detected: str) -> str:
 
 
 def recognize(storage: Storage, uri: str, name: str, entries: list[Entry]) -> CheckpointRef | IncompleteSave | None:
-    """What the directory ``uri`` is: the first format that recognizes it says."""
+    """What the directory ``uri`` is: the first format that recognizes it says (each asks one
+    :class:`~drill.storage.Listing` of its entries, indexed once)."""
+    from drill.storage import Listing
+
+    listing = Listing.of(entries)
     for fmt in registered():
-        found = fmt.recognize(storage, uri, name, entries)
+        found = fmt.recognize(storage, uri, name, listing)
         if found is not None:
             return found
     return None

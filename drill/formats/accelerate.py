@@ -28,7 +28,7 @@ from drill.findings import Finding, Severity
 from drill.formats.base import Format, RestoreContext, Structure
 from drill.formats.bundle import INERT, SAFETENSORS, TORCH, Member
 from drill.restore import RestoreResult
-from drill.storage import Entry, Storage
+from drill.storage import Entry, Listing, Storage
 
 _RNG = re.compile(r"^random_states_(\d+)\.pkl$")
 _CUSTOM = re.compile(r"^custom_checkpoint_(\d+)\.pkl$")
@@ -53,8 +53,10 @@ NEVER_SAVED = {
 }
 
 
-def _parts_of(names: set[str]) -> bool:
-    return any(_NUMBERED.match(n) for n in names) or any(_SHARDED.match(n) for n in names)
+def _parts_of(entries: Listing) -> bool:
+    return any(_NUMBERED.match(e.name) for e in entries.suffixed(".safetensors", ".bin")) or any(
+        _SHARDED.match(e.name) for e in entries.suffixed("")
+    )
 
 
 class Accelerate(Format):
@@ -65,16 +67,15 @@ class Accelerate(Format):
     marker = "random_states_0.pkl"
 
     def recognize(
-        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+        self, storage: Storage, uri: str, name: str, entries: Listing
     ) -> CheckpointRef | IncompleteSave | None:
-        names = {e.name for e in entries}
-        ranks = sorted(int(m.group(1)) for n in names if (m := _RNG.match(n)))
-        if not ranks and not _parts_of(names):
+        ranks = sorted(int(m.group(1)) for e in entries.suffixed(".pkl") if (m := _RNG.match(e.name)))
+        if not ranks and not _parts_of(entries):
             return None
         step = None if _SAVE_INDEX.match(name) else step_of(name)  # checkpoint_<i> counts saves: ordered by time
         if 0 not in ranks:
-            if not any(_SHARDED.match(e.name) and e.is_dir for e in entries) and not any(
-                n.endswith(".bin") and _NUMBERED.match(n) for n in names
+            if not any(_SHARDED.match(e.name) for e in entries.dirs) and not any(
+                _NUMBERED.match(e.name) for e in entries.suffixed(".bin")
             ):
                 return None  # a lone model.safetensors is not accelerate's (an export, a torchtune epoch)
             return IncompleteSave(
@@ -91,7 +92,8 @@ class Accelerate(Format):
                 step,
                 f"random_states_{gap}.pkl is missing while rank {max(ranks)}'s is there: rank {gap} never finished its save",
             )
-        rng = next(e for e in entries if e.name == "random_states_0.pkl")
+        rng = entries.get("random_states_0.pkl")
+        assert rng is not None  # rank 0's RNG state is among ``ranks``
         return CheckpointRef(uri=uri, name=name, step=step, format=self.name, mtime=rng.mtime)
 
     def pointers(

@@ -35,7 +35,7 @@ from drill.errors import one_line  # noqa: F401 - where the format adapters impo
 from drill.integrity.hashing import HashPlan
 from drill.integrity.reading import describe_read_error, read_whole
 from drill.restore import FileRead, ItemFailure, NullProgress, Progress, RestoreResult
-from drill.storage import Entry, Storage
+from drill.storage import Entry, Listing, Storage
 
 if TYPE_CHECKING:
     import torch
@@ -79,10 +79,13 @@ class Format(ABC):
     """A distributed drill splits its files among the ranks; otherwise rank 0 restores it all."""
 
     def recognize(
-        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+        self, storage: Storage, uri: str, name: str, entries: Listing
     ) -> CheckpointRef | IncompleteSave | None:
         """The directory ``uri`` (named ``name``, holding ``entries``): one of this format's
-        complete saves, an unfinished one, or None when it is not this format's."""
+        complete saves, an unfinished one, or None when it is not this format's. Every format
+        is asked of every directory: look up the names it could own in ``entries``' index
+        (:meth:`~drill.storage.Listing.get`, :meth:`~drill.storage.Listing.suffixed`), never
+        scan all of them."""
         return None
 
     def recognize_file(self, entry: Entry) -> CheckpointRef | None:

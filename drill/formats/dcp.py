@@ -19,7 +19,7 @@ from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave, step_of
 from drill.formats.base import Format, RestoreContext, Structure
 from drill.formats.dcp_names import DCP_METADATA, MEGATRON_COMMON, MEGATRON_CONFIG, MEGATRON_TRACKER, SHARD_SUFFIX
 from drill.restore import RestoreResult
-from drill.storage import Entry, Storage
+from drill.storage import Entry, Listing, Storage
 
 if TYPE_CHECKING:
     from drill.findings import Finding
@@ -33,17 +33,16 @@ class DCP(Format):
     restores_across_ranks = True
 
     def recognize(
-        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+        self, storage: Storage, uri: str, name: str, entries: Listing
     ) -> CheckpointRef | IncompleteSave | None:
-        names = {e.name: e for e in entries}
         step = step_of(name)
-        if DCP_METADATA in names and MEGATRON_COMMON in names and MEGATRON_CONFIG not in names:
+        meta = entries.get(DCP_METADATA)
+        if meta is not None and entries.get(MEGATRON_COMMON) is not None and entries.get(MEGATRON_CONFIG) is None:
             why = f"Megatron save with {MEGATRON_COMMON} and {DCP_METADATA} but no {MEGATRON_CONFIG}, which dist_checkpointing writes last: the save never finished"
             return IncompleteSave(uri=uri, name=name, step=step, reason=why)
-        meta = names.get(DCP_METADATA)
         if meta is not None and meta.is_file:
             return CheckpointRef(uri=uri, name=name, step=step, format=self.name, mtime=meta.mtime)
-        if any(n.endswith(SHARD_SUFFIX) for n in names):
+        if entries.suffixed(SHARD_SUFFIX):
             return IncompleteSave(
                 uri=uri, name=name, step=step, reason=f"DCP shards but no {DCP_METADATA}: the save never finished"
             )

@@ -33,7 +33,7 @@ from drill.findings import Finding, Severity
 from drill.formats.base import Format, RestoreContext, Structure
 from drill.formats.bundle import INERT, Member
 from drill.restore import RestoreResult
-from drill.storage import Entry, Storage
+from drill.storage import Listing, Storage
 
 _MODEL = re.compile(r"^(?:(?:bf16_)?zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 _OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -84,9 +84,9 @@ class DeepSpeed(Format):
     marker = "mp_rank_00_model_states.pt"
 
     def recognize(
-        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+        self, storage: Storage, uri: str, name: str, entries: Listing
     ) -> CheckpointRef | IncompleteSave | None:
-        models, optims = _files([e.name for e in entries if e.is_file])
+        models, optims = _files([e.name for e in entries.suffixed(".pt") if e.is_file])
         if not models and not optims:
             return None
         step = step_of(name)

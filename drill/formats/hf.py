@@ -33,7 +33,7 @@ from drill.formats.base import (
 from drill.formats.canonical import Layout, flatten, inventory
 from drill.integrity.structure import safetensors_structure, zip_structure
 from drill.restore import ItemFailure, RestoreResult
-from drill.storage import Entry, Storage
+from drill.storage import Entry, Listing, Storage
 
 TRAINER_STATE = "trainer_state.json"
 TRAINING_ARGS = "training_args.bin"
@@ -51,6 +51,8 @@ _RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 _CHECKPOINT = re.compile(r"^checkpoint-\d+$")
 RNG_NEEDED = "the Trainer saves the RNG state with every checkpoint (rng_state.pth; rng_state_<rank>.pth with more processes) and restores it on resume"
 _PICKLED = (".pt", ".pth", ".bin")
+_PART_SUFFIXES = (*_PICKLED, ".safetensors")
+"""What a Trainer's files end in (:func:`_part_of`, ``training_args.bin``)."""
 
 
 def _part_of(name: str) -> tuple[str, int | None] | None:
@@ -91,12 +93,14 @@ class HFTrainer(Format):
     marker = TRAINER_STATE
 
     def recognize(
-        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+        self, storage: Storage, uri: str, name: str, entries: Listing
     ) -> CheckpointRef | IncompleteSave | None:
-        state = next((e for e in entries if e.name == TRAINER_STATE and e.is_file), None)
+        state = entries.file(TRAINER_STATE)
         if state is not None:
             return CheckpointRef(uri=uri, name=name, step=step_of(name), format=self.name, mtime=state.mtime)
-        if _CHECKPOINT.match(name) and any(_part_of(e.name) or e.name == TRAINING_ARGS for e in entries):
+        if _CHECKPOINT.match(name) and any(
+            _part_of(e.name) or e.name == TRAINING_ARGS for e in entries.suffixed(*_PART_SUFFIXES)
+        ):
             return IncompleteSave(
                 uri,
                 name,

@@ -21,7 +21,7 @@ from drill.findings import Finding, Severity
 from drill.formats.base import Format, RestoreContext, Structure
 from drill.formats.bundle import JSON, SAFETENSORS, Member
 from drill.restore import RestoreResult
-from drill.storage import Entry, Storage
+from drill.storage import Entry, Listing, Storage
 
 INDEX = re.compile(r"^(?:model|pytorch_model)\.safetensors\.index\.json$")
 SHARD = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")
@@ -40,13 +40,15 @@ class SafetensorsDir(Format):
     marker = "model.safetensors.index.json"
 
     def recognize(
-        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+        self, storage: Storage, uri: str, name: str, entries: Listing
     ) -> CheckpointRef | IncompleteSave | None:
-        files = {e.name: e for e in entries if e.is_file}
-        index = next((e for n, e in files.items() if INDEX.match(n)), None)
+        index = next((e for e in entries.suffixed(".json") if e.is_file and INDEX.match(e.name)), None)
         if index is not None:
             return CheckpointRef(uri=uri, name=name, step=step_of(name), format=self.name, mtime=index.mtime)
-        if any(SHARD.match(n) for n in files) and step_of(name) is not None:
+        if (
+            any(e.is_file and SHARD.match(e.name) for e in entries.suffixed(".safetensors"))
+            and step_of(name) is not None
+        ):
             return IncompleteSave(
                 uri,
                 name,

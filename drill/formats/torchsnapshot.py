@@ -26,7 +26,7 @@ from drill.checkpoints import CheckpointRef, IncompleteSave, step_of
 from drill.findings import Finding, Severity
 from drill.formats.base import Format, RestoreContext, Structure
 from drill.restore import ItemFailure, RestoreResult
-from drill.storage import Entry, Storage
+from drill.storage import Listing, Storage
 
 METADATA = ".snapshot_metadata"
 MAX_METADATA = 256 << 20
@@ -50,12 +50,12 @@ class TorchSnapshot(Format):
     marker = METADATA
 
     def recognize(
-        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+        self, storage: Storage, uri: str, name: str, entries: Listing
     ) -> CheckpointRef | IncompleteSave | None:
-        meta = next((e for e in entries if e.name == METADATA and e.is_file), None)
+        meta = entries.file(METADATA)
         if meta is not None:
             return CheckpointRef(uri=uri, name=name, step=step_of(name), format=self.name, mtime=meta.mtime)
-        dirs = {e.name for e in entries if e.is_dir}
+        dirs = {e.name for e in entries.dirs}
         if "batched" in dirs or (
             "0" in dirs and step_of(name) is not None and all(d.isdigit() or d in ("batched", "sharded") for d in dirs)
         ):

@@ -25,7 +25,7 @@ from drill.formats.base import RestoreContext, Structure
 from drill.formats.bundle import INERT, Member
 from drill.formats.safetensors_dir import SafetensorsDir
 from drill.restore import RestoreResult
-from drill.storage import Entry, Storage
+from drill.storage import Entry, Listing, Storage
 
 RECIPE_STATE = "recipe_state/recipe_state.pt"
 RECIPE_PATH = f"../{RECIPE_STATE}"
@@ -48,7 +48,7 @@ class TorchTune(SafetensorsDir):
     marker = "model.safetensors.index.json"
 
     def recognize(
-        self, storage: Storage, uri: str, name: str, entries: list[Entry]
+        self, storage: Storage, uri: str, name: str, entries: Listing
     ) -> CheckpointRef | IncompleteSave | None:
         m = _EPOCH.match(name)
         if m is None:

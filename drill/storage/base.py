@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple, Protocol
@@ -61,6 +61,72 @@ class Entry(NamedTuple):
     @property
     def is_file(self) -> bool:
         return self.kind is EntryKind.FILE
+
+
+class Listing(list[Entry]):
+    """One directory's entries, with their names indexed once: each format asks whether it
+    recognizes the directory, and on a checkpoint of 20,000 shards nine formats scanning every
+    name with their patterns cost more than the listing. A format asks for the names it could
+    own — by name, by suffix, its sub-directories — and scans only those. Built from a storage's
+    ``list``; not changed once asked."""
+
+    def __init__(self, entries: Iterable[Entry] = ()) -> None:
+        super().__init__(entries)
+        self._by_name: dict[str, Entry] | None = None
+        self._by_suffix: dict[str, list[Entry]] | None = None
+        self._dirs: list[Entry] | None = None
+
+    @classmethod
+    def of(cls, entries: Iterable[Entry]) -> Listing:
+        """``entries`` as a listing (itself when it is one already: its index is kept)."""
+        return entries if isinstance(entries, Listing) else cls(entries)
+
+    def get(self, name: str) -> Entry | None:
+        """The entry named ``name``, or None."""
+        if self._by_name is None:
+            self._by_name = {e[0]: e for e in self}  # e.name, without the property's call
+        return self._by_name.get(name)
+
+    def file(self, name: str) -> Entry | None:
+        """The regular file named ``name``, or None."""
+        entry = self.get(name)
+        return entry if entry is not None and entry.is_file else None
+
+    def suffixed(self, *suffixes: str) -> list[Entry]:
+        """Entries whose names end in one of ``suffixes`` (each from its last dot: ``".pt"``,
+        ``".json"``; ``""`` for names without one), by name."""
+        by_suffix = self._index()[0]
+        found = [e for s in suffixes for e in by_suffix.get(s, ())]
+        return sorted(found, key=_entry_name) if len(suffixes) > 1 else found
+
+    @property
+    def dirs(self) -> list[Entry]:
+        """The sub-directories."""
+        return self._index()[1]
+
+    def _index(self) -> tuple[dict[str, list[Entry]], list[Entry]]:
+        """Entries by suffix, and the sub-directories: one pass."""
+        if self._by_suffix is None or self._dirs is None:
+            by_suffix: dict[str, list[Entry]] = {}
+            dirs = []
+            directory = EntryKind.DIR
+            for e in self:
+                name = e[0]
+                dot = name.rfind(".")
+                suffix = name[dot:] if dot > 0 else ""
+                same = by_suffix.get(suffix)
+                if same is None:
+                    by_suffix[suffix] = [e]
+                else:
+                    same.append(e)
+                if e[2] is directory:
+                    dirs.append(e)
+            self._by_suffix, self._dirs = by_suffix, dirs
+        return self._by_suffix, self._dirs
+
+
+def _entry_name(e: Entry) -> str:
+    return e.name
 
 
 @dataclass(frozen=True, slots=True)
