@@ -380,7 +380,12 @@ def test_a_listing_answers_by_name_suffix_and_kind() -> None:
 
     entries = [
         Entry(n, n, k, 1, 0.0)
-        for n, k in [("a.pt", EntryKind.FILE), ("b", EntryKind.DIR), (".hidden", EntryKind.FILE), ("c.pt", EntryKind.DIR)]
+        for n, k in [
+            ("a.pt", EntryKind.FILE),
+            ("b", EntryKind.DIR),
+            (".hidden", EntryKind.FILE),
+            ("c.pt", EntryKind.DIR),
+        ]
     ]
     listing = Listing(entries)
     assert Listing.of(listing) is listing and list(listing) == entries
