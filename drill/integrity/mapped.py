@@ -21,7 +21,9 @@ import select
 import signal
 import struct
 import sys
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
+from itertools import accumulate
 
 import xxhash
 
@@ -108,12 +110,13 @@ def runs(spans: Sequence[Span], workers: int) -> list[int]:
     """Where each job's run of spans begins (and, last, where the final one ends): runs of
     about equal work — bytes plus :data:`SPAN_COST` a span — and a span never split."""
     jobs = max(1, min(len(spans), MAX_JOBS, workers * JOBS_PER_WORKER))
-    total = sum(n for _, _, n in spans) + SPAN_COST * len(spans)
-    bounds, done = [0], 0
-    for i, (_, _, n) in enumerate(spans):
-        done += n + SPAN_COST
-        if done * jobs >= total * len(bounds) and i + 1 < len(spans):
-            bounds.append(i + 1)
+    done = list(accumulate(n + SPAN_COST for _, _, n in spans))  # work up to and including each span
+    total = done[-1] if done else 0
+    bounds = [0]
+    for k in range(1, jobs):  # job k begins after the first span that completes k/jobs of the work
+        i = bisect_left(done, -(-total * k // jobs)) + 1
+        if bounds[-1] < i < len(spans):
+            bounds.append(i)
     bounds.append(len(spans))
     return bounds
 

@@ -37,9 +37,16 @@ def hash_files(
     paths = sorted(sizes)
     workers = workers or free_cores(8)
     spannable = getattr(storage, "positioned_reads", False)
-    spanned = [rel for rel in paths if spannable and rel not in sha256 and sizes[rel]]
-    spans = [(rel, a, n) for rel in spanned for a, n in _spans(sizes[rel], chunk_size, workers)]
-    streamed = sorted(set(paths) - set(spanned))
+    spans: list[Span] = []
+    streamed = []
+    for rel in paths:
+        size = sizes[rel]
+        if not spannable or not size or rel in sha256:
+            streamed.append(rel)
+        elif size <= chunk_size:  # most files of a checkpoint of many small ones: one span, no call
+            spans.append((rel, 0, size))
+        else:
+            spans += [(rel, a, n) for a, n in _spans(size, chunk_size, workers)]
     out: dict[str, FileHashes | OSError] = {}
     with _opener(storage, checkpoint, bool(spans)) as opener:
         got = _hash_mapped(opener, spans, sizes, chunk_size, workers)
@@ -190,11 +197,12 @@ def _joined(
     """Each file's hashes from its spans' (in file order; each read proved the file's end where
     it reached it), or the first error among them."""
     out: dict[str, FileHashes | OSError] = {}
-    for (rel, _, _), digests in zip(spans, got, strict=True):
+    for (rel, start, _), digests in zip(spans, got, strict=True):
         assert digests is not None  # every span was read by a worker or a thread
-        sofar = out.get(rel)
-        if sofar is None or isinstance(digests, OSError):
-            out[rel] = digests if isinstance(digests, OSError) else FileHashes(sizes[rel], chunk_size, list(digests))
-        elif not isinstance(sofar, OSError):
+        if isinstance(digests, OSError):
+            out[rel] = digests
+        elif not start:  # a file's first span
+            out[rel] = FileHashes(sizes[rel], chunk_size, digests)
+        elif not isinstance(sofar := out[rel], OSError):
             sofar.chunks += digests
     return out

@@ -219,14 +219,25 @@ def _compare_manifest(plan: IntegrityPlan, observed: Mapping[str, Observed]) -> 
     verified: list[str] = []
     damaged: dict[str, list[tuple[int, int]]] = {}
     listed = manifest.by_path()
+    on_storage = plan.on_storage
     for path, entry in sorted(listed.items()):
-        finding = file_against_seal(path, entry, plan, observed.get(path))
+        seen = observed.get(path)
+        hashes = seen.hashes if seen is not None else None
+        if (
+            hashes is not None
+            and seen is not None
+            and seen.error is None
+            and on_storage.get(path) == entry.size
+            and hashes.matches(entry.chunks)
+        ):
+            verified.append(path)  # the common case, without a call: a seal of 20,000 files
+            continue
+        finding = file_against_seal(path, entry, plan, seen)
         if finding is not None:
             findings.append(finding)
-            seen = observed.get(path)
-            if finding.code == "digest-mismatch" and seen is not None and seen.hashes is not None:
-                damaged[path] = mismatched_ranges(entry.chunks, seen.hashes.chunk_hex, manifest.chunk_size, entry.size)
-        elif (seen := observed.get(path)) is not None and seen.hashes is not None:
+            if finding.code == "digest-mismatch" and hashes is not None:
+                damaged[path] = mismatched_ranges(entry.chunks, hashes.chunk_hex, manifest.chunk_size, entry.size)
+        elif hashes is not None:
             verified.append(path)
     foreign = {fm.name for fm in plan.foreign}
     for path in sorted(
