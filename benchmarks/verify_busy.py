@@ -52,7 +52,7 @@ def measure(gigabytes: float, repeat: int, work: Path) -> dict:
     out = {"bytes": sum(p.stat().st_size for p in ckpt.iterdir()), "idle": rounds(ckpt, db, repeat)}
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        time.sleep(1.0)  # let the load average see it, as a real busy core would be seen
+        time.sleep(1.0)  # the spinner is in its loop: a core held, as drill sees it (its run queue)
         out["one core held"] = rounds(ckpt, db, repeat)
     finally:
         spinner.kill()

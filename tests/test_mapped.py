@@ -198,9 +198,38 @@ def test_workers_leave_the_cores_other_work_keeps_busy(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(parallel, "usable_cores", lambda cap: 4)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
-    for load, expected in ((0.0, 4), (1.0, 3), (2.2, 2), (3.9, 1), (40.0, 1)):
-        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
-        assert parallel.free_cores(8) == expected, load
+    for others, expected in ((0, 4), (1, 3), (2, 2), (4, 1), (40, 1)):
+        monkeypatch.setattr(parallel, "others_running", lambda others=others: others)
+        assert parallel.free_cores(8) == expected, others
+
+
+def test_a_core_held_now_is_seen_and_one_held_a_minute_ago_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cores are counted busy by what runs now, not by the load average: a drill run right
+    after another (a nightly loop, a benchmark's rounds) would otherwise count the one before
+    it as still holding a core, and hash on fewer workers than the cores it has."""
+    import drill.integrity.parallel as parallel
+
+    spinning = tmp_path / "spinning"
+    spinner = subprocess.Popen([sys.executable, "-c", f"open({str(spinning)!r}, 'w').close()\nwhile True: pass"])
+    try:
+        while not spinning.exists():  # the spinner has reached its loop
+            assert spinner.poll() is None
+            os.sched_yield()
+        assert max(parallel.others_running() for _ in range(50)) >= 1
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+    queue = tmp_path / "loadavg"
+    monkeypatch.setattr(parallel, "RUN_QUEUE", str(queue))
+    monkeypatch.setattr(parallel, "usable_cores", lambda cap: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    queue.write_text("40.00 40.00 40.00 1/300 4242\n")  # a busy minute, only this task running now
+    assert parallel.others_running() == 0 and parallel.free_cores(8) == 2
+    queue.write_text("0.00 0.00 0.00 2/300 4242\n")  # one other task running now
+    assert parallel.others_running() == 1 and parallel.free_cores(8) == 1
 
 
 @pytest.mark.parametrize("mapping", [False, True])

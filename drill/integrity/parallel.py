@@ -12,6 +12,7 @@ ahead by itself), as does a file that needs SHA-256 besides.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -79,15 +80,41 @@ def usable_cores(cap: int) -> int:
 
 
 def free_cores(cap: int) -> int:
-    """Usable cores (:func:`usable_cores`) less the share other work keeps busy — the machine's
-    load average over the last minute, in proportion — at least one: a worker on a busy core
-    only waits for it."""
+    """Usable cores (:func:`usable_cores`) less the share other work keeps busy now (the
+    machine's other runnable tasks, :func:`others_running`, in proportion) — at least one: a
+    worker on a busy core only waits for it."""
     usable = usable_cores(cap)
-    try:
-        busy = os.getloadavg()[0] / (os.cpu_count() or 1)
-    except OSError:  # no load average on this system
-        busy = 0.0
+    busy = others_running() / (os.cpu_count() or 1)
     return max(1, usable - int(usable * min(1.0, busy) + 0.25))
+
+
+RUN_QUEUE = "/proc/loadavg"
+"""Where Linux says how many tasks are runnable now (its fourth field, ``running/total``)."""
+
+
+def others_running(looks: int = 3, apart: float = 0.0005) -> int:
+    """Tasks other than this one that are running or waiting for a core right now: the kernel's
+    run queue (``/proc/loadavg``'s fourth field, which counts this task too), the least of
+    ``looks`` looks ``apart`` seconds apart, so a task that only passes through is not counted.
+    Not the load average: that is the last minute's, and counts a drill that ran just before
+    this one (a nightly loop, a benchmark) as if it still held a core. Where the kernel does
+    not say, the load average."""
+    least = None
+    for i in range(looks):
+        try:
+            with open(RUN_QUEUE, "rb") as f:
+                running = int(f.read().split()[3].split(b"/")[0]) - 1
+        except (OSError, IndexError, ValueError):  # not Linux: the load average, or nothing
+            try:
+                return int(os.getloadavg()[0] + 0.5)
+            except OSError:
+                return 0
+        least = running if least is None else min(least, running)
+        if least <= 0:
+            break
+        if i + 1 < looks:
+            time.sleep(apart)
+    return max(0, least or 0)
 
 
 SPAN_BYTES = 64 << 20
