@@ -43,38 +43,52 @@ def collector_paused() -> Iterator[None]:
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MADV_POPULATE_WRITE = 23
+_WINDOW = 64 << 20
+"""Bytes of a target asked about (and populated) at once: a target half touched has only its
+untouched windows populated, and the residency vector stays small however large the target."""
 _UNASKED: Any = object()
-_madvise: Any = _UNASKED
-"""The C library's ``madvise``, looked up on the first :func:`populate` (ctypes is imported
-only by a process that populates); None where there is none to ask."""
+_libc: Any = _UNASKED
+"""The C library's ``madvise`` and ``mincore``, looked up on the first :func:`populate` (ctypes
+is imported only by a process that populates); None where there are none to ask."""
 
 
 def _kernel() -> Any:
-    global _madvise
-    if _madvise is _UNASKED:
-        _madvise = None
+    global _libc
+    if _libc is _UNASKED:
+        _libc = None
         if sys.platform.startswith("linux"):
             import ctypes
 
             try:
-                _madvise = ctypes.CDLL(None, use_errno=True).madvise
-                _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                _madvise.restype = ctypes.c_int
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+                libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+                libc.madvise.restype = libc.mincore.restype = ctypes.c_int
+                _libc = (libc, ctypes.create_string_buffer(_WINDOW // _PAGE))
             except (OSError, AttributeError):  # no C library to ask: nothing to populate with
-                _madvise = None
-    return _madvise
+                _libc = None
+    return _libc
 
 
 def populate(address: int, length: int) -> bool:
     """Fault in, writable, the whole pages of ``length`` bytes at ``address`` (the partial
-    pages at either end are left to the read); whether the kernel did. Releases the
-    interpreter lock while the kernel works (a ctypes call)."""
+    pages at either end are left to the read); whether the kernel did. A window whose pages
+    are all in memory already (a live trainer's target) is left alone: one ``mincore`` asks,
+    where populating it would walk and check every page again (0.3 GB: 0.2 ms, against 15-30).
+    Releases the interpreter lock while the kernel works (a ctypes call)."""
     start = -(-address // _PAGE) * _PAGE
     end = (address + length) // _PAGE * _PAGE
-    madvise = _kernel()
-    if madvise is None or end <= start:
+    kernel = _kernel()
+    if kernel is None or end <= start:
         return False
-    return madvise(start, end - start, _MADV_POPULATE_WRITE) == 0
+    libc, resident = kernel
+    done = True
+    for at in range(start, end, _WINDOW):
+        n = min(_WINDOW, end - at)
+        if libc.mincore(at, n, resident) == 0 and resident.raw[: n // _PAGE].count(0) == 0:
+            continue  # every page of the window is in memory
+        done = libc.madvise(at, n, _MADV_POPULATE_WRITE) == 0 and done
+    return done
 
 
 __all__ = ["populate"]
