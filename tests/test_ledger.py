@@ -228,3 +228,36 @@ def test_a_nightly_reverify_redates_every_proof_and_a_resealed_file_is_rewritten
         ("b.distcp", 300, "bb" * 16, None),
         ("c.distcp", 200, "cc" * 16, None),
     ]
+
+
+def test_the_share_after_a_full_proof_is_the_one_every_proof_counted_gives() -> None:
+    """Where every sealed file was just proven the share is 1.0 without a look at the stored
+    rows; every other case counts them. Both answers are the full count's."""
+    from drill.integrity.coverage import fresh_share, ledger_writes, proofs_after, share_after
+
+    now = datetime(2026, 12, 3, tzinfo=timezone.utc)
+    sealed = {f"f{i}": (100 + i, f"d{i}") for i in range(6)}
+    old, recent = (now - timedelta(days=30)).isoformat(), (now - timedelta(days=1)).isoformat()
+    rows = [(p, s, d, recent if i % 2 else old) for i, (p, (s, d)) in enumerate(sealed.items())]
+    rows.append(("gone", 5, "dx", recent))  # a proof of a file no longer sealed
+    updates = [
+        CoverageUpdate(sealed, dict(sealed), frozenset()),  # everything, as sealed
+        CoverageUpdate(sealed, dict(list(sealed.items())[:3]), frozenset()),  # a sample
+        CoverageUpdate(sealed, dict(list(sealed.items())[:3]), frozenset({"f4"})),  # a sample, one broken
+        CoverageUpdate(sealed, {}, frozenset()),  # nothing proven this time
+        CoverageUpdate({}, {}, frozenset()),  # nothing sealed
+    ]
+    for update in updates:
+        stored = {p: (s, d) for p, s, d, _ in rows}
+        writes = ledger_writes(update, stored)
+        parse = datetime.fromisoformat
+        for days in (0.0, 7.0, 60.0):
+            counted = fresh_share(
+                update,
+                proofs_after(update, {p: (d, at) for p, _, d, at in rows}, writes, now, parse),
+                now - timedelta(days=days),
+            )
+            assert share_after(update, rows, writes, now, parse, days) == counted, (update.verified.keys(), days)
+    same = {p: (s, d) for p, (s, d) in sealed.items()}
+    writes = ledger_writes(CoverageUpdate(sealed, dict(sealed), frozenset()), same)
+    assert writes.redate_all and writes.write == [] and writes.forget == []  # an unchanged checkpoint: one statement

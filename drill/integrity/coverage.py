@@ -5,9 +5,9 @@ Pure functions; the record store applies them (see :meth:`drill.records.store.Re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from drill.findings import CheckResult, Severity
@@ -51,10 +51,29 @@ class LedgerWrites:
 
 
 def ledger_writes(update: CoverageUpdate, stored: Mapping[str, tuple[int, str]]) -> LedgerWrites:
+    if stored == update.verified:  # a nightly verify of an unchanged checkpoint: one comparison
+        return LedgerWrites(bool(stored), [], [])
     same = [p for p, proof in update.verified.items() if stored.get(p) == proof]
     redate_all = bool(stored) and len(same) == len(stored)
     write = [p for p in update.verified if stored.get(p) != update.verified[p]] if redate_all else list(update.verified)
     return LedgerWrites(redate_all, write, sorted(update.broken & stored.keys()))
+
+
+def share_after(
+    update: CoverageUpdate,
+    rows: Iterable[tuple[str, Any, str, Any]],
+    writes: LedgerWrites,
+    now: datetime,
+    parse: Callable[[Any], datetime],
+    days: float,
+) -> float:
+    """The share of the sealed bytes proven within ``days`` of ``now`` once the writes are made,
+    from the stored rows (path, size, digest, time as stored) read before them. Where every
+    sealed file was just proven, that is all of them, and no row is looked at."""
+    if update.verified == update.sealed and days >= 0:
+        return 1.0
+    proofs = proofs_after(update, {p: (d, at) for p, _, d, at in rows}, writes, now, parse)
+    return fresh_share(update, proofs, now - timedelta(days=days))
 
 
 def proofs_after(

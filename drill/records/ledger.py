@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import cast
 
 from sqlalchemy import String, Table, bindparam, delete, insert, select, type_coerce
 from sqlalchemy import update as update_rows
 from sqlalchemy.orm import Session
 
-from drill.integrity.coverage import CoverageUpdate, fresh_share, ledger_writes, proofs_after
+from drill.integrity.coverage import CoverageUpdate, ledger_writes, share_after
 from drill.records.lite import stored_time
 from drill.records.models import Checkpoint, FileVerification
 from drill.records.rows import checkpoint_row
@@ -68,8 +68,7 @@ class LedgerMixin:
                 )
             if writes.forget:
                 s.execute(delete(table).where(of_checkpoint & table.c.path.in_(writes.forget)))
-        proofs = proofs_after(update, {p: (d, at) for p, _, d, at in rows}, writes, now, stored_time)
-        return fresh_share(update, proofs, now - timedelta(days=days))
+        return share_after(update, rows, writes, now, stored_time, days)
 
 
 def _proofs(s: Session, checkpoint_id: int) -> dict[str, tuple[str, datetime]]:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
 from drill.errors import DatabaseError
-from drill.integrity.coverage import CoverageUpdate, fresh_share, ledger_writes, proofs_after
+from drill.integrity.coverage import CoverageUpdate, ledger_writes, share_after
 from drill.records.urls import SCHEMA_HEAD, sqlite_busy_timeout, sqlite_pragmas
 from drill.text import lossless
 
@@ -126,9 +126,7 @@ class SqliteLedger:
                 "DELETE FROM file_verifications WHERE checkpoint_id = ? AND path = ?",
                 [(checkpoint_id, lossless(p)) for p in writes.forget],
             )
-        stored = {path: (digest, at) for path, _, digest, at in rows}
-        proofs = proofs_after(update, stored, writes, now, stored_time)
-        return fresh_share(update, proofs, now - timedelta(days=days))
+        return share_after(update, rows, writes, now, stored_time, days)
 
     @staticmethod
     def _proofs(c: sqlite3.Connection, checkpoint_id: int) -> list[tuple[str, str, str]]:
