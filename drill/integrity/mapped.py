@@ -192,7 +192,7 @@ def _work(
             for index in range(bounds[job], bounds[job + 1]):
                 uri, start, length = spans[index]
                 ends = start + length == sizes.get(uri, -1)
-                if not start and ends and length <= chunk_size:  # a whole file of one chunk: the common case
+                if not start and ends and length <= min(chunk_size, SMALL_SPAN):  # a small file, whole: the common case
                     digest = _whole(open_fd, uri, length)
                     if digest is not None:
                         reports += _HEAD.pack(index, 1) + digest
@@ -246,7 +246,7 @@ def _digests(
 
 
 def _whole(open_fd: Callable[[str], int], uri: str, length: int) -> bytes | None:  # pragma: no cover - in the worker
-    """The digest of a file of one chunk, ``length`` bytes as listed: one read of a byte more
+    """The digest of a small file of one chunk, ``length`` bytes as listed: one read of a byte more
     (a file that grew reads long) and no other call — thousands of small files pay for nothing
     else. None when it cannot be read or is not that long: the parent's read names why."""
     try:
