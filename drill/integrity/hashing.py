@@ -40,10 +40,7 @@ class FileHashes:
 
     def matches(self, chunks: Sequence[str]) -> bool:
         """Whether these are the chunk digests ``chunks`` (hex, as a manifest records them)."""
-        mine = self.chunks
-        if len(mine) == 1:  # a file of one chunk: most files of a checkpoint of many small ones
-            return len(chunks) == 1 and mine[0].hex() == chunks[0]
-        return len(mine) == len(chunks) and all(a.hex() == b for a, b in zip(mine, chunks, strict=True))
+        return len(self.chunks) == len(chunks) and all(a.hex() == b for a, b in zip(self.chunks, chunks, strict=True))
 
 
 def file_digest(chunks: list[bytes]) -> str:

@@ -213,8 +213,7 @@ def _file_entry(f: Any) -> FileEntry:
             and type(size) is int
             and type(digest) is str
             and type(chunks) is list
-            # one chunk (most files of a checkpoint of many small ones) without a generator
-            and ((len(chunks) == 1 and type(chunks[0]) is str) or all(type(c) is str for c in chunks))
+            and all(type(c) is str for c in chunks)
         ):
             return FileEntry(path, size, digest, tuple(chunks))
     return FileEntry(  # raises, naming the field

@@ -26,7 +26,6 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate
 
 import xxhash
-from xxhash import xxh3_128_digest
 
 from drill.integrity.reading import span_digests
 from drill.proc import die_with_parent
@@ -192,11 +191,6 @@ def _work(
             for index in range(bounds[job], bounds[job + 1]):
                 uri, start, length = spans[index]
                 ends = start + length == sizes.get(uri, -1)
-                if not start and ends and length <= min(chunk_size, SMALL_SPAN):  # a small file, whole: the common case
-                    digest = _whole(open_fd, uri, length)
-                    if digest is not None:
-                        reports += _HEAD.pack(index, 1) + digest
-                    continue
                 digests = _digests(open_fd, uri, start, length, chunk_size, ends)
                 if digests is not None:
                     reports += _HEAD.pack(index, len(digests)) + b"".join(digests)
@@ -243,23 +237,6 @@ def _digests(
         return digests
     finally:
         os.close(fd)
-
-
-def _whole(open_fd: Callable[[str], int], uri: str, length: int) -> bytes | None:  # pragma: no cover - in the worker
-    """The digest of a small file of one chunk, ``length`` bytes as listed: one read of a byte more
-    (a file that grew reads long) and no other call — thousands of small files pay for nothing
-    else. None when it cannot be read or is not that long: the parent's read names why."""
-    try:
-        fd = open_fd(uri)
-    except OSError:
-        return None
-    try:
-        data = os.pread(fd, length + 1, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return xxh3_128_digest(data) if len(data) == length else None
 
 
 def _window(fd: int, at: int, length: int, chunk_size: int) -> list[bytes]:  # pragma: no cover - in the worker

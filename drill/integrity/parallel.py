@@ -44,8 +44,6 @@ def hash_files(
         size = sizes[rel]
         if not spannable or not size or rel in sha256:
             streamed.append(rel)
-        elif size <= chunk_size:  # most files of a checkpoint of many small ones: one span, no call
-            spans.append((rel, 0, size))
         else:
             spans += [(rel, a, n) for a, n in _spans(size, chunk_size, workers)]
     out: dict[str, FileHashes | OSError] = {}

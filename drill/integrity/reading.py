@@ -129,16 +129,17 @@ def span_digests(fd: int, start: int, length: int, chunk_size: int, *, ends: boo
     ends before the span does — or, where the span ``ends`` the file as listed, after it."""
     end = start + length
     if length <= SPAN_READ:
-        data = memoryview(os.pread(fd, length + 1 if ends else length, start))
+        data = os.pread(fd, length + 1 if ends else length, start)
         if len(data) < length:
             raise FileChanged(
                 f"file shrank while it was read: it ends at byte {start + len(data)}, {end} or more when listed"
             )
         if len(data) > length:
             raise _grew(fd, end)
-        return [xxhash.xxh3_128(data[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)] or [
-            xxhash.xxh3_128(b"").digest()
-        ]
+        if length <= chunk_size:  # one chunk (an empty file too): most files of a checkpoint of many small ones
+            return [xxhash.xxh3_128_digest(data)]
+        view = memoryview(data)
+        return [xxhash.xxh3_128(view[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)]
     hasher = ChunkHasher(chunk_size)
     buf = memoryview(mmap.mmap(-1, SPAN_READ))
     pos = start
