@@ -10,12 +10,13 @@ started from.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 PR_SET_PDEATHSIG = 1
 
@@ -48,11 +49,38 @@ def may_fork() -> bool:
     return _claimed and sys.platform.startswith("linux") and threading.active_count() == 1
 
 
+def death_signal() -> Callable[[], None]:
+    """A call that, made in a child, has the kernel kill the child when this process ends
+    (``prctl(PR_SET_PDEATHSIG, SIGKILL)``). Resolved once, in the process that asks — ask
+    before forking, so the child neither imports nor loads a library: a module lock another
+    thread held at the fork stays held in the child, and each worker would pay ``ctypes``' import
+    (4-7 ms) before its first byte. Where there is no such call (not Linux), a call that does
+    nothing: the next drill's orphan recovery still closes the record."""
+    global _death_signal
+    if _death_signal is None:
+        try:
+            import ctypes
+
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+            _death_signal = functools.partial(prctl, PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            _death_signal = _nothing
+    return _death_signal
+
+
+def _nothing() -> None:
+    pass
+
+
+_death_signal: Callable[[], None] | None = None
+
+
 def die_with_parent(parent: int) -> None:
     """In a child forked by ``parent`` (its pid, taken before the fork): killed when drill ends,
     with default signal handling (drill's handlers raise into drill's own code) and no pending
-    alarm. A child whose parent is already gone exits at once."""
-    child_preexec()()
+    alarm. A child whose parent is already gone exits at once. The parent asks
+    :func:`death_signal` before it forks."""
+    death_signal()()
     if os.getppid() != parent:  # it died before the death signal was armed
         os._exit(1)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM):
@@ -83,16 +111,13 @@ def python_command(module: str, *args: str, untrusted: Iterable[str] = ()) -> li
     return [sys.executable, "-I", "-c", _BOOT, json.dumps(trusted_path(untrusted)), module, *args]
 
 
-def child_preexec(memory: int | None = None):  # type: ignore[no-untyped-def]
-    """In the child, before exec: die with the parent; cap the address space."""
+def child_preexec(memory: int | None = None) -> Callable[[], None]:
+    """The function a child runs before exec (``preexec_fn``): die with the parent; cap the
+    address space. Built in the parent, so the child imports nothing."""
+    arm = death_signal()
 
     def setup() -> None:
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:
-            pass  # not Linux: the next drill's orphan recovery still closes the record
+        arm()
         if memory:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 

@@ -133,6 +133,71 @@ def test_a_fork_that_fails_leaves_its_spans_to_the_reads(
         )
 
 
+def test_the_workers_death_signal_is_resolved_before_they_are_forked(
+    tmp_path: Path, files: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker arms its death signal without importing or loading anything: the parent
+    resolved the call before the fork (an import in the child could wait forever on a module
+    lock another thread held at the fork, and costs each worker 4-7 ms)."""
+    import drill.proc as proc
+
+    monkeypatch.setattr(proc, "_death_signal", None)
+    resolved_at_fork: list[bool] = []
+    real = os.fork
+
+    def fork() -> int:
+        resolved_at_fork.append(proc._death_signal is not None)
+        return real()
+
+    monkeypatch.setattr(mapped.os, "fork", fork)
+    storage, spans = LocalStorage(), _spans(tmp_path, files)
+    assert mapped.hash_mapped(storage.open_fd, spans, CHUNK, 2) == [
+        hash_span(storage, uri, a, n, CHUNK) for uri, a, n in spans
+    ]
+    assert resolved_at_fork == [True, True]
+
+
+def test_a_child_dies_with_its_parent_without_importing_anything() -> None:
+    """``die_with_parent`` in a forked child, with every import refused: the kernel is told
+    to kill the child when the parent ends (``PR_GET_PDEATHSIG`` says SIGKILL)."""
+    import builtins
+    import ctypes
+
+    from drill.proc import death_signal, die_with_parent
+
+    death_signal()
+    read_fd, write_fd = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        code = 1
+        try:
+            real_import = builtins.__import__
+
+            def refuse(name: str, *args: object, **kwargs: object) -> object:
+                raise ImportError(f"the child imported {name}")
+
+            builtins.__import__ = refuse
+            try:
+                die_with_parent(parent)
+            finally:
+                builtins.__import__ = real_import
+            armed = ctypes.c_int(0)
+            ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(armed))  # PR_GET_PDEATHSIG
+            os.write(write_fd, str(armed.value).encode())
+            code = 0
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            os.write(write_fd, repr(exc).encode())
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        said = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, said
+    assert said == str(int(signal.SIGKILL))
+
+
 def test_a_file_truncated_under_the_mapping_is_a_changed_file(
     tmp_path: Path, files: dict[str, bytes], forking: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -28,7 +28,7 @@ from itertools import accumulate
 import xxhash
 
 from drill.integrity.reading import span_digests
-from drill.proc import die_with_parent
+from drill.proc import death_signal, die_with_parent
 
 Span = tuple[str, int, int]
 """(uri, start, length): ``start`` on a chunk boundary, so a span's digests are the file's."""
@@ -62,6 +62,7 @@ def hash_mapped(
         return done
     sys.stdout.flush()  # a fork copies unflushed buffers: they would be printed twice
     sys.stderr.flush()
+    death_signal()  # resolved here: a worker imports nothing
     parent = os.getpid()
     pids: list[int] = []
     pipes: dict[int, bytearray] = {}

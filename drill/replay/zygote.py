@@ -78,10 +78,11 @@ class Zygote:
         initialized, not Linux: macOS's frameworks do not survive a fork)."""
         import torch
 
-        from drill.proc import may_fork
+        from drill.proc import death_signal, may_fork
 
         if not may_fork() or torch.cuda.is_initialized():
             return None
+        death_signal()  # resolved before the fork, not in the child
         request_r, request_w = os.pipe()
         result_r, result_w = os.pipe()
         parent = os.getpid()
