@@ -205,7 +205,7 @@ CODES: dict[str, Code] = _codes(
         "manifest-invalid",
         (ERR,),
         "seal",
-        "drill-manifest.json is JSON but not a valid seal (fields missing or of the wrong type).",
+        "drill-manifest.json is JSON but not a valid seal (fields missing or of the wrong type; sizes, chunk size and chunk digests that disagree).",
         "re-seal knowingly: drill seal CHECKPOINT --force",
     ),
     (

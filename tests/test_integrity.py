@@ -17,7 +17,7 @@ from drill import DrillOutcome
 from drill.errors import ExitCode
 from drill.findings import CheckStatus
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
-from drill.integrity.manifest import MANIFEST_NAME, SealConflict, parse_manifest, read_manifest, seal
+from drill.integrity.manifest import MANIFEST_NAME, ManifestInvalid, SealConflict, parse_manifest, read_manifest, seal
 from drill.safe_pickle import restricted_loads
 from drill.storage import LocalStorage
 from drill.verifier import verify_checkpoint
@@ -132,6 +132,46 @@ def test_manifest_edited_by_hand(demo_run: Path, sqlite_url: str) -> None:
     assert ("manifest-digest-mismatch", MANIFEST_NAME) in _codes(outcome)
 
 
+def _one_byte_chunks(doc: dict) -> None:
+    doc["chunk_size"] = 1  # every digest now stands for one byte, and there are far too few
+
+
+def _a_digest_too_many(doc: dict) -> None:
+    doc["files"][1]["chunks"].append(doc["files"][1]["chunks"][0])
+
+
+def _no_digest(doc: dict) -> None:
+    doc["files"][1]["chunks"] = []
+
+
+def _a_negative_size(doc: dict) -> None:
+    doc["files"][1]["size"] = -1
+
+
+@pytest.mark.parametrize("edit", [_one_byte_chunks, _a_digest_too_many, _no_digest, _a_negative_size])
+def test_a_manifest_whose_chunks_disagree_with_its_sizes_is_invalid(demo_run: Path, edit) -> None:
+    """A manifest that digests itself correctly but whose sizes, chunk size and chunk digests
+    disagree is not one drill wrote: refused as it is read, before a byte is hashed by what it
+    claims (1-byte chunks of a large shard would have every byte hashed on its own)."""
+    from drill.integrity.manifest import self_digest
+
+    path = demo_run / "step-30" / MANIFEST_NAME
+    doc = json.loads(path.read_text())
+    doc.pop("manifest_xxh3_128")
+    edit(doc)
+    doc["manifest_xxh3_128"] = self_digest(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ManifestInvalid) as raised:
+        parse_manifest(path.read_bytes())
+    assert raised.value.code == "manifest-invalid"
+    assert any(
+        f"for {f['path']} " in str(raised.value) or f"gives {f['path']} " in str(raised.value) for f in doc["files"]
+    )
+    result = verify_checkpoint(str(path.parent)).result
+    assert result.status is CheckStatus.FAILED
+    assert [f.code for f in result.findings if f.subject == MANIFEST_NAME] == ["manifest-invalid"]
+
+
 def test_manifest_that_is_not_json(demo_run: Path, sqlite_url: str) -> None:
     (demo_run / "step-30" / MANIFEST_NAME).write_bytes(b"\x00garbage{")
     outcome = _drill(demo_run, sqlite_url)
@@ -217,6 +257,20 @@ def test_unsealed_dcp_metadata_pointing_past_the_end_of_a_file(demo_run: Path, s
     for result in (_integrity(_drill(demo_run, sqlite_url)), verify_checkpoint(str(ckpt)).result):
         assert result.status is CheckStatus.FAILED
         assert ("entry-out-of-bounds", "__0_1.distcp") in [(f.code, f.subject) for f in result.findings]
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+def test_a_shard_that_is_not_a_regular_file_is_named_once(demo_run: Path, sqlite_url: str, sealed: bool) -> None:
+    """A FIFO where a shard should be is one finding: the structure (which never opens it) does
+    not also call the shard missing from the checkpoint."""
+    ckpt = demo_run / "step-30"
+    if not sealed:
+        os.remove(ckpt / MANIFEST_NAME)
+    os.remove(ckpt / "__0_1.distcp")
+    os.mkfifo(ckpt / "__0_1.distcp")
+    for result in (verify_checkpoint(str(ckpt)).result, _integrity(_drill(demo_run, sqlite_url))):
+        assert result.status is CheckStatus.FAILED
+        assert [f.code for f in result.findings if f.subject == "__0_1.distcp"] == ["file-not-regular"]
 
 
 def test_require_sealed(demo_run: Path, sqlite_url: str) -> None:

@@ -43,6 +43,11 @@ class FileHashes:
         return len(self.chunks) == len(chunks) and all(a.hex() == b for a, b in zip(self.chunks, chunks, strict=True))
 
 
+def chunk_count(size: int, chunk_size: int) -> int:
+    """How many chunk digests a file of ``size`` bytes has (an empty file: one, of nothing)."""
+    return max(1, -(-size // chunk_size))
+
+
 def file_digest(chunks: list[bytes]) -> str:
     return xxhash.xxh3_128_hexdigest(b"".join(chunks))
 
@@ -114,4 +119,4 @@ class HashPlan:
         )
 
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "ChunkHasher", "FileHashes", "HashPlan", "crc32", "file_digest"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "ChunkHasher", "FileHashes", "HashPlan", "chunk_count", "crc32", "file_digest"]

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import xxhash
 
-from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
+from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes, chunk_count
 from drill.integrity.parallel import hash_files
 from drill.integrity.reading import describe_read_error
 from drill.storage import EntryKind, PathEscapesCheckpoint, Storage
@@ -176,12 +176,13 @@ def parse_manifest(data: bytes) -> Manifest:
         mac = doc.pop("manifest_hmac_sha256", None)
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} is malformed: missing or bad {exc}") from None
-    for f in files:
-        check_relative_path(f.path)
-    if len({f.path for f in files}) != len(files):
-        raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} lists a file twice")
     if chunk_size <= 0:
         raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} has chunk size {chunk_size}")
+    for f in files:
+        check_relative_path(f.path)
+        _check_chunks(f, chunk_size)
+    if len({f.path for f in files}) != len(files):
+        raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} lists a file twice")
     signed = canonical(doc)
     actual = xxhash.xxh3_128_hexdigest(signed)
     if actual != claimed:
@@ -222,6 +223,20 @@ def _file_entry(f: Any) -> FileEntry:
         _typed(f["xxh3_128"], str, "xxh3_128"),
         _chunks(f["chunks"]),
     )
+
+
+def _check_chunks(f: FileEntry, chunk_size: int) -> None:
+    """A file's size and its chunk digests agree with the chunk size: the work a verification
+    does is bounded by what the manifest lists (a self-consistent manifest that claims 1-byte
+    chunks for a large file would otherwise have every byte hashed on its own)."""
+    if f.size < 0:
+        raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} gives {f.path} a size of {f.size} bytes")
+    if len(f.chunks) != chunk_count(f.size, chunk_size):
+        raise ManifestInvalid(
+            "manifest-invalid",
+            f"{MANIFEST_NAME} lists {len(f.chunks)} chunk digests for {f.path} ({f.size} bytes in chunks of "
+            f"{chunk_size}): a file of that size has {chunk_count(f.size, chunk_size)}",
+        )
 
 
 def _typed(value: Any, kind: type, what: str) -> Any:

@@ -370,7 +370,7 @@ def _unsealed_part(
     evidence["structure"] = sev
     consistent = not any(f.severity is Severity.ERROR for f in sf)
     return (
-        findings + sf,
+        findings + [f for f in sf if f.subject not in plan.odd],  # an entry never opened is named once, above
         "unsealed: structurally consistent, no content hashes" if consistent else "unsealed: structurally inconsistent",
     )
 
