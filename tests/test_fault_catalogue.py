@@ -381,6 +381,18 @@ def object_tag_in_a_policy_value(run: Path, tmp: Path) -> list[str]:
     )
 
 
+def seal_claiming_one_byte_chunks(run: Path, tmp: Path) -> list[str]:
+    from drill.integrity.manifest import self_digest
+
+    path = _ckpt(run) / MANIFEST_NAME
+    doc = json.loads(path.read_text())
+    doc.pop("manifest_xxh3_128")
+    doc["chunk_size"] = 1  # a digest per byte, self-consistently digested: work the seal does not pay for
+    doc["manifest_xxh3_128"] = self_digest(doc)
+    path.write_text(json.dumps(doc))
+    return ["verify", str(_ckpt(run))]
+
+
 def sparse_terabyte_beside_the_shards(run: Path, tmp: Path) -> list[str]:
     with open(_ckpt(run) / "huge.bin", "wb") as f:
         f.truncate(1 << 40)
@@ -461,6 +473,13 @@ NEW_SUITE = [
         sparse_terabyte_beside_the_shards,
         1,
         "file-unlisted",
+    ),
+    Case(
+        "seal-claiming-one-byte-chunks",
+        "bounded in time and memory",
+        seal_claiming_one_byte_chunks,
+        1,
+        "manifest-invalid",
     ),
     Case(
         "zip-bomb-torch-save-file",
