@@ -393,6 +393,17 @@ def seal_claiming_one_byte_chunks(run: Path, tmp: Path) -> list[str]:
     return ["verify", str(_ckpt(run))]
 
 
+def snapshot_metadata_whose_aliases_multiply(run: Path, tmp: Path) -> list[str]:
+    snapshot = tmp / "snapshot"
+    (snapshot / "0").mkdir(parents=True)
+    (snapshot / "0" / "x").write_bytes(b"x")
+    chunk = "{tensor: {type: Tensor, location: 0/x, serializer: torch_save, dtype: torch.float32, shape: [1]}}"
+    entries = [f"  e0: &c {{type: ChunkedTensor, chunks: [{', '.join([chunk] * 1000)}]}}"]
+    entries += [f"  e{i}: *c" for i in range(1, 2000)]  # two million chunks to locate, in 100 KB
+    (snapshot / ".snapshot_metadata").write_text("version: 0.0.0\nmanifest:\n" + "\n".join(entries) + "\n")
+    return ["verify", str(snapshot)]
+
+
 def sparse_terabyte_beside_the_shards(run: Path, tmp: Path) -> list[str]:
     with open(_ckpt(run) / "huge.bin", "wb") as f:
         f.truncate(1 << 40)
@@ -480,6 +491,13 @@ NEW_SUITE = [
         seal_claiming_one_byte_chunks,
         1,
         "manifest-invalid",
+    ),
+    Case(
+        "snapshot-metadata-whose-aliases-multiply",
+        "bounded in time and memory",
+        snapshot_metadata_whose_aliases_multiply,
+        1,
+        "once its aliases are expanded",
     ),
     Case(
         "zip-bomb-torch-save-file",

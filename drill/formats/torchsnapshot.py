@@ -31,6 +31,8 @@ from drill.storage import Listing, Storage
 METADATA = ".snapshot_metadata"
 MAX_METADATA = 256 << 20
 """A manifest larger than this is refused unread (a 70B model's is a few MB)."""
+MAX_DEPTH = 32
+"""Nesting deeper than a manifest's (entry, chunk, tensor, shape: five levels) is refused as it is read."""
 _PART_NAMES = {
     parts.MODEL: ("model", "module", "net", "network"),
     parts.OPTIMIZER: ("optim", "optimizer", "opt"),
@@ -131,12 +133,12 @@ def _manifest(view: Any) -> tuple[dict[str, Any] | None, list[Finding]]:
     try:
         doc = json.loads(bytes(view))
     except (ValueError, RecursionError):
-        try:
-            import yaml
+        from drill import safe_yaml
 
-            doc = yaml.safe_load(bytes(view))  # torchsnapshot reads it as YAML (JSON is YAML)
-        except Exception:  # noqa: BLE001 - whatever it is, it is not a manifest
-            doc = None
+        try:  # torchsnapshot reads it as YAML (JSON is YAML): plain data, aliases that do not multiply
+            doc = safe_yaml.load(bytes(view), max_depth=MAX_DEPTH)
+        except safe_yaml.YamlRefused as exc:
+            return None, [_finding("metadata-unreadable", METADATA, f"{METADATA} is {_refused(exc)}")]
     if not isinstance(doc, dict) or not isinstance(doc.get("manifest"), dict):
         return None, [
             _finding(
@@ -146,6 +148,12 @@ def _manifest(view: Any) -> tuple[dict[str, Any] | None, list[Finding]]:
             )
         ]
     return doc, []
+
+
+def _refused(exc: Any) -> str:
+    """Why the metadata was refused, as the rest of a sentence naming it."""
+    where = f" (line {exc.line})" if exc.line else ""
+    return f"not a manifest drill reads{where}: {exc.why}; nothing in the snapshot can be located"
 
 
 def _entries(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:

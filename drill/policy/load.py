@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from drill import safe_yaml
 from drill.device import parse_device
 from drill.policy.model import (
     Alerts,
@@ -169,28 +170,6 @@ MAX_NODES = 10_000
 "billion laughs") are refused before anything is built from them."""
 
 
-class _Bounded(yaml.SafeLoader):
-    """PyYAML's safe loader (plain data only: no tag builds an object), refusing documents
-    nested deeper than :data:`MAX_DEPTH`."""
-
-    depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        self.depth += 1
-        try:
-            if self.depth > MAX_DEPTH:
-                raise yaml.YAMLError(_Limit(self.peek_event().start_mark, f"nested more than {MAX_DEPTH} levels deep"))
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-
-@dataclass(frozen=True, slots=True)
-class _Limit:
-    mark: Any
-    why: str
-
-
 def _compose(text: str, file: str) -> yaml.Node | None:
     """The document's node graph, within the limits above; a :class:`PolicyError` naming the
     line otherwise."""
@@ -198,59 +177,10 @@ def _compose(text: str, file: str) -> yaml.Node | None:
         raise PolicyError(
             [Problem(file, None, "", f"{len(text)} characters: larger than any policy ({MAX_BYTES} at most)")]
         )
-    loader = None
     try:
-        loader = _Bounded(text)  # the reader refuses some characters as it is built
-        root = loader.get_single_node()
-    except yaml.YAMLError as exc:
-        limit = exc.args[0] if exc.args and isinstance(exc.args[0], _Limit) else None
-        mark = limit.mark if limit else getattr(exc, "problem_mark", None)
-        why = f"refused: {limit.why}" if limit else f"not valid YAML: {getattr(exc, 'problem', exc)}"
-        raise PolicyError([Problem(file, mark.line + 1 if mark else None, "", why)]) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-    if root is not None:
-        _expanded_size(root, file)
-    return root
-
-
-def _expanded_size(root: yaml.Node, file: str) -> None:
-    """Count the document's values with every alias expanded (memoized, so counting is
-    cheap); refuse a recursive alias or more than :data:`MAX_NODES` values."""
-    sizes: dict[int, int] = {}
-    open_: set[int] = set()
-
-    def size(node: yaml.Node) -> int:
-        key = id(node)
-        if key in sizes:
-            return sizes[key]
-        if key in open_:
-            raise PolicyError(
-                [Problem(file, node.start_mark.line + 1, "", "refused: an alias refers to the value that contains it")]
-            )
-        open_.add(key)
-        children = node.value if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)) else []
-        flat = [c for pair in children for c in pair] if isinstance(node, yaml.MappingNode) else children
-        total = 1
-        for child in flat:
-            total += size(child)
-            if total > MAX_NODES:
-                raise PolicyError(
-                    [
-                        Problem(
-                            file,
-                            node.start_mark.line + 1,
-                            "",
-                            f"refused: more than {MAX_NODES} values once its aliases are expanded",
-                        )
-                    ]
-                )
-        open_.discard(key)
-        sizes[key] = total
-        return total
-
-    size(root)
+        return safe_yaml.compose(text, max_depth=MAX_DEPTH, max_nodes=MAX_NODES)
+    except safe_yaml.YamlRefused as exc:
+        raise PolicyError([Problem(file, exc.line, "", exc.why)]) from None
 
 
 def parse_policy(text: str, file: str = "<policy>") -> Policy:
