@@ -101,7 +101,8 @@ def findings_catalogue() -> str:
         "keeps its meaning (a new meaning gets a new code). An `error` fails the drill; a `warning`",
         "is recorded and the drill still passes; `info` is evidence. A code listed with more than one",
         "severity is an error where the part is required (the format saves it, or the policy's",
-        "contract requires it) and a warning otherwise.",
+        "contract requires it) and a warning otherwise. A check names at most 100 findings of",
+        "one code: the first 99, then one of the same code counting the rest (`drill.findings.PER_CODE`).",
         "",
     ]
     for title, codes in areas():

@@ -61,6 +61,49 @@ class Finding:
         return cls(severity=Severity(doc["severity"]), **known)  # type: ignore[arg-type]
 
 
+PER_CODE = 100
+"""Findings of one code a check keeps: the first 99, then one that counts the rest. A file
+whose header lists 200,000 overlapping entries, a seal naming a million missing files, is a
+report a person reads and a record a database holds — not 200,000 lines."""
+
+
+def bounded(findings: list[Finding], per_code: int = PER_CODE) -> list[Finding]:
+    """``findings`` with at most ``per_code`` of each code: past that, the first ``per_code - 1``
+    in order and one finding, of the gravest severity among the rest, counting them. Bounded
+    findings stay as they are (bounding twice changes nothing)."""
+    if len(findings) <= per_code:
+        return findings
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.code] = counts.get(f.code, 0) + 1
+    if max(counts.values()) <= per_code:
+        return findings
+    kept: list[Finding] = []
+    rest: dict[str, list[Finding]] = {}
+    seen: dict[str, int] = {}
+    for f in findings:
+        seen[f.code] = n = seen.get(f.code, 0) + 1
+        if counts[f.code] <= per_code or n < per_code:
+            kept.append(f)
+        else:
+            rest.setdefault(f.code, []).append(f)
+    for code, more in rest.items():
+        grave = min(more, key=lambda f: _GRAVITY[f.severity])
+        kept.append(
+            Finding(
+                check=grave.check,
+                code=code,
+                severity=grave.severity,
+                message=f"and {len(more)} more {code} findings like those above ({counts[code]} in all)",
+                hint=grave.hint,
+            )
+        )
+    return kept
+
+
+_GRAVITY = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
 @dataclass(slots=True, kw_only=True)
 class CheckResult:
     name: str
@@ -71,6 +114,9 @@ class CheckResult:
     seconds: float = 0.0
     skipped: bool = False
     errored: bool = False
+
+    def __post_init__(self) -> None:
+        self.findings = bounded(self.findings)
 
     @property
     def status(self) -> CheckStatus:

@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 
 from drill import DrillOutcome
 from drill.errors import ExitCode
-from drill.findings import CheckStatus
+from drill.findings import CheckResult, CheckStatus
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
 from drill.integrity.manifest import MANIFEST_NAME, ManifestInvalid, SealConflict, parse_manifest, read_manifest, seal
 from drill.safe_pickle import restricted_loads
@@ -353,6 +353,50 @@ def test_safetensors_structural_proof(tmp_path: Path) -> None:
         f.truncate(path.stat().st_size - 8)
     bad = verify_checkpoint(str(path)).result
     assert "entry-out-of-bounds" in [f.code for f in bad.findings]
+
+
+def _safetensors_file(path: Path, header: dict, data: bytes) -> None:
+    import struct
+
+    body = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(body)) + body + data)
+
+
+def test_a_safetensors_header_whose_shapes_disagree_with_its_offsets_is_not_consistent(tmp_path: Path) -> None:
+    """What ``verify`` calls structurally consistent a restore can load: a shape and dtype that
+    need other bytes than the offsets give (a 2^60-element tensor in 4,000 bytes) is corrupt, for
+    both alike; fp8 and sub-byte dtypes are held to what their width allows."""
+    from drill.formats.safeload import load_safetensors
+
+    path = tmp_path / "model.safetensors"
+    _safetensors_file(
+        path, {"w": {"dtype": "F32", "shape": [1 << 30, 1 << 30], "data_offsets": [0, 4000]}}, bytes(4000)
+    )
+    result = verify_checkpoint(str(path)).result
+    assert [f.code for f in result.findings] == ["safetensors-corrupt"] and "needs" in result.findings[0].message
+    with pytest.raises(ValueError, match="needs"):
+        load_safetensors(memoryview(path.read_bytes()), torch.device("cpu"))
+    fine = {
+        "a": {"dtype": "F8_E4M3", "shape": [2, 3], "data_offsets": [0, 6]},
+        "b": {"dtype": "F4", "shape": [4], "data_offsets": [6, 8]},
+        "c": {"dtype": "BF16", "shape": [], "data_offsets": [8, 10]},
+    }
+    _safetensors_file(path, fine, bytes(10))
+    assert verify_checkpoint(str(path)).result.status is CheckStatus.PASSED
+
+
+def test_a_check_names_at_most_a_hundred_findings_of_a_code_and_counts_the_rest(tmp_path: Path) -> None:
+    """A header of 5,000 tensors all at byte 0: 4,999 overlaps are a report a person reads —
+    99 of them and one counting the rest — and a record a database holds."""
+    path = tmp_path / "model.safetensors"
+    _safetensors_file(
+        path, {f"w{i}": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]} for i in range(5000)}, bytes(4)
+    )
+    result = verify_checkpoint(str(path)).result
+    codes = [f.code for f in result.findings]
+    assert codes == ["entries-overlap"] * 100 and result.status is CheckStatus.FAILED
+    assert result.findings[-1].message == "and 4900 more entries-overlap findings like those above (4999 in all)"
+    assert CheckResult.from_dict(result.to_dict()).findings == result.findings  # bounding twice changes nothing
 
 
 def test_unsealed_bit_flip_is_caught_by_the_entries_own_crcs(demo_run: Path, sqlite_url: str) -> None:

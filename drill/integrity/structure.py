@@ -11,6 +11,7 @@ Each function returns findings (empty when consistent) and the evidence it exami
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 import zlib
@@ -262,8 +263,32 @@ def safetensors_spans(header: Any) -> list[tuple[int, int, str]]:
             raise ValueError(f"tensor {name!r} has no valid data_offsets")
         if offsets[1] < offsets[0]:
             raise ValueError(f"tensor {name!r} ends before it begins ({offsets})")
+        _check_extent(str(name), meta, offsets[1] - offsets[0])
         spans.append((offsets[0], offsets[1], str(name)))
     return spans
+
+
+SAFETENSORS_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}  # fmt: skip
+"""Bits per element of each safetensors dtype."""
+
+
+def _check_extent(name: str, meta: dict[str, Any], length: int) -> None:
+    """A tensor's shape and dtype need exactly the bytes its offsets give it (as safetensors
+    itself requires); ``ValueError`` otherwise. An unknown dtype, or one packed below a byte,
+    is taken at its offsets' word."""
+    shape = meta.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ValueError(f"tensor {name!r} has no valid shape ({shape!r})")
+    bits = SAFETENSORS_BITS.get(meta.get("dtype"))  # type: ignore[arg-type]
+    if bits is None or bits % 8:
+        return
+    need = math.prod(shape) * bits // 8
+    if need != length:
+        raise ValueError(f"tensor {name!r}: {shape} {meta.get('dtype')} needs {need} bytes, its offsets give {length}")
 
 
 def sniff(data: memoryview) -> str | None:
