@@ -183,6 +183,7 @@ def _verify(
         outcome.result.summary = f"incomplete save; {outcome.result.summary}"
     elif (
         what.kind == "directory"
+        and not outcome.result.errors  # a path out of it, a manifest refused: a finding, not "not a checkpoint"
         and outcome.result.evidence.get("evidence_level") != "sealed"
         and not outcome.result.evidence.get("manifests")
     ):

@@ -235,6 +235,34 @@ def test_manifest_path_escaping_is_rejected_before_anything_is_opened(
     assert ran == ["discover", "resume", "integrity"]  # the rest: "not checked: a path leads out of the checkpoint"
 
 
+@pytest.mark.parametrize(("name", "evil"), [("checkpoint-3", "../../../etc/passwd"), ("weights", "/etc/shadow")])
+def test_a_shard_index_naming_a_path_out_is_a_refusal_that_proved_nothing(tmp_path: Path, name: str, evil: str) -> None:
+    """A Hugging Face shard index naming a file outside the checkpoint: a failed verification
+    naming the index, with nothing proven — not "not a checkpoint" (exit 3), not the level the
+    index would have given."""
+    safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    ckpt = tmp_path / name  # a trainer's step directory, or a directory of weights alone
+    ckpt.mkdir()
+    safetensors_torch.save_file({"w": torch.ones(4)}, str(ckpt / "model-00001-of-00002.safetensors"))
+    index = {"metadata": {}, "weight_map": {"w": "model-00001-of-00002.safetensors", "x": evil}}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    outcome = verify_checkpoint(str(ckpt))
+    assert outcome.status == "failed" and outcome.evidence == "none"
+    assert ("manifest-path-escapes", "model.safetensors.index.json") in [
+        (f.code, f.subject) for f in outcome.result.findings
+    ]
+
+
+def test_a_seal_naming_a_path_out_proved_nothing(demo_run: Path) -> None:
+    ckpt = demo_run / "step-30"
+    manifest, _ = read_manifest(LocalStorage(), str(ckpt))
+    assert manifest is not None
+    manifest.files[0] = type(manifest.files[0])("../outside", 10, "0" * 32, ("0" * 32,))
+    (ckpt / MANIFEST_NAME).write_bytes(manifest.to_json())
+    outcome = verify_checkpoint(str(ckpt))
+    assert outcome.status == "failed" and outcome.evidence == "none"
+
+
 def test_symlink_leading_out_is_refused(demo_run: Path, tmp_path: Path) -> None:
     (demo_run / "step-30" / "link").symlink_to(tmp_path)
     result = verify_checkpoint(str(demo_run / "step-30")).result

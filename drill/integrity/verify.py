@@ -296,6 +296,7 @@ def _refusal(plan: IntegrityPlan, evidence: dict[str, Any]) -> CheckResult | Non
     if plan.manifest_error is not None:
         findings.append(_finding(plan.manifest_error.code, MANIFEST_NAME, str(plan.manifest_error)))
     findings += [_finding(fm.error.code, fm.name, str(fm.error)) for fm in plan.foreign if fm.error is not None]
+    evidence["level"] = "none"  # nothing was opened, so nothing was proven: not the seal's level
     return CheckResult(
         name=NAME,
         summary="refused: a path leads out of the checkpoint; nothing was opened",
