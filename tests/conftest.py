@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,13 @@ from tests.support import pglock
 # A run small enough to train in a second or two, with three retained checkpoints (10, 20,
 # 30) and a step log that goes on to step 36, past the last save: the replay reference.
 SMALL_RUN = DemoConfig(steps=36, save_every=10, keep=3)
+
+# A suite started in the background by a shell without job control (``.ci/run &``, nohup)
+# inherits SIGINT as ignored, and every process it starts would too: the tests that press Ctrl-C
+# on a drill would then wait on a drill that never hears it. A handler, unlike "ignored", is
+# reset to the default in each child the suite starts, so the children hear SIGINT as a terminal's.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 POSTGRES_URL = os.environ.get("DRILL_TEST_POSTGRES_URL", "postgresql+psycopg://127.0.0.1:5432/test")
 
