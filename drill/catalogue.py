@@ -246,6 +246,13 @@ CODES: dict[str, Code] = _codes(
         "A record is compressed, which torch.save never does: not inflated (a zip bomb could be), not loaded.",
         "the file was not written by torch.save; find what wrote it",
     ),
+    (
+        "pickle-names-code",
+        (ERR,),
+        "structure",
+        "A torch.save file's pickle names code (os.system, builtins.getattr, torch.load, …) that the trainer's own unpickler would run on resume: never run, never loaded.",
+        "treat the checkpoint as hostile: resume from drill last-good RUN_ROOT and find what wrote the file",
+    ),
     ("safetensors-corrupt", (ERR,), "structure", "A safetensors header is unreadable or runs past its file.", VERIFY),
     ("json-corrupt", (ERR,), "structure", "A JSON side file (trainer state, index) is not valid JSON.", RESAVE),
     (

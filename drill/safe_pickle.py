@@ -101,3 +101,135 @@ def forbidden_hint(exc: BaseException) -> str | None:
             f"allow it: --allow-class {exc.module}.{exc.name} (a policy's contract.allow_classes)"
         )
     return None
+
+
+# -- which globals are code --------------------------------------------------------------------
+# A trainer resumes with ``torch.load(weights_only=False)`` (DeepSpeed, accelerate, Megatron and
+# Lightning side files): every global its pickle names is imported and called. drill reads those
+# files inertly (:mod:`drill.formats.inert`), but a file that names code is still a checkpoint
+# that runs code on resume, and that is a finding, not a stand-in.
+
+_STDLIB_DATA: frozenset[tuple[str, str]] = frozenset(
+    {("builtins", n) for n in ("set", "frozenset", "slice", "complex", "bytearray", "bytes", "str", "int")}
+    | {("builtins", n) for n in ("float", "bool", "list", "dict", "tuple", "range", "object")}
+    | {("collections", n) for n in ("OrderedDict", "defaultdict", "deque", "Counter")}
+    | {("datetime", n) for n in ("datetime", "date", "time", "timedelta", "timezone")}
+    | {("pathlib", n) for n in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")}
+    | {("copyreg", n) for n in ("_reconstructor", "__newobj__", "__newobj_ex__")}
+    | {
+        ("argparse", "Namespace"),
+        ("types", "SimpleNamespace"),
+        ("decimal", "Decimal"),
+        ("fractions", "Fraction"),
+        ("uuid", "UUID"),
+        ("functools", "partial"),
+        ("re", "_compile"),
+        ("logging", "getLogger"),
+        ("_codecs", "encode"),
+    }
+)
+"""The standard library's globals a checkpoint legitimately pickles: plain data and how
+objects are rebuilt. Every other global of the standard library is code (``os.system``,
+``builtins.eval``, ``subprocess.Popen``, ``logging.FileHandler``, ``builtins.getattr``)."""
+
+_REBUILDERS = ("torch._utils._rebuild_", "numpy.core.multiarray.", "numpy._core.multiarray.")
+_LIBRARY_DATA: frozenset[str] = frozenset(
+    {
+        "torch._tensor._rebuild_from_type_v2",
+        "torch.serialization._get_layout",
+        "numpy.core.numeric._frombuffer",
+        "numpy._core.numeric._frombuffer",
+        "numpy.random._pickle.__randomstate_ctor",
+        "numpy.random._pickle.__bit_generator_ctor",
+        "numpy.random._pickle.__generator_ctor",
+    }
+)
+"""Functions of torch and numpy that rebuild tensors, arrays and RNGs from their bytes."""
+
+
+def py3_name(module: str, name: str) -> tuple[str, str]:
+    """A global as Python 3 names it: pickles of protocol 2 and below (``torch.save``'s) name
+    ``__builtin__.set`` and ``copy_reg._reconstructor``, which unpickling maps as here."""
+    import _compat_pickle
+
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        return _compat_pickle.NAME_MAPPING[(module, name)]
+    return _compat_pickle.IMPORT_MAPPING.get(module, module), name
+
+
+def names_code(module: str, name: str) -> bool:
+    """Whether a pickle's global ``module.name`` is code a trainer's unpickler would run.
+
+    Judged by name, never by importing: of the standard library only plain data is not code; of
+    a library drill has already imported (torch, numpy), a function other than torch's and
+    numpy's rebuilders is (classes, enums and dtypes are data). A module drill has not imported
+    (the trainer's own, DeepSpeed's) cannot be judged without running it, and is not called code.
+    """
+    import sys
+
+    module, name = py3_name(module, name)
+    top = module.partition(".")[0]
+    if top in sys.stdlib_module_names:
+        return (module, name) not in _STDLIB_DATA
+    dotted = f"{module}.{name}"
+    if dotted in _LIBRARY_DATA or dotted.startswith(_REBUILDERS) or name.startswith("__pyx_unpickle_"):
+        return False  # (Cython's generated unpicklers restore an extension type's fields: numpy's RNGs)
+    obj: Any = sys.modules.get(module)
+    if obj is None:
+        return False
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return False
+    return callable(obj) and not isinstance(obj, type)
+
+
+class _Named(dict):
+    """What a global becomes while its pickle is scanned: it runs nothing and takes whatever the
+    pickle does to an object (items, appends, state) so that the scan reaches the pickle's end."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+    def append(self, item: Any) -> None:
+        pass
+
+    def extend(self, items: Any) -> None:
+        pass
+
+    def add(self, item: Any) -> None:
+        pass
+
+
+class _Scanner(pickle.Unpickler):
+    def __init__(self, data: io.BytesIO) -> None:
+        super().__init__(data)
+        self.named: list[tuple[str, str]] = []
+
+    def find_class(self, module: str, name: str) -> Any:
+        self.named.append((module, name))
+        return type(name, (_Named,), {})
+
+    def persistent_load(self, pid: Any) -> Any:  # a tensor's storage: not read
+        return None
+
+
+def pickled_globals(data: bytes | memoryview) -> list[tuple[str, str]]:
+    """Every global a pickle names, in order, found by unpickling it with nothing constructed:
+    each global is an empty class, each storage None. A pickle that breaks off yields what it
+    named before (whether it loads is the loader's question)."""
+    scanner = _Scanner(io.BytesIO(bytes(data)))
+    try:
+        scanner.load()
+    except Exception:  # noqa: BLE001 - damage is judged where the pickle is loaded
+        pass
+    return scanner.named
+
+
+def code_named(data: bytes | memoryview) -> list[str]:
+    """The globals of a pickle that are code (:func:`names_code`), as ``module.name``, once each."""
+    found = [".".join(py3_name(m, n)) for m, n in pickled_globals(data) if names_code(m, n)]
+    return list(dict.fromkeys(found))

@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -166,17 +167,22 @@ class TrainerArgs:
         self.lr = 3e-4
 
 
-def test_side_files_load_inert_a_payload_never_runs_and_unknown_classes_are_stand_ins(tmp_path: Path) -> None:
+def test_side_files_load_inert_a_payload_is_refused_and_unknown_classes_are_stand_ins(tmp_path: Path) -> None:
     from drill.formats.inert import load_inert, plain
+    from drill.formats.safeload import UnsafePickle
 
     marker = tmp_path / "pwned"
     buf = io.BytesIO()
-    torch.save({"iteration": 30, "args": TrainerArgs(), "evil": _Payload(marker), "w": torch.ones(2)}, buf)
+    torch.save({"iteration": 30, "args": TrainerArgs(), "w": torch.ones(2)}, buf)
     obj, stand_ins = load_inert(memoryview(buf.getvalue()))
-    assert not marker.exists()
     assert obj["iteration"] == 30 and torch.equal(obj["w"], torch.ones(2))
-    assert any("TrainerArgs" in s for s in stand_ins) and any("system" in s for s in stand_ins)
+    assert any("TrainerArgs" in s for s in stand_ins)
     assert plain(obj["args"]) == {"lr": 3e-4} or "lr" in str(plain(obj["args"]))
+    hostile = io.BytesIO()
+    torch.save({"iteration": 30, "args": TrainerArgs(), "evil": _Payload(marker)}, hostile)
+    with pytest.raises(UnsafePickle, match=r"(posix|nt)\.system"):  # what the trainer's torch.load would run
+        load_inert(memoryview(hostile.getvalue()))
+    assert not marker.exists()
     legacy = io.BytesIO()
     torch.save({"evil": _Payload(marker)}, legacy, _use_new_zipfile_serialization=False)
     for raw in (pickle.dumps(_Payload(marker)), legacy.getvalue()):  # once a hole: torch's legacy reader
@@ -198,8 +204,17 @@ class _HostileRebuild:
         return torch._tensor._rebuild_from_type_v2, (os.system, torch.Tensor, (self.command,), {})
 
 
+class _RebuildWith:
+    def __init__(self, func: Any) -> None:
+        self.func = func
+
+    def __reduce__(self):
+        return torch._tensor._rebuild_from_type_v2, (self.func, torch.Tensor, (), {})
+
+
 def test_a_tensor_subclass_reads_as_a_plain_tensor_and_its_rebuild_runs_only_torchs_own(tmp_path: Path) -> None:
     from drill.formats.inert import StandIn, load_inert
+    from drill.formats.safeload import UnsafePickle
 
     buf = io.BytesIO()
     torch.save({"flat": torch.arange(4.0).as_subclass(_TensorSubclass)}, buf)
@@ -209,8 +224,11 @@ def test_a_tensor_subclass_reads_as_a_plain_tensor_and_its_rebuild_runs_only_tor
     marker = tmp_path / "pwned"
     from drill.formats.inert import _Module
 
-    # _rebuild_from_type_v2(os.system, Tensor, ("touch …",), {}): the callable is not torch's own.
+    # _rebuild_from_type_v2(a callable, Tensor, …): never called unless it is torch's own rebuilder.
     raw = pickle.dumps(_HostileRebuild(f"touch {marker}"), protocol=2)
+    with pytest.raises(UnsafePickle):  # os.system itself is code: refused where it is named
+        _Module(set()).Unpickler(io.BytesIO(raw)).load()
+    raw = pickle.dumps(_RebuildWith(TrainerArgs), protocol=2)  # a class of the trainer's: a stand-in, never built
     out = _Module(set()).Unpickler(io.BytesIO(raw)).load()
     assert isinstance(out, StandIn) and not marker.exists()
 
@@ -430,3 +448,108 @@ def test_the_memory_budget_binds_a_torch_save_checkpoint(tmp_path: Path, sqlite_
     )
     outcome = _drill(run, sqlite_url, memory_budget=16)
     assert outcome.status.value == "error" and "needs" in (outcome.message or ""), outcome.message
+
+
+CODE = [
+    "posix.system", "os.system", "nt.system", "builtins.eval", "builtins.exec", "builtins.getattr",
+    "builtins.__import__", "builtins.open", "builtins.type", "subprocess.Popen", "subprocess.run",
+    "logging.FileHandler", "shutil.rmtree", "importlib.import_module", "runpy.run_path", "socket.socket",
+    "ctypes.CDLL", "pickle.loads", "marshal.loads", "types.FunctionType", "operator.attrgetter",
+    "zipfile.ZipFile", "io.FileIO", "functools.reduce", "sys.exit", "webbrowser.open",
+    "torch.load", "torch.hub.load", "torch.storage._load_from_bytes", "numpy.load", "numpy.fromfile",
+]  # fmt: skip
+DATA = [
+    "collections.OrderedDict", "collections.defaultdict", "builtins.set", "builtins.frozenset",
+    "builtins.bytearray", "builtins.complex", "builtins.object", "copyreg._reconstructor", "_codecs.encode",
+    "argparse.Namespace", "datetime.datetime", "pathlib.PosixPath", "functools.partial",
+    "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_parameter", "torch._tensor._rebuild_from_type_v2",
+    "torch.serialization._get_layout", "torch.FloatStorage", "torch.Size", "torch.device", "torch.float32",
+    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray.scalar", "numpy.ndarray", "numpy.dtype",
+    "numpy.random._pickle.__generator_ctor", "numpy.random.bit_generator.__pyx_unpickle_SeedSequence",
+    # not imported by drill: their classes cannot be judged without running the trainer's code
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler", "megatron.core.enums.ModelType",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dotted", CODE)
+def test_a_global_that_runs_code_is_code(dotted: str) -> None:
+    import numpy  # noqa: F401 - imported by every drill that reads an RNG state
+    import torch.hub  # noqa: F401
+
+    from drill.safe_pickle import names_code
+
+    module, name = dotted.rsplit(".", 1)
+    assert names_code(module, name)
+
+
+@pytest.mark.parametrize("dotted", DATA)
+def test_data_and_the_rebuilders_are_not_code(dotted: str) -> None:
+    import numpy  # noqa: F401
+
+    from drill.safe_pickle import names_code
+
+    module, name = dotted.rsplit(".", 1)
+    before = set(sys.modules)
+    assert not names_code(module, name)
+    assert set(sys.modules) == before  # judged by name: nothing imported
+
+
+class _Holder:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+
+class _Indirect:
+    """A payload reached by getattr, as gadget chains do: ``getattr(Path, "write_text")(…)``."""
+
+    def __reduce__(self):
+        return getattr, (Path, "write_text")
+
+
+def _data_pkl(obj: Any, protocol: int) -> bytes:
+    """The pickle of ``obj`` as torch.save writes it (tensors by persistent id), at ``protocol``."""
+    import zipfile
+
+    buf = io.BytesIO()
+    torch.save(obj, buf, pickle_protocol=protocol)
+    with zipfile.ZipFile(buf) as archive:
+        return archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl")))
+
+
+@pytest.mark.parametrize("protocol", range(2, pickle.HIGHEST_PROTOCOL + 1))
+def test_a_payload_anywhere_in_a_pickle_is_named_and_nothing_runs(protocol: int, tmp_path: Path) -> None:
+    """Where a hostile writer hides it — an item, an element, an object's state, a set, deep in
+    a real optimizer state — the scan names it, at every protocol torch.save writes, constructing
+    nothing; the real state itself names no code."""
+    import collections
+    import logging
+
+    from drill.safe_pickle import code_named, pickled_globals
+
+    marker = tmp_path / "pwned"
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "seen": {1, 2}, "args": _Holder(3)}
+    assert code_named(_data_pkl(state, protocol)) == []
+    for hide in (
+        lambda p: {**state, "x": p},
+        lambda p: collections.OrderedDict(a=[1, [2, (3, p)]]),
+        lambda p: _Holder(_Holder(p)),
+        lambda p: {"s": frozenset({1}), "deep": [[[[{"k": p}]]]]},
+    ):
+        data = _data_pkl(hide(_Payload(marker)), protocol)
+        assert any(c.endswith(".system") for c in code_named(data)), pickled_globals(data)
+    assert "logging.FileHandler" in code_named(_data_pkl(_Holder(logging.FileHandler), protocol))
+    assert "builtins.getattr" in code_named(_data_pkl([_Indirect()], protocol))
+    assert "torch.storage._load_from_bytes" in code_named(pickle.dumps(torch.ones(2), protocol=protocol))
+    assert not marker.exists()
+
+
+def test_a_broken_pickle_yields_what_it_named_before_the_break(tmp_path: Path) -> None:
+    from drill.safe_pickle import code_named
+
+    data = pickle.dumps([_Payload(tmp_path / "pwned"), list(range(100))], protocol=2)
+    assert code_named(data[: len(data) // 2]) and code_named(b"\x80\x05garbage") == []
+    assert not (tmp_path / "pwned").exists()

@@ -67,6 +67,8 @@ class Writer:
     never_saved: frozenset[str] = field(default_factory=frozenset)
     verify_sees_slot: bool = True
     """Whether the rewritten optimizer file is under the checkpoint's seal (torchtune's recipe state is beside it)."""
+    pickled: str | None = None
+    """A ``torch.save`` file of the writer's that its resume unpickles (relative to the checkpoint)."""
 
 
 def _drop_first_slot(obj: dict) -> None:
@@ -94,16 +96,16 @@ def _half_written_next(marker: str) -> Callable[[Path, Path], None]:
 
 WRITERS = {
     "hf-deepspeed": Writer("", "checkpoint-4", "hf-trainer", "global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt", ("global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)),
-                           rng="rng_state.pth", ahead=(_half_written_next("trainer_state.json"), "pointer-incomplete", "Hugging Face's get_last_checkpoint")),
-    "deepspeed-zero1": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_optim_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), ahead=(_latest_ahead, "pointer-ahead", "latest"), never_saved=frozenset({"rng", "dataloader"})),
-    "deepspeed-zero2": Writer("", "global_step3", "deepspeed", "zero_pp_rank_0_mp_rank_00_optim_states.pt", ("zero_pp_rank_1_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), ahead=(_latest_ahead, "pointer-ahead", "latest"), never_saved=frozenset({"rng", "dataloader"})),
-    "deepspeed-zero3": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_model_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), ahead=(_latest_ahead, "pointer-ahead", "latest"), never_saved=frozenset({"rng", "dataloader"})),
+                           rng="rng_state.pth", pickled="global_step4/mp_rank_00_model_states.pt", ahead=(_half_written_next("trainer_state.json"), "pointer-incomplete", "Hugging Face's get_last_checkpoint")),
+    "deepspeed-zero1": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_optim_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), ahead=(_latest_ahead, "pointer-ahead", "latest"), never_saved=frozenset({"rng", "dataloader"}), pickled="mp_rank_00_model_states.pt"),
+    "deepspeed-zero2": Writer("", "global_step3", "deepspeed", "zero_pp_rank_0_mp_rank_00_optim_states.pt", ("zero_pp_rank_1_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), ahead=(_latest_ahead, "pointer-ahead", "latest"), never_saved=frozenset({"rng", "dataloader"}), pickled="zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+    "deepspeed-zero3": Writer("", "global_step3", "deepspeed", "zero_pp_rank_1_mp_rank_00_model_states.pt", ("zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)), ahead=(_latest_ahead, "pointer-ahead", "latest"), never_saved=frozenset({"rng", "dataloader"}), pickled="zero_pp_rank_0_mp_rank_00_model_states.pt"),
     "accelerate": Writer("checkpoints", "checkpoint_0", "accelerate", "model.safetensors", ("optimizer.bin", _rewrite(_drop_first_slot)),
-                         ahead=(_half_written_next("random_states_*.pkl"), "pointer-incomplete", "accelerate's load_state (automatic_checkpoint_naming)")),
-    "accelerate-fsdp": Writer("checkpoints", "checkpoint_0", "accelerate", "optimizer_0/__1_0.distcp", None, rng="random_states_1.pkl"),
-    "torchsnapshot": Writer("", "step-3", "torchsnapshot", "batched/*", (".snapshot_metadata", _drop_snapshot_slot)),
+                         ahead=(_half_written_next("random_states_*.pkl"), "pointer-incomplete", "accelerate's load_state (automatic_checkpoint_naming)"), pickled="random_states_0.pkl"),
+    "accelerate-fsdp": Writer("checkpoints", "checkpoint_0", "accelerate", "optimizer_0/__1_0.distcp", None, rng="random_states_1.pkl", pickled="scheduler.bin"),
+    "torchsnapshot": Writer("", "step-3", "torchsnapshot", "batched/*", (".snapshot_metadata", _drop_snapshot_slot), pickled="0/optim/param_groups/0/betas"),
     "torchtune": Writer("output", "epoch_1", "torchtune", "model-*.safetensors", ("../recipe_state/recipe_state.pt", _rewrite(_drop_first_slot)), rng="../recipe_state/recipe_state.pt",
-                        ahead=(_half_written_next("*.index.json"), "pointer-incomplete", "torchtune's resume_from_checkpoint"), never_saved=frozenset({"rng", "lr_scheduler"}), verify_sees_slot=False),
+                        ahead=(_half_written_next("*.index.json"), "pointer-incomplete", "torchtune's resume_from_checkpoint"), never_saved=frozenset({"rng", "lr_scheduler"}), verify_sees_slot=False, pickled="../recipe_state/recipe_state.pt"),
     "dcp-app": Writer("", "step-3", "dcp", "__0_0.distcp", None),
     "dcp-hf": Writer("", "step-3", "safetensors", "model-00001-of-00001.safetensors", None, never_saved=frozenset({"optimizer", "lr_scheduler", "dataloader", "rng", "train_state"})),
 }  # fmt: skip
@@ -219,6 +221,43 @@ def test_damage_fails_naming_the_file_or_part_in_run_and_verify(
     assert _names([f.subject for f in verified.result.findings if f.severity.value == "error"], named), (
         verified.result.findings
     )
+
+
+class _Payload:
+    """What a hostile writer hides among a trainer's state: the trainer's own ``torch.load``
+    would run it on resume."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("kind", [k for k, w in WRITERS.items() if w.pickled])
+def test_a_payload_among_a_writers_own_state_fails_run_and_verify_and_never_runs(
+    copy_of, kind: str, tmp_path: Path, sqlite_url: str
+) -> None:
+    """Every file a trainer's resume unpickles (DeepSpeed's model and optimizer states,
+    accelerate's RNG states and scheduler, torchsnapshot's objects, torchtune's recipe state,
+    the HF Trainer's) is read without running it, and a payload hidden in it among the real state
+    is ``pickle-names-code`` in ``run`` and ``verify`` alike, not an inert value that passes."""
+    w = WRITERS[kind]
+    run, ckpt = copy_of(kind)
+    marker = tmp_path / "code-ran"
+    path = ckpt / str(w.pickled)
+    obj = torch.load(path, weights_only=False)  # the test's own writer's file: trusted
+    torch.save({**obj, "client_state": _Payload(marker)} if isinstance(obj, dict) else [obj, _Payload(marker)], path)
+    outcome = _drill(run, sqlite_url)
+    named = [(c, s) for c, code, s in _errors(outcome) if code == "pickle-names-code"]
+    assert outcome.status == "failed" and outcome.exit_code == 1 and named, _errors(outcome)
+    assert _names([s for _, s in named], Path(str(w.pickled)).name), named
+    if w.verify_sees_slot:  # torchtune's recipe state lies beside the checkpoint verify is given
+        verified = verify_checkpoint(str(ckpt))
+        assert verified.status == "failed", verified.result.findings
+        assert [f.code for f in verified.result.errors] == ["pickle-names-code"], verified.result.findings
+        assert "posix.system" in verified.result.errors[0].message or "nt.system" in verified.result.errors[0].message
+    assert not marker.exists()
 
 
 @pytest.mark.slow

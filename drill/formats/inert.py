@@ -7,7 +7,10 @@ holding enums of the trainer's modules, callback states). ``torch.load(weights_o
 refuses the lot. :func:`load_inert` reads them with an unpickler that builds tensors, arrays and
 containers as usual and turns every other class into an inert :class:`StandIn` that only
 records what it was given: the numbers drill checks come out intact, and no constructor,
-``__setstate__`` or ``__reduce__`` of the file's choosing ever runs.
+``__setstate__`` or ``__reduce__`` of the file's choosing ever runs. A global that is code
+(:func:`drill.safe_pickle.names_code`: ``os.system``, ``builtins.getattr``, ``torch.load``) is
+not stood in for but refused (:class:`~drill.formats.safeload.UnsafePickle`): the trainer's own
+``torch.load(weights_only=False)`` would run it on resume, so the file is an ``unsafe-pickle``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import pickle
 from typing import Any
 
 import torch
+
+from drill.formats.safeload import UnsafePickle
+from drill.safe_pickle import names_code, py3_name
 
 SAFE = {
     ("collections", "OrderedDict"),
@@ -88,6 +94,7 @@ class _Module:
 
         class Unpickler(pickle.Unpickler):
             def find_class(self, module: str, name: str) -> Any:
+                module, name = py3_name(module, name)  # torch.save's protocol 2 names __builtin__.set
                 if (module, name) in SAFE or (
                     module == "torch"
                     and (name.endswith("Storage") or isinstance(getattr(torch, name, None), torch.dtype))
@@ -97,6 +104,8 @@ class _Module:
                     return super().find_class(module, name)
                 if (module, name) == ("torch._tensor", "_rebuild_from_type_v2"):
                     return _rebuild_from_type
+                if names_code(module, name):  # what the trainer's own torch.load would run
+                    raise UnsafePickle(f"{module}.{name}")
                 return _stand_in(module, name, seen_)
 
         self.Unpickler = Unpickler

@@ -164,6 +164,7 @@ def zip_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str,
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         return [_finding("zip-corrupt", path, f"{path}: the zip central directory is unreadable ({exc})")], {}
     findings = []
+    pickled = b""
     with archive:
         infos = archive.infolist()
         for info in infos:
@@ -178,9 +179,12 @@ def zip_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str,
                 continue
             try:
                 with archive.open(info) as member:
-                    crc = 0
+                    crc, blocks = 0, []
                     while block := member.read(1 << 20):
                         crc = zlib.crc32(block, crc)
+                        if _is_pickle(info.filename):
+                            blocks.append(block)
+                    pickled = b"".join(blocks) if blocks else pickled
             except (zipfile.BadZipFile, OSError, EOFError) as exc:
                 # zipfile checks the CRC itself as the record ends, and raises on a mismatch.
                 code = "crc-mismatch" if "CRC" in str(exc) else "zip-record-corrupt"
@@ -198,7 +202,33 @@ def zip_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str,
                         actual=f"{crc:08x}",
                     )
                 )
+    if pickled:
+        findings += _code_in(pickled, path)
     return findings, {"records": len(infos)}
+
+
+def _is_pickle(record: str) -> bool:
+    """The archive's pickle: ``<archive name>/data.pkl``, as torch.save names it."""
+    return record.count("/") == 1 and record.endswith("/data.pkl")
+
+
+def _code_in(pickled: bytes, path: str) -> list[Finding]:
+    """``pickle-names-code`` when the archive's pickle names code (:func:`drill.safe_pickle.names_code`),
+    found without running or constructing anything it names: a file the trainer's own
+    ``torch.load(weights_only=False)`` would run code from on resume, bytes intact or not."""
+    from drill.safe_pickle import code_named
+
+    named = code_named(pickled)
+    if not named:
+        return []
+    shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+    return [
+        _finding(
+            "pickle-names-code",
+            path,
+            f"{path}: its pickle names code ({shown}) that a trainer's torch.load would run on resume; nothing was run",
+        )
+    ]
 
 
 def safetensors_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str, Any]]:
