@@ -109,7 +109,11 @@ def parse_selector(text: str) -> Selector:
         return Selector("step", step=int(num))
     if "/" in t or t.startswith(".") or looks_like_checkpoint_name(t) or t.endswith((".pt", ".pth", ".ckpt", ".tar")):
         return Selector("path", path=t)
-    raise ValueError(f"unknown checkpoint form {text!r}: expected {FORMS}")
+    if any(c.isdigit() for c in t) and ":" not in t and not t.isspace():
+        return Selector("path", path=t)  # a checkpoint's name under the root: epoch_1, ckpt-0042
+    raise ValueError(
+        f"unknown checkpoint form {text!r}: expected {FORMS} (a directory under --root by its name, as ./{t})"
+    )
 
 
 def _nothing_retained(discovery: Discovery) -> NothingToDrill:

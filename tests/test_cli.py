@@ -154,6 +154,29 @@ def test_bad_input_is_one_line_with_its_exit_code_and_keeps_records(
         assert len(after) == len(before)
 
 
+def test_a_checkpoint_named_relative_to_the_root_is_found_from_any_working_directory(
+    cli: CliRunner, demo_run: Path, tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--root RUN --checkpoint step-20`` names RUN/step-20 wherever drill is started (it was
+    looked up in the working directory and not found); a path that exists from the working
+    directory, and not under the root, is still that path."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for name in ("step-20", "./step-20", str(demo_run / "step-20"), f"{demo_run.name}/step-20"):
+        if "/" in name and not name.startswith((".", "/")):
+            monkeypatch.chdir(demo_run.parent)  # a path from the working directory
+        res = invoke(cli, "run", "--root", str(demo_run), "-c", name, "--no-replay", "--json", "--db", sqlite_url)
+        assert res.exit_code == 0, (name, res.stderr)
+        assert json.loads(res.stdout)["checkpoint"]["name"] == "step-20", name
+    res = invoke(cli, "run", "--root", str(demo_run), "-c", "step-25", "--no-replay", "--db", sqlite_url)
+    assert (
+        res.exit_code == 3
+        and "step-25 is not a checkpoint under" in res.stderr
+        and "(retained: 10, 20, 30)" in res.stderr
+    )
+
+
 def test_unreachable_database_exits_4_without_secrets(cli: CliRunner, demo_run: Path) -> None:
     res = invoke(cli, "run", "--root", str(demo_run), "--db", "postgresql://u:hunter2@127.0.0.1:1/x")
     assert res.exit_code == 4

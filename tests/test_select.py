@@ -22,13 +22,15 @@ from drill.storage import LocalStorage
         ("./run/step-40", Selector("path", path="./run/step-40")),
         ("/abs/step-40", Selector("path", path="/abs/step-40")),
         ("step-40", Selector("path", path="step-40")),
+        ("epoch_1", Selector("path", path="epoch_1")),  # torchtune's, by its name under the root
+        ("ckpt-0042", Selector("path", path="ckpt-0042")),
     ],
 )
 def test_parse_selector(text: str, expected: Selector) -> None:
     assert parse_selector(text) == expected
 
 
-@pytest.mark.parametrize("text", ["newest", "step:", "step:-1", "step:abc", "latest:2", ""])
+@pytest.mark.parametrize("text", ["newest", "step:", "step:-1", "step:abc", "latest:2", "", "lastest", "step:2:3"])
 def test_parse_selector_rejects_unknown_forms(text: str) -> None:
     with pytest.raises(ValueError):
         parse_selector(text)

@@ -34,7 +34,12 @@ DbOption = Annotated[
 ROOT_HELP = "Run directory (or s3:// prefix) holding the checkpoints (step-N/, checkpoint-N/, *.pt)."
 RunRootOption = Annotated[str, typer.Option("--root", help=ROOT_HELP)]
 CheckpointOption = Annotated[
-    str, typer.Option("--checkpoint", "-c", help="Which checkpoint: latest, oldest, step:N or a checkpoint path.")
+    str,
+    typer.Option(
+        "--checkpoint",
+        "-c",
+        help="Which checkpoint: latest, oldest, step:N, or a checkpoint by name or path (a relative one is looked for under --root first).",
+    ),
 ]
 SINCE_HELP = "Start of the window: a date (2026-11-01), a time (2026-11-01T06:00Z), a duration back from now (30d, 12h), or 'all'."
 

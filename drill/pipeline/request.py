@@ -105,6 +105,7 @@ class DrillRequest:
         if self.keep_last is not None and self.keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, not {self.keep_last}")
         assert isinstance(self.selector, Selector)  # parsed above
+        root_given = self.root is not None
         if self.root is None:
             if self.selector.kind != "path":
                 raise ValueError(
@@ -122,7 +123,8 @@ class DrillRequest:
             if self.durable == self.root:
                 raise ValueError(f"--durable {self.durable} is the run root itself: name the other tier's copy")
         if self.selector.kind == "path" and "://" not in str(self.selector.path):
-            self.selector = Selector("path", path=normalize(str(self.selector.path)))
+            path = str(self.selector.path)
+            self.selector = Selector("path", path=_under_root(path, self.root) if root_given else normalize(path))
 
     def flags(self) -> list[str]:
         """The ``drill run`` flags that ask for this drill again, the way it was asked for —
@@ -172,6 +174,21 @@ def _replay_flags(spec: ReplaySpec, default: ReplaySpec) -> list[str]:
     if spec.tolerance is not None:
         out += ["--rtol", f"{spec.tolerance.rtol:g}", "--atol", f"{spec.tolerance.atol:g}"]
     return out
+
+
+def _under_root(path: str, root: str) -> str:
+    """A checkpoint named relative to ``--root`` (``--root RUN --checkpoint step-20``), unless
+    it is a path from the working directory that exists there and not under the root."""
+    import os
+
+    if os.path.isabs(path):
+        return normalize(path)
+    under = f"{root.rstrip('/')}/{path}"
+    if "://" in root:
+        return normalize(under)
+    if os.path.lexists(under) or not os.path.lexists(path):
+        return normalize(under)
+    return normalize(path)
 
 
 def _flag(name: str, parse, value):  # type: ignore[no-untyped-def]
