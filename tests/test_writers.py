@@ -319,3 +319,23 @@ def test_run_verify_and_the_sdk_give_one_structural_verdict(copy_of, kind: str, 
             drill.sdk.verified(str(ckpt), record=False)
     else:
         assert drill.sdk.verified(str(ckpt), record=False) == str(ckpt)
+
+
+@pytest.mark.parametrize("evil", ["../../../outside", "/etc/passwd"])
+def test_a_snapshot_location_leading_out_is_never_opened_in_run_and_verify(copy_of, evil: str, sqlite_url: str) -> None:
+    """torchsnapshot's manifest places each object by a location of its choosing: one that leads
+    out of the snapshot is ``path-escapes`` naming the entry, in ``run`` and ``verify``, and the
+    entry it should have held is said to be unread for that reason (never "file None")."""
+    run, ckpt = copy_of("torchsnapshot")
+    meta = ckpt / ".snapshot_metadata"
+    text = meta.read_text()
+    assert '"location": "0/optim/param_groups/0/betas"' in text
+    meta.write_text(text.replace('"location": "0/optim/param_groups/0/betas"', f'"location": "{evil}"', 1))
+    outcome = _drill(run, sqlite_url)
+    errors = _errors(outcome)
+    assert outcome.status == "failed" and ("integrity", "path-escapes", "0/optim/param_groups/0/betas") in errors
+    unread = [f.message for f in outcome.findings if f.code == "entry-not-loaded"]
+    assert unread and all("None" not in m and "leads out of the snapshot" in m for m in unread), unread
+    verified = verify_checkpoint(str(ckpt))
+    assert verified.status == "failed"
+    assert [(f.code, f.subject) for f in verified.result.errors] == [("path-escapes", "0/optim/param_groups/0/betas")]

@@ -379,12 +379,18 @@ def _primitive(kind: str, text: Any) -> Any:
     return str(text)
 
 
+def _unread(path: str | None) -> str:
+    if path is None:  # named by the path-escapes finding, or absent from the manifest
+        return "its location is missing or leads out of the snapshot: never read"
+    return f"file {path} could not be read"
+
+
 def _object(key: str, path: str | None, views: dict[str, Any], ctx: RestoreContext, result: RestoreResult) -> Any:
     from drill.formats.bundle import member_failure
 
     view = views.get(path) if path is not None else None
     if view is None:
-        result.failures.append(ItemFailure(key, path, f"file {path} could not be read", code="entry-not-loaded"))
+        result.failures.append(ItemFailure(key, path, _unread(path), code="entry-not-loaded"))
         return None
     from drill.formats.safeload import load_torch
 
@@ -438,7 +444,7 @@ def _raw(name: str, tensor: dict[str, Any], views: dict[str, Any], ctx: RestoreC
     path = _safe(tensor.get("location"))
     view = views.get(path) if path is not None else None
     if view is None:
-        result.failures.append(ItemFailure(name, path, f"file {path} could not be read", code="entry-not-loaded"))
+        result.failures.append(ItemFailure(name, path, _unread(path), code="entry-not-loaded"))
         return None
     if tensor.get("serializer") == "torch_save":
         return _object(name, path, views, ctx, result)
