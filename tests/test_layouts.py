@@ -150,6 +150,36 @@ def test_corrupted_common_pt_fails_in_run_and_verify(copy_of, sqlite_url: str) -
     assert verify_checkpoint(str(run / DIRS["megatron"])).result.status.value == "failed"
 
 
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize(("kind", "name"), [("megatron", "common.pt"), ("lightning", "meta.pt")])
+def test_a_payload_among_a_side_files_state_is_refused_in_run_and_verify(
+    copy_of, kind: str, name: str, tmp_path: Path, sqlite_url: str
+) -> None:
+    """A side file is read inert, but a payload hidden among its real state (what Megatron's and
+    Lightning's own resume, ``torch.load(weights_only=False)``, would run) is refused by name."""
+    import torch
+
+    run = copy_of(kind)
+    side, marker = run / DIRS[kind] / name, tmp_path / "code-ran"
+    state = torch.load(side, weights_only=False)  # the test's own writer's file: trusted
+    torch.save({**state, "client_state": _Payload(marker)}, side)
+    outcome = _drill(run, sqlite_url)
+    errors = _errors(outcome)
+    assert ("integrity", "pickle-names-code", name) in errors and ("load", "unsafe-pickle", name) in errors, errors
+    refused = next(f for f in outcome.findings if f.code == "unsafe-pickle")
+    assert "system, code a trainer's own unpickler would run" in refused.message
+    verified = verify_checkpoint(str(run / DIRS[kind]))
+    assert [(f.code, f.subject) for f in verified.result.errors] == [("pickle-names-code", name)]
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize(("kind", "name"), [("megatron", "common.pt"), ("lightning", "meta.pt")])
 def test_deleted_side_file_fails_naming_it(copy_of, kind: str, name: str, sqlite_url: str) -> None:
     run = copy_of(kind)

@@ -148,12 +148,7 @@ def member_failure(path: str, exc: BaseException) -> ItemFailure:
     from drill.formats.safeload import UnsafePickle, load_failure
 
     if isinstance(exc, UnsafePickle):
-        return ItemFailure(
-            path,
-            path,
-            f"refused to unpickle: it names {exc}, outside the allow-list; nothing in it was executed",
-            code="unsafe-pickle",
-        )
+        return ItemFailure(path, path, exc.reason, code="unsafe-pickle")
     if "Weights only" in str(exc):
         code, reason = load_failure(exc)
         return ItemFailure(path, path, reason, code=code)

@@ -68,9 +68,7 @@ def _side(
 
         obj, stand_ins = load_inert(view)
     except UnsafePickle as exc:
-        result.failures.append(
-            ItemFailure(name, name, f"refused to load: it is {exc}; nothing in it was executed", code="unsafe-pickle")
-        )
+        result.failures.append(ItemFailure(name, name, exc.reason, code="unsafe-pickle"))
         return {}
     except Exception as exc:  # noqa: BLE001 - a damaged side file is a finding, not a crash
         from drill.formats.base import one_line

@@ -175,8 +175,7 @@ class HFTrainer(Format):
                 _load_file(name, view, ctx, got, result)
                 result.files[-1].items = len(got.state) - before
             except UnsafePickle as exc:
-                reason = f"refused to unpickle: it names {exc}, outside the allow-list; nothing in it was executed"
-                result.failures.append(ItemFailure(name, name, reason, code="unsafe-pickle"))
+                result.failures.append(ItemFailure(name, name, exc.reason, code="unsafe-pickle"))
             except Exception as exc:  # noqa: BLE001 - a damaged file is evidence
                 code, reason = (
                     load_failure(exc)

@@ -105,7 +105,7 @@ class _Module:
                 if (module, name) == ("torch._tensor", "_rebuild_from_type_v2"):
                     return _rebuild_from_type
                 if names_code(module, name):  # what the trainer's own torch.load would run
-                    raise UnsafePickle(f"{module}.{name}")
+                    raise UnsafePickle(f"{module}.{name}", code=True)
                 return _stand_in(module, name, seen_)
 
         self.Unpickler = Unpickler

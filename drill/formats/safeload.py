@@ -35,6 +35,19 @@ NUMPY_ARRAYS = (
 class UnsafePickle(Exception):
     """The file names a global outside the allow-list, or is code; nothing in it was executed."""
 
+    def __init__(self, named: str, *, code: bool = False) -> None:
+        super().__init__(named)
+        self.code = code
+        """Whether the global is code itself (:func:`drill.safe_pickle.names_code`), not merely unlisted."""
+
+    @property
+    def reason(self) -> str:
+        """The refusal, in one sentence, for the finding."""
+        if str(self) == CODE_ARCHIVE:
+            return f"refused to load: it is {CODE_ARCHIVE}; nothing in it was executed"
+        why = "code a trainer's own unpickler would run" if self.code else "outside the allow-list"
+        return f"refused to unpickle: it names {self}, {why}; nothing in it was executed"
+
 
 CODE_ARCHIVE = "a TorchScript archive (it carries code: code/, constants.pkl)"
 """What :func:`check_archive` calls a file that torch would hand to ``torch.jit.load``."""
@@ -91,10 +104,7 @@ def load_failure(exc: BaseException) -> tuple[str, str]:
     text = str(exc)
     named = _GLOBAL.search(text)
     if named:
-        return (
-            "unsafe-pickle",
-            f"refused to unpickle: it names {named.group(1)}, outside the allow-list; nothing was executed",
-        )
+        return "unsafe-pickle", UnsafePickle(named.group(1)).reason
     detail = _REASON.search(text)
     why = " ".join(detail.group(1).split()) if detail else (text.strip().splitlines() or [type(exc).__name__])[0]
     return "entry-not-loaded", f"the bytes do not unpickle ({why}): damaged or truncated"

@@ -179,8 +179,7 @@ class TorchSave(Format):
         try:
             return load_torch(view, ctx.allow_classes, map_location=ctx.device)
         except UnsafePickle as exc:
-            reason = f"refused to unpickle: it names {exc}, outside the allow-list; nothing in it was executed"
-            result.failures.append(ItemFailure(name, name, reason, code="unsafe-pickle"))
+            result.failures.append(ItemFailure(name, name, exc.reason, code="unsafe-pickle"))
             result.metadata_error = f"{name} was not loaded: it names {exc}"
         except Exception as exc:  # noqa: BLE001 - a damaged file is evidence
             result.metadata_error = f"{name} does not load: {load_failure(exc)[1]}"
