@@ -149,6 +149,27 @@ def drill(root: Path | str, db: str, selector: str = "latest", *, storage=None, 
     return run_drill(request, db=db, storage=storage, progress=progress, recorder=recorder)
 
 
+def capped_drill(*args: str, gib: int = 2, timeout: float = 300) -> tuple[int, dict[str, Any]]:
+    """``drill ARGS --json`` in a process of its own under a ``gib`` GiB address-space cap:
+    an input that makes drill enumerate what it should count hits the cap (a MemoryError, not
+    a verdict) instead of the machine. Returns the exit code and the outcome document."""
+    import json
+    import resource
+    import subprocess
+    import sys
+
+    cap = gib << 30
+    done = subprocess.run(
+        [sys.executable, "-m", "drill", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap)),
+    )
+    assert "Traceback" not in done.stderr and "MemoryError" not in done.stderr, done.stderr[-2000:]
+    return done.returncode, json.loads(done.stdout)
+
+
 def recorded(db: str):
     """Every drill in the database, oldest first, with its checks."""
     from drill import get_drill, history

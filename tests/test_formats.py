@@ -18,6 +18,7 @@ from drill.discover import discover
 from drill.formats import restore
 from drill.integrity.manifest import seal
 from drill.storage import LocalStorage
+from tests.conftest import capped_drill
 from tests.conftest import drill as _drill
 from tests.support import frameworks
 
@@ -190,6 +191,36 @@ def test_hf_two_ranks_with_rng_state_1_deleted(hf_copy: Path, sqlite_url: str) -
     outcome = _drill(hf_copy, sqlite_url)
     assert _errors(outcome) == [("contract", "rng-rank-missing", "rng_state_1.pth")]
     assert next(f for f in outcome.findings if f.code == "rng-rank-missing").rank == 1
+
+
+def _counted(document: dict[str, Any], code: str) -> tuple[int, str]:
+    """(findings of ``code`` in an outcome document, the last one's message)."""
+    found = [f for c in document["checks"] for f in c["findings"] if f["code"] == code]
+    return len(found), found[-1]["message"] if found else ""
+
+
+def test_a_rank_number_in_a_file_name_costs_what_one_file_costs(hf_copy: Path, sqlite_url: str) -> None:
+    """``rng_state_999999999.pth`` beside rank 0's: the 999,999,998 ranks missing between them
+    are counted, not enumerated (a billion findings took 12 GB and minutes)."""
+    ckpt = hf_copy / "checkpoint-4"
+    os.rename(ckpt / "rng_state.pth", ckpt / "rng_state_0.pth")
+    shutil.copy(ckpt / "rng_state_0.pth", ckpt / "rng_state_999999999.pth")
+    code, document = capped_drill("run", "--root", str(hf_copy), "--no-replay", "--db", sqlite_url)
+    assert code == 1 and document["status"] == "failed"
+    count, last = _counted(document, "rng-rank-missing")
+    assert count == 100 and "(999999998 in all)" in last, (count, last)
+
+
+def test_a_rank_number_in_a_key_costs_what_one_key_costs(demo_run: Path, sqlite_url: str) -> None:
+    def far_rank(s: dict[str, Any]) -> None:
+        s["dataloader.dp_rank_0.position"] = torch.tensor(0)
+        s["dataloader.dp_rank_999999999.position"] = torch.tensor(0)
+
+    rewrite_dcp(demo_run / "step-30", far_rank)
+    code, document = capped_drill("run", "--root", str(demo_run), "--no-replay", "--db", sqlite_url)
+    assert code == 1
+    count, last = _counted(document, "dataloader-rank-missing")
+    assert count == 100 and "(999999998 in all)" in last, (count, last)
 
 
 class _Payload:

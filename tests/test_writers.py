@@ -20,6 +20,7 @@ import torch
 from drill import DrillOutcome
 from drill.integrity.manifest import seal
 from drill.verifier import verify_checkpoint
+from tests.conftest import capped_drill
 from tests.conftest import drill as _drill
 from tests.support import writers
 
@@ -339,3 +340,17 @@ def test_a_snapshot_location_leading_out_is_never_opened_in_run_and_verify(copy_
     verified = verify_checkpoint(str(ckpt))
     assert verified.status == "failed"
     assert [(f.code, f.subject) for f in verified.result.errors] == [("path-escapes", "0/optim/param_groups/0/betas")]
+
+
+def test_a_world_size_past_any_runs_is_implausible_not_enumerated(copy_of, sqlite_url: str) -> None:
+    """DeepSpeed's model states claiming ``dp_world_size`` 10^9: ``metadata-implausible`` naming
+    the file, within a 2 GiB cap (each of a billion ranks was checked for its partition)."""
+    run, ckpt = copy_of("deepspeed-zero1")
+    states = ckpt / "mp_rank_00_model_states.pt"
+    obj = torch.load(states, weights_only=False)  # the test's own writer's file: trusted
+    obj["dp_world_size"] = 10**9
+    torch.save(obj, states)
+    code, document = capped_drill("run", "--root", str(run), "--no-replay", "--db", sqlite_url)
+    errors = [(f["code"], f["subject"]) for c in document["checks"] for f in c["findings"] if f["severity"] == "error"]
+    assert code == 1 and ("metadata-implausible", "mp_rank_00_model_states.pt") in errors, errors
+    assert len(errors) < 10, errors

@@ -8,19 +8,21 @@ finding names the part, the key path and the rank, and what a resume would suffe
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
 from drill import parts
 from drill.checks import CheckInputs
-from drill.findings import CheckResult, Finding, Severity
+from drill.findings import PER_CODE, CheckResult, Finding, Severity
 from drill.formats.canonical import Layout
 from drill.formats.layouts import optimizer_params
+from drill.ranks import absent, each_missing
 from drill.restore.finite import scan
 
 NAME = "contract"
@@ -141,19 +143,22 @@ def check_partitions(opt: Mapping[str, Any], layout: Layout) -> tuple[list[Findi
     slots = ("exp_avg", "exp_avg_sq") if adam else ()
     groups = max(len(layout.flat_groups), 1 + max((g for r in held.values() for g in r), default=-1))
     findings: list[Finding] = []
-    for rank in sorted(set(layout.saved_ranks) - set(held)):
-        findings.append(
-            _f(
-                "optimizer-partition-missing",
-                f"optimizer.partitions.rank_{rank}",
-                f"rank {rank} holds no optimizer partition: a resume would lose its share of the fp32 weights and AdamW moments",
-                rank=rank,
-            )
-        )
-    for rank, mine in sorted(held.items()):
-        for g in range(groups):
-            findings += _partition_findings(rank, g, mine.get(g, {}), slots)
-    findings += _coverage(held, layout, groups)
+    findings += each_missing(
+        _unlisted(layout.saved_ranks, held),
+        lambda rank: _f(
+            "optimizer-partition-missing",
+            f"optimizer.partitions.rank_{rank}",
+            f"rank {rank} holds no optimizer partition: a resume would lose its share of the fp32 weights and AdamW moments",
+            rank=rank,
+        ),
+    )
+    for rank, mine in sorted(held.items()):  # group numbers come from the keys: counted, never enumerated
+        for g in sorted(mine):
+            findings += _partition_findings(rank, g, mine[g], slots)
+        findings += each_missing(absent(mine, groups), functools.partial(_group_missing, rank, slots))
+    findings += _coverage(
+        held, layout, sorted({g for mine in held.values() for g in mine} | set(range(len(layout.flat_groups))))
+    )
     steps = {r: s for r, mine in held.items() for g in mine.values() if (s := _as_int(g.get("step"))) is not None}
     if len(set(steps.values())) > 1:
         findings.append(
@@ -170,6 +175,10 @@ def check_partitions(opt: Mapping[str, Any], layout: Layout) -> tuple[list[Findi
         "keyed_by": "flat partition",
         "ranks": sorted(held),
     }
+
+
+def _group_missing(rank: int, moments: tuple[str, ...], group: int) -> Finding:
+    return _partition_findings(rank, group, {}, moments)[0]
 
 
 def _partition_findings(rank: int, group: int, slots: Mapping[str, Any], moments: tuple[str, ...]) -> list[Finding]:
@@ -212,9 +221,9 @@ def _partition_findings(rank: int, group: int, slots: Mapping[str, Any], moments
     return out
 
 
-def _coverage(held: Mapping[int, Mapping[int, Mapping[str, Any]]], layout: Layout, groups: int) -> list[Finding]:
+def _coverage(held: Mapping[int, Mapping[int, Mapping[str, Any]]], layout: Layout, groups: list[int]) -> list[Finding]:
     out = []
-    for g in range(groups):
+    for g in groups:
         sizes = {r: t.numel() for r, mine in held.items() if isinstance(t := mine.get(g, {}).get("fp32"), torch.Tensor)}
         if len(set(sizes.values())) > 1:
             out.append(
@@ -457,21 +466,20 @@ def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], 
         )
     saved = layout.rank_files.get(parts.RNG, [])
     if layout.multi_rank:
-        expected = range(max(max(saved) + 1, 2))  # rank-suffixed files exist only when world size > 1
-        for rank in expected:
-            if rank not in saved:
-                findings.append(
-                    _f(
-                        "rng-rank-missing",
-                        f"rng_state_{rank}.pth",
-                        f"rank {rank} saved no RNG state (rng_state_{rank}.pth): on resume rank {rank} would draw different "
-                        "dropout masks and random numbers than the original run, and the run would diverge",
-                        rank=rank,
-                        expected=f"rng_state_{rank}.pth",
-                        actual="missing",
-                    )
-                )
-        evidence["rank_files"] = saved
+        upto = max(max(saved) + 1, 2)  # rank-suffixed files exist only when world size > 1
+        findings += each_missing(
+            absent(saved, upto),
+            lambda rank: _f(
+                "rng-rank-missing",
+                f"rng_state_{rank}.pth",
+                f"rank {rank} saved no RNG state (rng_state_{rank}.pth): on resume rank {rank} would draw different "
+                "dropout masks and random numbers than the original run, and the run would diverge",
+                rank=rank,
+                expected=f"rng_state_{rank}.pth",
+                actual="missing",
+            ),
+        )
+        evidence["rank_files"] = saved[: PER_CODE - 1]
     return findings, evidence
 
 
@@ -492,16 +500,15 @@ def check_dataloader(state: Mapping[str, Any], layout: Layout, required: bool) -
             "data-loader state",
             "would restart its data at epoch start",
         )
-    for rank in range(max(ranks) + 1 if ranks else 0):
-        if rank not in ranks:
-            findings.append(
-                _f(
-                    "dataloader-rank-missing",
-                    f"dataloader.dp_rank_{rank}",
-                    f"no data-loader state for rank {rank}: on resume rank {rank} would restart its data at epoch start",
-                    rank=rank,
-                )
-            )
+    findings += each_missing(
+        absent(ranks, max(ranks) + 1 if ranks else 0),
+        lambda rank: _f(
+            "dataloader-rank-missing",
+            f"dataloader.dp_rank_{rank}",
+            f"no data-loader state for rank {rank}: on resume rank {rank} would restart its data at epoch start",
+            rank=rank,
+        ),
+    )
     if layout.loader_shuffles is not False and not any(_ORDER_KEYS.search(k) for k in loader):
         # Only a shuffling loader needs more than a position; when the layout cannot say, a warning.
         severity = severity if layout.loader_shuffles else Severity.WARNING
@@ -538,16 +545,23 @@ def check_dataloader(state: Mapping[str, Any], layout: Layout, required: bool) -
 
 def _ranks_missing(part: str, code: str, expected: list[int], have: list[int], what: str, harm: str) -> list[Finding]:
     """A finding per rank that saved the checkpoint but left no ``part.rank_N`` state."""
-    return [
-        _f(
+    return each_missing(
+        _unlisted(expected, have),
+        lambda rank: _f(
             code,
             f"{part}.rank_{rank}",
             f"rank {rank} saved its shard of the checkpoint but no {what}: on resume rank {rank} {harm}",
             rank=rank,
-        )
-        for rank in expected
-        if rank not in have
-    ]
+        ),
+    )
+
+
+def _unlisted(expected: Iterable[int], have: Iterable[int]) -> tuple[list[int], int]:
+    """The ranks of ``expected`` not in ``have``, in order: the first few, and how many (as
+    :func:`drill.ranks.absent` counts them)."""
+    held = set(have)
+    missing = [r for r in expected if r not in held]
+    return missing[: PER_CODE - 1], len(missing)
 
 
 def _batches_consumed(loader: Mapping[str, Any]) -> int | None:

@@ -32,6 +32,7 @@ from drill.checkpoints import CheckpointRef, IncompleteSave, step_of
 from drill.findings import Finding, Severity
 from drill.formats.base import Format, RestoreContext, Structure
 from drill.formats.bundle import INERT, Member
+from drill.ranks import MAX_WORLD, absent, each_missing, plausible_world
 from drill.restore import RestoreResult
 from drill.storage import Listing, Storage
 
@@ -191,28 +192,28 @@ def missing_partitions(
     states: Any, models: Mapping[int, str], optims: Mapping[int, str], *, check: str
 ) -> list[Finding]:
     """The files ``dp_world_size`` and the ZeRO stage (in the model states) say every rank wrote, that are not there."""
-    world = _int(states.get("dp_world_size")) if isinstance(states, dict) else None
+    world = plausible_world(_int(states.get("dp_world_size"))) if isinstance(states, dict) else None
     partitioned = bool(optims) or (_zero_stage(states) or 0) >= 1
     if not world or not partitioned and not any(r >= 0 for r in models):
         return []
     out = []
-    sample = next(iter(optims.values()), "zero_pp_rank_0_mp_rank_00_optim_states.pt")
-    for rank in range(world):
-        if partitioned and rank not in optims:
-            name = re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{rank}_", sample)
-            out.append(
-                _missing(
-                    check,
-                    name,
-                    rank,
-                    world,
-                    "its flat fp32 partition of every parameter and the optimizer moments for it",
-                )
-            )
-        if any(r >= 0 for r in models) and rank not in models:
-            name = re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{rank}_", models[min(r for r in models if r >= 0)])
-            out.append(_missing(check, name, rank, world, "its model states"))
+    if partitioned:
+        sample = next(iter(optims.values()), "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+        what = "its flat fp32 partition of every parameter and the optimizer moments for it"
+        out += each_missing(
+            absent(optims, world), lambda rank: _missing(check, _ranked(sample, rank), rank, world, what)
+        )
+    if any(r >= 0 for r in models):
+        sample = models[min(r for r in models if r >= 0)]
+        out += each_missing(
+            absent(models, world), lambda rank: _missing(check, _ranked(sample, rank), rank, world, "its model states")
+        )
     return out
+
+
+def _ranked(name: str, rank: int) -> str:
+    """``name`` (a rank's file) as rank ``rank`` names it."""
+    return re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{rank}_", name)
 
 
 def _missing(check: str, name: str, rank: int, world: int, what: str) -> Finding:
@@ -225,6 +226,18 @@ def _missing(check: str, name: str, rank: int, world: int, what: str) -> Finding
         message=f"{name} is missing: the save was made by {world} data-parallel ranks and rank {rank}'s file holds {what}; DeepSpeed cannot load the checkpoint without it",
         expected="present",
         actual="missing",
+    )
+
+
+def _implausible_world(name: str, claimed: int) -> Finding:
+    return Finding(
+        check="integrity",
+        code="metadata-implausible",
+        severity=Severity.ERROR,
+        subject=name,
+        message=f"{name} claims dp_world_size {claimed}, more ranks than any run has had (at most {MAX_WORLD:,}): damaged or forged",
+        expected=f"1..{MAX_WORLD}",
+        actual=str(claimed),
     )
 
 
@@ -259,7 +272,10 @@ def _canonical(
         layout.step_counters["lr_scheduler.last_batch_iteration + 1"] = scheduled
     if (_zero_stage(first) or 0) >= 1:
         layout.optimizer_keys = "flat"  # the ZeRO stage it was saved with, whatever files are left
-    world = _int(first.get("dp_world_size"))
+    claimed = _int(first.get("dp_world_size"))
+    world = plausible_world(claimed)
+    if claimed is not None and world is None:
+        result.structure[0].append(_implausible_world(models[min(models)], claimed))
     layout.saved_ranks = list(range(world)) if world else sorted(optims)
     layout.missing_files = {
         f.subject: f.message.split(": ", 1)[1]
