@@ -40,19 +40,22 @@ def each_missing(missing: tuple[list[int], int], finding: Callable[[int], Findin
     """A finding per missing rank listed (``finding(rank)``) and, when :func:`absent` counted
     more than it listed, one that counts the rest — as :func:`drill.findings.bounded` would."""
     listed, total = missing
-    out = [finding(rank) for rank in listed]
-    if out and total > len(listed):
-        like = out[-1]
-        out.append(
-            Finding(
-                check=like.check,
-                code=like.code,
-                severity=like.severity,
-                message=f"and {total - len(listed)} more {like.code} findings like those above ({total} in all)",
-                hint=like.hint,
-            )
-        )
-    return out
+    return counted([finding(rank) for rank in listed], total)
 
 
-__all__ = ["MAX_WORLD", "absent", "each_missing", "plausible_world"]
+def counted(findings: list[Finding], total: int) -> list[Finding]:
+    """``findings`` (the first of ``total`` alike) and, when there are more, one counting the rest."""
+    if not findings or total <= len(findings):
+        return findings
+    like = findings[-1]
+    more = Finding(
+        check=like.check,
+        code=like.code,
+        severity=like.severity,
+        message=f"and {total - len(findings)} more {like.code} findings like those above ({total} in all)",
+        hint=like.hint,
+    )
+    return [*findings, more]
+
+
+__all__ = ["MAX_WORLD", "absent", "counted", "each_missing", "plausible_world"]

@@ -78,3 +78,17 @@ def test_a_group_number_in_a_key_costs_what_one_key_costs() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     count, message = done.stdout.split(" ", 1)
     assert int(count) == 101 and "(999999998 in all)" in message, done.stdout  # rank 1's, then rank 0's groups
+
+
+def test_a_shard_named_for_a_far_rank_costs_what_one_file_costs(demo_run) -> None:  # type: ignore[no-untyped-def]
+    """A DCP checkpoint whose index is unreadable names its shards from the listing: a stray
+    ``__999999999_0.distcp`` makes the ranks before it missing — counted, under a 2 GiB cap."""
+    from tests.conftest import capped_drill
+
+    ckpt = demo_run / "step-30"
+    (ckpt / ".metadata").write_bytes(b"not a pickle")
+    (ckpt / "drill-manifest.json").unlink()
+    (ckpt / "__999999999_0.distcp").write_bytes(b"x")
+    code, document = capped_drill("verify", str(ckpt))
+    missing = [f for f in document["findings"] if f["code"] == "file-missing"]
+    assert code == 1 and len(missing) == 100 and "in all)" in missing[-1]["message"], missing[-3:]

@@ -19,7 +19,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from drill.findings import Finding, Severity
+from drill.findings import PER_CODE, Finding, Severity
+from drill.ranks import absent, counted
 
 NAME = "integrity"
 
@@ -53,16 +54,23 @@ def shard_gaps(sizes: Mapping[str, int]) -> list[Finding]:
             files[int(m.group(1))].add(int(m.group(2)))
     if not files:
         return []
-    numbers = set().union(*files.values())
-    return [
-        _finding(
-            "file-missing",
-            f"__{rank}_{n}.distcp",
-            f"__{rank}_{n}.distcp is missing: the other ranks' shards show rank {rank} wrote it",
-        )
-        for rank in range(max(files) + 1)
-        for n in sorted(numbers - files.get(rank, set()))
-    ]
+    numbers = sorted(set().union(*files.values()))
+    gone, ranks_gone = absent(files, max(files) + 1)  # rank numbers come from names: counted, never enumerated
+    total = ranks_gone * len(numbers) + sum(len(numbers) - len(have) for have in files.values())
+    out: list[Finding] = []
+    for rank in sorted({*files, *gone}):
+        have = files.get(rank, set())
+        for n in (n for n in numbers if n not in have):
+            if len(out) == PER_CODE - 1:
+                return counted(out, total)
+            out.append(
+                _finding(
+                    "file-missing",
+                    f"__{rank}_{n}.distcp",
+                    f"__{rank}_{n}.distcp is missing: the other ranks' shards show rank {rank} wrote it",
+                )
+            )
+    return counted(out, total)
 
 
 def side_structure(
