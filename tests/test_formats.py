@@ -426,3 +426,23 @@ def test_a_listing_answers_by_name_suffix_and_kind() -> None:
     assert [e.name for e in listing.suffixed("")] == ["b", ".hidden"]  # a leading dot is a name, not a suffix
     assert [e.name for e in listing.suffixed(".pt", "")] == [".hidden", "a.pt", "b", "c.pt"]
     assert [e.name for e in listing.dirs] == ["b", "c.pt"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-json", "empty"])
+def test_a_damaged_trainer_state_fails_verify_as_it_fails_the_run(hf_copy: Path, damage: str, sqlite_url: str) -> None:
+    """``trainer_state.json`` is what a Trainer resume reads its step from: a run that cannot
+    parse it fails, and ``drill verify`` of the same bytes says so too (it passed as
+    "structurally consistent"), as does ``drill.sdk.verified``."""
+    import drill.sdk
+    from drill.verifier import verify_checkpoint
+
+    ckpt = hf_copy / "checkpoint-4"
+    state = ckpt / "trainer_state.json"
+    text = state.read_bytes()
+    state.write_bytes({"truncated": text[: len(text) // 2], "not-json": b"\x00" * 64, "empty": b""}[damage])
+    integrity = next(c for c in _drill(hf_copy, sqlite_url, str(ckpt)).checks if c.name == "integrity")
+    verified = verify_checkpoint(str(ckpt))
+    assert [(f.code, f.subject) for f in integrity.errors] == [("json-corrupt", "trainer_state.json")]
+    assert [(f.code, f.subject) for f in verified.result.errors] == [("json-corrupt", "trainer_state.json")]
+    with pytest.raises(drill.sdk.CheckpointCorrupt):
+        drill.sdk.verified(str(ckpt), record=False)

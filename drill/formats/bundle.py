@@ -47,14 +47,17 @@ class Member:
 
 def file_structure(path: str, view: memoryview) -> list[Finding]:
     """One file's structural proof, by what its bytes are: the same in ``run`` (as the file is
-    loaded) and ``verify``. Files that are neither a zip nor safetensors prove nothing here."""
-    from drill.integrity.structure import safetensors_structure, sniff, zip_structure
+    loaded) and ``verify``. A JSON file must parse; other files that are neither a zip nor
+    safetensors prove nothing here."""
+    from drill.integrity.structure import json_structure, safetensors_structure, sniff, zip_structure
 
     kind = sniff(view)
     if kind == "zip":
         return zip_structure(view, path)[0]
     if kind == "safetensors" or path.endswith(".safetensors"):
         return safetensors_structure(view, path)[0]
+    if path.endswith(".json"):
+        return json_structure(view, path)
     return []
 
 

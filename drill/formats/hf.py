@@ -31,7 +31,7 @@ from drill.formats.base import (
     tally,
 )
 from drill.formats.canonical import Layout, flatten, inventory
-from drill.integrity.structure import safetensors_structure, zip_structure
+from drill.integrity.structure import json_structure, safetensors_structure, zip_structure
 from drill.restore import ItemFailure, RestoreResult
 from drill.storage import Entry, Listing, Storage
 
@@ -249,6 +249,8 @@ def _file_structure(name: str, view: memoryview) -> list[Finding]:
         return safetensors_structure(view, name)[0]
     if name.endswith(_PICKLED):
         return zip_structure(view, name)[0]
+    if name.endswith(".json"):
+        return json_structure(view, name, "a resume reads its step, its log and its callbacks' state from it")
     return []
 
 
@@ -267,9 +269,9 @@ def structure(
     from drill.integrity.structure import NAME
 
     findings: list[Finding] = []
-    names = [n for n in _resumed_from(sizes) if n.endswith((".safetensors", *_PICKLED))]
-    if not names:
-        return None
+    names = [n for n in _resumed_from(sizes) if n.endswith((".safetensors", ".json", *_PICKLED))]
+    if not any(n.endswith((".safetensors", *_PICKLED)) for n in names):
+        return None  # a JSON file that parses proves no byte a resume restores
     for name in names:
         try:
             view = read_whole(storage, storage.child(uri, name), sizes[name], hash=False).view

@@ -91,15 +91,21 @@ def side_structure(
             findings.append(_finding("file-unreadable", name, f"{name} cannot be read ({exc.strerror or exc}): {why}"))
             continue
         if name.endswith(".json"):
-            try:
-                json.loads(bytes(data))
-            except (ValueError, RecursionError):
-                findings.append(_finding("json-corrupt", name, f"{name} is not valid JSON: {why}"))
+            findings += json_structure(data, name, why)
         elif sniff(data) == "zip":
             findings += zip_structure(data, name)[0]
         else:
             findings.append(_finding("zip-corrupt", name, f"{name} is not a torch.save archive: {why}"))
     return findings
+
+
+def json_structure(data: memoryview, path: str, why: str = "") -> list[Finding]:
+    """A JSON side file (a trainer's state, an index) parses: ``json-corrupt`` when it does not."""
+    try:
+        json.loads(bytes(data))
+    except (ValueError, RecursionError):
+        return [_finding("json-corrupt", path, f"{path} is not valid JSON" + (f": {why}" if why else ""))]
+    return []
 
 
 def dcp_structure(storage_data: Mapping[Any, Any], sizes: Mapping[str, int]) -> tuple[list[Finding], dict[str, Any]]:
@@ -347,5 +353,6 @@ __all__ = [
     "side_structure",
     "sniff",
     "unreadable_index",
+    "json_structure",
     "zip_structure",
 ]
