@@ -354,3 +354,30 @@ def test_a_world_size_past_any_runs_is_implausible_not_enumerated(copy_of, sqlit
     errors = [(f["code"], f["subject"]) for c in document["checks"] for f in c["findings"] if f["severity"] == "error"]
     assert code == 1 and ("metadata-implausible", "mp_rank_00_model_states.pt") in errors, errors
     assert len(errors) < 10, errors
+
+
+@pytest.mark.parametrize("swap", ["garbage", "safetensors"])
+@pytest.mark.parametrize("kind", [k for k, w in WRITERS.items() if w.pickled and w.verify_sees_slot])
+def test_a_file_its_format_loads_as_torch_save_that_is_not_one_fails_run_and_verify(
+    copy_of, kind: str, swap: str, sqlite_url: str
+) -> None:
+    """A DeepSpeed, accelerate or torchsnapshot file replaced by bytes that are no torch.save
+    archive — garbage, or a safetensors file under its name — cannot be loaded by the trainer:
+    ``zip-corrupt`` naming it, in ``run`` and in ``verify`` (which said "structurally consistent":
+    bytes that are no zip proved nothing, and failed nothing)."""
+    from safetensors.torch import save
+
+    w = WRITERS[kind]
+    run, ckpt = copy_of(kind)
+    path = ckpt / str(w.pickled)
+    path.write_bytes(b"\x00garbage" * 64 if swap == "garbage" else save({"w": torch.ones(4)}))
+    errors = _errors(_drill(run, sqlite_url))
+    assert ("integrity", "zip-corrupt", str(w.pickled)) in errors or (
+        "integrity",
+        "zip-corrupt",
+        path.name,
+    ) in errors, errors
+    verified = verify_checkpoint(str(ckpt))
+    assert verified.status == "failed" and "zip-corrupt" in [f.code for f in verified.result.errors], (
+        verified.result.findings
+    )

@@ -112,7 +112,7 @@ class Accelerate(Format):
         from drill.formats import bundle
         from drill.formats.base import nested_structure
 
-        top = [p for p in sizes if "/" not in p and _member(p) is not None]
+        top = [m for p in sizes if "/" not in p and (m := _member(p, sizes[p])) is not None]
         proof = bundle.structure(storage, uri, sizes, top)
         findings, evidence = proof if proof is not None else ([], {})
         writers: set[int] = set()

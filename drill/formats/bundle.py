@@ -45,31 +45,46 @@ class Member:
     """Whether its pickle may hold numpy arrays (RNG states): data, not code."""
 
 
-def file_structure(path: str, view: memoryview) -> list[Finding]:
-    """One file's structural proof, by what its bytes are: the same in ``run`` (as the file is
-    loaded) and ``verify``. A JSON file must parse; other files that are neither a zip nor
-    safetensors prove nothing here."""
-    from drill.integrity.structure import json_structure, safetensors_structure, sniff, zip_structure
+def file_structure(path: str, view: memoryview, kind: str | None = None) -> list[Finding]:
+    """One file's structural proof: the same in ``run`` (as the file is loaded) and ``verify``.
+    A file the format reads as a ``torch.save`` archive (``kind`` :data:`TORCH` or
+    :data:`INERT`) must be one — the bytes of anything else, a safetensors file renamed or
+    garbage, are ``zip-corrupt`` here as they are unloadable in the run; of a file whose kind is
+    not known, the bytes say what it is. A JSON file must parse; a file that is neither a zip
+    nor safetensors nor JSON proves nothing here."""
+    from drill.integrity.structure import NAME, json_structure, safetensors_structure, sniff, zip_structure
 
-    kind = sniff(view)
-    if kind == "zip":
+    sniffed = sniff(view)
+    if kind in (TORCH, INERT) and sniffed != "zip":
+        what = "a safetensors file" if sniffed == "safetensors" else f"{len(view)} bytes of something else"
+        message = f"{path} is not a torch.save archive ({what}), and its format loads it as one"
+        return [Finding(check=NAME, code="zip-corrupt", severity=Severity.ERROR, subject=path, message=message)]
+    if sniffed == "zip":
         return zip_structure(view, path)[0]
-    if kind == "safetensors" or path.endswith(".safetensors"):
+    if sniffed == "safetensors" or kind == SAFETENSORS or path.endswith(".safetensors"):
         return safetensors_structure(view, path)[0]
-    if path.endswith(".json"):
+    if kind == JSON or path.endswith(".json"):
         return json_structure(view, path)
     return []
 
 
 def structure(
-    storage: Storage, uri: str, sizes: Mapping[str, int], paths: Iterable[str], evidence: dict[str, Any] | None = None
+    storage: Storage,
+    uri: str,
+    sizes: Mapping[str, int],
+    files: Iterable[str | Member],
+    evidence: dict[str, Any] | None = None,
 ) -> Structure | None:
-    """The structural proof of ``paths`` (files of the checkpoint at ``uri``) without loading
-    them: a listed file that is gone or cannot be read is a finding; None when there is no file."""
+    """The structural proof of ``files`` (of the checkpoint at ``uri``: members, or paths whose
+    kind the bytes tell) without loading them: a listed file that is gone or cannot be read is a
+    finding; None when there is no file."""
     from drill.integrity.reading import describe_read_error, read_whole
     from drill.integrity.structure import NAME
 
-    names = sorted(paths)
+    kinds: dict[str, str | None] = {}
+    for f in files:
+        kinds[f.path if isinstance(f, Member) else f] = f.kind if isinstance(f, Member) else None
+    names = sorted(kinds)
     if not names:
         return None
     findings: list[Finding] = []
@@ -95,7 +110,7 @@ def structure(
                 )
             )
             continue
-        findings += file_structure(name, view)
+        findings += file_structure(name, view, kinds[name])
     return findings, {"files": len(names), **(evidence or {})}
 
 
@@ -119,7 +134,7 @@ def read_members(
             continue
         started = time.perf_counter()
         try:
-            findings += file_structure(member.path, view)
+            findings += file_structure(member.path, view, member.kind)
             loaded[member.path] = load_member(member, view, ctx, result)
         except Exception as exc:  # noqa: BLE001 - a damaged or hostile file is evidence
             result.failures.append(member_failure(member.path, exc))

@@ -133,7 +133,11 @@ class DeepSpeed(Format):
         except Exception:  # noqa: BLE001 - its structure below says what is wrong with it
             states = None
         proof = bundle.structure(
-            storage, uri, sizes, [*models.values(), *optims.values()], {"zero_stage": _stage(models, optims)}
+            storage,
+            uri,
+            sizes,
+            [Member(n, INERT, sizes[n]) for n in (*models.values(), *optims.values())],
+            {"zero_stage": _stage(models, optims)},
         )
         assert proof is not None
         findings += proof[0] + missing_partitions(states, models, optims, check="integrity")

@@ -71,7 +71,7 @@ class SafetensorsDir(Format):
             _weight_map(read_whole(storage, storage.child(uri, index), sizes[index], hash=False).view) if index else {}
         )
         shards = sorted({p for p in sizes if p.endswith(".safetensors") and "/" not in p} | set(weight_map.values()))
-        proof = bundle.structure(storage, uri, sizes, shards)
+        proof = bundle.structure(storage, uri, sizes, [Member(n, SAFETENSORS, sizes.get(n, 0)) for n in shards])
         findings, evidence = proof if proof is not None else ([], {})
         findings = [f for f in findings if f.code != "file-missing"] + self._missing_shards(weight_map, sizes, index)
         if weight_map:

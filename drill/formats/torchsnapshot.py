@@ -75,7 +75,7 @@ class TorchSnapshot(Format):
     def structure(
         self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
     ) -> Structure | None:
-        from drill.formats.bundle import file_structure
+        from drill.formats.bundle import TORCH, file_structure
         from drill.integrity.reading import read_whole
 
         if METADATA not in sizes:
@@ -92,7 +92,7 @@ class TorchSnapshot(Format):
         for path in sorted(objects):
             if path in sizes:
                 findings += file_structure(
-                    path, read_whole(storage, storage.child(uri, path), sizes[path], hash=False).view
+                    path, read_whole(storage, storage.child(uri, path), sizes[path], hash=False).view, TORCH
                 )
         return findings, {
             "entries": len(doc["manifest"]),
@@ -322,12 +322,12 @@ def _restore_entries(
     for key, entry in _entries(doc):
         _value(key, entry, views, ctx, result, state)
     result.load_seconds += time.perf_counter() - started
-    from drill.formats.bundle import file_structure
+    from drill.formats.bundle import TORCH, file_structure
 
     structural = (
         problems
         + _spans_against(spans, sizes)
-        + [f for p in sorted(objects) if (v := views.get(p)) is not None for f in file_structure(p, v)]
+        + [f for p in sorted(objects) if (v := views.get(p)) is not None for f in file_structure(p, v, TORCH)]
     )
     result.structure = (
         findings + structural,
