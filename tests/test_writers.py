@@ -253,6 +253,8 @@ def test_a_payload_among_a_writers_own_state_fails_run_and_verify_and_never_runs
     named = [(c, s) for c, code, s in _errors(outcome) if code == "pickle-names-code"]
     assert outcome.status == "failed" and outcome.exit_code == 1 and named, _errors(outcome)
     assert _names([s for _, s in named], Path(str(w.pickled)).name), named
+    refused = [f.message for f in outcome.findings if f.code == "unsafe-pickle"]
+    assert all("system, code a trainer's own unpickler would run" in m for m in refused), refused
     if w.verify_sees_slot:  # torchtune's recipe state lies beside the checkpoint verify is given
         verified = verify_checkpoint(str(ckpt))
         assert verified.status == "failed", verified.result.findings

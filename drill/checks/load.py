@@ -96,7 +96,7 @@ def _index_finding(restore: RestoreResult) -> Finding:
         code=code,
         severity=Severity.ERROR,
         subject=subject,
-        message=f"the checkpoint cannot be loaded ({error}): nothing in it can be restored",
+        message=f"the checkpoint cannot be loaded ({unsafe[0].reason if unsafe else error}): nothing in it can be restored",
         hint=hint,
     )
 

@@ -40,6 +40,14 @@ class UnsafePickle(Exception):
         self.code = code
         """Whether the global is code itself (:func:`drill.safe_pickle.names_code`), not merely unlisted."""
 
+    @classmethod
+    def of(cls, dotted: str) -> UnsafePickle:
+        """The refusal of a global torch's allow-list named, saying whether it is code."""
+        from drill.safe_pickle import names_code
+
+        module, _, name = dotted.rpartition(".")
+        return cls(dotted, code=bool(module) and names_code(module, name))
+
     @property
     def reason(self) -> str:
         """The refusal, in one sentence, for the finding."""
@@ -104,7 +112,7 @@ def load_failure(exc: BaseException) -> tuple[str, str]:
     text = str(exc)
     named = _GLOBAL.search(text)
     if named:
-        return "unsafe-pickle", UnsafePickle(named.group(1)).reason
+        return "unsafe-pickle", UnsafePickle.of(named.group(1)).reason
     detail = _REASON.search(text)
     why = " ".join(detail.group(1).split()) if detail else (text.strip().splitlines() or [type(exc).__name__])[0]
     return "entry-not-loaded", f"the bytes do not unpickle ({why}): damaged or truncated"
@@ -150,7 +158,7 @@ def load_torch(view: memoryview, allow: Iterable[str] = (), map_location: Any = 
     except Exception as exc:
         named = _GLOBAL.search(str(exc))
         if named:
-            raise UnsafePickle(named.group(1)) from None
+            raise UnsafePickle.of(named.group(1)) from None
         raise
 
 
