@@ -58,6 +58,14 @@ class UsageError(DrillError):
     exit_code = ExitCode.USAGE
 
 
+def named(location: str, example: str) -> str:
+    """``location`` (a path or URI the user gave), or a :class:`UsageError` when it is blank:
+    an empty path would be the working directory, never what was meant."""
+    if not location.strip():
+        raise UsageError(f"no location given (an empty path would be the working directory): {example}")
+    return location
+
+
 class NothingToDrill(DrillError):
     exit_code = ExitCode.NOTHING_TO_DRILL
 

@@ -15,7 +15,7 @@ from drill import formats
 from drill.checkpoints import Discovery, IncompleteSave, step_of
 from drill.claims import evidence_of
 from drill.discover import classify
-from drill.errors import ExitCode, NothingToDrill, UsageError, storage_unavailable
+from drill.errors import ExitCode, NothingToDrill, UsageError, named, storage_unavailable
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, seal
 from drill.integrity.proof import prove
@@ -100,6 +100,27 @@ def _verify_file(storage: Storage, uri: str, size: int) -> CheckResult:
     return CheckResult(name=NAME, summary=summary, findings=findings, evidence=evidence)
 
 
+def _refuse_a_directory_of_runs(storage: Storage, uri: str, looked_at: int = 64) -> None:
+    """A directory that is no checkpoint itself (no seal, no shard index at its top) but holds
+    runs or checkpoints: a usage error naming them, as for a run directory — never a verdict on
+    the manifests of the checkpoints inside it, read as if they were its own."""
+    listed = storage.list(uri)
+    if any(e.name == MANIFEST_NAME or e.name.endswith(".safetensors.index.json") for e in listed if e.is_file):
+        return
+    below = []
+    for entry in [e for e in listed if e.is_dir][:looked_at]:
+        try:
+            if classify(storage, entry.uri).kind in ("checkpoint", "run-root", "incomplete"):
+                below.append(entry.name)
+        except OSError:
+            continue
+    if below:
+        shown = ", ".join(below[:6]) + (f" and {len(below) - 6} more" if len(below) > 6 else "")
+        raise UsageError(
+            f"{uri} is a directory of runs or checkpoints ({shown}), not one checkpoint: name one, e.g. {uri.rstrip('/')}/{below[0]}"
+        )
+
+
 def _run_root(uri: str, found: Discovery) -> UsageError:
     names = [c.name for c in found.checkpoints] or [s.name for s in found.incomplete]
     shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
@@ -154,6 +175,7 @@ def _verify(
     key: bytes | None,
     allow_classes: tuple[str, ...],
 ) -> VerifyOutcome:
+    named(uri, "drill verify ./run/step-100")
     storage = ListedOnce(storage or storage_for(uri))  # what it is, then its proof: one listing
     uri = storage.normalize(uri)
     started = time.perf_counter()
@@ -171,6 +193,8 @@ def _verify(
         raise _run_root(uri, what.discovery)  # type: ignore[arg-type]
     if what.kind == "empty":
         raise NothingToDrill(f"{uri} is an empty directory: no checkpoint to verify")
+    if what.kind == "directory":
+        _refuse_a_directory_of_runs(storage, uri)
     fmt = what.ref.format if what.ref is not None else None
     try:
         outcome = _verify_directory(
@@ -244,6 +268,7 @@ def seal_checkpoint(
 ) -> SealResult:
     """``drill seal``: seal one checkpoint directory — never a run directory (a usage error
     naming its checkpoints) nor an incomplete save (a :class:`SealConflict`)."""
+    named(uri, "drill seal ./run/step-100")
     storage = storage or storage_for(uri)
     uri = storage.normalize(uri)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,7 @@ def test_missing_part_fails_the_keys_check(tmp_path: Path, sqlite_url: str, cli:
         ("demo", ["--root", "{run}", "--format", "zip"], 2, "--format: unknown format 'zip'"),
         ("demo", ["--root", "{run}", "--replay-steps", "0"], 2, "replay steps must be an integer of at least 1"),
         ("demo", ["-c", "latest"], 2, "--root is required"),
+        ("demo", ["--root", ""], 2, "no location given (an empty path would be the working directory)"),
         ("demo", ["--root", "{run}", "--bogus"], 2, "No such option: --bogus"),
     ],
 )
@@ -175,6 +177,37 @@ def test_a_checkpoint_named_relative_to_the_root_is_found_from_any_working_direc
         and "step-25 is not a checkpoint under" in res.stderr
         and "(retained: 10, 20, 30)" in res.stderr
     )
+
+
+@pytest.mark.parametrize("command", ["verify", "seal"])
+def test_an_empty_path_is_a_usage_error_never_the_working_directory(
+    cli: CliRunner, command: str, demo_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(demo_run / "step-30")  # a checkpoint drill would otherwise verify or seal
+    before = sorted(p.name for p in (demo_run / "step-30").iterdir())
+    res = invoke(cli, command, "")
+    assert res.exit_code == 2 and "no location given" in res.stderr, res.stderr
+    assert sorted(p.name for p in (demo_run / "step-30").iterdir()) == before
+
+
+def test_verify_of_a_directory_of_runs_names_them_and_reads_none_of_their_manifests(
+    cli: CliRunner, demo_run: Path, tmp_path: Path
+) -> None:
+    """``drill verify ~/runs``: exit 2 naming the runs, as for one run directory — not a verdict
+    on the runs' own shard indexes read as if they were its own (they were checked against the
+    wrong directory: "listed but missing")."""
+    safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    runs = tmp_path / "runs"
+    shutil.copytree(demo_run, runs / "demo")
+    weights = runs / "export" / "step-1"
+    weights.mkdir(parents=True)
+    safetensors_torch.save_file({"w": torch.ones(2)}, str(weights / "model-00001-of-00001.safetensors"))
+    index = {"metadata": {}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}
+    (weights / "model.safetensors.index.json").write_text(json.dumps(index))
+    res = invoke(cli, "verify", str(runs))
+    assert res.exit_code == 2 and "a directory of runs or checkpoints (demo, export)" in res.stderr, res.stderr
+    res = invoke(cli, "verify", str(runs / "export"), "--json")
+    assert res.exit_code == 2 and "run directory holding checkpoints (step-1)" in res.stderr, res.stderr
 
 
 def test_unreachable_database_exits_4_without_secrets(cli: CliRunner, demo_run: Path) -> None:

@@ -827,3 +827,15 @@ def test_a_manifest_entry_of_the_wrong_json_type_is_invalid_and_names_its_field(
     with pytest.raises(ManifestInvalid) as invalid:
         parse_manifest(json.dumps(doc).encode())
     assert invalid.value.code == "manifest-invalid" and named in str(invalid.value), invalid.value
+
+
+def test_a_nested_shard_index_names_shards_beside_itself(tmp_path: Path) -> None:
+    """An index in a subdirectory of a checkpoint names the shards beside it, not at the top
+    (they were reported "listed but missing")."""
+    from drill.integrity.foreign import find_foreign_manifests
+
+    sub = tmp_path / "ckpt" / "adapter"
+    sub.mkdir(parents=True)
+    (sub / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-1.safetensors"}}))
+    found = find_foreign_manifests(LocalStorage(), str(tmp_path / "ckpt"), {"adapter/model.safetensors.index.json"})
+    assert [m.listed for m in found] == [{"adapter/model-1.safetensors"}]

@@ -65,9 +65,10 @@ def _safetensors_index(name: str, doc: object) -> ForeignManifest:
     fm = ForeignManifest(name, "safetensors-index")
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise ManifestInvalid("foreign-manifest-invalid", f"{name} has no 'weight_map'")
+    beside = name.rpartition("/")[0]  # shards lie beside their index, wherever the index lies
     for shard in set(doc["weight_map"].values()):
         check_relative_path(str(shard))
-        fm.listed.add(str(shard))
+        fm.listed.add(f"{beside}/{shard}" if beside else str(shard))
     return fm
 
 

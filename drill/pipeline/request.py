@@ -7,7 +7,7 @@ from typing import Any
 
 from drill.checks import Expectations
 from drill.device import parse_device
-from drill.errors import UsageError
+from drill.errors import UsageError, named
 from drill.formats import parse_format
 from drill.integrity.sampling import SampleSpec, SampleSpecError, parse_sample
 from drill.replay.spec import ReplaySpec
@@ -106,6 +106,8 @@ class DrillRequest:
             raise ValueError(f"keep_last must be at least 1, not {self.keep_last}")
         assert isinstance(self.selector, Selector)  # parsed above
         root_given = self.root is not None
+        if self.root is not None:
+            named(self.root, "drill run --root ./run")
         if self.root is None:
             if self.selector.kind != "path":
                 raise ValueError(
