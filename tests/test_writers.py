@@ -356,6 +356,10 @@ def test_a_world_size_past_any_runs_is_implausible_not_enumerated(copy_of, sqlit
     errors = [(f["code"], f["subject"]) for c in document["checks"] for f in c["findings"] if f["severity"] == "error"]
     assert code == 1 and ("metadata-implausible", "mp_rank_00_model_states.pt") in errors, errors
     assert len(errors) < 10, errors
+    code, document = capped_drill("verify", str(ckpt))  # one structural verdict: verify finds it too
+    assert code == 1 and [(f["code"], f["subject"]) for f in document["findings"]] == [
+        ("metadata-implausible", "mp_rank_00_model_states.pt")
+    ], document["findings"]
 
 
 @pytest.mark.parametrize("swap", ["garbage", "safetensors"])

@@ -141,6 +141,9 @@ class DeepSpeed(Format):
         )
         assert proof is not None
         findings += proof[0] + missing_partitions(states, models, optims, check="integrity")
+        claimed = _int(states.get("dp_world_size")) if isinstance(states, dict) else None
+        if claimed is not None and plausible_world(claimed) is None:
+            findings.append(_implausible_world(first, claimed))  # as the run finds it
         return findings, proof[1]
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
