@@ -314,6 +314,13 @@ CODES: dict[str, Code] = _codes(
         "torchtune's recipe state belongs to another epoch than the checkpoint it sits beside.",
         "resume from the checkpoint whose recipe state matches its epoch",
     ),
+    (
+        "recipe-state-ahead",
+        (ERR,),
+        "load",
+        "torchtune's recipe state claims more epochs ran than any saved epoch's weights: a resume would skip the epochs between.",
+        "the recipe state was written by a save whose weights are gone, or forged; resume from an epoch whose recipe state matches",
+    ),
     # completeness
     (
         "part-missing",

@@ -387,3 +387,21 @@ def test_a_file_its_format_loads_as_torch_save_that_is_not_one_fails_run_and_ver
     assert verified.status == "failed" and "zip-corrupt" in [f.code for f in verified.result.errors], (
         verified.result.findings
     )
+
+
+@pytest.mark.parametrize("ahead", [2, 10**18])
+def test_a_torchtune_recipe_state_ahead_of_every_saved_epoch_fails_run_and_verify(
+    copy_of, ahead: int, sqlite_url: str
+) -> None:
+    """A recipe state claiming more epochs ran than any epoch's weights saved (the newest is
+    epoch_1): torchtune's resume would pair epoch_1's weights with it and skip the epochs between.
+    It was taken for a later epoch's state that overwrote epoch_1's ("weights only") and passed."""
+    run, ckpt = copy_of("torchtune")
+    recipe = run / "recipe_state" / "recipe_state.pt"
+    obj = torch.load(recipe, weights_only=False)  # the test's own writer's file: trusted
+    obj["epochs_run"] = obj["epochs_run"] + ahead
+    torch.save(obj, recipe)
+    errors = _errors(_drill(run, sqlite_url))
+    assert ("integrity", "recipe-state-ahead", "../recipe_state/recipe_state.pt") in errors, errors
+    verified = verify_checkpoint(str(ckpt))
+    assert "recipe-state-ahead" in [f.code for f in verified.result.errors], verified.result.findings

@@ -99,9 +99,9 @@ class TorchTune(SafetensorsDir):
             state, _ = load_inert(view)
         except Exception:  # noqa: BLE001 - its structure above says what is wrong with it
             return findings, evidence
-        match, why = _match(_epoch(uri), state)
+        match, why = _match(_epoch(uri), state, _saved_epochs(storage, uri))
         evidence["recipe_state"] = match
-        return findings + ([_recipe_finding("recipe-state-stale", why)] if match == "stale" else []), evidence
+        return findings + ([_recipe_finding(_CODES[match], why)] if match in _CODES else []), evidence
 
     def layout(self, ref: CheckpointRef) -> Any:
         from drill.formats.canonical import Layout
@@ -145,18 +145,18 @@ class TorchTune(SafetensorsDir):
             result.failures.append(member_failure(RECIPE_PATH, exc))
             return state
         record.items = 1
-        self._recipe(recipe, _epoch(ref.uri), state, result)
+        self._recipe(recipe, _epoch(ref.uri), _saved_epochs(storage, ref.uri), state, result)
         return state
 
     @staticmethod
-    def _recipe(recipe: Any, epoch: int, state: dict[str, Any], result: RestoreResult) -> None:
+    def _recipe(recipe: Any, epoch: int, saved: set[int], state: dict[str, Any], result: RestoreResult) -> None:
         from drill.formats.canonical import flatten
         from drill.formats.inert import plain
 
-        match, why = _match(epoch, recipe)
+        match, why = _match(epoch, recipe, saved)
         result.layout.notes.append(why)
-        if match == "stale":
-            result.structure[0].append(_recipe_finding("recipe-state-stale", why))
+        if match in _CODES:
+            result.structure[0].append(_recipe_finding(_CODES[match], why))
         elif match in ("older", "final"):
             for part in (parts.OPTIMIZER, parts.DATALOADER, parts.TRAIN_STATE):
                 result.layout.never_saved[part] = why
@@ -191,17 +191,32 @@ def _recipe_uri(storage: Storage, uri: str) -> str:
     return storage.child(_run_dir(uri), RECIPE_STATE)
 
 
-def _match(epoch: int, recipe: Any) -> tuple[str, str]:
+def _saved_epochs(storage: Storage, uri: str) -> set[int]:
+    """The epochs whose weights the run directory holds (``epoch_<N>/``)."""
+    try:
+        return {int(m.group(1)) for e in storage.list(_run_dir(uri)) if e.is_dir and (m := _EPOCH.match(e.name))}
+    except OSError:
+        return set()
+
+
+def _match(epoch: int, recipe: Any, saved: set[int]) -> tuple[str, str]:
     """Whose recipe state this is, for the weights of ``epoch``: ``matched``, ``final`` (the last
-    epoch saves none), ``older`` (it was overwritten by a later epoch's) or ``stale``."""
+    epoch saves none), ``older`` (it was overwritten by a later epoch's, whose weights are in
+    ``saved``), ``ahead`` (it claims epochs whose weights were never saved) or ``stale``."""
     run = recipe.get("epochs_run") if isinstance(recipe, dict) else None
     total = recipe.get("total_epochs") if isinstance(recipe, dict) else None
-    if not isinstance(run, int):
+    if not isinstance(run, int) or isinstance(run, bool):
         return "stale", f"{RECIPE_PATH} names no epochs_run: it cannot be matched to epoch_{epoch}"
     if run == epoch + 1:
         return "matched", f"{RECIPE_PATH} is epoch_{epoch}'s (epochs_run={run})"
     if run == epoch and total == epoch + 1:
         return "final", f"epoch_{epoch} is the final epoch's save: weights only, training is complete"
+    if run > epoch + 1 and run - 1 not in saved:
+        newest = max(saved, default=epoch)
+        return "ahead", (
+            f"{RECIPE_PATH} says {run} epochs ran (epochs_run={run}), but the newest weights saved are epoch_{newest}'s: "
+            f"a resume would pair epoch_{newest}'s weights with the state of an epoch never saved and skip the epochs between"
+        )
     if run > epoch + 1:
         return (
             "older",
@@ -221,6 +236,10 @@ def _steps_per_epoch(recipe: dict[str, Any]) -> int | None:
         return None
     cap = recipe.get("max_steps_per_epoch")
     return min(yielded, cap) if isinstance(cap, int) else yielded
+
+
+_CODES = {"stale": "recipe-state-stale", "ahead": "recipe-state-ahead"}
+"""The recipe states a resume must not take, and their finding codes."""
 
 
 def _recipe_finding(code: str, message: str) -> Finding:
