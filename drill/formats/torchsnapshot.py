@@ -194,6 +194,27 @@ def _safe(location: Any) -> str | None:
     return None if norm.startswith("..") or norm == "." else norm
 
 
+def _shape(value: Any) -> list[int] | None:
+    return value if isinstance(value, list) and all(type(d) is int and d >= 0 for d in value) else None
+
+
+def _beyond_its_pieces(key: str, entry: dict[str, Any]) -> Finding | None:
+    """``metadata-implausible`` when a chunked tensor claims a whole shape of more elements than
+    its chunks hold (every chunk of it is in its entry, as torchsnapshot writes it; a sharded
+    tensor's entry holds one rank's shards): a whole that size is never allocated (10^14 bytes was)."""
+    whole = _shape(entry.get("shape")) if entry.get("type") == "ChunkedTensor" else None
+    if whole is None:
+        return None
+    held = sum(math.prod(s) for _, t, _ in _tensors(key, entry) if (s := _shape(t.get("shape"))) is not None)
+    if math.prod(whole) <= held:
+        return None
+    return _finding(
+        "metadata-implausible",
+        key,
+        f"{key} claims a {whole} tensor ({math.prod(whole)} elements), and its pieces hold {held}: nothing allocated",
+    )
+
+
 def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[str], list[Finding]]:
     """(file, begin, end, entry) spans of raw tensors, the torch.save object files, and what is wrong with the manifest itself."""
     spans, objects, problems = [], set(), []
@@ -211,6 +232,8 @@ def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[s
             else:
                 objects.add(path)
             continue
+        if (beyond := _beyond_its_pieces(key, entry)) is not None:
+            problems.append(beyond)
         for name, tensor, _ in _tensors(key, entry):
             path = _safe(tensor.get("location"))
             if path is None:
@@ -407,9 +430,16 @@ def _tensor(key: str, entry: dict[str, Any], views: dict[str, Any], ctx: Restore
 
     pieces = list(_tensors(key, entry))
     whole = None
+    if _beyond_its_pieces(key, entry) is not None:  # the manifest's finding names it
+        result.failures.append(
+            ItemFailure(
+                key, None, "its claimed shape holds more than its pieces: not allocated", code="entry-not-loaded"
+            )
+        )
+        return None
     if entry.get("type") != "Tensor":
-        dtype, shape = _dtype(entry.get("dtype")), entry.get("shape")
-        if dtype is not None and isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape):
+        dtype, shape = _dtype(entry.get("dtype")), _shape(entry.get("shape"))
+        if dtype is not None and shape is not None:
             whole = torch.empty(shape, dtype=dtype, device=ctx.device)
     for name, tensor, offsets in pieces:
         piece = _raw(name, tensor, views, ctx, result)
