@@ -36,6 +36,14 @@ def absent(present: Iterable[int], upto: int, limit: int = PER_CODE - 1) -> tupl
     return listed, max(upto, 0) - len(have)
 
 
+def absent_from(expected: Iterable[int], present: Iterable[int], limit: int = PER_CODE - 1) -> tuple[list[int], int]:
+    """The ranks of ``expected`` (a world's ranks, listed) not in ``present``, in order: the
+    first ``limit`` of them, and how many there are — as :func:`absent` gives them."""
+    held = set(present)
+    missing = [r for r in expected if r not in held]
+    return missing[:limit], len(missing)
+
+
 def each_missing(missing: tuple[list[int], int], finding: Callable[[int], Finding]) -> list[Finding]:
     """A finding per missing rank listed (``finding(rank)``) and, when :func:`absent` counted
     more than it listed, one that counts the rest — as :func:`drill.findings.bounded` would."""
@@ -58,4 +66,4 @@ def counted(findings: list[Finding], total: int) -> list[Finding]:
     return [*findings, more]
 
 
-__all__ = ["MAX_WORLD", "absent", "counted", "each_missing", "plausible_world"]
+__all__ = ["MAX_WORLD", "absent", "absent_from", "counted", "each_missing", "plausible_world"]

@@ -12,7 +12,7 @@ import functools
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from drill.checks import CheckInputs
 from drill.findings import PER_CODE, CheckResult, Finding, Severity
 from drill.formats.canonical import Layout
 from drill.formats.layouts import optimizer_params
-from drill.ranks import absent, each_missing
+from drill.ranks import absent, absent_from, each_missing
 from drill.restore.finite import scan
 
 NAME = "contract"
@@ -144,7 +144,7 @@ def check_partitions(opt: Mapping[str, Any], layout: Layout) -> tuple[list[Findi
     groups = max(len(layout.flat_groups), 1 + max((g for r in held.values() for g in r), default=-1))
     findings: list[Finding] = []
     findings += each_missing(
-        _unlisted(layout.saved_ranks, held),
+        absent_from(layout.saved_ranks, held),
         lambda rank: _f(
             "optimizer-partition-missing",
             f"optimizer.partitions.rank_{rank}",
@@ -546,7 +546,7 @@ def check_dataloader(state: Mapping[str, Any], layout: Layout, required: bool) -
 def _ranks_missing(part: str, code: str, expected: list[int], have: list[int], what: str, harm: str) -> list[Finding]:
     """A finding per rank that saved the checkpoint but left no ``part.rank_N`` state."""
     return each_missing(
-        _unlisted(expected, have),
+        absent_from(expected, have),
         lambda rank: _f(
             code,
             f"{part}.rank_{rank}",
@@ -554,14 +554,6 @@ def _ranks_missing(part: str, code: str, expected: list[int], have: list[int], w
             rank=rank,
         ),
     )
-
-
-def _unlisted(expected: Iterable[int], have: Iterable[int]) -> tuple[list[int], int]:
-    """The ranks of ``expected`` not in ``have``, in order: the first few, and how many (as
-    :func:`drill.ranks.absent` counts them)."""
-    held = set(have)
-    missing = [r for r in expected if r not in held]
-    return missing[: PER_CODE - 1], len(missing)
 
 
 def _batches_consumed(loader: Mapping[str, Any]) -> int | None:

@@ -72,18 +72,15 @@ def structure(
     storage: Storage,
     uri: str,
     sizes: Mapping[str, int],
-    files: Iterable[str | Member],
+    members: Iterable[Member],
     evidence: dict[str, Any] | None = None,
 ) -> Structure | None:
-    """The structural proof of ``files`` (of the checkpoint at ``uri``: members, or paths whose
-    kind the bytes tell) without loading them: a listed file that is gone or cannot be read is a
-    finding; None when there is no file."""
+    """The structural proof of ``members`` (files of the checkpoint at ``uri``) without loading
+    them: a listed file that is gone or cannot be read is a finding; None when there is no file."""
     from drill.integrity.reading import describe_read_error, read_whole
     from drill.integrity.structure import NAME
 
-    kinds: dict[str, str | None] = {}
-    for f in files:
-        kinds[f.path if isinstance(f, Member) else f] = f.kind if isinstance(f, Member) else None
+    kinds = {m.path: m.kind for m in members}
     names = sorted(kinds)
     if not names:
         return None

@@ -141,9 +141,7 @@ class DeepSpeed(Format):
         )
         assert proof is not None
         findings += proof[0] + missing_partitions(states, models, optims, check="integrity")
-        claimed = _int(states.get("dp_world_size")) if isinstance(states, dict) else None
-        if claimed is not None and plausible_world(claimed) is None:
-            findings.append(_implausible_world(first, claimed))  # as the run finds it
+        findings += _world(states, first)[1]  # as the run finds it
         return findings, proof[1]
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
@@ -199,7 +197,7 @@ def missing_partitions(
     states: Any, models: Mapping[int, str], optims: Mapping[int, str], *, check: str
 ) -> list[Finding]:
     """The files ``dp_world_size`` and the ZeRO stage (in the model states) say every rank wrote, that are not there."""
-    world = plausible_world(_int(states.get("dp_world_size"))) if isinstance(states, dict) else None
+    world = _world(states, "")[0]
     partitioned = bool(optims) or (_zero_stage(states) or 0) >= 1
     if not world or not partitioned and not any(r >= 0 for r in models):
         return []
@@ -236,16 +234,24 @@ def _missing(check: str, name: str, rank: int, world: int, what: str) -> Finding
     )
 
 
-def _implausible_world(name: str, claimed: int) -> Finding:
-    return Finding(
-        check="integrity",
-        code="metadata-implausible",
-        severity=Severity.ERROR,
-        subject=name,
-        message=f"{name} claims dp_world_size {claimed}, more ranks than any run has had (at most {MAX_WORLD:,}): damaged or forged",
-        expected=f"1..{MAX_WORLD}",
-        actual=str(claimed),
-    )
+def _world(states: Any, name: str) -> tuple[int | None, list[Finding]]:
+    """The data-parallel world size the model states ``name`` claim (None when unknown), and
+    ``metadata-implausible`` when the claim is more ranks than any run has had."""
+    claimed = _int(states.get("dp_world_size")) if isinstance(states, dict) else None
+    world = plausible_world(claimed)
+    if claimed is None or world is not None:
+        return world, []
+    return None, [
+        Finding(
+            check="integrity",
+            code="metadata-implausible",
+            severity=Severity.ERROR,
+            subject=name,
+            message=f"{name} claims dp_world_size {claimed}, more ranks than any run has had (at most {MAX_WORLD:,}): damaged or forged",
+            expected=f"1..{MAX_WORLD}",
+            actual=str(claimed),
+        )
+    ]
 
 
 def _int(value: Any) -> int | None:
@@ -279,10 +285,8 @@ def _canonical(
         layout.step_counters["lr_scheduler.last_batch_iteration + 1"] = scheduled
     if (_zero_stage(first) or 0) >= 1:
         layout.optimizer_keys = "flat"  # the ZeRO stage it was saved with, whatever files are left
-    claimed = _int(first.get("dp_world_size"))
-    world = plausible_world(claimed)
-    if claimed is not None and world is None:
-        result.structure[0].append(_implausible_world(models[min(models)], claimed))
+    world, implausible = _world(first, models[min(models)])
+    result.structure[0].extend(implausible)
     layout.saved_ranks = list(range(world)) if world else sorted(optims)
     layout.missing_files = {
         f.subject: f.message.split(": ", 1)[1]

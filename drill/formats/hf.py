@@ -31,7 +31,6 @@ from drill.formats.base import (
     tally,
 )
 from drill.formats.canonical import Layout, flatten, inventory
-from drill.integrity.structure import json_structure, safetensors_structure, zip_structure
 from drill.restore import ItemFailure, RestoreResult
 from drill.storage import Entry, Listing, Storage
 
@@ -243,15 +242,12 @@ def _merge_nested(
 
 
 def _file_structure(name: str, view: memoryview) -> list[Finding]:
-    """One file's structural proof: a safetensors header against its bytes, a torch.save
-    archive's CRC-32s — the same in ``run`` (as the file is loaded) and ``verify``."""
-    if name.endswith(".safetensors"):
-        return safetensors_structure(view, name)[0]
-    if name.endswith(_PICKLED):
-        return zip_structure(view, name)[0]
-    if name.endswith(".json"):
-        return json_structure(view, name, "a resume reads its step, its log and its callbacks' state from it")
-    return []
+    """One file's structural proof (:func:`drill.formats.bundle.file_structure`), held to what
+    its name says the Trainer loads it as — the same in ``run`` and ``verify``."""
+    from drill.formats.bundle import JSON, SAFETENSORS, TORCH, file_structure
+
+    kind = SAFETENSORS if name.endswith(".safetensors") else TORCH if name.endswith(_PICKLED) else None
+    return file_structure(name, view, JSON if name.endswith(".json") else kind)
 
 
 def _resumed_from(names: Any) -> list[str]:

@@ -75,7 +75,6 @@ class TorchSnapshot(Format):
     def structure(
         self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
     ) -> Structure | None:
-        from drill.formats.bundle import TORCH, file_structure
         from drill.integrity.reading import read_whole
 
         if METADATA not in sizes:
@@ -89,11 +88,10 @@ class TorchSnapshot(Format):
             return findings, {"files": 1}
         spans, objects, problems = _layout(doc)
         findings += problems + _spans_against(spans, sizes)
-        for path in sorted(objects):
-            if path in sizes:
-                findings += file_structure(
-                    path, read_whole(storage, storage.child(uri, path), sizes[path], hash=False).view, TORCH
-                )
+        findings += _objects_structure(
+            objects,
+            lambda p: read_whole(storage, storage.child(uri, p), sizes[p], hash=False).view if p in sizes else None,
+        )
         return findings, {
             "entries": len(doc["manifest"]),
             "files": len({p for p, *_ in spans} | objects),
@@ -222,13 +220,7 @@ def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[s
         if entry.get("type") == "object":
             path = _safe(entry.get("location"))
             if path is None:
-                problems.append(
-                    _finding(
-                        "path-escapes",
-                        key,
-                        f"{key}: its location {entry.get('location')!r} leads out of the snapshot: never opened",
-                    )
-                )
+                problems.append(_escapes(key, entry))
             else:
                 objects.add(path)
             continue
@@ -237,46 +229,52 @@ def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[s
         for name, tensor, _ in _tensors(key, entry):
             path = _safe(tensor.get("location"))
             if path is None:
-                problems.append(
-                    _finding(
-                        "path-escapes",
-                        name,
-                        f"{name}: its location {tensor.get('location')!r} leads out of the snapshot: never opened",
-                    )
-                )
-                continue
-            if tensor.get("serializer") == "torch_save":
+                problems.append(_escapes(name, tensor))
+            elif tensor.get("serializer") == "torch_save":
                 objects.add(path)
-                continue
-            dtype, shape, span = _dtype(tensor.get("dtype")), tensor.get("shape"), tensor.get("byte_range")
-            if dtype is None or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-                problems.append(
-                    _finding(
-                        "metadata-implausible",
-                        name,
-                        f"{name}: dtype {tensor.get('dtype')!r} or shape {shape!r} is not a tensor's",
-                    )
-                )
-                continue
-            import torch
-
-            need = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-            begin, end = (
-                span
-                if isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span)
-                else (0, need)
-            )
-            if end - begin != need or begin < 0:
-                problems.append(
-                    _finding(
-                        "metadata-implausible",
-                        name,
-                        f"{name}: {shape} {tensor.get('dtype')} needs {need} bytes, its range is {begin}..{end}",
-                    )
-                )
-                continue
-            spans.append((path, begin, end, name))
+            elif isinstance(span := _raw_span(name, tensor), Finding):
+                problems.append(span)
+            else:
+                spans.append((path, *span, name))
     return spans, objects, problems
+
+
+def _escapes(name: str, entry: dict[str, Any]) -> Finding:
+    return _finding(
+        "path-escapes", name, f"{name}: its location {entry.get('location')!r} leads out of the snapshot: never opened"
+    )
+
+
+def _raw_span(name: str, tensor: dict[str, Any]) -> tuple[int, int] | Finding:
+    """The byte range a raw tensor's dtype and shape need, or ``metadata-implausible``."""
+    import torch
+
+    dtype, shape, span = _dtype(tensor.get("dtype")), _shape(tensor.get("shape")), tensor.get("byte_range")
+    if dtype is None or shape is None:
+        return _finding(
+            "metadata-implausible",
+            name,
+            f"{name}: dtype {tensor.get('dtype')!r} or shape {tensor.get('shape')!r} is not a tensor's",
+        )
+    need = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    begin, end = (
+        span if isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span) else (0, need)
+    )
+    if end - begin != need or begin < 0:
+        return _finding(
+            "metadata-implausible",
+            name,
+            f"{name}: {shape} {tensor.get('dtype')} needs {need} bytes, its range is {begin}..{end}",
+        )
+    return begin, end
+
+
+def _objects_structure(objects: set[str], view_of: Any) -> list[Finding]:
+    """Each torch.save object file's structural proof (``view_of(path)``: its bytes, or None
+    when it is not there), held to being an archive: the same in ``run`` and ``verify``."""
+    from drill.formats.bundle import TORCH, file_structure
+
+    return [f for p in sorted(objects) if (v := view_of(p)) is not None for f in file_structure(p, v, TORCH)]
 
 
 def _spans_against(spans: list[tuple[str, int, int, str]], sizes: dict[str, int]) -> list[Finding]:
@@ -345,13 +343,7 @@ def _restore_entries(
     for key, entry in _entries(doc):
         _value(key, entry, views, ctx, result, state)
     result.load_seconds += time.perf_counter() - started
-    from drill.formats.bundle import TORCH, file_structure
-
-    structural = (
-        problems
-        + _spans_against(spans, sizes)
-        + [f for p in sorted(objects) if (v := views.get(p)) is not None for f in file_structure(p, v, TORCH)]
-    )
+    structural = problems + _spans_against(spans, sizes) + _objects_structure(objects, views.get)
     result.structure = (
         findings + structural,
         {"entries": len(doc["manifest"]), "files": len(files), "world_size": doc.get("world_size")},

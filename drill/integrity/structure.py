@@ -193,12 +193,13 @@ def zip_structure(data: memoryview, path: str) -> tuple[list[Finding], dict[str,
                 continue
             try:
                 with archive.open(info) as member:
-                    crc, blocks = 0, []
+                    crc, keep, blocks = 0, _is_pickle(info.filename), []
                     while block := member.read(1 << 20):
                         crc = zlib.crc32(block, crc)
-                        if _is_pickle(info.filename):
+                        if keep:
                             blocks.append(block)
-                    pickled = b"".join(blocks) if blocks else pickled
+                    if keep:
+                        pickled = b"".join(blocks)
             except (zipfile.BadZipFile, OSError, EOFError) as exc:
                 # zipfile checks the CRC itself as the record ends, and raises on a mismatch.
                 code = "crc-mismatch" if "CRC" in str(exc) else "zip-record-corrupt"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,8 +182,6 @@ def _replay_flags(spec: ReplaySpec, default: ReplaySpec) -> list[str]:
 def _under_root(path: str, root: str) -> str:
     """A checkpoint named relative to ``--root`` (``--root RUN --checkpoint step-20``), unless
     it is a path from the working directory that exists there and not under the root."""
-    import os
-
     if os.path.isabs(path):
         return normalize(path)
     under = f"{root.rstrip('/')}/{path}"
