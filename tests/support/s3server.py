@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -135,7 +136,12 @@ class FaultProxy:
                 conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
                 headers["Host"] = self.headers.get("Host", "")
-                conn.request(self.command, self.path, body=body, headers=headers)
+                path = self.path
+                if rule is not None and rule.action == "endless":
+                    # The next page of a listing that never ends is its first page again: the
+                    # server never sees the proxy's own token (it may answer one with a 500).
+                    path = re.sub(r"&?continuation-token=more-\d+", "", path).replace("?&", "?")
+                conn.request(self.command, path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
                 if rule is not None and rule.action == "endless":
