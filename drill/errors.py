@@ -29,7 +29,7 @@ class ExitCode(IntEnum):
 EXIT_MEANINGS: dict[ExitCode, str] = {
     ExitCode.PASSED: "the drill passed",
     ExitCode.FAILED: "the drill failed: a check found a problem (recorded); `drill audit verify`: the log is not intact; `drill db flush`: a spooled file cannot be delivered",
-    ExitCode.USAGE: "usage error: bad option or argument; nothing read, nothing recorded",
+    ExitCode.USAGE: "usage error: bad option or argument (a blank one too: never the working directory); nothing read, nothing recorded",
     ExitCode.NOTHING_TO_DRILL: "nothing to drill: root missing, nothing retained, or the step is not retained (not recorded); a run of only unfinished saves (recorded as a failed drill with a `discover` finding)",
     ExitCode.DATABASE: "the database cannot be reached, or its schema is behind (run `drill db upgrade`) or ahead, or it holds a record drill cannot read (a row edited outside drill: a time that is not a time, an unknown status, broken JSON)",
     ExitCode.ERROR: "error: the drill could not finish for a reason outside the checkpoint — drill's own (recorded as `error` with the traceback) or the storage's: credentials, permissions, an endpoint away, a listing past its timeout (before a drill began: not recorded)",

@@ -125,7 +125,7 @@ def test_missing_part_fails_the_keys_check(tmp_path: Path, sqlite_url: str, cli:
         ("demo", ["--root", "{run}", "--format", "zip"], 2, "--format: unknown format 'zip'"),
         ("demo", ["--root", "{run}", "--replay-steps", "0"], 2, "replay steps must be an integer of at least 1"),
         ("demo", ["-c", "latest"], 2, "--root is required"),
-        ("demo", ["--root", ""], 2, "no location given (an empty path would be the working directory)"),
+        ("demo", ["--root", ""], 2, "blank: nothing given (as a path, it would mean the working directory)"),
         ("demo", ["--root", "{run}", "--bogus"], 2, "No such option: --bogus"),
     ],
 )
@@ -179,6 +179,63 @@ def test_a_checkpoint_named_relative_to_the_root_is_found_from_any_working_direc
     )
 
 
+def _valued_parameters() -> list[tuple[list[str], str, list[str]]]:
+    """Every option and argument of every command that takes a value: (command path, its
+    name, the argv that gives it a blank one)."""
+    import typer
+    from typer.main import get_command
+
+    from drill.cli.app import app
+
+    found: list[tuple[list[str], str, list[str]]] = []
+
+    def walk(command, path: list[str], parent=None) -> None:
+        ctx = typer.Context(command, parent=parent) if parent is None else type(parent)(command, parent=parent)
+        if hasattr(command, "list_commands"):
+            for name in command.list_commands(ctx):
+                walk(command.get_command(ctx, name), [*path, name], ctx)
+            return
+        for param in command.params:
+            if getattr(param, "is_flag", False) or param.name == "help":
+                continue
+            given = [param.opts[0], ""] if param.param_type_name == "option" else [""]
+            found.append((path, param.name, given))
+
+    walk(get_command(app), [])
+    return found
+
+
+VALUED = _valued_parameters()
+
+
+@pytest.mark.parametrize(("path", "name", "given"), VALUED, ids=[f"{' '.join(p)}:{n}" for p, n, _ in VALUED])
+def test_a_blank_value_is_a_usage_error_for_every_option_and_argument(
+    cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: list[str], name: str, given: list[str]
+) -> None:
+    """``--root ""`` or ``drill runs "$RUN"`` with the variable unset: exit 2 and one line for
+    every command's every valued parameter — never the working directory (``burst --root ""``
+    was an internal error, ``demo ""`` wrote into it, ``runs ""`` and ``history --root ""``
+    answered for a run named nothing, ``verify --db ""`` used the default database)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DRILL_DB", f"sqlite:///{tmp_path}/d.db")
+    res = invoke(cli, *path, *given)
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"drill: error: Invalid value for '{given[0] if len(given) == 2 else name}'"), line
+    assert line.endswith(": blank: nothing given (as a path, it would mean the working directory)"), line
+    assert list(tmp_path.iterdir()) == []  # nothing written, no database created
+
+
+def test_blank_values_from_defaults_or_the_environment_are_not_refused(
+    cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only what was typed is held to it: an unset or empty ``DRILL_DB`` is the default."""
+    monkeypatch.setenv("DRILL_DB", "")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    res = invoke(cli, "db", "status")
+    assert res.exit_code in (0, 4) and "blank" not in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("command", ["verify", "seal"])
 def test_an_empty_path_is_a_usage_error_never_the_working_directory(
     cli: CliRunner, command: str, demo_run: Path, monkeypatch: pytest.MonkeyPatch
@@ -186,7 +243,7 @@ def test_an_empty_path_is_a_usage_error_never_the_working_directory(
     monkeypatch.chdir(demo_run / "step-30")  # a checkpoint drill would otherwise verify or seal
     before = sorted(p.name for p in (demo_run / "step-30").iterdir())
     res = invoke(cli, command, "")
-    assert res.exit_code == 2 and "no location given" in res.stderr, res.stderr
+    assert res.exit_code == 2 and "blank: nothing given" in res.stderr, res.stderr
     assert sorted(p.name for p in (demo_run / "step-30").iterdir()) == before
 
 

@@ -93,7 +93,28 @@ def _build(name: str, module: str, function: str) -> Any:
     single.command(name)(error_boundary(getattr(importlib.import_module(f"drill.cli.{module}"), function)))
     command = typer.main.get_command(single)
     command.name = name
+    for param in command.params:
+        param.type_cast_value = _refusing_blank(param.name, param.type_cast_value)
     return command
+
+
+def _refusing_blank(name: str | None, cast: Any) -> Any:
+    """``cast`` (a parameter's conversion), refusing a blank value typed on the command line:
+    ``--root ""`` or ``drill runs "$RUN"`` with the variable unset would otherwise be the
+    working directory (a ``Path`` of ``""`` is ``.``), match nothing, or fall back to a default
+    — never what was meant. One place for every option and argument of every command."""
+
+    def checked(ctx: Any, value: Any) -> Any:
+        given = value if isinstance(value, (tuple, list)) else (value,)
+        source = getattr(ctx.get_parameter_source(name), "name", None) if name else None
+        if source == "COMMANDLINE" and any(isinstance(v, str) and not v.strip() for v in given):
+            raise typer.BadParameter(BLANK, ctx=ctx)
+        return cast(ctx, value)
+
+    return checked
+
+
+BLANK = "blank: nothing given (as a path, it would mean the working directory)"
 
 
 def _group(help: str, commands: dict[str, tuple[str, str]], *, completion: bool = False, **kw: Any) -> typer.Typer:
