@@ -92,3 +92,11 @@ def populate(address: int, length: int) -> bool:
 
 
 __all__ = ["populate"]
+
+
+def physical_memory() -> int:
+    """This host's physical memory in bytes (where the system cannot say: no limit)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return sys.maxsize

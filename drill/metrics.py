@@ -11,10 +11,11 @@ reads half of it. Series are labelled ``policy`` (empty for drills run by hand) 
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from drill.claims import LEVELS, proof_of
+from drill.units import earlier
 from drill.verdict import DrillStatus
 
 STATUSES = [s.value for s in DrillStatus if s is not DrillStatus.RUNNING]
@@ -55,7 +56,7 @@ def _read(
     from drill.records.store import Records
     from drill.report.build import ReportOptions, build_report
 
-    since = datetime.now(timezone.utc) - timedelta(days=coverage_days)
+    since = earlier(datetime.now(timezone.utc), coverage_days * 86400)
     report = build_report(db, ReportOptions(since=since, list_storage=list_storage, listed=0))  # counts, not drills
     database = read_database(db)
     if database is None:

@@ -61,19 +61,39 @@ def parse_instant(value: Any, *, now: datetime, end: bool = False) -> datetime:
     or a duration before ``now`` (``30d``, ``12h``). ``ValueError`` says which forms exist."""
     text = str(value).strip()
     try:
-        return now - timedelta(seconds=parse_duration(text))
+        return earlier(now, parse_duration(text))
     except ValueError:
         pass
     try:
         if len(text) == 10:  # a date alone
             day = datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
-            return day + timedelta(days=1) if end else day
+            return _day_after(day, value) if end else day
         t = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(
             f"{value!r} is neither a date (2026-11-01), a time (2026-11-01T06:00Z) nor a duration (30d, 12h)"
         ) from None
-    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    try:
+        return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    except OverflowError:  # 0001-01-01T00:00+01:00 in UTC
+        raise ValueError(f"{value!r} lies outside the years 1 to 9999 in UTC") from None
+
+
+def earlier(now: datetime, seconds: float) -> datetime:
+    """``seconds`` before ``now``; a span reaching back past the year 1 (``99999999d``, a
+    coverage window of 1e300 days) is the beginning of time, not an ``OverflowError``."""
+    try:
+        return now - timedelta(seconds=seconds)
+    except OverflowError:
+        return datetime.min.replace(tzinfo=now.tzinfo)
+
+
+def _day_after(day: datetime, value: Any) -> datetime:
+    """The end of ``day`` (the start of the next); the last representable day ends at its last instant."""
+    try:
+        return day + timedelta(days=1)
+    except OverflowError:
+        return datetime.max.replace(tzinfo=timezone.utc)
 
 
 def human_bytes(n: float | None) -> str:

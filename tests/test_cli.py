@@ -179,9 +179,9 @@ def test_a_checkpoint_named_relative_to_the_root_is_found_from_any_working_direc
     )
 
 
-def _valued_parameters() -> list[tuple[list[str], str, list[str]]]:
-    """Every option and argument of every command that takes a value: (command path, its
-    name, the argv that gives it a blank one)."""
+def _valued_parameters(kind: str = "any") -> list[tuple[list[str], str, list[str]]]:
+    """Every option and argument of every command that takes a value (``kind="int"``: an
+    integer): (command path, its name, the argv that gives it a blank one, or 2**63)."""
     import typer
     from typer.main import get_command
 
@@ -198,7 +198,10 @@ def _valued_parameters() -> list[tuple[list[str], str, list[str]]]:
         for param in command.params:
             if getattr(param, "is_flag", False) or param.name == "help":
                 continue
-            given = [param.opts[0], ""] if param.param_type_name == "option" else [""]
+            if kind == "int" and getattr(param.type, "name", "") not in ("integer", "int"):
+                continue
+            value = str(1 << 63) if kind == "int" else ""
+            given = [param.opts[0], value] if param.param_type_name == "option" else [value]
             found.append((path, param.name, given))
 
     walk(get_command(app), [])
@@ -206,6 +209,7 @@ def _valued_parameters() -> list[tuple[list[str], str, list[str]]]:
 
 
 VALUED = _valued_parameters()
+INTEGERS = _valued_parameters("int")
 
 
 @pytest.mark.parametrize(("path", "name", "given"), VALUED, ids=[f"{' '.join(p)}:{n}" for p, n, _ in VALUED])
@@ -217,7 +221,7 @@ def test_a_blank_value_is_a_usage_error_for_every_option_and_argument(
     was an internal error, ``demo ""`` wrote into it, ``runs ""`` and ``history --root ""``
     answered for a run named nothing, ``verify --db ""`` used the default database)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("DRILL_DB", f"sqlite:///{tmp_path}/d.db")
+    monkeypatch.setenv("DRILL_DATABASE_URL", f"sqlite:///{tmp_path}/d.db")
     res = invoke(cli, *path, *given)
     assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
     (line,) = res.stderr.strip().splitlines()
@@ -226,11 +230,25 @@ def test_a_blank_value_is_a_usage_error_for_every_option_and_argument(
     assert list(tmp_path.iterdir()) == []  # nothing written, no database created
 
 
+@pytest.mark.parametrize(("path", "name", "given"), INTEGERS, ids=[f"{' '.join(p)}:{n}" for p, n, _ in INTEGERS])
+def test_an_integer_no_record_can_hold_is_a_usage_error_for_every_integer_parameter(
+    cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: list[str], name: str, given: list[str]
+) -> None:
+    """``drill show 10**21``, ``history --limit 10**21``: exit 2 and one line, where they were
+    internal errors (exit 70: "Python int too large to convert to SQLite INTEGER")."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DRILL_DATABASE_URL", f"sqlite:///{tmp_path}/d.db")
+    res = invoke(cli, *path, *given)
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    (line,) = res.stderr.strip().splitlines()
+    assert line.endswith("out of range: a record holds integers from -9223372036854775808 to 9223372036854775807"), line
+
+
 def test_blank_values_from_defaults_or_the_environment_are_not_refused(
     cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Only what was typed is held to it: an unset or empty ``DRILL_DB`` is the default."""
-    monkeypatch.setenv("DRILL_DB", "")
+    """Only what was typed is held to it: an empty ``DRILL_DATABASE_URL`` is the default."""
+    monkeypatch.setenv("DRILL_DATABASE_URL", "")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     res = invoke(cli, "db", "status")
     assert res.exit_code in (0, 4) and "blank" not in res.stderr, res.stderr
@@ -545,3 +563,47 @@ def test_history_fits_80_columns_and_drill_runs_shows_the_whole_run(demo_run: Pa
     assert set(rows) == {"step-10", "step-20", "step-30"} and "never" in rows["step-10"] and "sealed" in rows["step-30"]
     doc = json.loads(invoke(cli, "runs", "--json", "--db", sqlite_url).stdout)
     assert doc["runs"][0]["coverage"]["never_drilled"] == ["step-10"]
+
+
+@pytest.mark.parametrize("command", [["run"], ["last-good"], ["burst"]])
+@pytest.mark.parametrize("root", ["absent", "a-file"])
+def test_every_command_that_lists_a_run_says_its_root_is_not_there(
+    cli: CliRunner, tmp_path: Path, sqlite_url: str, command: list[str], root: str
+) -> None:
+    """One way to list a run (``drill.api.list_run``): ``drill burst --root missing`` was an
+    internal error (exit 70, ``FileNotFoundError``) where ``run`` and ``last-good`` said exit 3."""
+    (tmp_path / "a-file").write_text("x")
+    res = invoke(cli, *command, "--root", str(tmp_path / root), "--db", sqlite_url)
+    assert res.exit_code == 3, (res.exit_code, res.stderr)
+    assert f"drill: error: run root {tmp_path / root} does not exist or is not a directory" in res.stderr
+    assert "internal error" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["history", "--since", "99999999d"], 0, ""),  # since the beginning of time (was exit 70)
+        (["report", "--since", "99999999999d", "-f", "json"], 0, ""),  # (was exit 70)
+        (["report", "--until", "9999-12-31", "-f", "json"], 0, ""),  # the end of the last day there is
+        (["report", "--since", "0001-01-01T00:00+01:00"], 2, "lies outside the years 1 to 9999 in UTC"),
+        (["history", "--since", "9999-12-31T23:59-05:00"], 2, "lies outside the years 1 to 9999 in UTC"),
+    ],
+)
+def test_a_time_window_at_the_edge_of_the_calendar_is_an_answer_or_a_usage_error(
+    cli: CliRunner, sqlite_url: str, args: list[str], code: int, says: str
+) -> None:
+    res = invoke(cli, *args, "--db", sqlite_url)
+    assert res.exit_code == code and says in res.stderr, (res.exit_code, res.stderr)
+    assert "internal error" not in res.stderr
+
+
+def test_a_coverage_window_past_the_calendar_is_all_of_time(tmp_path: Path) -> None:
+    """``--coverage-days 1e300`` on a sampled verification (where the window is looked at): every
+    proof counts, not an ``OverflowError``."""
+    from datetime import datetime, timezone
+
+    from drill.units import earlier
+
+    now = datetime.now(timezone.utc)
+    assert earlier(now, 1e300 * 86400) == datetime.min.replace(tzinfo=timezone.utc)
+    assert earlier(now, 60) < now

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from typer.testing import CliRunner
 
 from drill.demo import DemoConfig
 from drill.demo.train import build, deterministic, train_step
 from drill.sdk import read_step_log
-from tests.conftest import SMALL_RUN
+from tests.conftest import SMALL_RUN, invoke
 
 
 def test_run_directory_layout(pristine_run: Path) -> None:
@@ -67,6 +68,37 @@ def test_config_rejects_bad_combinations() -> None:
         DemoConfig(keep=0)
     with pytest.raises(ValueError, match="divisible"):
         DemoConfig(n_embd=65, n_head=2)
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--n-layer", "0"], "n_layer must be at least 1, not 0"),
+        (["--n-embd", "0"], "n_embd must be at least 1, not 0"),  # was an internal error (exit 70)
+        (["--n-embd", "-4"], "n_embd must be at least 1, not -4"),  # was an internal error (exit 70)
+        (["--steps", "5"], "the run would save no checkpoint: 5 steps, a save every 20"),  # was exit 0, no checkpoint
+        (["--n-layer", "99999999999"], "more than this host's"),  # was an allocation that never ended
+        (["--n-embd", "100000"], "need about 3.8 TB to train"),
+    ],
+)
+def test_a_demo_that_cannot_be_trained_or_would_save_nothing_is_a_usage_error(
+    cli: CliRunner, tmp_path: Path, flags: list[str], says: str
+) -> None:
+    res = invoke(cli, "demo", str(tmp_path / "run"), *flags)
+    assert res.exit_code == 2 and says in res.stderr, (res.exit_code, res.stderr)
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_a_recorded_configuration_too_large_for_this_host_is_refused_before_anything_is_allocated() -> None:
+    """A run.json is the run's, read by the replay: a width it claims is checked against this
+    host's memory before a tensor of that size is asked for (it was: 12 TB, "can't allocate")."""
+    from drill.memory import physical_memory
+
+    width = 1 << 20
+    cfg = DemoConfig(n_layer=1, n_embd=32)
+    assert cfg.training_bytes < physical_memory()
+    with pytest.raises(ValueError, match="more than this host's"):
+        DemoConfig(n_layer=2, n_embd=width)
 
 
 def test_refuses_to_overwrite_a_run(pristine_run: Path) -> None:

@@ -94,27 +94,34 @@ def _build(name: str, module: str, function: str) -> Any:
     command = typer.main.get_command(single)
     command.name = name
     for param in command.params:
-        param.type_cast_value = _refusing_blank(param.name, param.type_cast_value)
+        param.type_cast_value = _held_to_limits(param.name, param.type_cast_value)  # type: ignore[method-assign]
     return command
 
 
-def _refusing_blank(name: str | None, cast: Any) -> Any:
-    """``cast`` (a parameter's conversion), refusing a blank value typed on the command line:
-    ``--root ""`` or ``drill runs "$RUN"`` with the variable unset would otherwise be the
-    working directory (a ``Path`` of ``""`` is ``.``), match nothing, or fall back to a default
-    — never what was meant. One place for every option and argument of every command."""
+def _held_to_limits(name: str | None, cast: Any) -> Any:
+    """``cast`` (a parameter's conversion), refusing what no command can mean, for every
+    option and argument of every command in this one place: a blank value typed on the command
+    line (``--root ""``, or ``drill runs "$RUN"`` with the variable unset, would otherwise be the
+    working directory, match nothing, or fall back to a default), and an integer no record can
+    hold (``drill show 10**21``: SQL integers are 64-bit)."""
 
     def checked(ctx: Any, value: Any) -> Any:
         given = value if isinstance(value, (tuple, list)) else (value,)
         source = getattr(ctx.get_parameter_source(name), "name", None) if name else None
         if source == "COMMANDLINE" and any(isinstance(v, str) and not v.strip() for v in given):
             raise typer.BadParameter(BLANK, ctx=ctx)
-        return cast(ctx, value)
+        converted = cast(ctx, value)
+        numbers = converted if isinstance(converted, (tuple, list)) else (converted,)
+        if any(isinstance(v, int) and not isinstance(v, bool) and not INT64[0] <= v <= INT64[1] for v in numbers):
+            raise typer.BadParameter(OUT_OF_RANGE, ctx=ctx)
+        return converted
 
     return checked
 
 
 BLANK = "blank: nothing given (as a path, it would mean the working directory)"
+INT64 = (-(1 << 63), (1 << 63) - 1)
+OUT_OF_RANGE = f"out of range: a record holds integers from {INT64[0]} to {INT64[1]}"
 
 
 def _group(help: str, commands: dict[str, tuple[str, str]], *, completion: bool = False, **kw: Any) -> typer.Typer:

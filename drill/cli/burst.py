@@ -99,15 +99,14 @@ def burst(
 
 def _checkpoint(root: str, checkpoint: str) -> str:
     """The checkpoint ``--checkpoint`` names under ``--root`` (as ``drill run`` chooses it)."""
-    from drill.discover import discover
+    from drill.api import list_run
     from drill.select import parse_selector, select
-    from drill.storage import storage_for
 
     try:
         selector = parse_selector(checkpoint)
     except ValueError as exc:
         raise UsageError(f"--checkpoint: {exc}") from None
-    return select(discover(storage_for(root), root), selector).ref.uri
+    return select(list_run(root)[1], selector).ref.uri
 
 
 def _sweep(uri: str, counts: list[int], *, cold: bool, replicated: bool, as_ranks: bool):  # type: ignore[no-untyped-def]

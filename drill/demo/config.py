@@ -7,6 +7,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from drill.memory import physical_memory
+from drill.units import human_bytes
+
 RUN_FILE = "run.json"
 
 
@@ -44,10 +47,27 @@ class DemoConfig:
             raise ValueError("save_every must be at least 1")
         if self.keep < 1:
             raise ValueError("keep must be at least 1: keep-last-0 would delete every checkpoint it writes")
+        for name in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.save_every > self.steps:
+            raise ValueError(f"the run would save no checkpoint: {self.steps} steps, a save every {self.save_every}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.corpus_tokens < (self.block_size + 1) * self.batch_size:
             raise ValueError("corpus_tokens is too small for one batch of block_size windows")
+        if (need := self.training_bytes) > (have := physical_memory()):
+            raise ValueError(
+                f"{self.n_layer} blocks of width {self.n_embd} need about {human_bytes(need)} to train "
+                f"(weights, gradients, Adam's two moments), more than this host's {human_bytes(have)} of memory"
+            )
+
+    @property
+    def training_bytes(self) -> int:
+        """What training the model holds at least: its fp32 parameters (≈ 12·layers·width² in the
+        blocks, the embeddings beside them) four times — weights, gradients, Adam's moments."""
+        params = 12 * self.n_layer * self.n_embd**2 + (self.vocab_size + self.block_size) * self.n_embd
+        return 16 * params
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

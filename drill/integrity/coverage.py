@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from drill.findings import CheckResult, Severity
 from drill.integrity.verify import IntegrityPlan
+from drill.units import earlier
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,7 @@ def share_after(
     if update.verified == update.sealed and days >= 0:
         return 1.0
     proofs = proofs_after(update, {p: (d, at) for p, _, d, at in rows}, writes, now, parse)
-    return fresh_share(update, proofs, now - timedelta(days=days))
+    return fresh_share(update, proofs, earlier(now, days * 86400))
 
 
 def proofs_after(

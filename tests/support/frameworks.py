@@ -10,7 +10,7 @@ import torch
 from drill.demo import DemoConfig
 from drill.demo.train import build, deterministic, train_step
 
-TINY = DemoConfig(steps=4, n_layer=1, n_embd=32, n_head=2, corpus_tokens=4096, batch_size=4)
+TINY = DemoConfig(steps=4, save_every=4, n_layer=1, n_embd=32, n_head=2, corpus_tokens=4096, batch_size=4)
 
 
 class _TokenDataset(torch.utils.data.Dataset):
