@@ -35,6 +35,14 @@ class TimedOut(BaseException):
     """The drill ran past its deadline."""
 
 
+def arm(seconds: float) -> None:
+    """SIGALRM in ``seconds`` (bounded: :func:`~drill.units.bounded_wait`): the one way drill
+    sets its timer."""
+    from drill.units import bounded_wait
+
+    signal.setitimer(signal.ITIMER_REAL, bounded_wait(seconds))
+
+
 class InterruptGuard:
     """Install the handlers for the duration of a drill (main thread only; elsewhere the
     caller's own handling applies). ``timeout``: seconds before :class:`TimedOut`."""
@@ -71,7 +79,7 @@ class InterruptGuard:
                 self._previous[sig] = signal.signal(sig, self._handle)
             if self.timeout:
                 self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._alarm)
-                signal.setitimer(signal.ITIMER_REAL, self.timeout)
+                arm(self.timeout)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -93,7 +101,7 @@ def deadline(seconds: float | None, what: str) -> Iterator[None]:
         raise TimedOut(what)
 
     previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    arm(seconds)
     try:
         yield
     except TimedOut:

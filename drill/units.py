@@ -39,6 +39,17 @@ def parse_size(value: Any) -> int:
     return nbytes
 
 
+LONGEST_WAIT = 1e9
+"""Seconds (31 years) any timeout drill sets is held to: a longer one is as good as none, and
+past about 9.2e9 neither the interval timer nor a poll can be set at all (``--timeout 1e12``
+was an ``OverflowError``)."""
+
+
+def bounded_wait(seconds: float) -> float:
+    """``seconds``, at most :data:`LONGEST_WAIT`: what a timer or a poll is given."""
+    return min(seconds, LONGEST_WAIT)
+
+
 def parse_duration(value: Any) -> float:
     """``90``, ``"90s"``, ``"10m"``, ``"2h"``, ``"7d"``, ``"250ms"`` → seconds (finite, ≥ 0)."""
     if isinstance(value, bool):

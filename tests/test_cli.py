@@ -198,9 +198,9 @@ def _valued_parameters(kind: str = "any") -> list[tuple[list[str], str, list[str
         for param in command.params:
             if getattr(param, "is_flag", False) or param.name == "help":
                 continue
-            if kind == "int" and getattr(param.type, "name", "") not in ("integer", "int"):
+            if kind != "any" and getattr(param.type, "name", "") not in NUMERIC[kind]:
                 continue
-            value = str(1 << 63) if kind == "int" else ""
+            value = {"int": str(1 << 63), "float": "nan", "any": ""}[kind]
             given = [param.opts[0], value] if param.param_type_name == "option" else [value]
             found.append((path, param.name, given))
 
@@ -208,8 +208,10 @@ def _valued_parameters(kind: str = "any") -> list[tuple[list[str], str, list[str
     return found
 
 
+NUMERIC = {"int": ("integer", "int"), "float": ("float",)}
 VALUED = _valued_parameters()
 INTEGERS = _valued_parameters("int")
+FLOATS = _valued_parameters("float")
 
 
 @pytest.mark.parametrize(("path", "name", "given"), VALUED, ids=[f"{' '.join(p)}:{n}" for p, n, _ in VALUED])
@@ -242,6 +244,54 @@ def test_an_integer_no_record_can_hold_is_a_usage_error_for_every_integer_parame
     assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
     (line,) = res.stderr.strip().splitlines()
     assert line.endswith("out of range: a record holds integers from -9223372036854775808 to 9223372036854775807"), line
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])
+@pytest.mark.parametrize(("path", "name", "given"), FLOATS, ids=[f"{' '.join(p)}:{n}" for p, n, _ in FLOATS])
+def test_a_number_that_is_not_finite_is_a_usage_error_for_every_float_parameter(
+    cli: CliRunner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    path: list[str],
+    name: str,
+    given: list[str],
+    value: str,
+) -> None:
+    """``drill verify --timeout nan`` (or inf, or 1e400) was an internal error (exit 70, from the
+    interval timer); ``--coverage-days inf`` was taken. Every float parameter: exit 2, one line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DRILL_DATABASE_URL", f"sqlite:///{tmp_path}/d.db")
+    res = invoke(cli, *path, f"{given[0]}={value}" if len(given) == 2 else value)  # = : "-inf" is no option
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    (line,) = res.stderr.strip().splitlines()
+    assert line.endswith("not a finite number (nan, inf and values past 1.8e308 mean nothing here)"), line
+
+
+@pytest.mark.parametrize("command", [["verify", "{ckpt}"], ["last-good", "--root", "{run}"], ["report", "-f", "json"]])
+@pytest.mark.parametrize("seconds", ["-1", "0"])
+def test_every_timeout_is_a_positive_number_of_seconds(
+    cli: CliRunner, demo_run: Path, sqlite_url: str, command: list[str], seconds: str
+) -> None:
+    """``drill verify --timeout -1`` was an internal error (the interval timer refused it) and
+    ``--timeout 0`` no timeout at all: each command's ``--timeout`` is checked in one place."""
+    argv = [a.format(ckpt=demo_run / "step-30", run=demo_run) for a in command]
+    res = invoke(cli, *argv, f"--timeout={seconds}", "--db", sqlite_url)
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    assert res.stderr.strip() == f"drill: error: --timeout must be a positive number of seconds, not {seconds}"
+
+
+def test_a_timeout_longer_than_any_timer_is_as_good_as_none(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
+    """``--timeout 1e300`` is finite and positive, but past what the interval timer, a poll or
+    a rendezvous can be set to (``OverflowError``, exit 70, in ``verify``, ``run`` and the
+    replay): every wait is bounded (``drill.units.bounded_wait``), the drill runs to its end."""
+    res = invoke(cli, "verify", str(demo_run / "step-30"), "--timeout", "1e300", "--db", sqlite_url)
+    assert res.exit_code == 0, res.stderr
+    res = invoke(
+        cli, "run", "--root", str(demo_run), "-c", "step-20", "--replay-steps", "2",
+        "--timeout", "1e300", "--replay-timeout", "1e300", "--json", "--quiet", "--db", sqlite_url,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    assert next(c for c in json.loads(res.stdout)["checks"] if c["name"] == "replay")["status"] == "passed"
 
 
 def test_blank_values_from_defaults_or_the_environment_are_not_refused(

@@ -329,7 +329,8 @@ def test_goodput_cli_table_json_and_errors() -> None:
         (["--mtbf-hours", "0"], "--mtbf-hours must be a positive number"),
         (["--blocking-s", "-1"], "--blocking-s (the blocking checkpoint time C) must be a positive number"),
         (["--restart-s", "-5"], "--restart-s must be zero or more"),
-        (["--interval-s", "nan"], "--interval-s must be a positive number"),
+        (["--interval-s", "-3"], "--interval-s must be a positive number"),
+        (["--interval-s", "nan"], "not a finite number"),
         (["--checkpoint-bytes", "2TB"], "add --policy"),
     ):
         res = invoke(CliRunner(), "goodput", *args)

@@ -7,6 +7,7 @@ only assembles them, with one error boundary for all.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Annotated, Any
 
@@ -103,7 +104,8 @@ def _held_to_limits(name: str | None, cast: Any) -> Any:
     option and argument of every command in this one place: a blank value typed on the command
     line (``--root ""``, or ``drill runs "$RUN"`` with the variable unset, would otherwise be the
     working directory, match nothing, or fall back to a default), and an integer no record can
-    hold (``drill show 10**21``: SQL integers are 64-bit)."""
+    hold (``drill show 10**21``: SQL integers are 64-bit), or a number that is not finite
+    (``--timeout nan``, ``--coverage-days inf``)."""
 
     def checked(ctx: Any, value: Any) -> Any:
         given = value if isinstance(value, (tuple, list)) else (value,)
@@ -114,6 +116,8 @@ def _held_to_limits(name: str | None, cast: Any) -> Any:
         numbers = converted if isinstance(converted, (tuple, list)) else (converted,)
         if any(isinstance(v, int) and not isinstance(v, bool) and not INT64[0] <= v <= INT64[1] for v in numbers):
             raise typer.BadParameter(OUT_OF_RANGE, ctx=ctx)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+            raise typer.BadParameter(NOT_FINITE, ctx=ctx)
         return converted
 
     return checked
@@ -121,6 +125,7 @@ def _held_to_limits(name: str | None, cast: Any) -> Any:
 
 BLANK = "blank: nothing given (as a path, it would mean the working directory)"
 INT64 = (-(1 << 63), (1 << 63) - 1)
+NOT_FINITE = "not a finite number (nan, inf and values past 1.8e308 mean nothing here)"
 OUT_OF_RANGE = f"out of range: a record holds integers from {INT64[0]} to {INT64[1]}"
 
 

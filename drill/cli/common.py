@@ -198,6 +198,14 @@ def flag(name: str, parse: Callable[[Any], T], value: Any) -> T:
         raise UsageError(f"{name}: {exc}") from None
 
 
+def timeout_flag(seconds: float) -> float:
+    """A command's ``--timeout``: a positive number of seconds (finite: every float parameter
+    is held to that where the commands are built)."""
+    if not seconds > 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, not {seconds:g}")
+    return seconds
+
+
 def exit_with(code: int) -> typer.Exit:
     return typer.Exit(int(code))
 

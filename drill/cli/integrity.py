@@ -21,6 +21,7 @@ from drill.cli.common import (
     seal_key,
     stderr,
     stdout,
+    timeout_flag,
 )
 from drill.errors import UsageError
 
@@ -143,6 +144,7 @@ def verify(
     spec = flag("--sample", parse_sample, sample)
     if not coverage_days > 0:
         raise UsageError(f"--coverage-days: must be positive, not {coverage_days}")
+    timeout_flag(timeout)
     from drill.interrupts import deadline
 
     ledger = open_ledger(db)

@@ -18,6 +18,7 @@ from drill.cli.common import (
     print_json,
     stderr,
     stdout,
+    timeout_flag,
 )
 from drill.errors import ExitCode, NothingToDrill, UsageError
 
@@ -222,9 +223,7 @@ def last_good(
         raise UsageError(
             "--min-evidence none would vouch for a pass that proved nothing about the bytes: use structural or stronger"
         )
-    if not timeout > 0:
-        raise UsageError(f"--timeout must be positive, not {timeout:g}")
-    good = proven(root, db=db, min_evidence=level, require_replay=require_replay, timeout=timeout)
+    good = proven(root, db=db, min_evidence=level, require_replay=require_replay, timeout=timeout_flag(timeout))
     if good is None or good.checkpoint is None:
         asked = f" on {level} evidence or better" + (" with a replay" if require_replay else "")
         raise NothingToDrill(

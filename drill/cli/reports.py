@@ -20,6 +20,7 @@ from drill.cli.common import (
     since_flag,
     stderr,
     stdout,
+    timeout_flag,
     write_output,
 )
 from drill.errors import UsageError
@@ -152,8 +153,7 @@ def report(
 
     kind = _format(fmt, output)
     start, end = _window(since, until)
-    if not timeout > 0:
-        raise UsageError(f"--timeout must be positive, not {timeout:g}")
+    timeout_flag(timeout)
     options = ReportOptions(
         since=start, until=end, policy=policy, root=root, gpus=tuple(gpus or DEFAULT_GPUS), blocking_s=blocking_s, price_per_gpu_hour=price,
         list_storage=not no_list, listing_timeout=timeout, listed=DEFAULT_LISTED if drills is None else _listed(drills),

@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 
 from drill.dist.failure import RankFailure
 from drill.errors import UsageError
+from drill.units import bounded_wait
 
 INIT_ENV = "DRILL_DIST_INIT"
 
@@ -55,7 +56,7 @@ def open_store(rank: int, world: int, timeout: float) -> tuple[Any, bool]:
         if not path or not os.path.isdir(os.path.dirname(path) or "/"):
             raise UsageError(f"${INIT_ENV}={init}: the directory of the rendezvous file does not exist on this node")
         store, hosts = dist.FileStore(path, -1), False
-        store.set_timeout(timedelta(seconds=timeout))
+        store.set_timeout(timedelta(seconds=bounded_wait(timeout)))
     elif init == "env://":
         store, hosts = _tcp_store(rank, world, timeout)
     else:
@@ -76,7 +77,7 @@ def _tcp_store(rank: int, world: int, timeout: float) -> tuple[Any, bool]:
     listener = _listen(addr, int(port)) if hosts else None
     try:
         store = dist.TCPStore(
-            addr, int(port), None, is_master=hosts, timeout=timedelta(seconds=timeout), wait_for_workers=False, multi_tenant=True,
+            addr, int(port), None, is_master=hosts, timeout=timedelta(seconds=bounded_wait(timeout)), wait_for_workers=False, multi_tenant=True,
             master_listen_fd=listener.fileno() if listener is not None else None,
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - c10d raises RuntimeError subclasses for every socket problem

@@ -222,6 +222,11 @@ def _start_child(args: list[str], untrusted: tuple[str, ...]) -> tuple[Any, int]
     return proc, read_fd
 
 
+POLL = 3600.0
+"""The longest single wait for the child's next message (a poll takes at most 24.8 days): a
+longer timeout waits again."""
+
+
 def _listen(
     receive: Connection, proc: Any, outcome: ReplayOutcome, steps: int, started: float, deadline: float, timeout: float
 ) -> None:
@@ -230,10 +235,12 @@ def _listen(
     phase = "starting"
     while True:
         left = deadline - time.perf_counter()
-        if left <= 0 or not receive.poll(left):
+        if left <= 0:
             proc.kill()
             outcome.reason = f"replay timed out after {timeout:g} s ({phase}, {len(outcome.steps)} of {steps} steps done); the child was killed"
             return
+        if not receive.poll(min(left, POLL)):
+            continue
         try:
             kind, *rest = json.loads(receive.recv_bytes())
         except EOFError:
