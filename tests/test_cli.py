@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -657,3 +659,41 @@ def test_a_coverage_window_past_the_calendar_is_all_of_time(tmp_path: Path) -> N
     now = datetime.now(timezone.utc)
     assert earlier(now, 1e300 * 86400) == datetime.min.replace(tzinfo=timezone.utc)
     assert earlier(now, 60) < now
+
+
+NAMED_FILES = [
+    (["policy", "check", "{f}"], 2, "cannot read: {f} is not a regular file"),
+    (["submit", "--policy", "{f}"], 2, "cannot read: {f} is not a regular file"),
+    (["scheduler", "start", "{f}"], 2, "cannot read: {f} is not a regular file"),
+    (["run", "--policy", "{f}"], 2, "cannot read: {f} is not a regular file"),
+    (["verdict", "{f}"], 5, "holds no drill verdict (NotARegularFile)"),
+    (["seal", "{ckpt}", "--key-file", "{f}"], 2, "the seal key file {f} cannot be read"),
+    (["verify", "{ckpt}", "--key-file", "{f}"], 2, "the seal key file {f} cannot be read"),
+    (["run", "--root", "{run}", "--no-replay", "--key-file", "{f}"], 2, "the seal key file {f} cannot be read"),
+    (["audit", "verify"], 2, "the audit key file {f} cannot be read"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+@pytest.mark.parametrize(("argv", "code", "says"), NAMED_FILES, ids=[" ".join(a[:2]) for a, _, _ in NAMED_FILES])
+def test_a_file_named_to_drill_that_is_a_fifo_or_a_device_is_refused_unopened(
+    tmp_path: Path, demo_run: Path, sqlite_url: str, kind: str, argv: list[str], code: int, says: str
+) -> None:
+    """A policy, a verdict or a key file that is a FIFO blocked every one of these commands
+    forever (waiting for a writer); ``/dev/zero`` would never end. Each is read one way
+    (``drill.storage.local.read_regular``): exit ``code``, one line, never opened for reading."""
+    if kind == "fifo":
+        os.mkfifo(f := str(tmp_path / "named"))
+    else:
+        f = "/dev/zero"
+    env = {**os.environ, "DRILL_DATABASE_URL": sqlite_url}
+    if argv[0] == "audit":  # the audit chain's key, named in the environment
+        env["DRILL_AUDIT_KEY_FILE"] = f
+    args = [a.format(f=f, ckpt=demo_run / "step-30", run=demo_run) for a in argv]
+    res = subprocess.run(
+        [sys.executable, "-m", "drill", *args], capture_output=True, text=True, env=env, timeout=90, cwd=tmp_path
+    )  # a subprocess: a regression hangs on the FIFO, and the timeout ends it as a failure
+    assert res.returncode == code, (res.returncode, res.stderr)
+    assert says.format(f=f) in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr

@@ -150,6 +150,20 @@ def test_reference_from_lightning_csv(tmp_path: Path) -> None:
     assert {s: r.loss for s, r in ref.steps.items()} == {1: 1.5, 2: 1.25, 3: 1.125}
 
 
+@pytest.mark.timeout(60)
+def test_a_lightning_csv_that_is_a_fifo_or_holds_no_numbers_is_no_reference(tmp_path: Path) -> None:
+    """The run's ``metrics.csv`` is read one way (``read_regular``): a FIFO under its name blocked
+    the drill forever; a step of ``inf`` was an ``OverflowError``. Both are skipped: the next
+    source (or none) is the reference."""
+    run = tmp_path / "pl"
+    (run / "version_0").mkdir(parents=True)
+    os.mkfifo(run / "version_0" / "metrics.csv")
+    (run / "version_1").mkdir()
+    (run / "version_1" / "metrics.csv").write_text("step,train_loss\ninf,1.5\nnan,1.0\n1,x\n2,1.25\n")
+    ref = load_reference(run)
+    assert ref is not None and {s: r.loss for s, r in ref.steps.items()} == {3: 1.25}
+
+
 def test_reference_from_tensorboard(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard", reason="tensorboard is not installed")
     from torch.utils.tensorboard import SummaryWriter

@@ -10,11 +10,14 @@ checkpoint's other writers cannot.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+from drill.storage.local import read_regular
 
 KEY_FILE_ENV = "DRILL_SEAL_KEY_FILE"
 KEY_ENV = "DRILL_SEAL_KEY"
 MIN_KEY_BYTES = 16
+MAX_KEY_FILE_BYTES = 1 << 20
+"""A key file larger than this is not a key (a log, a device): refused unread."""
 
 
 class SealKeyError(ValueError):
@@ -36,9 +39,11 @@ def load_key(
     path = key_file or os.environ.get(file_env)
     if path:
         try:
-            key = Path(path).read_bytes()
-        except OSError as exc:
-            raise SealKeyError(f"the {what} file {path} cannot be read ({exc.strerror or exc})") from None
+            key = read_regular(path, MAX_KEY_FILE_BYTES)
+        except (OSError, ValueError) as exc:
+            raise SealKeyError(
+                f"the {what} file {path} cannot be read ({getattr(exc, 'strerror', None) or exc})"
+            ) from None
         key = key[:-1] if key.endswith(b"\n") else key
         source = f"the {what} file {path}"
     elif os.environ.get(env):

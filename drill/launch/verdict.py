@@ -17,8 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from drill.errors import DrillError, ExitCode
+from drill.storage.local import read_regular
 
 ENV = "DRILL_VERDICT_FILE"
+MAX_VERDICT_BYTES = 1 << 20
+"""A verdict is a few hundred bytes; a larger file is not one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +57,7 @@ def write_verdict(path: str, verdict: VerdictFile) -> None:
 def read_verdict(path: str) -> VerdictFile:
     """The verdict a drill left; :class:`DrillError` (exit 5) when there is none to read."""
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        doc = json.loads(read_regular(path, MAX_VERDICT_BYTES))
         code = int(doc["exit_code"])
         ExitCode(code)
         return VerdictFile(doc.get("id"), str(doc["status"]), code, doc.get("message"), doc.get("rank"))

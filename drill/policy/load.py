@@ -31,6 +31,7 @@ from drill.policy.model import (
 )
 from drill.replay.spec import anchored
 from drill.select import Selection
+from drill.storage.local import read_regular
 from drill.units import parse_duration, parse_size
 from drill.verdict import SLO
 
@@ -307,8 +308,7 @@ def _relative_root(ck: Checkpoints, file: str) -> Checkpoints:
 def load_policy(path: str | os.PathLike[str]) -> Policy:
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(MAX_BYTES + 1)  # a file past the limit is refused unread (a FIFO, /dev/zero)
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_regular(path, MAX_BYTES).decode("utf-8")  # never a FIFO or /dev/zero
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise PolicyError([Problem(path, None, "", f"cannot read: {getattr(exc, 'strerror', None) or exc}")]) from None
     return parse_policy(text, path)

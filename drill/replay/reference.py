@@ -26,6 +26,7 @@ from pathlib import Path
 from drill.checkpoints import step_of
 from drill.runlog.steplog import STEP_LOG, StepRecord, parse_step_log
 from drill.storage import Storage, scheme_of, storage_for
+from drill.storage.local import read_regular
 
 
 @dataclass(slots=True)
@@ -97,8 +98,10 @@ def _from_hf(storage: Storage, run_dir: str) -> Reference | None:
 
 def _from_lightning_csv(run_dir: Path) -> Reference | None:
     for path in sorted(run_dir.rglob("metrics.csv"), key=os.path.getmtime, reverse=True):
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+        try:  # the run's own file: never a FIFO, never past the log limit
+            rows = list(csv.DictReader(read_regular(path, MAX_LOG_BYTES).decode("utf-8", "replace").splitlines()))
+        except (OSError, ValueError, csv.Error):
+            continue
         if not rows:
             continue
         loss_col = next((c for c in rows[0] if c in ("train_loss", "loss", "train_loss_step")), None) or next(
@@ -109,9 +112,11 @@ def _from_lightning_csv(run_dir: Path) -> Reference | None:
         steps = {}
         for row in rows:
             if row.get(loss_col) not in (None, "") and row.get("step") not in (None, ""):
-                # Lightning logs the step index *before* the optimizer step (0-based).
-                step = int(float(row["step"])) + 1
-                steps[step] = StepRecord(step=step, loss=float(row[loss_col]))
+                try:  # Lightning logs the step index *before* the optimizer step (0-based).
+                    step, loss = int(float(row["step"])) + 1, float(row[loss_col])
+                except (ValueError, OverflowError):  # "inf", "nan", not a number: no step of the run
+                    continue
+                steps[step] = StepRecord(step=step, loss=loss)
         if steps:
             return Reference(source=f"{path.relative_to(run_dir)} ({loss_col})", steps=steps)
     return None

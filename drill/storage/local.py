@@ -232,6 +232,20 @@ def _regular(fd: int, path: str, relative: str = "") -> int:
     return fd
 
 
+def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of the regular file at ``path`` — a file a user or a run names for drill to
+    read (a key, a policy, a verdict, a run's metrics): at most ``limit`` bytes (more is
+    :class:`ValueError`), and never a FIFO, socket or device, which could block the open or
+    never end (:class:`NotARegularFile`, an ``OSError``). The one way such files are read."""
+    path = os.fspath(path)
+    fd = _regular(os.open(path, _READ), path)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} holds more than {limit} bytes: not read")
+    return data
+
+
 class Beneath:
     """Opens regular files below one directory by relative path, for positioned reads.
 
