@@ -697,3 +697,24 @@ def test_a_file_named_to_drill_that_is_a_fifo_or_a_device_is_refused_unopened(
     assert res.returncode == code, (res.returncode, res.stderr)
     assert says.format(f=f) in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+@pytest.mark.parametrize("command", [["history"], ["verify", "{ckpt}"], ["run", "--root", "{run}", "--no-replay"]])
+def test_a_database_that_is_no_file_is_refused_before_it_is_opened(
+    tmp_path: Path, demo_run: Path, kind: str, command: list[str]
+) -> None:
+    """``--db`` (or ``$DRILL_DATABASE_URL``) naming a FIFO blocked every command in SQLite's
+    open, past SIGTERM; ``/dev/null`` was read as an empty database. Exit 2, one line, from
+    where the URL is resolved (``drill.records.urls.resolve_url``)."""
+    target = {"fifo": str(tmp_path / "db.fifo"), "device": "/dev/null", "directory": str(tmp_path)}[kind]
+    if kind == "fifo":
+        os.mkfifo(target)
+    args = [a.format(ckpt=demo_run / "step-30", run=demo_run) for a in command]
+    for how in (["--db", target], ["--db", f"sqlite:///{target}"]):
+        res = subprocess.run(
+            [sys.executable, "-m", "drill", *args, *how], capture_output=True, text=True, timeout=90, cwd=tmp_path
+        )
+        assert res.returncode == 2, (how, res.returncode, res.stderr)
+        assert res.stderr.strip().splitlines()[-1].endswith("not an SQLite database file"), res.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,11 +52,25 @@ def resolve_url(value: str | None = None) -> str:
         if name not in SCHEMES or "://" not in value:
             raise UsageError(f"--db {safe_url(value)!r}: expected sqlite:///PATH, postgresql://HOST/DB or a file path")
     if "://" not in value:
-        return f"sqlite:///{os.path.abspath(os.path.expanduser(value))}"
+        value = f"sqlite:///{os.path.abspath(os.path.expanduser(value))}"
     for prefix in ("postgresql://", "postgres://"):
         if value.startswith(prefix):
             return "postgresql+psycopg://" + value[len(prefix) :]
+    if value.startswith("sqlite:///"):
+        _a_file_or_none(value[len("sqlite:///") :].partition("?")[0])
     return value
+
+
+def _a_file_or_none(path: str) -> None:
+    """An SQLite database is a regular file, or not there yet: a FIFO under its name blocked
+    every command in the open — past SIGTERM — and a device is no database."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # not there (it will be created), or not reachable (opening it will say so)
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO, socket or device"
+        raise UsageError(f"--db {path}: {kind}, not an SQLite database file")
 
 
 def database_key(url: str) -> str:
