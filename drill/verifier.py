@@ -275,10 +275,14 @@ def seal_checkpoint(
         what = classify(storage, uri)
     except (FileNotFoundError, NotADirectoryError):
         raise NothingToDrill(f"{uri} does not exist") from None
+    except OSError as exc:
+        raise storage_unavailable(uri, exc) from None
     if what.kind == "file":
         raise UsageError(
             f"{uri} is a single file: drill seals checkpoint directories (a torch.save file carries its own CRC-32s)"
         )
+    if what.kind == "directory":
+        _refuse_a_directory_of_runs(storage, uri)  # sealed, it would vouch for their files as one checkpoint's
     if what.kind == "run-root":
         raise _run_root(uri, what.discovery)  # type: ignore[arg-type]
     if what.kind == "empty":
@@ -288,7 +292,10 @@ def seal_checkpoint(
         raise SealConflict(
             f"{what.incomplete.name} is an incomplete save ({what.incomplete.reason}): sealing it would vouch for a save that never finished"
         )
-    return seal(uri, force=force, storage=storage, key=key)
+    try:
+        return seal(uri, force=force, storage=storage, key=key)
+    except PermissionError as exc:  # a file below it the storage will not let drill read
+        raise storage_unavailable(uri, exc) from None
 
 
 def _checkpoint_id(records: Ledger, uri: str, fmt: str | None) -> int:

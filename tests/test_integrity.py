@@ -839,3 +839,41 @@ def test_a_nested_shard_index_names_shards_beside_itself(tmp_path: Path) -> None
     (sub / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-1.safetensors"}}))
     found = find_foreign_manifests(LocalStorage(), str(tmp_path / "ckpt"), {"adapter/model.safetensors.index.json"})
     assert [m.listed for m in found] == [{"adapter/model-1.safetensors"}]
+
+
+def test_seal_of_a_directory_the_storage_will_not_list_is_a_storage_error_and_seals_nothing(tmp_path: Path) -> None:
+    """A directory below the checkpoint that cannot be listed (permission denied, as /proc's
+    links are) was an internal error of ``drill seal`` (exit 70, ``PermissionError``); it is the
+    storage's (exit 5), and no manifest is written."""
+    from drill.errors import StorageProblem
+    from drill.verifier import seal_checkpoint
+
+    class Denying(LocalStorage):
+        def list(self, uri: str):  # type: ignore[no-untyped-def]
+            if uri.endswith("/private"):
+                raise PermissionError(13, "Permission denied", uri)
+            return super().list(uri)
+
+    ckpt = tmp_path / "step-1"
+    with pytest.warns(UserWarning):
+        dcp.save({"w": torch.ones(4)}, checkpoint_id=str(ckpt))
+    (ckpt / "private").mkdir()
+    with pytest.raises(StorageProblem, match="Permission denied") as raised:
+        seal_checkpoint(str(ckpt), storage=Denying())
+    assert raised.value.exit_code == ExitCode.ERROR
+    assert not (ckpt / MANIFEST_NAME).exists()
+
+
+def test_seal_of_a_directory_of_runs_names_them_and_seals_nothing(demo_run: Path, tmp_path: Path) -> None:
+    """``drill seal /`` walked the whole filesystem (and failed on /proc); a directory holding
+    runs is refused as ``verify`` refuses it: sealed, it would vouch for their files as one
+    checkpoint's."""
+    from drill.errors import UsageError
+    from drill.verifier import seal_checkpoint
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "a").symlink_to(demo_run)
+    with pytest.raises(UsageError, match=r"is a directory of runs or checkpoints \(a\)"):
+        seal_checkpoint(str(runs))
+    assert not (runs / MANIFEST_NAME).exists()
