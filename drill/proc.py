@@ -16,7 +16,9 @@ import os
 import resource
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 
@@ -115,10 +117,29 @@ def child_preexec(memory: int | None = None) -> Callable[[], None]:
     """The function a child runs before exec (``preexec_fn``): die with the parent; cap the
     address space. Built in the parent, so the child imports nothing."""
     arm = death_signal()
+    cap = memory if memory and memory < NO_CAP else None  # past 2^62 bytes: no cap (setrlimit could not take it)
 
     def setup() -> None:
         arm()
-        if memory:
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        if cap:
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
     return setup
+
+
+NO_CAP = 1 << 62
+"""An address-space cap at or past this many bytes (4 EiB) is none: what no host has."""
+
+
+POLL = 3600.0
+"""The longest single wait on a child's pipe (a poll takes at most 24.8 days)."""
+
+
+def message_by(conn: Any, deadline: float) -> bool:
+    """Whether a message from ``conn`` is ready before ``deadline`` (``time.monotonic()``),
+    waiting in polls of at most :data:`POLL` seconds: a deadline years away (``--timeout
+    1e300``, a policy's ``timeout: 99999999999d``) is a long wait, not an ``OverflowError``."""
+    while (left := deadline - time.monotonic()) > 0:
+        if conn.poll(min(left, POLL)):
+            return True
+    return False

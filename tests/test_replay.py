@@ -188,3 +188,21 @@ def test_cli_shows_ttfs_and_takes_replay_options(demo_run: Path, sqlite_url: str
     assert "2 steps after step 30" in next(c for c in doc["checks"] if c["name"] == "replay")["summary"]
     bad = invoke(CliRunner(), "run", "--root", str(demo_run), "--replay", "nocolon", "--db", sqlite_url)
     assert bad.exit_code == 2 and "module:function" in bad.stderr
+
+
+@pytest.mark.timeout(300)
+def test_more_replay_steps_than_the_record_holds_replay_what_it_holds(demo_run: Path, sqlite_url: str) -> None:
+    """``--replay-steps 99999999999`` walked a range of that many steps looking for the
+    record's (a hang before the replay began): the steps compared are the record's after the
+    checkpoint, and the summary says how many of those asked for."""
+    from typer.testing import CliRunner
+
+    from tests.conftest import invoke
+
+    res = invoke(
+        CliRunner(), "run", "--root", str(demo_run), "-c", "step-20", "--replay-steps", "99999999999",
+        "--json", "--quiet", "--db", sqlite_url,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    (replay,) = [c for c in json.loads(res.stdout)["checks"] if c["name"] == "replay"]
+    assert replay["status"] == "passed" and "of the 99999999999 steps asked for" in replay["summary"], replay

@@ -382,3 +382,48 @@ def test_a_scheduled_drill_that_does_not_run_is_on_the_record_and_counted(
     invoke(CliRunner(), "metrics", "--textfile", str(prom), "--db", sqlite_url)
     text = prom.read_text()
     assert 'drill_scheduler_events_total{kind="refused",policy="gone"} 1.0' in text and "drill_scheduler_up 1.0" in text
+
+
+@pytest.mark.parametrize(
+    "option", [["--no-replay"], ["--root", "/r"], ["-c", "step:3"], ["--device", "cpu"], ["--timeout", "60"]]
+)
+def test_an_option_the_policy_owns_given_beside_it_is_refused_not_ignored(
+    tmp_path: Path, sqlite_url: str, option: list[str]
+) -> None:
+    """``drill run --policy P --no-replay`` replayed anyway (every option but --root and
+    --checkpoint was silently dropped): each one the policy owns is a usage error naming it."""
+    policy = _policy(tmp_path, "p", tmp_path)
+    res = invoke(CliRunner(), "run", "--policy", str(policy), *option, "--db", sqlite_url)
+    flag = {"-c": "--checkpoint"}.get(option[0], option[0])
+    assert res.exit_code == 2 and f"drop {flag}, or set it in the policy file" in res.stderr, res.stderr
+    assert _drills(sqlite_url) == []
+
+
+def test_a_policy_whose_limits_no_timer_or_cap_can_hold_runs_its_drill(
+    demo_run: Path, tmp_path: Path, sqlite_url: str
+) -> None:
+    """``limits: {timeout: 99999999999999999999d}`` was an ``OverflowError`` in the parent's
+    poll and ``memory: 99999999999999999999999TB`` one in the child's ``setrlimit`` (exit 70
+    both): a wait that long is bounded polls, a cap past any host's is none."""
+    body = "replay: {enabled: false}\nlimits: {timeout: 99999999999999999999d, memory: 99999999999999999999999TB}\n"
+    res = subprocess.run(
+        [sys.executable, "-m", "drill", "run", "--policy", str(_policy(tmp_path, "huge", demo_run, body)), "--db", sqlite_url],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert [d["status"] for d in _drills(sqlite_url)] == ["passed"]
+
+
+def test_a_policy_child_whose_parent_is_gone_ends_without_a_traceback() -> None:
+    """A policy drill's parent stopped (SIGTERM) left its child printing a BrokenPipeError
+    traceback onto the terminal they shared: the child ends quietly."""
+    from multiprocessing import Pipe
+
+    ours, theirs = Pipe(duplex=True)
+    ours.close()  # the parent, gone before it sent the policy
+    res = subprocess.run(
+        [sys.executable, "-m", "drill.scheduling.child", str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    theirs.close()
+    assert res.returncode == 5 and res.stderr == "", res.stderr

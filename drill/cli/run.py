@@ -171,11 +171,11 @@ def run(
     from drill.dist.context import launched_world
 
     ranks, as_trigger = launched_world() is not None, "policy" if trigger == "manual" or dry_run else trigger
+    if policy is not None:
+        _only_policy(policy, locals())
     if policy is not None and not ranks and not dry_run:
-        return run_policy(
-            _only_policy(policy, root, checkpoint), db=db, json=json, trigger=as_trigger, verdict_file=verdict_file
-        )
-    request = policy_request(_only_policy(policy, root, checkpoint), as_trigger) if policy else build_request(locals())
+        return run_policy(policy, db=db, json=json, trigger=as_trigger, verdict_file=verdict_file)
+    request = policy_request(policy, as_trigger) if policy else build_request(locals())
     if dry_run:
         return show_plan(request, db=db, json=json)
     if ranks:
@@ -260,9 +260,28 @@ def verdict(path: Annotated[str, typer.Argument(help="The file drill run --verdi
     raise exit_with(ExitCode(found.exit_code))
 
 
-def _only_policy(policy: Path, root: str | None, checkpoint: str) -> Path:
-    if (root, checkpoint) != (None, "latest"):
-        raise UsageError("--policy names the run and how to select its checkpoint; drop --root/--checkpoint")
+BESIDE_POLICY = frozenset(
+    {"policy", "db", "json", "quiet", "debug", "trigger", "verdict_file", "dry_run", "rank_timeout", "lost_after"}
+)
+"""What ``drill run --policy`` takes beside the policy: where to record and how to report —
+everything else (the run, the checkpoint, the device, the checks, the replay, the limits)
+is the policy's to say."""
+
+
+def _only_policy(policy: Path, given: dict[str, object]) -> Path:
+    """``policy``, or a usage error naming each option given beside it that the policy owns (it
+    would have been ignored: ``--no-replay`` with ``--policy`` replayed anyway)."""
+    import inspect
+
+    owned = [
+        "--" + name.replace("_", "-")
+        for name, param in inspect.signature(run).parameters.items()
+        if name not in BESIDE_POLICY and given.get(name, param.default) != param.default
+    ]
+    if owned:
+        raise UsageError(
+            f"--policy says how to drill (its run, checkpoint, checks, replay and limits): drop {', '.join(owned)}, or set it in the policy file"
+        )
     return policy
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from drill.proc import child_preexec, python_command, trusted_path
+from drill.proc import child_preexec, message_by, python_command, trusted_path
 from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE, Divergence, Tolerance, compare_steps
 from drill.replay.reference import Reference, load_reference
 from drill.replay.spec import ENTRYPOINT, ReplaySpec, anchored, entrypoint_file
@@ -129,7 +129,7 @@ def _replay(
             verdict=NOT_REPLAYABLE,
             reason="the checkpoint's step is unknown, so its place in the original run's record is too",
         )
-    wanted = [s for s in range(step + 1, step + spec.steps + 1) if s in reference.steps]
+    wanted = [s for s in reference.steps if step < s <= step + spec.steps]  # never a range of --replay-steps
     if not wanted:
         last = max(reference.steps)
         return ReplayOutcome(
@@ -190,7 +190,7 @@ def _run_child(
     receive = Connection(read_fd, writable=False)
     outcome = ReplayOutcome(verdict=ERROR, reason="")
     try:
-        _listen(receive, proc, outcome, steps, started, started + timeout, timeout)
+        _listen(receive, proc, outcome, steps, started, time.monotonic() + timeout, timeout)
     except BaseException:
         proc.kill()  # interrupted: the child goes at once, not after its grace time
         raise
@@ -222,11 +222,6 @@ def _start_child(args: list[str], untrusted: tuple[str, ...]) -> tuple[Any, int]
     return proc, read_fd
 
 
-POLL = 3600.0
-"""The longest single wait for the child's next message (a poll takes at most 24.8 days): a
-longer timeout waits again."""
-
-
 def _listen(
     receive: Connection, proc: Any, outcome: ReplayOutcome, steps: int, started: float, deadline: float, timeout: float
 ) -> None:
@@ -234,13 +229,10 @@ def _listen(
     child sends) until it is done, fails, dies or runs out of time."""
     phase = "starting"
     while True:
-        left = deadline - time.perf_counter()
-        if left <= 0:
+        if not message_by(receive, deadline):
             proc.kill()
             outcome.reason = f"replay timed out after {timeout:g} s ({phase}, {len(outcome.steps)} of {steps} steps done); the child was killed"
             return
-        if not receive.poll(min(left, POLL)):
-            continue
         try:
             kind, *rest = json.loads(receive.recv_bytes())
         except EOFError:

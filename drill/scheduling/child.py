@@ -56,5 +56,15 @@ def main(fd: int) -> int:
     return int(outcome.exit_code)
 
 
+def _main() -> int:
+    """The parent gone (stopped, killed), there is no one to hand the outcome to: end quietly,
+    not with a traceback on the terminal the parent shared. The drill's record is the
+    pipeline's to close."""
+    try:
+        return main(int(sys.argv[1])) if len(sys.argv) > 1 else int(ExitCode.USAGE)
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        return int(ExitCode.ERROR)
+
+
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1])) if len(sys.argv) > 1 else int(ExitCode.USAGE))
+    sys.exit(_main())

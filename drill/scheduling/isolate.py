@@ -21,7 +21,7 @@ from drill.alerts import Delivery, send_alerts
 from drill.errors import DrillError, ExitCode
 from drill.pipeline.recorder import DrillStart
 from drill.policy.model import Policy
-from drill.proc import child_preexec, python_command
+from drill.proc import child_preexec, message_by, python_command
 from drill.records.store import Records
 from drill.units import human_bytes
 from drill.verdict import DrillStatus, exit_code_for
@@ -93,8 +93,7 @@ def _listen(conn: Connection, proc: subprocess.Popen, policy: Policy, db_url: st
     try:
         conn.send((policy, db_url, trigger))
         while heard.outcome is None and heard.refused is None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not conn.poll(left):
+            if not message_by(conn, deadline):
                 heard.timed_out = policy.limits.timeout
                 proc.kill()
                 break
