@@ -11,6 +11,7 @@ Functions that touch the record database take ``db`` (a URL or an SQLite path; d
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -267,6 +268,10 @@ def list_run(
         raise storage_unavailable(key, exc) from None
 
 
+_CHAIN_HEAD = re.compile(r"[0-9a-f]{64}")
+"""A chain head as the log holds it: an entry's SHA-256, in hex."""
+
+
 def verify_audit_chain(
     *, db: str | None = None, head: str | None = None, keyed_from: int | None = None, full: bool = False
 ) -> ChainReport:
@@ -277,11 +282,17 @@ def verify_audit_chain(
 
     Incremental unless ``full``: from the head the last intact pass verified (a full pass when
     there is none), and an intact pass records its head for the next one (where the database
-    can be written). Raises :class:`~drill.errors.UsageError` when the key cannot be used."""
+    can be written). Raises :class:`~drill.errors.UsageError` when the key cannot be used, or
+    when ``head`` cannot be a chain head at all."""
+    from drill.errors import UsageError
     from drill.records.audit import ChainReport, remember_head, verified_head, verify_chain
     from drill.records.db import read_database
     from drill.records.store import Records
 
+    if head is not None and not _CHAIN_HEAD.fullmatch(head.strip().lower()):
+        raise UsageError(
+            f"--head {head!r} is not a chain head: 64 hex digits, as drill audit verify prints it (a malformed pin proves nothing about the log)"
+        )
     key = audit_key()
     database = read_database(db)
     if database is None:

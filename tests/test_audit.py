@@ -140,6 +140,16 @@ def test_a_deleted_entry_and_a_record_inserted_behind_drills_back(three_drills: 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("head", ["zz", "ab" * 31 + "a", "g" * 64, "ab" * 33])
+def test_a_pinned_head_that_cannot_be_one_is_a_usage_error_not_a_rewritten_log(three_drills: str, head: str) -> None:
+    """``--head zz`` said "the log was rewritten or its newest entries deleted" (exit 1): a pin
+    that is no SHA-256 proves nothing about the log. Exit 2, one line; the intact log still is."""
+    res = invoke(CliRunner(), "audit", "verify", "--head", head, "--db", three_drills)
+    assert res.exit_code == 2 and f"--head {head!r} is not a chain head" in res.stderr, res.stderr
+    code, doc = _verify(three_drills, "--head", _verify(three_drills)[1]["head"]["hash"].upper())
+    assert code == 0 and doc["intact"]  # a real head, in either case, still pins
+
+
 def test_truncating_the_newest_records_is_caught_by_a_pinned_head(three_drills: str) -> None:
     _, before = _verify(three_drills)
     pinned = before["head"]["hash"]
