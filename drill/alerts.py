@@ -121,8 +121,16 @@ def payload(drill: dict[str, Any], policy: str | None) -> dict[str, Any]:
     }
 
 
+def _strict_json(body: dict[str, Any]) -> str:
+    """The alert's body as strict JSON (``"NaN"`` a string, as in the records): a receiver's
+    parser rejects a bare ``NaN``."""
+    from drill.findings import jsonable
+
+    return json.dumps(jsonable(body), allow_nan=False)
+
+
 def post_webhook(url: str, body: dict[str, Any], *, timeout: float, retries: int) -> Delivery:
-    data = json.dumps(body, default=str).encode()
+    data = _strict_json(body).encode()
     error = None
     attempts = 0
     for attempt in range(max(1, retries)):
@@ -166,7 +174,7 @@ def run_command(command: str, body: dict[str, Any], *, timeout: float) -> Delive
         done = subprocess.run(
             command,
             shell=True,
-            input=json.dumps(body, default=str),
+            input=_strict_json(body),
             text=True,
             timeout=timeout,
             env=env,

@@ -718,3 +718,25 @@ def test_a_database_that_is_no_file_is_refused_before_it_is_opened(
         )
         assert res.returncode == 2, (how, res.returncode, res.stderr)
         assert res.stderr.strip().splitlines()[-1].endswith("not an SQLite database file"), res.stderr
+
+
+def _strict(text: str):  # type: ignore[no-untyped-def]
+    def refuse(constant: str):  # type: ignore[no-untyped-def]
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_on_stdout_and_to_alert_receivers_is_strict_even_where_a_figure_is_not_finite(
+    cli: CliRunner, sqlite_url: str
+) -> None:
+    """``drill goodput --json --blocking-s 1e300`` printed ``Infinity`` (and a replay's NaN loss
+    reached an alert's receiver as ``NaN``): jq and strict parsers reject both. Every JSON drill
+    writes goes through the records' encoding: the strings ``"Infinity"``/``"NaN"``."""
+    from drill.alerts import _strict_json
+
+    res = invoke(cli, "goodput", "--gpus", "1", "--blocking-s", "1e300", "--json", "--db", sqlite_url)
+    assert res.exit_code == 0, res.stderr
+    doc = _strict(res.stdout)
+    assert "Infinity" in json.dumps(doc) and '"Infinity"' in res.stdout
+    assert _strict(_strict_json({"loss": float("nan"), "rate": float("-inf")})) == {"loss": "NaN", "rate": "-Infinity"}

@@ -123,7 +123,12 @@ def stderr() -> Console:
 
 
 def print_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    """``doc`` as strict JSON on stdout: a value that is no finite number is the string
+    ``"NaN"``/``"Infinity"`` as in the records (:func:`~drill.findings.jsonable`), never the bare
+    ``Infinity`` that ``jq`` and strict parsers reject."""
+    from drill.findings import jsonable
+
+    sys.stdout.write(json.dumps(jsonable(doc), indent=2, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 

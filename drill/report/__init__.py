@@ -30,7 +30,9 @@ def render(report: Report, fmt: str) -> str:
 
         return render_markdown(report)
     if fmt == "json":
-        return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
+        from drill.findings import jsonable  # strict JSON: a non-finite figure is "Infinity", a string
+
+        return json.dumps(jsonable(report.to_dict()), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     if fmt == "csv":
         from drill.report.csvfile import render_csv
 
