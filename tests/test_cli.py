@@ -740,3 +740,23 @@ def test_json_on_stdout_and_to_alert_receivers_is_strict_even_where_a_figure_is_
     doc = _strict(res.stdout)
     assert "Infinity" in json.dumps(doc) and '"Infinity"' in res.stdout
     assert _strict(_strict_json({"loss": float("nan"), "rate": float("-inf")})) == {"loss": "NaN", "rate": "-Infinity"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        (["verify", "{ckpt}", "--db", "{long}"], 2, "a path longer than this system allows"),  # was exit 70
+        (["history", "--db", "{long}"], 2, "a path longer than this system allows"),
+        (["run", "--root", "{long}"], 3, "does not exist or is not a directory"),  # was exit 5, "storage unavailable"
+        (["verify", "{long}"], 3, "does not exist"),
+        (["burst", "--root", "{long}"], 3, "does not exist or is not a directory"),
+    ],
+)
+def test_a_path_longer_than_the_system_allows_is_not_there_never_an_internal_or_storage_error(
+    cli: CliRunner, demo_run: Path, tmp_path: Path, sqlite_url: str, argv: list[str], code: int, says: str
+) -> None:
+    long = str(tmp_path / ("a" * 5000))  # ENAMETOOLONG from every system call that takes it
+    args = [a.format(ckpt=demo_run / "step-30", long=long) for a in argv]
+    res = invoke(cli, *args, *([] if "--db" in args else ["--db", sqlite_url]))
+    assert res.exit_code == code and says in res.stderr, (res.exit_code, res.stderr[-300:])
+    assert "internal error" not in res.stderr and "storage unavailable" not in res.stderr

@@ -7,6 +7,7 @@ the lock timeout, the connection settings and the schema head from here.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sqlite3
@@ -66,7 +67,9 @@ def _a_file_or_none(path: str) -> None:
     every command in the open — past SIGTERM — and a device is no database."""
     try:
         mode = os.stat(path).st_mode
-    except OSError:
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:  # no file can be there, or be made there
+            raise UsageError(f"--db {path[:200]}…: a path longer than this system allows") from None
         return  # not there (it will be created), or not reachable (opening it will say so)
     if not stat.S_ISREG(mode):
         kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO, socket or device"

@@ -75,7 +75,14 @@ class LocalStorage:
 
     def stat(self, uri: str) -> Entry:
         path = _path(uri)
-        st = os.stat(path)
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:  # nothing can be there: not there, not a storage fault
+                raise FileNotFoundError(
+                    errno.ENOENT, "a path longer than this system allows", path[:200] + "…"
+                ) from None
+            raise
         target = os.readlink(path) if os.path.islink(path) else None
         return Entry(
             os.path.basename(path.rstrip("/")) or path, path, _kind(st.st_mode), st.st_size, st.st_mtime, target
