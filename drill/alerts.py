@@ -8,7 +8,6 @@ its scheme and host.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -19,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from drill.catalogue import describe
+from drill.findings import strict_json
 from drill.policy.model import Alerts
 
 
@@ -121,16 +121,8 @@ def payload(drill: dict[str, Any], policy: str | None) -> dict[str, Any]:
     }
 
 
-def _strict_json(body: dict[str, Any]) -> str:
-    """The alert's body as strict JSON (``"NaN"`` a string, as in the records): a receiver's
-    parser rejects a bare ``NaN``."""
-    from drill.findings import jsonable
-
-    return json.dumps(jsonable(body), allow_nan=False)
-
-
 def post_webhook(url: str, body: dict[str, Any], *, timeout: float, retries: int) -> Delivery:
-    data = _strict_json(body).encode()
+    data = strict_json(body).encode()
     error = None
     attempts = 0
     for attempt in range(max(1, retries)):
@@ -174,7 +166,7 @@ def run_command(command: str, body: dict[str, Any], *, timeout: float) -> Delive
         done = subprocess.run(
             command,
             shell=True,
-            input=_strict_json(body),
+            input=strict_json(body),
             text=True,
             timeout=timeout,
             env=env,

@@ -7,6 +7,7 @@ a hint naming the next command to run.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -161,6 +162,13 @@ class CheckResult:
 def not_run(name: str, why: str) -> CheckResult:
     """A check that could not run in this drill: a gap in the evidence, never a pass."""
     return CheckResult(name=name, summary=f"not checked: {why}", skipped=True, evidence={"not_checked": why})
+
+
+def strict_json(value: Any, **dumps: Any) -> str:
+    """``value`` as strict JSON text for others to parse (stdout, reports, alert receivers):
+    :func:`jsonable` first, so a non-finite number is ``"NaN"``/``"Infinity"``, never the bare
+    ``Infinity`` that ``jq`` and strict parsers reject."""
+    return json.dumps(jsonable(value), allow_nan=False, **dumps)
 
 
 def jsonable(value: Any) -> Any:

@@ -733,13 +733,13 @@ def test_json_on_stdout_and_to_alert_receivers_is_strict_even_where_a_figure_is_
     """``drill goodput --json --blocking-s 1e300`` printed ``Infinity`` (and a replay's NaN loss
     reached an alert's receiver as ``NaN``): jq and strict parsers reject both. Every JSON drill
     writes goes through the records' encoding: the strings ``"Infinity"``/``"NaN"``."""
-    from drill.alerts import _strict_json
+    from drill.findings import strict_json
 
     res = invoke(cli, "goodput", "--gpus", "1", "--blocking-s", "1e300", "--json", "--db", sqlite_url)
     assert res.exit_code == 0, res.stderr
     doc = _strict(res.stdout)
     assert "Infinity" in json.dumps(doc) and '"Infinity"' in res.stdout
-    assert _strict(_strict_json({"loss": float("nan"), "rate": float("-inf")})) == {"loss": "NaN", "rate": "-Infinity"}
+    assert _strict(strict_json({"loss": float("nan"), "rate": float("-inf")})) == {"loss": "NaN", "rate": "-Infinity"}
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ stdout carries data (tables, ``--json`` documents); stderr carries talk (progres
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -126,9 +125,9 @@ def print_json(doc: Any) -> None:
     """``doc`` as strict JSON on stdout: a value that is no finite number is the string
     ``"NaN"``/``"Infinity"`` as in the records (:func:`~drill.findings.jsonable`), never the bare
     ``Infinity`` that ``jq`` and strict parsers reject."""
-    from drill.findings import jsonable
+    from drill.findings import strict_json
 
-    sys.stdout.write(json.dumps(jsonable(doc), indent=2, allow_nan=False) + "\n")
+    sys.stdout.write(strict_json(doc, indent=2) + "\n")
     sys.stdout.flush()
 
 

@@ -12,8 +12,6 @@ and ``json`` render it.
 
 from __future__ import annotations
 
-import json
-
 from drill.report.build import ReportOptions, build_report
 from drill.report.model import SCHEMA, Report
 
@@ -30,9 +28,9 @@ def render(report: Report, fmt: str) -> str:
 
         return render_markdown(report)
     if fmt == "json":
-        from drill.findings import jsonable  # strict JSON: a non-finite figure is "Infinity", a string
+        from drill.findings import strict_json
 
-        return json.dumps(jsonable(report.to_dict()), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        return strict_json(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
     if fmt == "csv":
         from drill.report.csvfile import render_csv
 
