@@ -407,20 +407,25 @@ def test_a_torchtune_recipe_state_ahead_of_every_saved_epoch_fails_run_and_verif
     assert "recipe-state-ahead" in [f.code for f in verified.result.errors], verified.result.findings
 
 
+@pytest.mark.parametrize(
+    ("kind", "pieces"), [("ChunkedTensor", "chunks"), ("DTensor", "shards"), ("ShardedTensor", "shards")]
+)
 @pytest.mark.parametrize("shape", [[10**7, 10**7], [6 * 10**9]])
-def test_a_chunked_tensor_claiming_more_than_its_chunks_is_implausible_never_allocated(
-    copy_of, shape: list[int], sqlite_url: str
+def test_a_tensor_claiming_more_than_its_pieces_is_implausible_never_allocated(
+    copy_of, kind: str, pieces: str, shape: list[int], sqlite_url: str
 ) -> None:
-    """A torchsnapshot manifest whose chunked tensor claims a whole shape its chunks cannot fill
-    (10^14 or 6·10^9 bytes from 5 KB): ``metadata-implausible`` naming the entry, in ``run`` and
-    ``verify``, within a 2 GiB cap (the whole was allocated: drill's own error, or the memory)."""
+    """A torchsnapshot manifest whose tensor claims a whole shape its pieces cannot fill (10^14
+    or 6·10^9 bytes from 5 KB): a chunked tensor's against its chunks, a DTensor's or sharded
+    tensor's global shape (its entry holds one rank's shards) against every tensor byte the
+    snapshot holds. ``metadata-implausible`` naming the entry, in ``run`` and ``verify``,
+    within a 2 GiB cap (the whole was allocated: drill's own error, or the memory)."""
     run, ckpt = copy_of("torchsnapshot")
     meta = ckpt / ".snapshot_metadata"
     doc = json.loads(meta.read_text())
     piece = doc["manifest"]["0/rng/rng_state"]
     doc["manifest"]["0/rng/rng_state"] = {
-        "type": "ChunkedTensor", "dtype": "torch.uint8", "shape": shape, "replicated": False,
-        "chunks": [{"offsets": [0] * len(shape), "sizes": piece["shape"], "tensor": piece}],
+        "type": kind, "dtype": "torch.uint8", "shape": shape, "replicated": False,
+        pieces: [{"offsets": [0] * len(shape), "sizes": piece["shape"], "tensor": piece}],
     }  # fmt: skip
     meta.write_text(json.dumps(doc))
     code, document = capped_drill("run", "--root", str(run), "--no-replay", "--db", sqlite_url)

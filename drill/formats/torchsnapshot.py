@@ -196,21 +196,37 @@ def _shape(value: Any) -> list[int] | None:
     return value if isinstance(value, list) and all(type(d) is int and d >= 0 for d in value) else None
 
 
-def _beyond_its_pieces(key: str, entry: dict[str, Any]) -> Finding | None:
-    """``metadata-implausible`` when a chunked tensor claims a whole shape of more elements than
-    its chunks hold (every chunk of it is in its entry, as torchsnapshot writes it; a sharded
-    tensor's entry holds one rank's shards): a whole that size is never allocated (10^14 bytes was)."""
-    whole = _shape(entry.get("shape")) if entry.get("type") == "ChunkedTensor" else None
-    if whole is None:
+def _beyond_its_pieces(key: str, entry: dict[str, Any], stored: int) -> Finding | None:
+    """``metadata-implausible`` when a tensor claims a whole shape its pieces cannot fill, so a
+    whole that size is never allocated (10^14 bytes was): a chunked tensor's whole against its
+    chunks (every chunk of it is in its entry, as torchsnapshot writes it); a sharded tensor's
+    or DTensor's global shape, whose entry holds one rank's shards, against ``stored`` — the
+    bytes every raw tensor of the snapshot holds, which no global tensor of it can exceed."""
+    kind = entry.get("type")
+    if kind not in ("ChunkedTensor", "ShardedTensor", "DTensor") or (whole := _shape(entry.get("shape"))) is None:
         return None
-    held = sum(math.prod(s) for _, t, _ in _tensors(key, entry) if (s := _shape(t.get("shape"))) is not None)
-    if math.prod(whole) <= held:
+    if kind == "ChunkedTensor":
+        held = sum(math.prod(s) for _, t, _ in _tensors(key, entry) if (s := _shape(t.get("shape"))) is not None)
+        if math.prod(whole) <= held:
+            return None
+        return _finding(
+            "metadata-implausible",
+            key,
+            f"{key} claims a {whole} tensor ({math.prod(whole)} elements), and its pieces hold {held}: nothing allocated",
+        )
+    if (dtype := _dtype(entry.get("dtype"))) is None or (need := math.prod(whole) * _itemsize(dtype)) <= stored:
         return None
     return _finding(
         "metadata-implausible",
         key,
-        f"{key} claims a {whole} tensor ({math.prod(whole)} elements), and its pieces hold {held}: nothing allocated",
+        f"{key} claims a {whole} tensor ({need} bytes), more than every tensor of the snapshot holds ({stored}): nothing allocated",
     )
+
+
+def _itemsize(dtype: Any) -> int:
+    import torch
+
+    return int(torch.empty((), dtype=dtype).element_size())
 
 
 def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[str], list[Finding]]:
@@ -224,8 +240,6 @@ def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[s
             else:
                 objects.add(path)
             continue
-        if (beyond := _beyond_its_pieces(key, entry)) is not None:
-            problems.append(beyond)
         for name, tensor, _ in _tensors(key, entry):
             path = _safe(tensor.get("location"))
             if path is None:
@@ -236,7 +250,14 @@ def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[s
                 problems.append(span)
             else:
                 spans.append((path, *span, name))
+    stored = _stored(spans)
+    problems += [b for key, entry in _entries(doc) if (b := _beyond_its_pieces(key, entry, stored)) is not None]
     return spans, objects, problems
+
+
+def _stored(spans: list[tuple[str, int, int, str]]) -> int:
+    """The bytes the snapshot's raw tensors hold, as its manifest places them."""
+    return sum(end - begin for _, begin, end, _ in spans)
 
 
 def _escapes(name: str, entry: dict[str, Any]) -> Finding:
@@ -247,7 +268,6 @@ def _escapes(name: str, entry: dict[str, Any]) -> Finding:
 
 def _raw_span(name: str, tensor: dict[str, Any]) -> tuple[int, int] | Finding:
     """The byte range a raw tensor's dtype and shape need, or ``metadata-implausible``."""
-    import torch
 
     dtype, shape, span = _dtype(tensor.get("dtype")), _shape(tensor.get("shape")), tensor.get("byte_range")
     if dtype is None or shape is None:
@@ -256,7 +276,7 @@ def _raw_span(name: str, tensor: dict[str, Any]) -> tuple[int, int] | Finding:
             name,
             f"{name}: dtype {tensor.get('dtype')!r} or shape {tensor.get('shape')!r} is not a tensor's",
         )
-    need = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    need = math.prod(shape) * _itemsize(dtype)
     begin, end = (
         span if isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span) else (0, need)
     )
@@ -332,7 +352,8 @@ def _restore_entries(
 
     spans, objects, problems = _layout(doc)
     files = sorted({p for p, *_ in spans} | objects)
-    check_budget(sum(end - begin for _, begin, end, _ in spans) + sum(_size(storage, ref, p) for p in objects), ctx)
+    stored = _stored(spans)
+    check_budget(stored + sum(_size(storage, ref, p) for p in objects), ctx)
     ctx.progress.phase("read", total_bytes=None)
     views = {}
     for path in files:
@@ -341,7 +362,7 @@ def _restore_entries(
     started = time.perf_counter()
     state: dict[str, Any] = {}
     for key, entry in _entries(doc):
-        _value(key, entry, views, ctx, result, state)
+        _value(key, entry, views, ctx, result, state, stored)
     result.load_seconds += time.perf_counter() - started
     structural = problems + _spans_against(spans, sizes) + _objects_structure(objects, views.get)
     result.structure = (
@@ -367,14 +388,16 @@ def _value(
     ctx: RestoreContext,
     result: RestoreResult,
     state: dict[str, Any],
+    stored: int,
 ) -> None:
+    """``state[key]`` from its manifest entry (``stored``: as :func:`_beyond_its_pieces`)."""
     kind = entry.get("type")
     if kind in ("int", "float", "bool", "str", "bytes"):
         state[key] = _primitive(kind, entry.get("serialized_value"))
     elif kind == "object":
         state[key] = _object(key, _safe(entry.get("location")), views, ctx, result)
     elif kind in ("Tensor", "ChunkedTensor", "ShardedTensor", "DTensor"):
-        tensor = _tensor(key, entry, views, ctx, result)
+        tensor = _tensor(key, entry, views, ctx, result, stored)
         if tensor is not None:
             state[key] = tensor
 
@@ -417,12 +440,14 @@ def _object(key: str, path: str | None, views: dict[str, Any], ctx: RestoreConte
         return None
 
 
-def _tensor(key: str, entry: dict[str, Any], views: dict[str, Any], ctx: RestoreContext, result: RestoreResult) -> Any:
+def _tensor(
+    key: str, entry: dict[str, Any], views: dict[str, Any], ctx: RestoreContext, result: RestoreResult, stored: int
+) -> Any:
     import torch
 
     pieces = list(_tensors(key, entry))
     whole = None
-    if _beyond_its_pieces(key, entry) is not None:  # the manifest's finding names it
+    if _beyond_its_pieces(key, entry, stored) is not None:  # the manifest's finding names it
         result.failures.append(
             ItemFailure(
                 key, None, "its claimed shape holds more than its pieces: not allocated", code="entry-not-loaded"
