@@ -279,6 +279,24 @@ def test_a_torchtune_recipe_state_older_than_the_weights_fails_in_run_and_verify
     assert verified.status == "failed" and any(f.code == "recipe-state-stale" for f in verified.result.findings)
 
 
+@pytest.mark.parametrize("epochs_run", [0, -6, -(10**18)])
+def test_a_torchtune_recipe_state_with_no_epoch_run_is_stale_never_a_negative_epoch(
+    copy_of, epochs_run: int, sqlite_url: str
+) -> None:
+    """torchtune saves its recipe state after an epoch, so ``epochs_run`` is at least 1: one of 0
+    or below matches no epoch's weights and is ``recipe-state-stale`` saying so, in ``run`` and
+    ``verify`` — not "saved after epoch -7"."""
+    run, ckpt = copy_of("torchtune")
+    _rewrite(lambda obj: obj.update(epochs_run=epochs_run))(run / "recipe_state" / "recipe_state.pt")
+    outcome = _drill(run, sqlite_url)
+    stale = [f.message for f in outcome.findings if f.code == "recipe-state-stale"]
+    verified = verify_checkpoint(str(ckpt))
+    stale += [f.message for f in verified.result.errors if f.code == "recipe-state-stale"]
+    assert outcome.status == "failed" and verified.status == "failed" and len(stale) == 2, outcome.findings
+    assert all(f"epochs_run={epochs_run}, which no saved recipe state says" in m for m in stale), stale
+    assert not any("epoch -" in m for m in stale), stale
+
+
 @pytest.mark.slow
 def test_an_older_torchtune_epoch_is_weights_only_and_says_why(written, sqlite_url: str) -> None:
     run = written("torchtune") / "output"

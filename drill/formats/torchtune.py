@@ -207,6 +207,11 @@ def _match(epoch: int, recipe: Any, saved: set[int]) -> tuple[str, str]:
     total = recipe.get("total_epochs") if isinstance(recipe, dict) else None
     if not isinstance(run, int) or isinstance(run, bool):
         return "stale", f"{RECIPE_PATH} names no epochs_run: it cannot be matched to epoch_{epoch}"
+    if run < 1:  # torchtune saves it after an epoch: at least one ran
+        return "stale", (
+            f"{RECIPE_PATH} says epochs_run={run}, which no saved recipe state says (it is saved after an epoch): "
+            f"it cannot be matched to epoch_{epoch}"
+        )
     if run == epoch + 1:
         return "matched", f"{RECIPE_PATH} is epoch_{epoch}'s (epochs_run={run})"
     if run == epoch and total == epoch + 1:
