@@ -720,6 +720,37 @@ def test_a_database_that_is_no_file_is_refused_before_it_is_opened(
         assert res.stderr.strip().splitlines()[-1].endswith("not an SQLite database file"), res.stderr
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "url", ["sqlite:///:memory:", "sqlite://", "sqlite:///file::memory:?cache=shared", "sqlite:///x.db?mode=memory"]
+)
+def test_an_in_memory_database_is_refused_as_no_record(tmp_path: Path, demo_run: Path, url: str) -> None:
+    """An in-memory SQLite URL kept nothing: ``verify`` was exit 4 "no such table" (the
+    migrations ran on one connection's database, the ledger read another's), ``run`` spooled
+    its verdict as if the database were down, ``history`` answered "no drills recorded". Exit
+    2, one line, from ``--db`` and ``$DRILL_DATABASE_URL`` alike; nothing spooled."""
+    spool = tmp_path / "spool"
+    env = {**os.environ, "DRILL_SPOOL_DIR": str(spool)}
+    env.pop("DRILL_DATABASE_URL", None)
+    for args in (["history"], ["verify", str(demo_run / "step-30")], ["run", "--root", str(demo_run), "--no-replay"]):
+        for how, extra in ((["--db", url], {}), ([], {"DRILL_DATABASE_URL": url})):
+            res = subprocess.run(
+                [sys.executable, "-m", "drill", *args, *how],
+                capture_output=True,
+                text=True,
+                timeout=90,
+                cwd=tmp_path,
+                env={**env, **extra},
+            )
+            assert res.returncode == 2, (args, how, res.returncode, res.stderr)
+            assert (
+                res.stderr.strip()
+                .splitlines()[-1]
+                .endswith("keeps no record past the command that opened it: name a file")
+            )
+    assert not spool.exists() or not any(spool.iterdir()), list(spool.iterdir())
+
+
 def _strict(text: str):  # type: ignore[no-untyped-def]
     def refuse(constant: str):  # type: ignore[no-untyped-def]
         raise ValueError(f"{constant} is not JSON")

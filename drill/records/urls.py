@@ -57,9 +57,22 @@ def resolve_url(value: str | None = None) -> str:
     for prefix in ("postgresql://", "postgres://"):
         if value.startswith(prefix):
             return "postgresql+psycopg://" + value[len(prefix) :]
+    if value.startswith("sqlite:") and _in_memory(value):
+        raise UsageError(
+            f"--db {value}: an in-memory SQLite database keeps no record past the command that opened it: name a file"
+        )
     if value.startswith("sqlite:///"):
         _a_file_or_none(value[len("sqlite:///") :].partition("?")[0])
     return value
+
+
+def _in_memory(url: str) -> bool:
+    """Whether an ``sqlite:`` URL names a database that lives in memory (no path, ``:memory:``,
+    a ``file::memory:`` URI, ``mode=memory``): each connection drill opens would be a new,
+    empty one, and a drill's record would vanish with it."""
+    path, _, query = url.partition("://")[2].partition("?")
+    path = path[1:] if path.startswith("/") else path
+    return path in ("", ":memory:") or path.startswith("file::memory:") or "mode=memory" in query
 
 
 def _a_file_or_none(path: str) -> None:
