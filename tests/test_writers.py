@@ -426,6 +426,38 @@ def test_a_torchtune_recipe_state_ahead_of_every_saved_epoch_fails_run_and_verif
 
 
 @pytest.mark.parametrize(
+    ("world_size", "rename", "says"),
+    [
+        (1, "3", "name no rank below the snapshot's world_size 1"),
+        (1, "x", "name no rank below the snapshot's world_size 1"),
+        (1, "\u00b2", "name no rank below the snapshot's world_size 1"),
+        (0, None, "gives world_size 0, which is no count of ranks"),
+        ("2", None, "gives world_size '2', which is no count of ranks"),
+        (True, None, "gives world_size True, which is no count of ranks"),
+    ],
+)
+def test_a_snapshot_whose_entries_name_ranks_beyond_its_world_is_implausible(
+    copy_of, world_size: object, rename: str | None, says: str, sqlite_url: str
+) -> None:
+    """torchsnapshot's restore files each entry under its rank (``<rank>/…``) in a list of
+    ``world_size``: an entry of rank 3 in a world of 1, a key naming no rank, or a world_size
+    that is no count of ranks cannot be restored by it, and drill passed them.
+    ``metadata-implausible`` in ``run`` and ``verify`` (a unicode digit is no rank either)."""
+    run, ckpt = copy_of("torchsnapshot")
+    meta = ckpt / ".snapshot_metadata"
+    doc = json.loads(meta.read_text())
+    doc["world_size"] = world_size
+    if rename is not None:
+        doc["manifest"][f"{rename}/progress/step"] = doc["manifest"].pop("0/progress/step")
+    meta.write_text(json.dumps(doc))
+    found = [f for f in _drill(run, sqlite_url).findings if f.code == "metadata-implausible"]
+    verified = verify_checkpoint(str(ckpt))
+    found += [f for f in verified.result.errors if f.code == "metadata-implausible"]
+    assert verified.status == "failed" and len(found) == 2, (found, verified.result.findings)
+    assert all(says in f.message for f in found), [f.message for f in found]
+
+
+@pytest.mark.parametrize(
     ("kind", "pieces"), [("ChunkedTensor", "chunks"), ("DTensor", "shards"), ("ShardedTensor", "shards")]
 )
 @pytest.mark.parametrize("shape", [[10**7, 10**7], [6 * 10**9]])

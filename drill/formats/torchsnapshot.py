@@ -70,7 +70,7 @@ class TorchSnapshot(Format):
         return None
 
     def writers(self, sizes: dict[str, int]) -> list[int]:
-        return sorted({int(p.split("/", 1)[0]) for p in sizes if p.split("/", 1)[0].isdigit()})
+        return sorted({r for p in sizes if (r := _rank_of(p)) is not None})
 
     def structure(
         self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
@@ -252,7 +252,39 @@ def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[s
                 spans.append((path, *span, name))
     stored = _stored(spans)
     problems += [b for key, entry in _entries(doc) if (b := _beyond_its_pieces(key, entry, stored)) is not None]
-    return spans, objects, problems
+    return spans, objects, problems + _ranks_beyond_the_world(doc)
+
+
+def _rank_of(key: str) -> int | None:
+    """The rank a manifest key (``<rank>/…``) is filed under, or None where it names none."""
+    head = key.split("/", 1)[0]
+    return int(head) if head.isascii() and head.isdigit() and len(head) <= 18 else None
+
+
+def _ranks_beyond_the_world(doc: dict[str, Any]) -> list[Finding]:
+    """``metadata-implausible`` when the manifest's ``world_size`` is no count of ranks, or an
+    entry's key (``<rank>/…``) names no rank below it: torchsnapshot's restore files each entry
+    under its rank in a list of ``world_size`` and cannot place such an entry (a rank may have
+    none: a replicated entry is kept under rank 0 alone)."""
+    world = doc.get("world_size")
+    if type(world) is not int or world < 1:
+        return [
+            _finding(
+                "metadata-implausible", METADATA, f"{METADATA} gives world_size {world!r}, which is no count of ranks"
+            )
+        ]
+    outside = [k for k, _ in _entries(doc) if not ((r := _rank_of(k)) is not None and r < world)]
+    if not outside:
+        return []
+    shown = ", ".join(outside[:3]) + (f" and {len(outside) - 3} more" if len(outside) > 3 else "")
+    return [
+        _finding(
+            "metadata-implausible",
+            outside[0],
+            f"{len(outside)} entr{'y' if len(outside) == 1 else 'ies'} ({shown}) name no rank below the snapshot's "
+            f"world_size {world}: torchsnapshot's restore cannot place {'it' if len(outside) == 1 else 'them'}",
+        )
+    ]
 
 
 def _stored(spans: list[tuple[str, int, int, str]]) -> int:
