@@ -23,6 +23,7 @@ from typing import Literal
 
 from drill.checkpoints import CheckpointRef, Discovery, looks_like_checkpoint_name
 from drill.errors import NothingToDrill
+from drill.units import decimal
 
 FORMS = "latest, oldest, step:N or a checkpoint path"
 STRATEGIES = ("latest", "oldest", "random", "least-recently-drilled", "step")
@@ -104,9 +105,9 @@ def parse_selector(text: str) -> Selector:
         return Selector(t)  # type: ignore[arg-type]
     if t.startswith("step:"):
         num = t[len("step:") :]
-        if not num.isdigit():
+        if (step := decimal(num)) is None:
             raise ValueError(f"{text!r}: step must be a non-negative integer, as in step:1200")
-        return Selector("step", step=int(num))
+        return Selector("step", step=step)
     if "/" in t or t.startswith(".") or looks_like_checkpoint_name(t) or t.endswith((".pt", ".pth", ".ckpt", ".tar")):
         return Selector("path", path=t)
     if any(c.isdigit() for c in t) and ":" not in t and not t.isspace():

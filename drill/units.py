@@ -19,6 +19,13 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?$")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
+def decimal(text: str) -> int | None:
+    """The non-negative integer ``text`` writes in ASCII digits — a step, a rank or a count as a
+    file, a key or an option names one — else None. Not ``str.isdigit``: it admits "²" and "①",
+    which ``int`` refuses, and "٣", which ``int`` reads as 3."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 4000 else None
+
+
 def parse_size(value: Any) -> int:
     """``1048576``, ``500MB``, ``2G``, ``16GiB``, ``16Gi``, ``1TB`` → bytes (positive)."""
     if isinstance(value, bool):

@@ -124,6 +124,8 @@ def test_missing_part_fails_the_keys_check(tmp_path: Path, sqlite_url: str, cli:
         ("demo", ["--root", "{run}", "-c", "newest"], 2, "--checkpoint: unknown checkpoint form 'newest'"),
         ("demo", ["--root", "{run}", "--device", "tpu"], 2, "--device: unknown device 'tpu'"),
         ("demo", ["--root", "{run}", "--sample", "1/0"], 2, "--sample: bad subset '1/0'"),
+        ("demo", ["--root", "{run}", "--sample", "\u00b2/3"], 2, "--sample: bad subset '\u00b2/3'"),
+        ("demo", ["--root", "{run}", "-c", "step:\u2460"], 2, "step must be a non-negative integer, as in step:1200"),
         ("demo", ["--root", "{run}", "--format", "zip"], 2, "--format: unknown format 'zip'"),
         ("demo", ["--root", "{run}", "--replay-steps", "0"], 2, "replay steps must be an integer of at least 1"),
         ("demo", ["-c", "latest"], 2, "--root is required"),

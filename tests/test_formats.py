@@ -181,6 +181,19 @@ def test_latest_pointer_to_a_half_written_directory(demo_run: Path, sqlite_url: 
     assert ("resume", "pointer-ahead", "latest") in _errors(_drill(demo_run, sqlite_url))
 
 
+@pytest.mark.parametrize("target", ["\u00b2", "\u2460\u2461", "step-\u0669\u0669"])
+def test_a_pointer_naming_a_step_in_digits_no_integer_reads_is_a_finding_not_a_crash(
+    demo_run: Path, sqlite_url: str, target: str
+) -> None:
+    """``latest`` holding "²" (a digit to ``str.isdigit``, none to ``int``) ended the drill in
+    an internal ``ValueError`` (exit 5); "step-٩٩" (Arabic-Indic digits) was step 99, a pointer ahead. Steps and
+    ranks are read in ASCII digits (:func:`drill.units.decimal`): the pointer names no
+    checkpoint here, and says so."""
+    (demo_run / "latest").write_text(target + "\n")
+    outcome = _drill(demo_run, sqlite_url)
+    assert outcome.status == "failed" and ("resume", "pointer-dangling", "latest") in _errors(outcome), _errors(outcome)
+
+
 @pytest.mark.slow
 def test_hf_two_ranks_with_rng_state_1_deleted(hf_copy: Path, sqlite_url: str) -> None:
     ckpt = hf_copy / "checkpoint-4"

@@ -51,6 +51,21 @@ def test_typos_are_not_ignored() -> None:
     ]
 
 
+@pytest.mark.parametrize("num", ["\u00b2", "\u0663", "-1", "1e3", ""])
+def test_a_step_strategy_is_written_in_ascii_digits(num: str) -> None:
+    """``strategy: step:²`` was an internal ``ValueError`` (``str.isdigit`` admits "²"); "٣"
+    was step 3. One problem naming the field, as for any step that is no integer."""
+    problems = _problems(BASE + f"selection: {{strategy: 'step:{num}'}}\n")
+    assert len(problems) == 1 and "step must be an integer, as in step:1200" in problems[0], problems
+
+
+def test_decimal_reads_ascii_digits_only() -> None:
+    from drill.units import decimal
+
+    assert [decimal(t) for t in ("0", "0042", "9" * 30)] == [0, 42, int("9" * 30)]
+    assert [decimal(t) for t in ("", "\u00b2", "\u2460", "\u0663", "-1", "+1", " 1", "1_0", "9" * 5000)] == [None] * 9
+
+
 def test_step_and_latest_together() -> None:
     assert (
         "sets both step: 1200 and strategy: latest"

@@ -17,6 +17,7 @@ from drill.checks import CheckInputs
 from drill.findings import CheckResult, Finding, Severity, not_run
 from drill.formats.base import read_pointer
 from drill.storage import Entry, Storage
+from drill.units import decimal
 
 NAME = "resume"
 GENERIC_POINTERS = ("latest", "latest.txt")
@@ -42,7 +43,7 @@ def _judge(
                 hint=f"point it at the newest complete checkpoint ({newest.name})" if newest else None,
             )
         ], False
-    step = step_of(target) or (int(target) if target.isdigit() else None)
+    step = step_of(target) or decimal(target)
     if newest is not None and step is not None and newest.step is not None and step > newest.step:
         return [
             _f(

@@ -22,6 +22,7 @@ from drill.findings import Finding, Severity
 from drill.formats.base import RestoreContext, Structure, check_budget, one_line, read_file
 from drill.restore import ItemFailure, RestoreResult
 from drill.storage import Storage
+from drill.units import decimal
 
 TORCH = "torch"
 """``torch.load(weights_only=True)`` (numpy arrays allowed where the format says so)."""
@@ -193,9 +194,11 @@ def restore_members(
         result.load_seconds += time.perf_counter() - started
     result.state = state
     ranks = {
-        k: int(k.split(".")[1][len("rank_") :])
+        k: n
         for k in state
-        if k.split(".")[1:2] and k.split(".")[1].startswith("rank_") and k.split(".")[1][5:].isdigit()
+        if k.split(".")[1:2]
+        and k.split(".")[1].startswith("rank_")
+        and (n := decimal(k.split(".")[1][len("rank_") :])) is not None
     }
     result.inventory = inventory(state, ranks)
     for f in result.files:

@@ -20,6 +20,7 @@ from drill.formats.base import Format, RestoreContext, Structure
 from drill.formats.dcp_names import DCP_METADATA, MEGATRON_COMMON, MEGATRON_CONFIG, MEGATRON_TRACKER, SHARD_SUFFIX
 from drill.restore import RestoreResult
 from drill.storage import Entry, Listing, Storage
+from drill.units import decimal
 
 if TYPE_CHECKING:
     from drill.findings import Finding
@@ -56,7 +57,7 @@ class DCP(Format):
         target = read_pointer(storage, root, entries.get(MEGATRON_TRACKER))
         if not target:
             return []
-        return [(MEGATRON_TRACKER, f"iter_{int(target):07d}" if target.isdigit() else target)]
+        return [(MEGATRON_TRACKER, f"iter_{n:07d}" if (n := decimal(target)) is not None else target)]
 
     def structure(
         self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()

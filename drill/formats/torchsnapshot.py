@@ -27,6 +27,7 @@ from drill.findings import Finding, Severity
 from drill.formats.base import Format, RestoreContext, Structure
 from drill.restore import ItemFailure, RestoreResult
 from drill.storage import Listing, Storage
+from drill.units import decimal
 
 METADATA = ".snapshot_metadata"
 MAX_METADATA = 256 << 20
@@ -59,7 +60,9 @@ class TorchSnapshot(Format):
             return CheckpointRef(uri=uri, name=name, step=step_of(name), format=self.name, mtime=meta.mtime)
         dirs = {e.name for e in entries.dirs}
         if "batched" in dirs or (
-            "0" in dirs and step_of(name) is not None and all(d.isdigit() or d in ("batched", "sharded") for d in dirs)
+            "0" in dirs
+            and step_of(name) is not None
+            and all(decimal(d) is not None or d in ("batched", "sharded") for d in dirs)
         ):
             return IncompleteSave(
                 uri,
@@ -257,8 +260,7 @@ def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[s
 
 def _rank_of(key: str) -> int | None:
     """The rank a manifest key (``<rank>/…``) is filed under, or None where it names none."""
-    head = key.split("/", 1)[0]
-    return int(head) if head.isascii() and head.isdigit() and len(head) <= 18 else None
+    return decimal(key.split("/", 1)[0])
 
 
 def _ranks_beyond_the_world(doc: dict[str, Any]) -> list[Finding]:
@@ -574,7 +576,7 @@ def _tree(state: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(node, dict):
             return node
         items = {k: shaped(v, f"{path}/{k}" if path else k) for k, v in node.items()}
-        if path in lists and all(k.isdigit() for k in items):
+        if path in lists and all(decimal(k) is not None for k in items):
             return [items[k] for k in sorted(items, key=int)]
         return items
 

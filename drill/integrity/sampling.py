@@ -21,7 +21,7 @@ from typing import Literal
 
 import xxhash
 
-from drill.units import parse_size
+from drill.units import decimal, parse_size
 
 
 class SampleSpecError(ValueError):
@@ -79,9 +79,10 @@ def parse_sample(text: str) -> SampleSpec:
         return SampleSpec("auto", nbytes=nbytes) if nbytes else SampleSpec("auto", fraction=fraction)
     if "/" in t:
         a, _, b = t.partition("/")
-        if not (a.isdigit() and b.isdigit()) or not 1 <= int(a) <= int(b):
+        n, t = decimal(a), decimal(b)
+        if n is None or t is None or not 1 <= n <= t:
             raise SampleSpecError(f"bad subset {text!r}: expected n/t with 1 ≤ n ≤ t, e.g. 3/7")
-        return SampleSpec("bucket", n=int(a), t=int(b))
+        return SampleSpec("bucket", n=n, t=t)
     fraction, nbytes = _budget(t)
     return SampleSpec("fraction", fraction=fraction) if fraction else SampleSpec("bytes", nbytes=nbytes)
 

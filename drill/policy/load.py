@@ -32,7 +32,7 @@ from drill.policy.model import (
 from drill.replay.spec import anchored
 from drill.select import Selection
 from drill.storage.local import read_regular
-from drill.units import parse_duration, parse_size
+from drill.units import decimal, parse_duration, parse_size
 from drill.verdict import SLO
 
 
@@ -260,15 +260,15 @@ def _selection_shorthand(sel: _Section | None, errors: _Collector) -> None:
         return
     strategy = sel.values.get("strategy")
     if isinstance(strategy, str) and strategy.startswith("step:"):
-        num = strategy[5:]
-        if not num.isdigit():
+        num = decimal(strategy[5:])
+        if num is None:
             errors.add(
                 sel.nodes["strategy"], "selection.strategy", f"{strategy!r}: step must be an integer, as in step:1200"
             )
-        elif "step" in sel.values and sel.values["step"] != int(num):
+        elif "step" in sel.values and sel.values["step"] != num:
             errors.add(sel.node, "selection", f"sets both strategy: {strategy} and step: {sel.values['step']}")
         else:
-            sel.values.update(strategy="step", step=int(num))
+            sel.values.update(strategy="step", step=num)
     elif "step" in sel.values and strategy is None:
         sel.values["strategy"] = "step"
 
