@@ -79,10 +79,10 @@ def parse_sample(text: str) -> SampleSpec:
         return SampleSpec("auto", nbytes=nbytes) if nbytes else SampleSpec("auto", fraction=fraction)
     if "/" in t:
         a, _, b = t.partition("/")
-        n, t = decimal(a), decimal(b)
-        if n is None or t is None or not 1 <= n <= t:
+        n, of = decimal(a), decimal(b)
+        if n is None or of is None or not 1 <= n <= of:
             raise SampleSpecError(f"bad subset {text!r}: expected n/t with 1 ≤ n ≤ t, e.g. 3/7")
-        return SampleSpec("bucket", n=n, t=t)
+        return SampleSpec("bucket", n=n, t=of)
     fraction, nbytes = _budget(t)
     return SampleSpec("fraction", fraction=fraction) if fraction else SampleSpec("bytes", nbytes=nbytes)
 
