@@ -664,15 +664,19 @@ def test_a_coverage_window_past_the_calendar_is_all_of_time(tmp_path: Path) -> N
 
 
 NAMED_FILES = [
-    (["policy", "check", "{f}"], 2, "cannot read: {f} is not a regular file"),
-    (["submit", "--policy", "{f}"], 2, "cannot read: {f} is not a regular file"),
-    (["scheduler", "start", "{f}"], 2, "cannot read: {f} is not a regular file"),
-    (["run", "--policy", "{f}"], 2, "cannot read: {f} is not a regular file"),
-    (["verdict", "{f}"], 5, "holds no drill verdict (NotARegularFile)"),
-    (["seal", "{ckpt}", "--key-file", "{f}"], 2, "the seal key file {f} cannot be read"),
-    (["verify", "{ckpt}", "--key-file", "{f}"], 2, "the seal key file {f} cannot be read"),
-    (["run", "--root", "{run}", "--no-replay", "--key-file", "{f}"], 2, "the seal key file {f} cannot be read"),
-    (["audit", "verify"], 2, "the audit key file {f} cannot be read"),
+    (["policy", "check", "{f}"], 2, "{f}: cannot read: not a regular file"),
+    (["submit", "--policy", "{f}"], 2, "{f}: cannot read: not a regular file"),
+    (["scheduler", "start", "{f}"], 2, "{f}: cannot read: not a regular file"),
+    (["run", "--policy", "{f}"], 2, "{f}: cannot read: not a regular file"),
+    (["verdict", "{f}"], 5, "{f} holds no drill verdict (not a regular file"),
+    (["seal", "{ckpt}", "--key-file", "{f}"], 2, "the seal key file {f} cannot be read (not a regular file"),
+    (["verify", "{ckpt}", "--key-file", "{f}"], 2, "the seal key file {f} cannot be read (not a regular file"),
+    (
+        ["run", "--root", "{run}", "--no-replay", "--key-file", "{f}"],
+        2,
+        "the seal key file {f} cannot be read (not a regular file",
+    ),
+    (["audit", "verify"], 2, "the audit key file {f} cannot be read (not a regular file"),
 ]
 
 
@@ -698,6 +702,8 @@ def test_a_file_named_to_drill_that_is_a_fifo_or_a_device_is_refused_unopened(
     )  # a subprocess: a regression hangs on the FIFO, and the timeout ends it as a failure
     assert res.returncode == code, (res.returncode, res.stderr)
     assert says.format(f=f) in res.stderr, res.stderr
+    said = next(line for line in res.stderr.splitlines() if says.format(f=f) in line)
+    assert said.count(f) == 1, res.stderr  # the path named once, with why
     assert "Traceback" not in res.stderr
 
 

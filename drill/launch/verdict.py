@@ -64,8 +64,9 @@ def read_verdict(path: str) -> VerdictFile:
     except FileNotFoundError:
         raise DrillError(f"no verdict at {path}: the drill ended before it decided (see its output)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         raise DrillError(
-            f"{path} holds no drill verdict ({type(exc).__name__}): was it written by drill run --verdict-file?"
+            f"{path} holds no drill verdict ({why}): was it written by drill run --verdict-file?"
         ) from None
 
 

@@ -27,7 +27,14 @@ class FileChanged(EOFError):
 
 
 class NotARegularFile(StorageError):
-    """A FIFO, socket or device where a file should be: never opened (opening a FIFO blocks)."""
+    """A FIFO, socket or device where a file should be: never opened (opening a FIFO blocks).
+    Its ``strerror`` says why without the path, for a message that names the path itself."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(0, "not a regular file (a FIFO, socket or device): not opened for reading", path)
+
+    def __str__(self) -> str:
+        return f"{self.filename} is {self.strerror}"
 
 
 class EntryKind(str, Enum):

@@ -227,7 +227,7 @@ def _regular_stat(fd: int, path: str, relative: str = "") -> os.stat_result:
         path = os.path.join(path, relative) if relative else path
         if stat_mod.S_ISDIR(st.st_mode):
             raise IsADirectoryError(21, "Is a directory", path)
-        raise NotARegularFile(f"{path} is not a regular file (a FIFO, socket or device): not opened for reading")
+        raise NotARegularFile(path)
     except BaseException:
         os.close(fd)
         raise
