@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from drill.formats.dcp_types import is_bytes, is_tensor
+from drill.formats.dcp_types import element_size, is_bytes, is_tensor
 from drill.restore import TensorInfo
 from drill.storage import Storage
 
@@ -39,7 +39,7 @@ def inventory(metadata: Any) -> list[TensorInfo]:
             fqn,
             tuple(md.size),
             str(md.properties.dtype).replace("torch.", ""),
-            md.size.numel() * torch.empty((), dtype=md.properties.dtype).element_size(),
+            md.size.numel() * element_size(md.properties.dtype),
         )
         for fqn, md in metadata.state_dict_metadata.items()
         if is_tensor(md)
@@ -80,7 +80,7 @@ def claimed_bytes(metadata: Any, sizes: dict[str, int]) -> int:
     for fqn, md in metadata.state_dict_metadata.items():
         if not is_tensor(md):
             continue
-        item = torch.empty((), dtype=md.properties.dtype).element_size()
+        item = element_size(md.properties.dtype)
         if any(int(d) < 0 for d in md.size):
             raise ValueError(f"{fqn} has a negative dimension {tuple(md.size)}")
         for chunk in md.chunks:

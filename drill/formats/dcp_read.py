@@ -43,7 +43,7 @@ from drill.formats.dcp_entries import (
 from drill.formats.dcp_index import claimed_bytes, file_sizes, inventory, saved_ranks, skeleton
 from drill.formats.dcp_layout import apply_layout
 from drill.formats.dcp_names import DCP_METADATA
-from drill.formats.dcp_types import check_metadata, is_byte_io, load_metadata, narrow, read_items
+from drill.formats.dcp_types import check_metadata, element_size, is_byte_io, load_metadata, narrow, read_items
 from drill.formats.safeload import load_failure, numpy_arrays
 from drill.integrity.hashing import ChunkHasher, crc32
 from drill.integrity.reading import (
@@ -494,7 +494,7 @@ def _decode_in_place(blob: memoryview, item: Any, planner: Any) -> bool:
 
 def _fits(spec: TensorSpec, data: Any, item: Any, target: torch.Tensor) -> bool:
     """The stored tensor is exactly the target's bytes: contiguous, same dtype and shape, read whole."""
-    nbytes = spec.storage_numel * torch.empty((), dtype=spec.dtype).element_size()
+    nbytes = spec.storage_numel * element_size(spec.dtype)
     whole = not any(item.storage_offsets) and list(item.lengths) == list(spec.size)
     return (
         spec.contiguous

@@ -217,19 +217,15 @@ def _beyond_its_pieces(key: str, entry: dict[str, Any], stored: int) -> Finding 
             key,
             f"{key} claims a {whole} tensor ({math.prod(whole)} elements), and its pieces hold {held}: nothing allocated",
         )
-    if (dtype := _dtype(entry.get("dtype"))) is None or (need := math.prod(whole) * _itemsize(dtype)) <= stored:
+    from drill.formats.dcp_types import element_size  # torch, only for a tensor that claims a shape
+
+    if (dtype := _dtype(entry.get("dtype"))) is None or (need := math.prod(whole) * element_size(dtype)) <= stored:
         return None
     return _finding(
         "metadata-implausible",
         key,
         f"{key} claims a {whole} tensor ({need} bytes), more than every tensor of the snapshot holds ({stored}): nothing allocated",
     )
-
-
-def _itemsize(dtype: Any) -> int:
-    import torch
-
-    return int(torch.empty((), dtype=dtype).element_size())
 
 
 def _layout(doc: dict[str, Any]) -> tuple[list[tuple[str, int, int, str]], set[str], list[Finding]]:
@@ -302,6 +298,7 @@ def _escapes(name: str, entry: dict[str, Any]) -> Finding:
 
 def _raw_span(name: str, tensor: dict[str, Any]) -> tuple[int, int] | Finding:
     """The byte range a raw tensor's dtype and shape need, or ``metadata-implausible``."""
+    from drill.formats.dcp_types import element_size
 
     dtype, shape, span = _dtype(tensor.get("dtype")), _shape(tensor.get("shape")), tensor.get("byte_range")
     if dtype is None or shape is None:
@@ -310,7 +307,7 @@ def _raw_span(name: str, tensor: dict[str, Any]) -> tuple[int, int] | Finding:
             name,
             f"{name}: dtype {tensor.get('dtype')!r} or shape {tensor.get('shape')!r} is not a tensor's",
         )
-    need = math.prod(shape) * _itemsize(dtype)
+    need = math.prod(shape) * element_size(dtype)
     begin, end = (
         span if isinstance(span, list) and len(span) == 2 and all(isinstance(v, int) for v in span) else (0, need)
     )
