@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 from drill import formats
 from drill.checkpoints import Discovery, IncompleteSave, step_of
 from drill.claims import evidence_of
-from drill.discover import classify
+from drill.discover import PathKind, classify
 from drill.errors import ExitCode, NothingToDrill, UsageError, named, storage_unavailable
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
+from drill.integrity.ahead import HeadStart, head_start
 from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, seal
 from drill.integrity.proof import prove
 from drill.integrity.reading import describe_read_error, read_whole
@@ -121,6 +122,17 @@ def _refuse_a_directory_of_runs(storage: Storage, uri: str, looked_at: int = 64)
         )
 
 
+def _classified(storage: Storage, uri: str) -> PathKind:
+    """What the path given to verify or seal is; nothing there is nothing to drill, a storage
+    that fails to say is a storage error."""
+    try:
+        return classify(storage, uri)
+    except (FileNotFoundError, NotADirectoryError):
+        raise NothingToDrill(f"{uri} does not exist") from None
+    except OSError as exc:
+        raise storage_unavailable(uri, exc) from None
+
+
 def _run_root(uri: str, found: Discovery) -> UsageError:
     names = [c.name for c in found.checkpoints] or [s.name for s in found.incomplete]
     shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
@@ -179,42 +191,38 @@ def _verify(
     storage = ListedOnce(storage or storage_for(uri))  # what it is, then its proof: one listing
     uri = storage.normalize(uri)
     started = time.perf_counter()
-    try:
-        what = classify(storage, uri)
-    except (FileNotFoundError, NotADirectoryError):
-        raise NothingToDrill(f"{uri} does not exist") from None
-    except OSError as exc:
-        raise storage_unavailable(uri, exc) from None
-    if what.kind == "file":
-        entry = storage.stat(uri)
-        result = _verify_file(storage, uri, entry.size)
-        return VerifyOutcome(uri=uri, result=result, seconds=time.perf_counter() - started, bytes_hashed=entry.size)
-    if what.kind == "run-root":
-        raise _run_root(uri, what.discovery)  # type: ignore[arg-type]
-    if what.kind == "empty":
-        raise NothingToDrill(f"{uri} is an empty directory: no checkpoint to verify")
-    if what.kind == "directory":
-        _refuse_a_directory_of_runs(storage, uri)
-    fmt = what.ref.format if what.ref is not None else None
-    try:
-        outcome = _verify_directory(
-            storage, uri, sample, require_sealed, records, coverage_days, started, key, allow_classes, fmt
-        )
-    except (PermissionError, StorageUnavailable) as exc:
-        raise storage_unavailable(uri, exc) from None
-    if what.kind == "incomplete":
-        outcome.result.findings.insert(0, _incomplete_finding(what.incomplete))  # type: ignore[arg-type]
-        outcome.result.summary = f"incomplete save; {outcome.result.summary}"
-    elif (
-        what.kind == "directory"
-        and not outcome.result.errors  # a path out of it, a manifest refused: a finding, not "not a checkpoint"
-        and outcome.result.evidence.get("evidence_level") != "sealed"
-        and not outcome.result.evidence.get("manifests")
-    ):
-        raise NothingToDrill(
-            f"{uri} is not a checkpoint drill recognizes (no .metadata, trainer_state.json, {MANIFEST_NAME} or shard index)"
-        )
-    return outcome
+    with head_start(storage, uri, sample) as ahead:  # the seal's files hash while the path is classified
+        what = _classified(storage, uri)
+        if what.kind == "file":
+            entry = storage.stat(uri)
+            result = _verify_file(storage, uri, entry.size)
+            return VerifyOutcome(uri=uri, result=result, seconds=time.perf_counter() - started, bytes_hashed=entry.size)
+        if what.kind == "run-root":
+            raise _run_root(uri, what.discovery)  # type: ignore[arg-type]
+        if what.kind == "empty":
+            raise NothingToDrill(f"{uri} is an empty directory: no checkpoint to verify")
+        if what.kind == "directory":
+            _refuse_a_directory_of_runs(storage, uri)
+        fmt = what.ref.format if what.ref is not None else None
+        try:
+            outcome = _verify_directory(
+                storage, uri, sample, require_sealed, records, coverage_days, started, key, allow_classes, fmt, ahead
+            )
+        except (PermissionError, StorageUnavailable) as exc:
+            raise storage_unavailable(uri, exc) from None
+        if what.kind == "incomplete":
+            outcome.result.findings.insert(0, _incomplete_finding(what.incomplete))  # type: ignore[arg-type]
+            outcome.result.summary = f"incomplete save; {outcome.result.summary}"
+        elif (
+            what.kind == "directory"
+            and not outcome.result.errors  # a path out of it, a manifest refused: a finding, not "not a checkpoint"
+            and outcome.result.evidence.get("evidence_level") != "sealed"
+            and not outcome.result.evidence.get("manifests")
+        ):
+            raise NothingToDrill(
+                f"{uri} is not a checkpoint drill recognizes (no .metadata, trainer_state.json, {MANIFEST_NAME} or shard index)"
+            )
+        return outcome
 
 
 def _verify_directory(
@@ -228,13 +236,14 @@ def _verify_directory(
     key: bytes | None,
     allow_classes: tuple[str, ...] = (),
     fmt: str | None = None,
+    ahead: HeadStart | None = None,
 ) -> VerifyOutcome:
     checkpoint_id = None
     last: dict = {}
     if records is not None and sample.kind == "auto":
         checkpoint_id = _checkpoint_id(records, uri, fmt)
         last = {p: t for p, (t, _) in records.last_verified(checkpoint_id).items()}
-    plan = plan_integrity(storage, uri, sample, last, key=key)
+    plan = plan_integrity(storage, uri, sample, last, key=key, ahead=ahead)
     observed: dict[str, Observed] = {}
     structure = (
         formats.structure(fmt, storage, plan.checkpoint, plan.on_storage, allow_classes)
@@ -271,12 +280,7 @@ def seal_checkpoint(
     named(uri, "drill seal ./run/step-100")
     storage = storage or storage_for(uri)
     uri = storage.normalize(uri)
-    try:
-        what = classify(storage, uri)
-    except (FileNotFoundError, NotADirectoryError):
-        raise NothingToDrill(f"{uri} does not exist") from None
-    except OSError as exc:
-        raise storage_unavailable(uri, exc) from None
+    what = _classified(storage, uri)
     if what.kind == "file":
         raise UsageError(
             f"{uri} is a single file: drill seals checkpoint directories (a torch.save file carries its own CRC-32s)"

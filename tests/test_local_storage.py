@@ -85,6 +85,21 @@ def test_what_is_not_a_regular_file_is_never_opened_for_reading(ckpt: Path) -> N
     assert missing.value.filename == str(ckpt / "sub" / "gone.bin")
 
 
+def test_exactly_reads_a_file_inside_of_exactly_that_size_and_nothing_else(ckpt: Path) -> None:
+    """The hashing workers' one-read path: the bytes of a regular file directly inside when it
+    holds exactly the size asked; None — for the checked way to name — for everything else."""
+    outside = ckpt.parent / "outside" / "secret"
+    (ckpt / "in").symlink_to("a.distcp")
+    (ckpt / "out").symlink_to(outside)
+    os.mkfifo(ckpt / "fifo")
+    with LocalStorage().beneath(str(ckpt)) as opener:
+        assert opener.exactly("a.distcp", 3) == b"top"
+        assert opener.exactly("a.distcp", 2) is None  # longer than asked
+        assert opener.exactly("a.distcp", 4) is None  # shorter
+        for rel in ("in", "out", "fifo", "sub", "sub/deeper/b.bin", "gone", "..", ".", "a\x00b", ""):
+            assert opener.exactly(rel, 3) is None, rel
+
+
 def test_forked_workers_inherit_the_opener(ckpt: Path) -> None:
     opener = LocalStorage().beneath(str(ckpt))
     try:

@@ -346,3 +346,32 @@ def test_reports_cut_anywhere_yield_exactly_the_spans_written_whole() -> None:
     done = [None] * 2
     mapped._parse(bytearray(stream), done)  # index 2 is past the spans: nothing after it is trusted
     assert done == [digests[0], None]
+
+
+def test_workers_hash_on_while_their_caller_does_other_work(tmp_path: Path) -> None:
+    """Started workers do not wait for the caller to read their reports: thousands of small
+    files' digests fit the pipe, so each worker finishes — here it is waited for before a byte
+    is read — and the caller collects every span's digests after."""
+    import fcntl
+
+    probe_r, probe_w = os.pipe()
+    try:
+        fcntl.fcntl(probe_r, fcntl.F_SETPIPE_SZ, mapped.PIPE_BYTES)
+    except OSError:
+        pytest.skip("this system does not let a pipe grow to 1 MiB")
+    finally:
+        os.close(probe_r)
+        os.close(probe_w)
+    storage = LocalStorage()
+    for i in range(6000):
+        (tmp_path / f"f{i}").write_bytes(i.to_bytes(4, "little"))
+    spans = [(str(tmp_path / f"f{i}"), 0, 4) for i in range(6000)]  # 24 bytes a report: 144 KB
+    workers = mapped.Workers(storage.open_fd, spans, CHUNK, 2)
+    try:
+        for pid in workers._pids:
+            _, status = os.waitpid(pid, 0)  # blocks forever on a worker stuck writing to a full pipe
+            assert os.waitstatus_to_exitcode(status) == 0
+        got = workers.results()
+    finally:
+        workers.stop()
+    assert got == [hash_span(storage, uri, a, n, CHUNK) for uri, a, n in spans]

@@ -57,44 +57,96 @@ def hash_mapped(
 
     ``sizes``: each file's listed size; a span that ends there is reported only if the file
     is no longer than that when it has been read (a file that grew is read again, and found)."""
-    done: list[list[bytes] | None] = [None] * len(spans)
-    if not spans:
-        return done
-    sys.stdout.flush()  # a fork copies unflushed buffers: they would be printed twice
-    sys.stderr.flush()
-    death_signal()  # resolved here: a worker imports nothing
-    parent = os.getpid()
-    pids: list[int] = []
-    pipes: dict[int, bytearray] = {}
-    bounds = runs(spans, workers)
-    jobs = _job_queue(len(bounds) - 1)
-    try:
-        for _ in range(min(workers, len(spans))):
-            read_fd, write_fd = os.pipe()
-            try:
-                pid = os.fork()
-            except OSError:  # no memory or no process slot for another: its spans are read instead
-                os.close(read_fd)
+    return Workers(open_fd, spans, chunk_size, workers, sizes).results()
+
+
+class Workers:
+    """Forked workers hashing spans (:func:`hash_mapped`), started and not yet collected: the
+    caller goes on with other work while they hash, then asks :meth:`results` once — or
+    :meth:`stop`, which kills any still running. Each reports into a pipe large enough for
+    thousands of small files' digests, so a worker does not wait for the caller to read."""
+
+    def __init__(
+        self,
+        open_fd: Callable[[str], int],
+        spans: Sequence[Span],
+        chunk_size: int,
+        workers: int,
+        sizes: Mapping[str, int] | None = None,
+    ) -> None:
+        self.spans = spans
+        self._pids: list[int] = []
+        self._pipes: dict[int, bytearray] = {}
+        self._open: list[int] = []
+        """The pipes' read ends, until :meth:`stop` closes them."""
+        self._done: list[list[bytes] | None] | None = None
+        if not spans:
+            return
+        sys.stdout.flush()  # a fork copies unflushed buffers: they would be printed twice
+        sys.stderr.flush()
+        death_signal()  # resolved here: a worker imports nothing
+        parent = os.getpid()
+        bounds = runs(spans, workers)
+        jobs = _job_queue(len(bounds) - 1)
+        try:
+            for _ in range(min(workers, len(spans))):
+                read_fd, write_fd = os.pipe()
+                _widen(read_fd)
+                try:
+                    pid = os.fork()
+                except OSError:  # no memory or no process slot for another: its spans are read instead
+                    os.close(read_fd)
+                    os.close(write_fd)
+                    break
+                if pid == 0:  # pragma: no cover - the worker; its report is checked by the caller
+                    os.close(read_fd)
+                    _work(parent, write_fd, jobs, bounds, open_fd, spans, chunk_size, sizes or {})
                 os.close(write_fd)
-                break
-            if pid == 0:  # pragma: no cover - the worker; its report is checked by the caller
-                os.close(read_fd)
-                _work(parent, write_fd, jobs, bounds, open_fd, spans, chunk_size, sizes or {})
-            os.close(write_fd)
-            pids.append(pid)
-            pipes[read_fd] = bytearray()
-        os.close(jobs)
-        jobs = -1
-        _collect(pipes)
-    finally:
-        if jobs >= 0:
+                self._pids.append(pid)
+                self._pipes[read_fd] = bytearray()
+                self._open.append(read_fd)
+        except BaseException:
+            self.stop()
+            raise
+        finally:
             os.close(jobs)
-        for fd in pipes:
+
+    def results(self) -> list[list[bytes] | None]:
+        """Each span's digests, or None where no worker reported it; waits for the workers."""
+        if self._done is None:
+            done: list[list[bytes] | None] = [None] * len(self.spans)
+            try:
+                _collect(self._pipes)
+            finally:
+                self.stop()
+            for data in self._pipes.values():
+                _parse(data, done)
+            self._done = done
+        return self._done
+
+    def stop(self) -> None:
+        """Close the pipes and reap the workers, killing any still running (the caller was
+        interrupted, or no longer needs their digests)."""
+        fds, self._open = self._open, []
+        for fd in fds:
             os.close(fd)
+        pids, self._pids = self._pids, []
         _reap(pids)
-    for data in pipes.values():
-        _parse(data, done)
-    return done
+
+
+PIPE_BYTES = 1 << 20
+"""What a worker's pipe holds (Linux's default ceiling for an unprivileged process): the
+reports of some 40,000 small files, written while the caller does other work."""
+
+
+def _widen(fd: int) -> None:
+    """Grow the pipe to :data:`PIPE_BYTES` where the system allows (Linux); else leave it."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, AttributeError, OSError):
+        pass
 
 
 MAX_JOBS = 65536 // 4
@@ -140,7 +192,7 @@ def _collect(pipes: dict[int, bytearray]) -> None:
     while open_fds:
         ready, _, _ = select.select(list(open_fds), [], [])
         for fd in ready:
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, PIPE_BYTES)
             if chunk:
                 pipes[fd] += chunk
             else:
@@ -187,11 +239,21 @@ def _work(
     try:
         _detach(parent)
         reports = bytearray()
+        # A whole file of one chunk — each of thousands of small files — in one open and one
+        # read, where the opener offers that (a file it cannot read so is read the checked way).
+        exactly = getattr(open_fd, "exactly", None)
+        whole = min(chunk_size, SMALL_SPAN) if exactly is not None else 0
+        head, digest = _HEAD.pack, xxhash.xxh3_128_digest if whole else None
         while len(taken := os.read(jobs, _INDEX.size)) == _INDEX.size:
             job = _INDEX.unpack(taken)[0]
             for index in range(bounds[job], bounds[job + 1]):
                 uri, start, length = spans[index]
                 ends = start + length == sizes.get(uri, -1)
+                if length <= whole and ends and not start:  # ``whole`` is 0 without ``exactly``
+                    data = exactly(uri, length)  # type: ignore[misc]
+                    if data is not None:
+                        reports += head(index, 1) + digest(data)  # type: ignore[misc]
+                        continue
                 digests = _digests(open_fd, uri, start, length, chunk_size, ends)
                 if digests is not None:
                     reports += _HEAD.pack(index, len(digests)) + b"".join(digests)

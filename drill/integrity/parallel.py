@@ -35,37 +35,87 @@ def hash_files(
     """Hash each file (path → listed size) on ``workers`` (default: one per core this process
     may use that other work is not keeping busy, at most 8). A file that cannot be read, or
     changes size while it is read, maps to its error."""
-    paths = sorted(sizes)
-    workers = workers or free_cores(8)
-    spannable = getattr(storage, "positioned_reads", False)
-    spans: list[Span] = []
-    streamed = []
-    for rel in paths:
-        size = sizes[rel]
-        if not spannable or not size or rel in sha256:
-            streamed.append(rel)
-        else:
-            spans += [(rel, a, n) for a, n in _spans(size, chunk_size, workers)]
-    out: dict[str, FileHashes | OSError] = {}
-    with _opener(storage, checkpoint, bool(spans)) as opener:
-        got = _hash_mapped(opener, spans, sizes, chunk_size, workers)
-        left = [i for i, g in enumerate(got) if g is None]
-        if streamed or left:
-            from concurrent.futures import ThreadPoolExecutor
+    with Hashing(storage, checkpoint, sizes, chunk_size, workers, sha256) as hashing:
+        return hashing.results()
 
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                whole = {
-                    rel: pool.submit(_streamed, storage, checkpoint, rel, sizes[rel], chunk_size, rel in sha256)
-                    for rel in streamed
-                }
-                runs = _in_runs(spans, left, workers)
-                read = [pool.submit(_read_run, opener, [spans[i] for i in run], sizes, chunk_size) for run in runs]
-                out.update((rel, f.result()) for rel, f in whole.items())
-                for run, f in zip(runs, read, strict=True):
-                    for i, result in zip(run, f.result(), strict=True):
-                        got[i] = result
-    out.update(_joined(spans, got, sizes, chunk_size))
-    return {rel: out[rel] for rel in paths}
+
+class Hashing:
+    """Files being hashed (:func:`hash_files`): the forked workers are started here, and the
+    caller may do other work before it asks for :meth:`results` — what the workers leave is
+    read then, on threads. Leaving the ``with`` block stops workers still running."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        checkpoint: str,
+        sizes: Mapping[str, int],
+        chunk_size: int,
+        workers: int | None = None,
+        sha256: frozenset[str] = frozenset(),
+    ) -> None:
+        self.storage, self.checkpoint, self.chunk_size, self.sha256 = storage, checkpoint, chunk_size, sha256
+        self.sizes = {rel: sizes[rel] for rel in sorted(sizes)}
+        self.workers = workers or free_cores(8)
+        spannable = getattr(storage, "positioned_reads", False)
+        self.spans: list[Span] = []
+        self.streamed: list[str] = []
+        for rel, size in self.sizes.items():
+            if not spannable or not size or rel in sha256:
+                self.streamed.append(rel)
+            else:
+                self.spans += [(rel, a, n) for a, n in _spans(size, chunk_size, self.workers)]
+        self._opener = _opener(storage, checkpoint, bool(self.spans))
+        try:
+            self._mapped = _mapped(self._opener, self.spans, self.sizes, chunk_size, self.workers)
+        except BaseException:
+            self._opener.close()
+            raise
+        self._results: dict[str, FileHashes | OSError] | None = None
+
+    def results(self) -> dict[str, FileHashes | OSError]:
+        """Each file's hashes, or its error, once every file has been read."""
+        if self._results is None:
+            try:
+                got = self._mapped.results() if self._mapped is not None else [None] * len(self.spans)
+                out = self._read_left(got)
+            finally:
+                self.stop()
+            out.update(_joined(self.spans, got, self.sizes, self.chunk_size))
+            self._results = {rel: out[rel] for rel in self.sizes}
+        return self._results
+
+    def _read_left(self, got: list[list[bytes] | OSError | None]) -> dict[str, FileHashes | OSError]:
+        """Read, on threads, the files that are streamed and the spans no worker reported
+        (``got`` is filled in); the streamed files' hashes."""
+        left = [i for i, g in enumerate(got) if g is None]
+        if not self.streamed and not left:
+            return {}
+        from concurrent.futures import ThreadPoolExecutor
+
+        storage, checkpoint, sizes, chunk = self.storage, self.checkpoint, self.sizes, self.chunk_size
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            whole = {
+                rel: pool.submit(_streamed, storage, checkpoint, rel, sizes[rel], chunk, rel in self.sha256)
+                for rel in self.streamed
+            }
+            runs = _in_runs(self.spans, left, self.workers)
+            read = [pool.submit(_read_run, self._opener, [self.spans[i] for i in run], sizes, chunk) for run in runs]
+            for run, f in zip(runs, read, strict=True):
+                for i, result in zip(run, f.result(), strict=True):
+                    got[i] = result
+            return {rel: f.result() for rel, f in whole.items()}
+
+    def stop(self) -> None:
+        """Stop the workers (killing any still running) and release the checkpoint's directory."""
+        if self._mapped is not None:
+            self._mapped.stop()
+        self._opener.close()
+
+    def __enter__(self) -> Hashing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def usable_cores(cap: int) -> int:
@@ -130,19 +180,19 @@ def _spans(size: int, chunk: int, parts: int) -> list[tuple[int, int]]:
     return [(i * chunk, min(size, (i + per) * chunk) - i * chunk) for i in range(0, chunks, per)]
 
 
-def _hash_mapped(
+def _mapped(
     opener: Callable[[str], int], spans: list[Span], sizes: Mapping[str, int], chunk_size: int, workers: int
-) -> list[list[bytes] | OSError | None]:
-    """Each span's digests as forked workers hashed them through mappings; None for a span no
-    worker reported, and for every span where this process may not fork. Each span that ends a
-    file also proves the file no longer than listed, so no file needs a ``stat`` after."""
+) -> Any:
+    """Forked workers hashing the spans through mappings (:class:`drill.integrity.mapped.Workers`),
+    or None where this process may not fork (every span is then read on threads). Each span
+    that ends a file also proves the file no longer than listed, so no file needs a ``stat`` after."""
     from drill.proc import may_fork
 
     if not spans or not may_fork():
-        return [None] * len(spans)
-    from drill.integrity.mapped import hash_mapped
+        return None
+    from drill.integrity.mapped import Workers
 
-    return list(hash_mapped(opener, spans, chunk_size, workers, sizes=sizes))
+    return Workers(opener, spans, chunk_size, workers, sizes=sizes)
 
 
 def _opener(storage: Storage, checkpoint: str, needed: bool) -> Any:
@@ -166,10 +216,7 @@ class _Resolving:
     def __call__(self, rel: str) -> int:
         return self.storage.open_fd(self.storage.child(self.checkpoint, rel))  # type: ignore[attr-defined]
 
-    def __enter__(self) -> _Resolving:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+    def close(self) -> None:
         pass
 
 

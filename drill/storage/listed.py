@@ -13,21 +13,24 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
-from drill.storage.base import CacheState, Entry, Storage
+from drill.storage.base import CacheState, Entry, Listing, Storage
 
 
 class ListedOnce:
-    """``inner``, with :meth:`list` answered once per directory."""
+    """``inner``, with :meth:`list` answered once per directory — the same
+    :class:`~drill.storage.Listing` each time, so its index of names is built once however
+    many formats ask (a listing is never changed once made)."""
 
     def __init__(self, inner: Storage) -> None:
         self.inner = inner
         self.positioned_reads = inner.positioned_reads
-        self._listed: dict[str, list[Entry]] = {}
+        self._listed: dict[str, Listing] = {}
 
     def list(self, uri: str) -> list[Entry]:
-        if uri not in self._listed:
-            self._listed[uri] = self.inner.list(uri)
-        return list(self._listed[uri])
+        listed = self._listed.get(uri)
+        if listed is None:
+            listed = self._listed[uri] = Listing.of(self.inner.list(uri))
+        return listed
 
     def stat(self, uri: str) -> Entry:
         return self.inner.stat(uri)

@@ -73,6 +73,18 @@ class LocalStorage:
         entries.sort(key=_name)
         return entries
 
+    def only_files(self, uri: str) -> set[str] | None:
+        """The names in the directory ``uri`` when it holds nothing but regular files — told
+        by its own entries, with no ``stat`` of each where the filesystem records their types;
+        None when it holds anything else (a link, a sub-directory, a FIFO or device)."""
+        names = set()
+        with os.scandir(_path(uri)) as it:
+            for de in it:
+                if not de.is_file(follow_symlinks=False):
+                    return None
+                names.add(de.name)
+        return names
+
     def stat(self, uri: str) -> Entry:
         path = _path(uri)
         try:
@@ -278,6 +290,27 @@ class Beneath:
         except OSError as exc:
             return self._failed(exc, relative)
         return _regular(fd, self._root, relative)
+
+    def exactly(self, relative: str, size: int) -> bytes | None:
+        """The bytes of the file directly inside named ``relative`` when it holds exactly
+        ``size`` of them — one open and one read, no ``stat``: how hashing workers read
+        thousands of small files, each then checked against its seal by its digest. None for
+        anything else (a link, a nested path, another size, a read that fails, something that
+        is no regular file): the caller reads it again the checked way (:meth:`__call__`),
+        which names the fault."""
+        if not _one_name(relative):
+            return None
+        try:
+            fd = os.open(relative, _READ | _NOFOLLOW, dir_fd=self._fd)
+        except OSError:
+            return None
+        try:
+            data = os.pread(fd, size + 1, 0)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return data if len(data) == size else None
 
     def _nested(self, relative: str) -> int:
         parts = relative.split("/")

@@ -1,0 +1,100 @@
+"""Hashing a sealed checkpoint's files while ``drill verify`` still asks what the checkpoint is.
+
+A verification lists the directory and asks every format what it holds, reads the seal and
+checks the seal's own digest, and only then hashes the files. On a checkpoint of thousands of
+small files those steps in this one process cost as much as the hashing on every core. Where
+the checkpoint is a local directory of regular files only and drill may fork its hashing
+workers, the seal is read first and its files start hashing as soon as the seal is known to
+name only paths inside the checkpoint: the workers hash while this process lists, recognizes
+and checks. The plan then takes their digests for each file that is still what the seal says
+(listed at the size sealed, and proven that size by the read itself); anything else is hashed
+afterwards, as without a head start. Nothing is opened that the directory does not list as a
+regular file, and a seal that fails its own digest leaves the plan without a seal, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from drill.integrity.manifest import FileEntry, Manifest, ManifestInvalid, read_manifest
+from drill.integrity.parallel import Hashing
+from drill.integrity.sampling import SampleSpec
+from drill.storage import Storage
+
+if TYPE_CHECKING:
+    from drill.integrity.hashing import FileHashes
+
+
+@dataclass(slots=True)
+class HeadStart:
+    """The seal as read before the plan (``manifest`` or ``error``, both None when unsealed),
+    and its files hashing since."""
+
+    manifest: Manifest | None = None
+    error: ManifestInvalid | None = None
+    hashing: Hashing | None = None
+    sizes: dict[str, int] = field(default_factory=dict)
+    """The files hashed ahead → the size each was hashed at (its sealed size)."""
+
+    def take(self, listed: Mapping[str, int], sha256: frozenset[str]) -> dict[str, FileHashes | OSError]:
+        """The digests of the files among ``listed`` (path → size listed) hashed ahead at the
+        size listed; files that also need a SHA-256 are not among them."""
+        if self.hashing is None:
+            return {}
+        wanted = [p for p, size in listed.items() if self.sizes.get(p) == size and p not in sha256]
+        if not wanted:
+            return {}
+        got = self.hashing.results()
+        return {p: got[p] for p in wanted}
+
+    def stop(self) -> None:
+        if self.hashing is not None:
+            self.hashing.stop()
+
+
+@contextmanager
+def head_start(storage: Storage, checkpoint: str, sample: SampleSpec) -> Iterator[HeadStart | None]:
+    """The seal of ``checkpoint`` read and its files hashing, where that can start now: a full
+    verification (a sample depends on the ledger) of a local directory holding regular files
+    only, in a process that may fork. None otherwise. The workers are stopped on leaving."""
+    ahead = _start(storage, checkpoint) if sample.is_full else None
+    try:
+        yield ahead
+    finally:
+        if ahead is not None:
+            ahead.stop()
+
+
+def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
+    from drill.proc import may_fork
+
+    only_files = getattr(storage, "only_files", None)
+    if only_files is None or not getattr(storage, "positioned_reads", False) or not may_fork():
+        return None
+    try:
+        names = only_files(checkpoint)
+    except OSError:  # not a directory, not there, not readable: the verification says which
+        return None
+    if names is None:
+        return None
+    ahead = HeadStart()
+
+    def hash_sealed(files: list[FileEntry], chunk_size: int) -> None:
+        ahead.sizes = {f.path: f.size for f in files if f.path in names}
+        ahead.hashing = Hashing(storage, checkpoint, ahead.sizes, chunk_size)
+
+    try:
+        ahead.manifest, _ = read_manifest(storage, checkpoint, hash_sealed)
+    except ManifestInvalid as exc:  # its digest, after the hashing began: the plan has no seal
+        ahead.stop()
+        ahead.hashing, ahead.error = None, exc
+    except BaseException:
+        ahead.stop()
+        raise
+    return ahead
+
+
+__all__ = ["HeadStart", "head_start"]

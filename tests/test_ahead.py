@@ -1,0 +1,210 @@
+"""The head start of ``drill verify`` (drill.integrity.ahead): a sealed checkpoint's files hash
+while the verification still asks what the checkpoint is — with the very verdict, findings and
+evidence of a verification that hashes them after, for every fault; never opening what the
+directory does not list as a regular file; and never leaving a worker behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import drill.integrity.ahead as ahead
+from drill.integrity.manifest import MANIFEST_NAME, seal
+from drill.integrity.sampling import SampleSpec
+from drill.storage import LocalStorage
+from drill.storage.listed import ListedOnce
+from drill.verifier import VerifyOutcome, verify_checkpoint
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+
+CHUNK = 64 << 10
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    """A flat sealed DCP checkpoint of many small files and one of several chunks, written by
+    DCP itself (one file per tensor), sealed in small chunks so the large file is spanned."""
+    import drill.sdk
+
+    g = torch.Generator().manual_seed(0)
+    state = {f"p{i}": torch.randn(256, generator=g) for i in range(40)}
+    state["big"] = torch.randn(5 * CHUNK // 4 + 77, generator=g)
+    ckpt = tmp_path / "step-40"
+    drill.sdk.save(state, str(ckpt), no_dist=True, single_file_per_rank=False, sync_files=False)
+    seal(ckpt, chunk_size=CHUNK, force=True)
+    return ckpt
+
+
+def _big(ckpt: Path) -> Path:
+    return max((p for p in ckpt.iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
+
+
+def _small(ckpt: Path) -> Path:
+    return min((p for p in ckpt.iterdir() if p.suffix == ".distcp"), key=lambda p: (p.stat().st_size, p.name))
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x40
+    path.write_bytes(data)
+
+
+def _edit_seal(ckpt: Path) -> None:
+    doc = json.loads((ckpt / MANIFEST_NAME).read_text())
+    doc["step"] = 41
+    (ckpt / MANIFEST_NAME).write_text(json.dumps(doc))
+
+
+def _fifo(ckpt: Path) -> None:
+    victim = _small(ckpt)
+    victim.unlink()
+    os.mkfifo(victim)
+
+
+def _link_inside(ckpt: Path) -> None:
+    victim = _small(ckpt)
+    victim.rename(ckpt / "moved")
+    victim.symlink_to("moved")
+
+
+FAULTS: dict[str, Callable[[Path], None]] = {
+    "none": lambda ckpt: None,
+    "a bit flipped in a small file": lambda ckpt: _flip(_small(ckpt), 100),
+    "a bit flipped in a spanned file": lambda ckpt: _flip(_big(ckpt), 3 * CHUNK + 5),
+    "a small file truncated": lambda ckpt: os.truncate(_small(ckpt), 10),
+    "a spanned file truncated": lambda ckpt: os.truncate(_big(ckpt), 2 * CHUNK),
+    "a small file extended": lambda ckpt: _small(ckpt).write_bytes(_small(ckpt).read_bytes() + b"x"),
+    "a file deleted": lambda ckpt: _small(ckpt).unlink(),
+    "a file emptied": lambda ckpt: _small(ckpt).write_bytes(b""),
+    "an unlisted file added": lambda ckpt: (ckpt / "stray.bin").write_bytes(b"stray"),
+    "the seal edited by hand": _edit_seal,
+    "the seal not JSON": lambda ckpt: (ckpt / MANIFEST_NAME).write_text("{"),
+    "a shard replaced by a FIFO": _fifo,
+    "a shard replaced by a link inside": _link_inside,
+    "a sub-directory added": lambda ckpt: (ckpt / "extra").mkdir(),
+}
+
+
+def _comparable(outcome: VerifyOutcome) -> tuple:
+    r = outcome.result
+    evidence = {k: v for k, v in r.evidence.items() if k != "seconds"}
+    return outcome.status, r.summary, [(f.code, f.subject, f.message) for f in r.findings], evidence
+
+
+@pytest.fixture
+def forking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in the drill command: this process may fork its hashing workers."""
+    monkeypatch.setattr("drill.proc.may_fork", lambda: True)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_head_start_changes_no_verdict_finding_or_evidence(
+    checkpoint: Path, fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    FAULTS[fault](checkpoint)
+    plain = verify_checkpoint(str(checkpoint))  # this process may not fork: no head start
+    started: list[object] = []
+    real = ahead._start
+
+    def spied(storage: object, uri: str) -> object:
+        started.append(got := real(storage, uri))  # type: ignore[arg-type]
+        return got
+
+    monkeypatch.setattr("drill.proc.may_fork", lambda: True)
+    monkeypatch.setattr(ahead, "_start", spied)
+    with_head_start = verify_checkpoint(str(checkpoint))
+    assert _comparable(with_head_start) == _comparable(plain)
+    flat = fault not in ("a shard replaced by a FIFO", "a shard replaced by a link inside", "a sub-directory added")
+    assert (started[0] is not None) == flat, started  # never where the directory holds more than regular files
+
+
+def test_the_files_hashed_ahead_are_not_hashed_again(
+    checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import drill.integrity.verify as verify
+
+    monkeypatch.setattr(verify, "hash_files", lambda *a, **k: pytest.fail(f"hashed again: {sorted(a[2])}"))
+    outcome = verify_checkpoint(str(checkpoint))
+    assert outcome.status == "passed" and outcome.result.evidence["files_verified"] == 42
+
+
+def test_a_file_changed_since_it_was_hashed_ahead_is_hashed_again_as_listed(
+    checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head start hashed each file at its sealed size; one the listing finds at another
+    size is hashed again at that size, and is the size mismatch it is."""
+    victim = _small(checkpoint)
+    real = ahead._start
+
+    def then_truncated(storage: object, uri: str) -> object:
+        got = real(storage, uri)  # type: ignore[arg-type]
+        assert got is not None and got.hashing is not None
+        got.hashing.results()  # hashed, at its sealed size
+        os.truncate(victim, 3)
+        return got
+
+    import drill.integrity.verify as verify
+
+    again: list[dict[str, int]] = []
+    real_hash = verify.hash_files
+
+    def hash_files(storage: object, uri: str, sizes: dict[str, int], *args: object, **kw: object) -> object:
+        again.append(dict(sizes))
+        return real_hash(storage, uri, sizes, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ahead, "_start", then_truncated)
+    monkeypatch.setattr(verify, "hash_files", hash_files)
+    outcome = verify_checkpoint(str(checkpoint))
+    assert [(f.code, f.subject) for f in outcome.result.findings] == [("size-mismatch", victim.name)]
+    assert again == [{victim.name: 3}]
+
+
+def test_nothing_starts_ahead_for_a_sample_or_where_the_process_may_not_fork(checkpoint: Path, forking: None) -> None:
+    storage = ListedOnce(LocalStorage())
+    with ahead.head_start(storage, str(checkpoint), SampleSpec("all")) as started:
+        assert started is not None and started.manifest is not None and started.hashing is not None
+    with ahead.head_start(storage, str(checkpoint), SampleSpec("auto")) as started:
+        assert started is None
+
+
+def test_nothing_starts_ahead_without_a_seal_or_of_a_file(checkpoint: Path, forking: None) -> None:
+    storage = ListedOnce(LocalStorage())
+    (checkpoint / MANIFEST_NAME).unlink()
+    with ahead.head_start(storage, str(checkpoint), SampleSpec("all")) as started:
+        assert started is not None and started.manifest is None and started.hashing is None
+    with ahead.head_start(storage, str(_big(checkpoint)), SampleSpec("all")) as started:
+        assert started is None
+    with ahead.head_start(storage, str(checkpoint / "absent"), SampleSpec("all")) as started:
+        assert started is None
+
+
+def test_no_worker_outlives_a_verification_that_ends_early(
+    checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verification that raises after the head start (here: the path is not what it seemed)
+    leaves no worker running: each is killed and reaped on the way out."""
+    import drill.verifier as verifier
+
+    def refuses(*args: object) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verifier, "classify", refuses)
+    with pytest.raises(KeyboardInterrupt):
+        verify_checkpoint(str(checkpoint))
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # no child left, running or unreaped
+
+
+def test_a_seal_that_fails_its_own_digest_stops_the_head_start(checkpoint: Path, forking: None) -> None:
+    _edit_seal(checkpoint)
+    with ahead.head_start(ListedOnce(LocalStorage()), str(checkpoint), SampleSpec("all")) as started:
+        assert started is not None and started.hashing is None
+        assert started.error is not None and started.error.code == "manifest-digest-mismatch"
+        with pytest.raises(ChildProcessError):
+            os.waitpid(-1, os.WNOHANG)
