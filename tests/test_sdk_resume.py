@@ -182,3 +182,26 @@ def test_hf_trainer_resumes_from_a_verified_checkpoint(tmp_path: Path, sqlite_ur
         drill.sdk.verified(str(ckpt), db=sqlite_url)
     assert caught.value.file == "model.safetensors"
     assert frameworks.hf_trainer_resume(out, drill.sdk.verified(str(out / "checkpoint-2"), db=sqlite_url)) == 6
+
+
+def test_a_load_collects_no_cycles_meanwhile(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load of thousands of files makes tens of thousands of small objects (the index, DCP's
+    plan, the proof): Python's cyclic collector is paused for the whole load — each collection
+    would walk all the trainer and torch hold — and enabled again after."""
+    import gc
+
+    ckpt = _newest(run)
+    seen: list[bool] = []
+    objects = _objects(run)
+    state = objects.stateful()
+    real = type(state["train_state"]).load_state_dict
+
+    def spied(self: object, sd: dict) -> None:
+        seen.append(gc.isenabled())
+        real(self, sd)
+
+    monkeypatch.setattr(type(state["train_state"]), "load_state_dict", spied)
+    assert gc.isenabled()
+    report = drill.sdk.load(state, str(ckpt), record=False)
+    assert report.sealed and report.verified_files >= 2
+    assert seen == [False] and gc.isenabled()

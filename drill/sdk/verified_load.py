@@ -28,6 +28,7 @@ from drill.integrity.hashing import HashPlan
 from drill.integrity.proof import observed_by, prove
 from drill.integrity.sampling import SampleSpec
 from drill.integrity.verify import IntegrityPlan, plan_integrity
+from drill.memory import collector_paused
 from drill.restore import RestoreResult
 from drill.sdk.report import TRIGGER, CheckpointCorrupt, LoadReport
 from drill.storage import storage_for
@@ -44,7 +45,25 @@ def run_load(
     allow_classes: tuple[str, ...],
 ) -> tuple[LoadReport, list[CheckResult], RestoreResult]:
     """Load, then prove what this rank read as ``drill run`` does (:func:`~drill.integrity.proof.prove`,
-    the ``files`` and ``load`` checks); every rank gets every rank's findings."""
+    the ``files`` and ``load`` checks); every rank gets every rank's findings.
+
+    Python's cyclic collector is paused throughout (:func:`~drill.memory.collector_paused`):
+    an index of 20,000 entries, DCP's plan of as many reads and the proof of as many files are
+    each tens of thousands of small objects, and every collection they set off walks all that
+    the trainer and torch hold — ten times the unpickling of the index itself."""
+    with collector_paused():
+        return _run_load(state, checkpoint_id, verify, process_group, planner, key, allow_classes)
+
+
+def _run_load(
+    state: dict[str, Any],
+    checkpoint_id: str,
+    verify: bool,
+    process_group: Any,
+    planner: Any,
+    key: bytes | None,
+    allow_classes: tuple[str, ...],
+) -> tuple[LoadReport, list[CheckResult], RestoreResult]:
     storage = storage_for(str(checkpoint_id))
     uri = storage.normalize(str(checkpoint_id))
     started = time.perf_counter()

@@ -101,13 +101,7 @@ class LocalStorage:
         )
 
     def open(self, uri: str) -> io.RawIOBase:
-        fd = self.open_fd(uri)
-        try:
-            os.set_blocking(fd, True)
-            return open(fd, "rb", buffering=0, closefd=True)
-        except BaseException:
-            os.close(fd)
-            raise
+        return _file_object(self.open_fd(uri))
 
     def open_below(self, base: str, relative: str) -> tuple[io.RawIOBase, int]:
         if not _one_name(relative):
@@ -124,12 +118,7 @@ class LocalStorage:
                 size = os.fstat(fd).st_size
             else:
                 size = _regular_stat(fd, path).st_size
-        try:
-            os.set_blocking(fd, True)
-            return open(fd, "rb", buffering=0, closefd=True), size
-        except BaseException:
-            os.close(fd)
-            raise
+        return _file_object(fd), size
 
     def open_checked(self, base: str, relative: str) -> int:
         """:meth:`open_fd` of :meth:`child`: the way for a path with a link along it, which is
@@ -240,6 +229,17 @@ def _regular_stat(fd: int, path: str, relative: str = "") -> os.stat_result:
         if stat_mod.S_ISDIR(st.st_mode):
             raise IsADirectoryError(21, "Is a directory", path)
         raise NotARegularFile(path)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _file_object(fd: int) -> io.RawIOBase:
+    """An unbuffered binary file over ``fd`` (opened non-blocking, read blocking); ``fd`` is
+    closed if that fails."""
+    try:
+        os.set_blocking(fd, True)
+        return open(fd, "rb", buffering=0, closefd=True)
     except BaseException:
         os.close(fd)
         raise
