@@ -88,7 +88,18 @@ FAULTS: dict[str, Callable[[Path], None]] = {
     "a shard replaced by a FIFO": _fifo,
     "a shard replaced by a link inside": _link_inside,
     "a sub-directory added": lambda ckpt: (ckpt / "extra").mkdir(),
+    "a framework manifest naming a path out": lambda ckpt: (ckpt / "integrity.json").write_text(
+        json.dumps({"algorithm": "sha256", "files": {"../../etc/hostname": "0" * 64}})
+    ),
 }
+NO_HEAD_START = {
+    "a shard replaced by a FIFO",
+    "a shard replaced by a link inside",
+    "a sub-directory added",
+    "a framework manifest naming a path out",
+}
+"""Directories holding more than regular files, or a manifest that could lead out: nothing is
+opened before the verification has listed and planned."""
 
 
 def _comparable(outcome: VerifyOutcome) -> tuple:
@@ -120,8 +131,7 @@ def test_a_head_start_changes_no_verdict_finding_or_evidence(
     monkeypatch.setattr(ahead, "_start", spied)
     with_head_start = verify_checkpoint(str(checkpoint))
     assert _comparable(with_head_start) == _comparable(plain)
-    flat = fault not in ("a shard replaced by a FIFO", "a shard replaced by a link inside", "a sub-directory added")
-    assert (started[0] is not None) == flat, started  # never where the directory holds more than regular files
+    assert (started[0] is None) == (fault in NO_HEAD_START), started
 
 
 def test_the_files_hashed_ahead_are_not_hashed_again(
@@ -182,6 +192,18 @@ def test_nothing_starts_ahead_without_a_seal_or_of_a_file(checkpoint: Path, fork
         assert started is None
     with ahead.head_start(storage, str(checkpoint / "absent"), SampleSpec("all")) as started:
         assert started is None
+
+
+def test_nothing_starts_ahead_in_a_directory_of_more_entries_than_a_listing_takes(
+    checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entries = len(list(checkpoint.iterdir()))
+    monkeypatch.setattr(ahead, "MAX_ENTRIES", entries - 1)
+    with ahead.head_start(ListedOnce(LocalStorage()), str(checkpoint), SampleSpec("all")) as started:
+        assert started is None
+    monkeypatch.setattr(ahead, "MAX_ENTRIES", entries)
+    with ahead.head_start(ListedOnce(LocalStorage()), str(checkpoint), SampleSpec("all")) as started:
+        assert started is not None
 
 
 def test_no_worker_outlives_a_verification_that_ends_early(

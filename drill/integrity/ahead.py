@@ -9,7 +9,9 @@ name only paths inside the checkpoint: the workers hash while this process lists
 and checks. The plan then takes their digests for each file that is still what the seal says
 (listed at the size sealed, and proven that size by the read itself); anything else is hashed
 afterwards, as without a head start. Nothing is opened that the directory does not list as a
-regular file, and a seal that fails its own digest leaves the plan without a seal, as before.
+regular file, nothing where a verification would refuse to open anything (a framework's
+manifest, which could name a path out of the checkpoint; more entries than a listing takes),
+and a seal that fails its own digest leaves the plan without a seal, as before.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from drill.integrity.manifest import FileEntry, Manifest, ManifestInvalid, read_manifest
+from drill.integrity.foreign import is_foreign_manifest
+from drill.integrity.manifest import MAX_ENTRIES, FileEntry, Manifest, ManifestInvalid, read_manifest
 from drill.integrity.parallel import Hashing
 from drill.integrity.sampling import SampleSpec
 from drill.storage import Storage
@@ -75,11 +78,11 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
     if only_files is None or not getattr(storage, "positioned_reads", False) or not may_fork():
         return None
     try:
-        names = only_files(checkpoint)
+        names = only_files(checkpoint, MAX_ENTRIES)
     except OSError:  # not a directory, not there, not readable: the verification says which
         return None
-    if names is None:
-        return None
+    if names is None or any(map(is_foreign_manifest, names)):
+        return None  # a framework's manifest could name a path out: then nothing may be opened
     ahead = HeadStart()
 
     def hash_sealed(files: list[FileEntry], chunk_size: int) -> None:

@@ -72,11 +72,16 @@ def _safetensors_index(name: str, doc: object) -> ForeignManifest:
     return fm
 
 
+def is_foreign_manifest(name: str) -> bool:
+    """Whether the file ``name`` (relative to the checkpoint) is a framework's manifest."""
+    return name == MEGATRON_INTEGRITY or name.endswith(".safetensors.index.json")
+
+
 def find_foreign_manifests(storage: Storage, checkpoint: str, names: set[str]) -> list[ForeignManifest]:
     """Every framework manifest among ``names`` (the checkpoint's files), parsed."""
     found = []
     for name in sorted(names):
-        if name == MEGATRON_INTEGRITY or name.endswith(".safetensors.index.json"):
+        if is_foreign_manifest(name):
             try:
                 doc = _load_json(storage, checkpoint, name)
                 found.append(_megatron(doc) if name == MEGATRON_INTEGRITY else _safetensors_index(name, doc))

@@ -73,14 +73,15 @@ class LocalStorage:
         entries.sort(key=_name)
         return entries
 
-    def only_files(self, uri: str) -> set[str] | None:
-        """The names in the directory ``uri`` when it holds nothing but regular files — told
-        by its own entries, with no ``stat`` of each where the filesystem records their types;
-        None when it holds anything else (a link, a sub-directory, a FIFO or device)."""
-        names = set()
+    def only_files(self, uri: str, most: int) -> set[str] | None:
+        """The names in the directory ``uri`` when it holds nothing but regular files, at most
+        ``most`` of them — told by its own entries, with no ``stat`` of each where the
+        filesystem records their types; None when it holds anything else (a link, a
+        sub-directory, a FIFO or device) or more."""
+        names: set[str] = set()
         with os.scandir(_path(uri)) as it:
             for de in it:
-                if not de.is_file(follow_symlinks=False):
+                if not de.is_file(follow_symlinks=False) or len(names) >= most:
                     return None
                 names.add(de.name)
         return names
