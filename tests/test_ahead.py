@@ -110,8 +110,10 @@ def _comparable(outcome: VerifyOutcome) -> tuple:
 
 @pytest.fixture
 def forking(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As in the drill command: this process may fork its hashing workers."""
+    """As in the drill command: this process may fork its hashing workers — on two cores free,
+    however busy the machine running the suite is."""
     monkeypatch.setattr("drill.proc.may_fork", lambda: True)
+    monkeypatch.setattr(ahead, "free_cores", lambda cap: 2)
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -128,6 +130,7 @@ def test_a_head_start_changes_no_verdict_finding_or_evidence(
         return got
 
     monkeypatch.setattr("drill.proc.may_fork", lambda: True)
+    monkeypatch.setattr(ahead, "free_cores", lambda cap: 2)
     monkeypatch.setattr(ahead, "_start", spied)
     with_head_start = verify_checkpoint(str(checkpoint))
     assert _comparable(with_head_start) == _comparable(plain)
@@ -180,6 +183,15 @@ def test_nothing_starts_ahead_for_a_sample_or_where_the_process_may_not_fork(che
     with ahead.head_start(storage, str(checkpoint), SampleSpec("all")) as started:
         assert started is not None and started.manifest is not None and started.hashing is not None
     with ahead.head_start(storage, str(checkpoint), SampleSpec("auto")) as started:
+        assert started is None
+
+
+def test_nothing_starts_ahead_on_one_free_core(
+    checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one core free the workers would only take turns with the command on it."""
+    monkeypatch.setattr(ahead, "free_cores", lambda cap: 1)
+    with ahead.head_start(ListedOnce(LocalStorage()), str(checkpoint), SampleSpec("all")) as started:
         assert started is None
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from drill.integrity.foreign import is_foreign_manifest
 from drill.integrity.manifest import MAX_ENTRIES, FileEntry, Manifest, ManifestInvalid, read_manifest
-from drill.integrity.parallel import Hashing
+from drill.integrity.parallel import Hashing, free_cores
 from drill.integrity.sampling import SampleSpec
 from drill.storage import Storage
 
@@ -62,7 +62,8 @@ class HeadStart:
 def head_start(storage: Storage, checkpoint: str, sample: SampleSpec) -> Iterator[HeadStart | None]:
     """The seal of ``checkpoint`` read and its files hashing, where that can start now: a full
     verification (a sample depends on the ledger) of a local directory holding regular files
-    only, in a process that may fork. None otherwise. The workers are stopped on leaving."""
+    only, in a process that may fork, with two cores free (on one, the workers would only take
+    turns with the command). None otherwise. The workers are stopped on leaving."""
     ahead = _start(storage, checkpoint) if sample.is_full else None
     try:
         yield ahead
@@ -77,6 +78,9 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
     only_files = getattr(storage, "only_files", None)
     if only_files is None or not getattr(storage, "positioned_reads", False) or not may_fork():
         return None
+    workers = free_cores(8)
+    if workers < 2:  # the workers would take the one free core from the command: no head start
+        return None
     try:
         names = only_files(checkpoint, MAX_ENTRIES)
     except OSError:  # not a directory, not there, not readable: the verification says which
@@ -87,7 +91,7 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
 
     def hash_sealed(files: list[FileEntry], chunk_size: int) -> None:
         ahead.sizes = {f.path: f.size for f in files if f.path in names}
-        ahead.hashing = Hashing(storage, checkpoint, ahead.sizes, chunk_size)
+        ahead.hashing = Hashing(storage, checkpoint, ahead.sizes, chunk_size, workers)
 
     try:
         ahead.manifest, _ = read_manifest(storage, checkpoint, hash_sealed)
