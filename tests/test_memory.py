@@ -95,10 +95,14 @@ def test_only_the_windows_not_yet_in_memory_are_populated(monkeypatch: pytest.Mo
     assert memory.populate(base, 2 * window) and libc.calls == []  # all in memory: nothing asked
 
 
-def test_the_next_target_is_populated_ahead_only_for_drills_own_planners(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("planner", ["drill run's", "drill.sdk.load's"])
+def test_the_next_target_is_populated_ahead_only_for_drills_own_planners(
+    monkeypatch: pytest.MonkeyPatch, planner: str
+) -> None:
     """While the reader fills one target, the next one's pages are faulted in on the lane's
-    populating thread — asked of drill's planners only (a user's may allocate on each call),
-    and only for a large target in host memory; the entry then skips its own populate."""
+    populating thread — asked of drill's planners only (a user's may allocate on each call):
+    a drill's own, and the SDK's (DCP's planner, whose targets are the state dict's own);
+    only for a large target in host memory; the entry then skips its own populate."""
     import threading
 
     import torch
@@ -127,12 +131,19 @@ def test_the_next_target_is_populated_ahead_only_for_drills_own_planners(monkeyp
         def resolve_tensor(self, read_item: object) -> torch.Tensor:
             raise AssertionError("a user's planner was asked for a target ahead of its entry")
 
+    if planner == "drill run's":
+        ours: object = dcp_read.TargetPlanner(state, [])
+    else:
+        from drill.formats.dcp_reader import SafeLoadPlanner
+
+        ours = SafeLoadPlanner([])
+        ours.set_up_planner(state, None, True)  # type: ignore[attr-defined]
     outcome = dcp_read._FileOutcome(dcp_read.FileRead("f", None))
     try:
         dcp_read._populate_ahead(item("big", big.numel()), Users(), outcome)
-        dcp_read._populate_ahead(item("small", 16), dcp_read.TargetPlanner(state, []), outcome)
+        dcp_read._populate_ahead(item("small", 16), ours, outcome)
         assert not outcome.populated
-        dcp_read._populate_ahead(item("big", big.numel()), dcp_read.TargetPlanner(state, []), outcome)
+        dcp_read._populate_ahead(item("big", big.numel()), ours, outcome)
         assert done.wait(60) and asked == [(big.data_ptr(), big.numel() * 4)] and outcome.populated == {big.data_ptr()}
     finally:
         outcome.lane.close()

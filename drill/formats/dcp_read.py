@@ -89,6 +89,9 @@ class TargetPlanner:
     """Where each read item goes: tensor chunks into their place in the targets (read in
     place, so nothing to commit), values into the state dict."""
 
+    stable_targets = True
+    """``resolve_tensor`` gives the same target every time it is asked: it may be asked ahead."""
+
     def __init__(self, state: dict[str, Any], failures: list[ItemFailure]) -> None:
         self.state_dict = state
         self._failures = failures
@@ -431,7 +434,7 @@ def _populate_ahead(item: Any, planner: Any, outcome: _FileOutcome) -> None:
     """Have the next entry's target faulted in (:meth:`CrcLane.populate`) while the reader
     fills this one — for drill's own planners only, whose ``resolve_tensor`` gives the same
     target every time it is asked (a user's planner may allocate anew on each call)."""
-    if not isinstance(planner, TargetPlanner) or is_byte_io(item):
+    if not getattr(planner, "stable_targets", False) or is_byte_io(item):
         return
     target = planner.resolve_tensor(item)
     nbytes = target.numel() * target.element_size()

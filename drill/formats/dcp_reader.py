@@ -30,6 +30,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's default planner, but values load with ``weights_only=True`` and a value that will
     not deserialize becomes a recorded failure instead of an exception."""
 
+    stable_targets = True
+    """``resolve_tensor`` is DCP's own: a view of the state dict's tensor, the same each time
+    it is asked — so the reader may ask for the next entry's ahead, to fault its pages in."""
+
     def __init__(self, failures: list[ItemFailure], *, flatten: bool = True) -> None:
         super().__init__(flatten_state_dict=flatten, flatten_sharded_tensors=flatten)
         self._failures = failures
