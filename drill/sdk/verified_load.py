@@ -52,48 +52,36 @@ def run_load(
     each tens of thousands of small objects, and every collection they set off walks all that
     the trainer and torch hold — ten times the unpickling of the index itself."""
     with collector_paused():
-        return _run_load(state, checkpoint_id, verify, process_group, planner, key, allow_classes)
-
-
-def _run_load(
-    state: dict[str, Any],
-    checkpoint_id: str,
-    verify: bool,
-    process_group: Any,
-    planner: Any,
-    key: bytes | None,
-    allow_classes: tuple[str, ...],
-) -> tuple[LoadReport, list[CheckResult], RestoreResult]:
-    storage = storage_for(str(checkpoint_id))
-    uri = storage.normalize(str(checkpoint_id))
-    started = time.perf_counter()
-    plan = plan_integrity(storage, uri, SampleSpec("all"), key=key) if verify else None
-    sealed = plan is not None and plan.manifest is not None
-    report = LoadReport(checkpoint=uri, sealed=sealed)
-    report.seconds["plan"] = time.perf_counter() - started
-    result = RestoreResult(uri=uri, format=_DCP.name, device="cpu", index_file=DCP_METADATA)
-    hash_plan = HashPlan(chunk_size=plan.hash_plan.chunk_size) if sealed else HashPlan(files=frozenset())  # type: ignore[union-attr]
-    reader = DCPStorageReader(
-        storage,
-        uri,
-        result,
-        RestoreContext(device=torch.device("cpu"), hash_plan=hash_plan, allow_classes=allow_classes),
-    )
-    refused = plan is not None and plan.refuse
-    not_loaded = None if refused else _read(state, reader, result, planner, process_group)
-    report.seconds["read"], report.seconds["load"] = result.read_seconds, result.load_seconds
-    checked = time.perf_counter()
-    checks = _checks(storage, plan, result, not_loaded)
-    report.seconds["verify"] = time.perf_counter() - checked
-    checks, report.ranks, report.bytes_read = _agree(checks, result.bytes_read, process_group)
-    integrity = checks[0] if checks[0].name == "integrity" else None
-    report.evidence = evidence_of(integrity) if integrity is not None else "none"
-    report.verified_files = int(integrity.evidence.get("files_verified", 0)) if integrity is not None else 0
-    report.byte_ranges = {
-        p: [tuple(r) for r in rs]
-        for p, rs in (integrity.evidence.get("damaged_ranges", {}) if integrity else {}).items()
-    }
-    return report, checks, result
+        storage = storage_for(str(checkpoint_id))
+        uri = storage.normalize(str(checkpoint_id))
+        started = time.perf_counter()
+        plan = plan_integrity(storage, uri, SampleSpec("all"), key=key) if verify else None
+        sealed = plan is not None and plan.manifest is not None
+        report = LoadReport(checkpoint=uri, sealed=sealed)
+        report.seconds["plan"] = time.perf_counter() - started
+        result = RestoreResult(uri=uri, format=_DCP.name, device="cpu", index_file=DCP_METADATA)
+        hash_plan = HashPlan(chunk_size=plan.hash_plan.chunk_size) if sealed else HashPlan(files=frozenset())  # type: ignore[union-attr]
+        reader = DCPStorageReader(
+            storage,
+            uri,
+            result,
+            RestoreContext(device=torch.device("cpu"), hash_plan=hash_plan, allow_classes=allow_classes),
+        )
+        refused = plan is not None and plan.refuse
+        not_loaded = None if refused else _read(state, reader, result, planner, process_group)
+        report.seconds["read"], report.seconds["load"] = result.read_seconds, result.load_seconds
+        checked = time.perf_counter()
+        checks = _checks(storage, plan, result, not_loaded)
+        report.seconds["verify"] = time.perf_counter() - checked
+        checks, report.ranks, report.bytes_read = _agree(checks, result.bytes_read, process_group)
+        integrity = checks[0] if checks[0].name == "integrity" else None
+        report.evidence = evidence_of(integrity) if integrity is not None else "none"
+        report.verified_files = int(integrity.evidence.get("files_verified", 0)) if integrity is not None else 0
+        report.byte_ranges = {
+            p: [tuple(r) for r in rs]
+            for p, rs in (integrity.evidence.get("damaged_ranges", {}) if integrity else {}).items()
+        }
+        return report, checks, result
 
 
 _DCP = formats.get("dcp")
