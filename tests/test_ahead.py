@@ -137,14 +137,31 @@ def test_a_head_start_changes_no_verdict_finding_or_evidence(
     assert (started[0] is None) == (fault in NO_HEAD_START), started
 
 
+def _hashed_after(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, int]]:
+    """What the verification hashes after its plan (path → size), call by call."""
+    import drill.integrity.verify as verify
+
+    calls: list[dict[str, int]] = []
+    real = verify.hash_files
+
+    def hash_files(storage: object, uri: str, sizes: dict[str, int], *args: object, **kw: object) -> object:
+        calls.append(dict(sizes))
+        return real(storage, uri, sizes, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verify, "hash_files", hash_files)
+    return calls
+
+
 def test_the_files_hashed_ahead_are_not_hashed_again(
     checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import drill.integrity.verify as verify
-
-    monkeypatch.setattr(verify, "hash_files", lambda *a, **k: pytest.fail(f"hashed again: {sorted(a[2])}"))
+    """Every file of one chunk is hashed ahead, and only once; the file of several chunks is
+    spanned for the workers by its listed size, after the listing."""
+    after = _hashed_after(monkeypatch)
     outcome = verify_checkpoint(str(checkpoint))
     assert outcome.status == "passed" and outcome.result.evidence["files_verified"] == 42
+    big = _big(checkpoint)
+    assert after == [{big.name: big.stat().st_size}]
 
 
 def test_a_file_changed_since_it_was_hashed_ahead_is_hashed_again_as_listed(
@@ -162,20 +179,12 @@ def test_a_file_changed_since_it_was_hashed_ahead_is_hashed_again_as_listed(
         os.truncate(victim, 3)
         return got
 
-    import drill.integrity.verify as verify
-
-    again: list[dict[str, int]] = []
-    real_hash = verify.hash_files
-
-    def hash_files(storage: object, uri: str, sizes: dict[str, int], *args: object, **kw: object) -> object:
-        again.append(dict(sizes))
-        return real_hash(storage, uri, sizes, *args, **kw)  # type: ignore[arg-type]
-
+    again = _hashed_after(monkeypatch)
     monkeypatch.setattr(ahead, "_start", then_truncated)
-    monkeypatch.setattr(verify, "hash_files", hash_files)
     outcome = verify_checkpoint(str(checkpoint))
     assert [(f.code, f.subject) for f in outcome.result.findings] == [("size-mismatch", victim.name)]
-    assert again == [{victim.name: 3}]
+    big = _big(checkpoint)
+    assert again == [{victim.name: 3, big.name: big.stat().st_size}]
 
 
 def test_nothing_starts_ahead_for_a_sample_or_where_the_process_may_not_fork(checkpoint: Path, forking: None) -> None:
@@ -184,6 +193,30 @@ def test_nothing_starts_ahead_for_a_sample_or_where_the_process_may_not_fork(che
         assert started is not None and started.manifest is not None and started.hashing is not None
     with ahead.head_start(storage, str(checkpoint), SampleSpec("auto")) as started:
         assert started is None
+
+
+def test_only_files_of_one_chunk_start_ahead_whatever_size_the_seal_claims(checkpoint: Path, forking: None) -> None:
+    """A file of one chunk is one read, bounded by the file itself; a larger one is spanned by
+    its listed size, after the listing — never by a size the seal claims before it is verified
+    (a seal of a few megabytes could claim chunks of petabytes, and so millions of spans). The
+    verification still says what the file is."""
+    from drill.integrity.manifest import self_digest
+
+    doc = json.loads((checkpoint / MANIFEST_NAME).read_text())
+    victim = _small(checkpoint).name
+    for f in doc["files"]:
+        if f["path"] == victim:
+            f["size"] = 1600 * CHUNK  # 100 MiB claimed, in 1,600 chunk digests
+            f["chunks"] = f["chunks"] * 1600
+    doc.pop("manifest_xxh3_128")
+    doc["manifest_xxh3_128"] = self_digest(doc)
+    (checkpoint / MANIFEST_NAME).write_text(json.dumps(doc))
+    with ahead.head_start(ListedOnce(LocalStorage()), str(checkpoint), SampleSpec("all")) as started:
+        assert started is not None and started.manifest is not None
+        assert victim not in started.sizes and _big(checkpoint).name not in started.sizes
+        assert len(started.sizes) == 40  # the other 39 one-chunk shards and the index
+    result = verify_checkpoint(str(checkpoint)).result
+    assert [(f.code, f.subject) for f in result.findings] == [("size-mismatch", victim)]
 
 
 def test_nothing_starts_ahead_on_one_free_core(
