@@ -155,13 +155,10 @@ def _hashed_after(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, int]]:
 def test_the_files_hashed_ahead_are_not_hashed_again(
     checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every file of one chunk is hashed ahead, and only once; the file of several chunks is
-    spanned for the workers by its listed size, after the listing."""
     after = _hashed_after(monkeypatch)
     outcome = verify_checkpoint(str(checkpoint))
     assert outcome.status == "passed" and outcome.result.evidence["files_verified"] == 42
-    big = _big(checkpoint)
-    assert after == [{big.name: big.stat().st_size}]
+    assert after == []
 
 
 def test_a_file_changed_since_it_was_hashed_ahead_is_hashed_again_as_listed(
@@ -183,8 +180,7 @@ def test_a_file_changed_since_it_was_hashed_ahead_is_hashed_again_as_listed(
     monkeypatch.setattr(ahead, "_start", then_truncated)
     outcome = verify_checkpoint(str(checkpoint))
     assert [(f.code, f.subject) for f in outcome.result.findings] == [("size-mismatch", victim.name)]
-    big = _big(checkpoint)
-    assert again == [{victim.name: 3, big.name: big.stat().st_size}]
+    assert again == [{victim.name: 3}]
 
 
 def test_nothing_starts_ahead_for_a_sample_or_where_the_process_may_not_fork(checkpoint: Path, forking: None) -> None:
@@ -195,11 +191,12 @@ def test_nothing_starts_ahead_for_a_sample_or_where_the_process_may_not_fork(che
         assert started is None
 
 
-def test_only_files_of_one_chunk_start_ahead_whatever_size_the_seal_claims(checkpoint: Path, forking: None) -> None:
-    """A file of one chunk is one read, bounded by the file itself; a larger one is spanned by
-    its listed size, after the listing — never by a size the seal claims before it is verified
-    (a seal of a few megabytes could claim chunks of petabytes, and so millions of spans). The
-    verification still says what the file is."""
+def test_a_file_is_spanned_ahead_by_its_size_on_storage_never_by_the_size_sealed(
+    checkpoint: Path, forking: None
+) -> None:
+    """A file of several chunks is cut into spans by its size on storage: one the seal claims
+    larger than it is (a seal of a few megabytes could claim chunks of petabytes, and so
+    millions of spans) is left to the listing, and the verification says what it is."""
     from drill.integrity.manifest import self_digest
 
     doc = json.loads((checkpoint / MANIFEST_NAME).read_text())
@@ -213,8 +210,8 @@ def test_only_files_of_one_chunk_start_ahead_whatever_size_the_seal_claims(check
     (checkpoint / MANIFEST_NAME).write_text(json.dumps(doc))
     with ahead.head_start(ListedOnce(LocalStorage()), str(checkpoint), SampleSpec("all")) as started:
         assert started is not None and started.manifest is not None
-        assert victim not in started.sizes and _big(checkpoint).name not in started.sizes
-        assert len(started.sizes) == 40  # the other 39 one-chunk shards and the index
+        assert victim not in started.sizes and started.sizes[_big(checkpoint).name] == _big(checkpoint).stat().st_size
+        assert len(started.sizes) == 41  # every file but the one claimed larger
     result = verify_checkpoint(str(checkpoint)).result
     assert [(f.code, f.subject) for f in result.findings] == [("size-mismatch", victim)]
 

@@ -4,11 +4,10 @@ A verification lists the directory and asks every format what it holds, reads th
 checks the seal's own digest, and only then hashes the files. On a checkpoint of thousands of
 small files those steps in this one process cost as much as the hashing on every core. Where
 the checkpoint is a local directory of regular files only and drill may fork its hashing
-workers, the seal is read first and its files of one chunk (every file of a checkpoint of
-thousands of small ones) start hashing as soon as the seal is known to name only paths inside
-the checkpoint: the workers hash while this process lists, recognizes and checks. (A larger
-file is cut into spans for the workers by its size as listed, never by the size an unverified
-seal claims.) The plan then takes their digests for each file that is still what the seal says
+workers, the seal is read first and its files start hashing as soon as the seal is known to
+name only paths inside the checkpoint: the workers hash while this process lists, recognizes
+and checks. (A file of several chunks is cut into spans by its size on storage, never by the
+size the seal, not yet verified, claims.) The plan then takes their digests for each file that is still what the seal says
 (listed at the size sealed, and proven that size by the read itself); anything else is hashed
 afterwards, as without a head start. Nothing is opened that the directory does not list as a
 regular file, nothing where a verification would refuse to open anything (a framework's
@@ -92,9 +91,11 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
     ahead = HeadStart()
 
     def hash_sealed(files: list[FileEntry], chunk_size: int) -> None:
-        # Files of one chunk: each is one read, bounded by the file itself, whatever size the
-        # (not yet verified) seal claims; a larger file is cut into spans by its listed size.
-        ahead.sizes = {f.path: f.size for f in files if f.size <= chunk_size and f.path in names}
+        ahead.sizes = {
+            f.path: f.size
+            for f in files
+            if f.path in names and (f.size <= chunk_size or _size_now(storage, checkpoint, f.path) == f.size)
+        }
         ahead.hashing = Hashing(storage, checkpoint, ahead.sizes, chunk_size, workers)
 
     try:
@@ -106,6 +107,17 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
         ahead.stop()
         raise
     return ahead
+
+
+def _size_now(storage: Storage, checkpoint: str, path: str) -> int | None:
+    """The size of a file of several chunks as it is now, before it is cut into spans: never
+    the size the seal (not yet verified) claims — a seal of megabytes could claim chunks of
+    petabytes, and so millions of spans. A file of one chunk needs no ``stat``: it is one read,
+    bounded by the file itself. None when it cannot be said (the listing will)."""
+    try:
+        return storage.stat(storage.child(checkpoint, path)).size
+    except OSError:
+        return None
 
 
 __all__ = ["HeadStart", "head_start"]
