@@ -238,8 +238,9 @@ def _compare_manifest(plan: IntegrityPlan, observed: Mapping[str, Observed]) -> 
         seen = observed.get(path)
         hashes = seen.hashes if seen is not None else None
         if (
-            hashes is not None
-            and seen.error is None  # type: ignore[union-attr]
+            seen is not None
+            and hashes is not None
+            and seen.error is None
             and on_storage.get(path) == entry.size
             and hashes.matches(entry.chunks)
         ):
