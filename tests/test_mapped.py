@@ -54,7 +54,7 @@ def _spans(tmp_path: Path, files: dict[str, bytes]) -> list[tuple[str, int, int]
 @pytest.mark.parametrize("workers", [1, 2, 5])
 def test_mapped_spans_hash_as_positioned_reads_do(tmp_path: Path, files: dict[str, bytes], workers: int) -> None:
     storage, spans = LocalStorage(), _spans(tmp_path, files)
-    got = mapped.hash_mapped(storage.open_fd, spans, CHUNK, workers)
+    got = mapped.Workers(storage.open_fd, spans, CHUNK, workers).results()
     assert got == [hash_span(storage, uri, a, n, CHUNK) for uri, a, n in spans]
 
 
@@ -66,7 +66,7 @@ def test_windows_and_chunks_off_the_page_grid_hash_alike(tmp_path: Path, monkeyp
     (tmp_path / "f").write_bytes(body)
     storage, uri = LocalStorage(), str(tmp_path / "f")
     spans = [(uri, 0, 20_000), (uri, 20_000, len(body) - 20_000)]
-    assert mapped.hash_mapped(storage.open_fd, spans, 5000, 2) == [
+    assert mapped.Workers(storage.open_fd, spans, 5000, 2).results() == [
         hash_span(storage, u, a, n, 5000) for u, a, n in spans
     ]
 
@@ -106,7 +106,7 @@ def test_a_worker_killed_by_sigbus_loses_only_the_spans_it_had_not_reported(
         return real(open_fd, uri, start, length, chunk, *rest)
 
     monkeypatch.setattr(mapped, "_digests", dies_on_b)
-    got = mapped.hash_mapped(storage.open_fd, spans, CHUNK, workers=len(spans))
+    got = mapped.Workers(storage.open_fd, spans, CHUNK, workers=len(spans)).results()
     for (uri, a, n), digests in zip(
         spans, got, strict=False
     ):  # what the dead worker had not reported is unreported, the rest exact
@@ -151,7 +151,7 @@ def test_the_workers_death_signal_is_resolved_before_they_are_forked(
 
     monkeypatch.setattr(mapped.os, "fork", fork)
     storage, spans = LocalStorage(), _spans(tmp_path, files)
-    assert mapped.hash_mapped(storage.open_fd, spans, CHUNK, 2) == [
+    assert mapped.Workers(storage.open_fd, spans, CHUNK, 2).results() == [
         hash_span(storage, uri, a, n, CHUNK) for uri, a, n in spans
     ]
     assert resolved_at_fork == [True, True]
@@ -253,7 +253,7 @@ def test_more_spans_than_a_pipe_holds_are_all_hashed_by_whichever_worker_is_free
     (tmp_path / "f").write_bytes(data)
     uri = str(tmp_path / "f")
     spans = [(uri, i * chunk, chunk) for i in range(n)]
-    got = mapped.hash_mapped(LocalStorage().open_fd, spans, chunk, workers=3)
+    got = mapped.Workers(LocalStorage().open_fd, spans, chunk, workers=3).results()
     assert all(g is not None for g in got)
     assert [d for g in got for d in g] == hash_span(LocalStorage(), uri, 0, len(data), chunk)
 

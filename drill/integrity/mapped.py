@@ -45,26 +45,16 @@ REPORT_BYTES = 1 << 15
 """Reports a worker collects before writing them to its pipe."""
 
 
-def hash_mapped(
-    open_fd: Callable[[str], int],
-    spans: Sequence[Span],
-    chunk_size: int,
-    workers: int,
-    sizes: Mapping[str, int] | None = None,
-) -> list[list[bytes] | None]:
-    """Each span's chunk digests, or None where no worker reported it (a fault in the mapping,
-    a file shorter than the span, a worker that died): hash those the ordinary way.
+class Workers:
+    """Forked workers hashing spans through mappings, started and not yet collected: the
+    caller goes on with other work while they hash, then asks :meth:`results` once — each
+    span's chunk digests, or None where no worker reported it (a fault in the mapping, a file
+    shorter than the span, a worker that died), to be hashed the ordinary way — or
+    :meth:`stop`, which kills any still running. Each reports into a pipe large enough for
+    thousands of small files' digests, so a worker does not wait for the caller to read.
 
     ``sizes``: each file's listed size; a span that ends there is reported only if the file
     is no longer than that when it has been read (a file that grew is read again, and found)."""
-    return Workers(open_fd, spans, chunk_size, workers, sizes).results()
-
-
-class Workers:
-    """Forked workers hashing spans (:func:`hash_mapped`), started and not yet collected: the
-    caller goes on with other work while they hash, then asks :meth:`results` once — or
-    :meth:`stop`, which kills any still running. Each reports into a pipe large enough for
-    thousands of small files' digests, so a worker does not wait for the caller to read."""
 
     def __init__(
         self,
