@@ -10,6 +10,12 @@ Written inside the checkpoint as ``drill-manifest.json``::
 
 ``xxh3_128`` of a file is xxh3-128 over its concatenated raw chunk digests; the manifest
 digest is xxh3-128 of the canonical JSON (sorted keys, no spaces) of everything else.
+
+drill writes the file as exactly those canonical bytes with the digests appended as its last
+members (one line: ``jq . drill-manifest.json`` indents it), so a reader checks the digest
+against the bytes as read and parses the bytes it checked — without encoding 20,000 entries
+again. A manifest in any other layout (an older drill's indented one, one rewritten by hand)
+is parsed, re-encoded canonically and checked the same way as before.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -99,10 +106,10 @@ class Manifest:
         body = self.body()
         if key is not None:
             body["key_id"] = key_id(key)
-        body["manifest_xxh3_128"] = self_digest(body)
-        if key is not None:
-            body["manifest_hmac_sha256"] = hmac_sha256(key, canonical(body, exclude=DIGESTS))
-        return (json.dumps(body, indent=1) + "\n").encode()
+        signed = canonical(body)
+        tail = f',"manifest_hmac_sha256":"{hmac_sha256(key, signed)}"' if key is not None else ""
+        tail += f',"manifest_xxh3_128":"{xxhash.xxh3_128_hexdigest(signed)}"}}\n'
+        return signed[:-1] + tail.encode()  # the canonical body, its closing brace after the digests
 
     def authenticate(self, key: bytes) -> str | None:
         """None when this manifest was sealed with ``key``; else why not, in one sentence."""
@@ -161,12 +168,14 @@ verifier may start reading them (:mod:`drill.integrity.ahead`)."""
 
 def parse_manifest(data: bytes, sealed_files: SealedFiles | None = None) -> Manifest:
     """Parse and validate a manifest: JSON shape, safe paths, and its own digest."""
-    try:
-        doc = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ManifestInvalid(
-            "manifest-not-json", f"{MANIFEST_NAME} is not JSON ({exc.msg if hasattr(exc, 'msg') else exc})"
-        ) from None
+    signed, doc = _as_written(data)
+    if doc is None:
+        try:
+            doc = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise ManifestInvalid(
+                "manifest-not-json", f"{MANIFEST_NAME} is not JSON ({exc.msg if hasattr(exc, 'msg') else exc})"
+            ) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} is not a drill manifest")
     if doc.get("version") != VERSION:
@@ -190,13 +199,14 @@ def parse_manifest(data: bytes, sealed_files: SealedFiles | None = None) -> Mani
         raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} lists a file twice")
     if sealed_files is not None:
         sealed_files(files, chunk_size)
-    signed = canonical(doc)
-    actual = xxhash.xxh3_128_hexdigest(signed)
-    if actual != claimed:
-        raise ManifestInvalid(
-            "manifest-digest-mismatch",
-            f"{MANIFEST_NAME} does not match its own digest (recorded {claimed}, computed {actual}): it was edited or damaged",
-        )
+    if signed is None:  # not as drill writes it: the canonical encoding of what was parsed
+        signed = canonical(doc)
+        actual = xxhash.xxh3_128_hexdigest(signed)
+        if actual != claimed:
+            raise ManifestInvalid(
+                "manifest-digest-mismatch",
+                f"{MANIFEST_NAME} does not match its own digest (recorded {claimed}, computed {actual}): it was edited or damaged",
+            )
     return Manifest(
         step=doc.get("step") if isinstance(doc.get("step"), int) else None,
         chunk_size=chunk_size,
@@ -210,6 +220,37 @@ def parse_manifest(data: bytes, sealed_files: SealedFiles | None = None) -> Mani
         hmac_sha256=str(mac) if mac is not None else None,
         signed=signed,
     )
+
+
+_WRITTEN_TAIL = re.compile(
+    rb'(?:,"manifest_hmac_sha256":"([0-9a-f]{64})")?,"manifest_xxh3_128":"([0-9a-f]{32})"\}\n?\Z'
+)
+"""How :meth:`Manifest.to_json` ends the canonical body: the digests as its last members."""
+
+
+def _as_written(data: bytes) -> tuple[bytes | None, dict[str, Any] | None]:
+    """The bytes the digests cover and what they parse to — the digests put back as members —
+    where the manifest is laid out as drill writes it and those bytes match its digest; else
+    ``(None, None)``: the caller parses the whole and checks its canonical encoding (which
+    also names what is wrong). Only bytes already proven to match the digest are parsed here,
+    so what the manifest is taken to say is exactly what its digest (and HMAC) covers."""
+    tail = _WRITTEN_TAIL.search(data, max(0, len(data) - 160))
+    if tail is None or tail.start() == 0:
+        return None, None
+    signed = data[: tail.start()] + b"}"
+    claimed = tail.group(2).decode()
+    if xxhash.xxh3_128_hexdigest(signed) != claimed:
+        return None, None
+    try:
+        doc = json.loads(signed)
+    except (ValueError, RecursionError):  # not JSON after all (UnicodeDecodeError is a ValueError)
+        return None, None
+    if not isinstance(doc, dict) or any(k in doc for k in DIGESTS):
+        return None, None  # a digest inside the body too: not what drill writes
+    doc["manifest_xxh3_128"] = claimed
+    if tail.group(1) is not None:
+        doc["manifest_hmac_sha256"] = tail.group(1).decode()
+    return signed, doc
 
 
 def _entries(files: list[Any], chunk_size: int) -> list[FileEntry]:
