@@ -258,7 +258,7 @@ def _entries(files: list[Any], chunk_size: int) -> list[FileEntry]:
     :func:`_check_chunks`). A file of one chunk under a plain name — every file of a checkpoint
     of thousands of small ones — is checked in one test, without a call per check."""
     out: list[FileEntry] = []
-    append = out.append
+    append, new = out.append, tuple.__new__  # a FileEntry without its Python-level constructor
     for f in files:
         if type(f) is dict:  # ``type(...) is int`` admits no bool
             path, size, chunks = f.get("path"), f.get("size"), f.get("chunks")
@@ -276,7 +276,7 @@ def _entries(files: list[Any], chunk_size: int) -> list[FileEntry]:
                 and path not in ("", ".", "..")
                 and path[0] != "~"
             ):
-                append(FileEntry(path, size, f["xxh3_128"], (chunks[0],)))
+                append(new(FileEntry, (path, size, f["xxh3_128"], (chunks[0],))))
                 continue
         entry = _file_entry(f)
         check_relative_path(entry.path)
@@ -388,6 +388,7 @@ def list_files(storage: Storage, checkpoint: str) -> Listing:
     followed. A symlink that leads out of the checkpoint raises
     :class:`PathEscapesCheckpoint`; nothing is opened."""
     out = Listing()
+    files = out.files
     # (prefix, uri, depth, whether a link lies on the way down): an entry with no link on its
     # path is inside the checkpoint by construction, and only a path with one is resolved.
     queue: list[tuple[str, str, int, bool]] = [("", checkpoint, 0, False)]
@@ -400,20 +401,20 @@ def list_files(storage: Storage, checkpoint: str) -> Listing:
             raise ListingTooLarge(
                 f"{checkpoint} holds more than {MAX_ENTRIES:,} entries: not a checkpoint drill will list"
             )
-        for entry in entries:
-            rel, kind = prefix + entry.name, entry.kind
-            via_link = linked or entry.link_target is not None
+        for name, entry_uri, kind, size, _, link_target in entries:  # one unpacking: 20,000 shards
+            rel = prefix + name
+            via_link = linked or link_target is not None
             if via_link and kind is not EntryKind.DANGLING and kind is not EntryKind.LOOP:
                 storage.child(checkpoint, rel)  # raises if a symlink leads out
             if kind is EntryKind.FILE:
-                if rel != MANIFEST_NAME and not _is_temp(entry.name):
-                    out.files[rel] = entry.size
+                if rel != MANIFEST_NAME and not (name.startswith(_TEMP) and _is_temp(name)):
+                    files[rel] = size
             elif kind is not EntryKind.DIR:
                 out.odd[rel] = kind.value
             elif depth + 1 >= MAX_DEPTH:
                 out.odd[rel] = "too-deep"
             else:
-                queue.append((rel + "/", entry.uri, depth + 1, via_link))
+                queue.append((rel + "/", entry_uri, depth + 1, via_link))
     return out
 
 

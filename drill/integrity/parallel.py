@@ -59,9 +59,12 @@ class Hashing:
         spannable = getattr(storage, "positioned_reads", False)
         self.spans: list[Span] = []
         self.streamed: list[str] = []
+        span, streamed = self.spans.append, self.streamed.append
         for rel, size in self.sizes.items():
             if not spannable or not size or rel in sha256:
-                self.streamed.append(rel)
+                streamed(rel)
+            elif size <= chunk_size:  # one span: each of thousands of small files
+                span((rel, 0, size))
             else:
                 self.spans += [(rel, a, n) for a, n in _spans(size, chunk_size, self.workers)]
         self._opener = _opener(storage, checkpoint, bool(self.spans))
