@@ -272,3 +272,61 @@ def test_a_seal_that_fails_its_own_digest_stops_the_head_start(checkpoint: Path,
         assert started.error is not None and started.error.code == "manifest-digest-mismatch"
         with pytest.raises(ChildProcessError):
             os.waitpid(-1, os.WNOHANG)
+
+
+def test_the_callers_work_meanwhile_runs_while_the_files_hash(
+    checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``meanwhile`` runs once, while the workers hash and before anything waits for their
+    digests (drill verify imports its renderer there instead of after the proof)."""
+    import drill.integrity.mapped as mapped
+
+    order: list[str] = []
+    collect = mapped._collect
+
+    def collected(pipes: dict) -> None:
+        order.append("waited for the workers")
+        collect(pipes)
+
+    def meanwhile() -> None:
+        order.append(f"meanwhile, {sum(1 for _ in _children())} workers running")
+
+    monkeypatch.setattr(mapped, "_collect", collected)
+    outcome = verify_checkpoint(str(checkpoint), meanwhile=meanwhile)
+    assert outcome.exit_code == 0
+    assert order[0] == "meanwhile, 2 workers running" and order[1:] == ["waited for the workers"]
+
+
+def _children() -> list[str]:
+    return [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == os.getpid()]
+
+
+def _parent(pid: str) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return -1
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("where", ["unsealed", "single file", "sampled"])
+def test_meanwhile_runs_once_where_nothing_hashes_ahead(checkpoint: Path, forking: None, where: str) -> None:
+    calls: list[None] = []
+    if where == "unsealed":
+        (checkpoint / MANIFEST_NAME).unlink()
+        verify_checkpoint(str(checkpoint), meanwhile=lambda: calls.append(None))
+    elif where == "single file":
+        verify_checkpoint(str(_small(checkpoint)), meanwhile=lambda: calls.append(None))
+    else:
+        verify_checkpoint(str(checkpoint), sample=SampleSpec("auto"), meanwhile=lambda: calls.append(None))
+    assert calls == [None]
+
+
+def test_work_meanwhile_that_fails_leaves_no_worker_behind(checkpoint: Path, forking: None) -> None:
+    def fails() -> None:
+        raise RuntimeError("the caller's own work failed")
+
+    with pytest.raises(RuntimeError):
+        verify_checkpoint(str(checkpoint), meanwhile=fails)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)

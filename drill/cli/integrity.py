@@ -73,6 +73,11 @@ def seal(
     stdout().print(f"{verb}: {len(m.files)} files, {human_bytes(m.total_bytes)} → {result.path}", markup=False)
 
 
+def _renderer() -> None:
+    """rich and drill's renderer imported while the checkpoint's files hash, not after."""
+    import drill.cli.render  # noqa: F401
+
+
 def _render_verified(outcome: VerifyOutcome, json: bool) -> None:
     """A verification on stdout (tables, or its JSON document), and its one line on stderr."""
     from drill.units import human_bytes, human_seconds
@@ -158,6 +163,7 @@ def verify(
                 coverage_days=coverage_days,
                 key=seal_key(key_file),
                 allow_classes=tuple(allow_class or ()),
+                meanwhile=None if json else _renderer,
             )
     finally:
         ledger.close()
