@@ -172,7 +172,8 @@ def verify_checkpoint(
     ``meanwhile`` is called once, as soon as the checkpoint's files may be hashing on other
     cores (the head start, :mod:`drill.integrity.ahead`) and before anything waits for them: a
     caller's own work that can overlap the hashing instead of following it (``drill verify``
-    loads its renderer there — 20 ms of imports, a seventh of verifying 1.2 GB).
+    loads its renderer there — 20 ms of imports, a seventh of verifying 1.2 GB). The
+    verification's seconds span it: the workers hash on meanwhile.
 
     Raises :class:`~drill.errors.NothingToDrill` when nothing (or an empty directory) is
     there and :class:`~drill.errors.UsageError` for a run directory (naming its checkpoints);
