@@ -14,9 +14,9 @@ drill's reader: ``.metadata`` through the allow-list unpickler, entries with
 bytes copied once, straight from storage into its target. After the read the digests are
 compared with the checkpoint's seal (``drill-manifest.json``); a mismatch raises
 :class:`CheckpointCorrupt` naming the file and byte range, on every rank alike. The resume is
-recorded as a drill with trigger ``resume`` (ranks, latency per phase) on a background thread
-that never raises into the trainer: when the database is away the record goes to the local
-spool and the next drill delivers it.
+recorded as a drill with trigger ``resume`` (ranks, latency per phase) in the local spool — a
+file, no database driver imported, nothing raised into the trainer — which the next drill, the
+scheduler or ``drill db flush`` delivers to the database.
 """
 
 from __future__ import annotations
@@ -96,10 +96,12 @@ def _is_coordinator(process_group: Any) -> bool:
 
 
 def _spool_record(report: LoadReport, checks: list[Any], files: int, began: datetime, db: str | None) -> Path | None:
-    """The resume's drill record, written to the spool — a file, a few milliseconds on the
-    trainer's host, no database driver imported there — for the next drill, the scheduler or
-    ``drill db flush`` (:func:`flush_records`) to deliver. Nothing from here reaches the
-    trainer: a spool that cannot be written leaves the resume unrecorded, never failed."""
+    """The resume's drill record, written to the spool — a file, no database driver imported
+    on the trainer's host: 0.02 CPU-s for a process's first record (the record's model is
+    imported then), a few milliseconds after (``benchmarks/limit.py``) — for the next drill,
+    the scheduler or ``drill db flush`` (:func:`flush_records`) to deliver. Nothing from here
+    reaches the trainer: a spool that cannot be written leaves the resume unrecorded, never
+    failed."""
     from drill.records.spool import spool_record
     from drill.sdk.verified_load import outcome_of
 
