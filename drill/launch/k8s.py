@@ -20,7 +20,6 @@ start (``activeDeadlineSeconds`` on the pod), not from the time it spent pending
 from __future__ import annotations
 
 import secrets
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -47,7 +46,7 @@ def manifests(policy: Policy, *, cron: bool = False, suffix: str | None = None) 
     labels = {"app.kubernetes.io/name": "drill", "drill/policy": name}
     config = {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-policy", "labels": labels},
-        "data": {"policy.yaml": Path(policy.path).read_text() if policy.path else ""},
+        "data": {"policy.yaml": policy.source},
     }  # fmt: skip
     service = {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},

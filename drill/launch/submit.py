@@ -21,6 +21,7 @@ from drill.launch.jobs import Interrupted, JobEnd
 from drill.pipeline.outcome import DrillOutcome
 from drill.pipeline.recorder import DrillStart
 from drill.policy.model import Policy
+from drill.storage.local import read_regular
 from drill.verdict import DrillStatus, exit_code_for
 
 
@@ -213,14 +214,19 @@ def reconcile(records: Any, policy: Policy, trigger: str, end: JobEnd, job: str,
     return records.get(drill_id)
 
 
+OUTPUT_TAIL = 20_000
+"""Bytes read from the end of a job's output for its last words: a job that logged for hours
+leaves gigabytes, of which only the end is read."""
+
+
 def last_words(path: str) -> str | None:
     """The last thing the job said: its last ``drill:`` line, else its last line (when this
-    host can read the output file)."""
+    host can read the output file: a regular file, of which only the end is read)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = [ln.strip() for ln in f.read()[-20000:].splitlines() if ln.strip()]
+        text = read_regular(path, OUTPUT_TAIL, tail=True).decode("utf-8", errors="replace")
     except OSError:
         return None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     picked = [ln for ln in lines if ln.startswith(("drill:", "srun: error", "slurmstepd: error"))] or lines
     return picked[-1][:300] if picked else None
 

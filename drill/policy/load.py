@@ -208,7 +208,7 @@ def parse_policy(text: str, file: str = "<policy>") -> Policy:
         )
     try:
         path = file if file == "<policy>" else os.path.abspath(file)  # a re-run, a batch job's --chdir: the same file
-        return Policy(name=values["name"], device=values.get("device", "auto"), path=path, **built)
+        return Policy(name=values["name"], device=values.get("device", "auto"), path=path, source=text, **built)
     except FieldError as exc:
         errors.add(root, exc.field, str(exc))
         raise PolicyError(errors.problems) from None

@@ -307,6 +307,9 @@ class Policy:
     checkpoints: Checkpoints
     path: str = ""
     """The file it was loaded from."""
+    source: str = field(default="", repr=False, compare=False)
+    """The text it was parsed from: what a Kubernetes ConfigMap carries to the pods, so they run
+    the policy that was checked here, not the file as it is by then."""
     selection: Selection = field(default_factory=Selection)
     schedule: Schedule | None = None
     """When to drill; a policy without one runs by hand or from cron only."""

@@ -256,14 +256,18 @@ def _regular(fd: int, path: str, relative: str = "") -> int:
     return fd
 
 
-def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
+def read_regular(path: str | os.PathLike[str], limit: int, *, tail: bool = False) -> bytes:
     """The bytes of the regular file at ``path`` — a file a user or a run names for drill to
     read (a key, a policy, a verdict, a run's metrics): at most ``limit`` bytes (more is
-    :class:`ValueError`), and never a FIFO, socket or device, which could block the open or
+    :class:`ValueError`; with ``tail``, the last ``limit`` bytes of a file of any size, such as
+    a batch job's output), and never a FIFO, socket or device, which could block the open or
     never end (:class:`NotARegularFile`, an ``OSError``). The one way such files are read."""
     path = os.fspath(path)
     fd = _regular(os.open(path, _READ), path)
     with os.fdopen(fd, "rb") as f:
+        if tail:
+            f.seek(max(0, os.fstat(fd).st_size - limit))
+            return f.read(limit)
         data = f.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"{path} holds more than {limit} bytes: not read")
