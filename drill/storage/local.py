@@ -263,10 +263,11 @@ def read_regular(path: str | os.PathLike[str], limit: int, *, tail: bool = False
     a batch job's output), and never a FIFO, socket or device, which could block the open or
     never end (:class:`NotARegularFile`, an ``OSError``). The one way such files are read."""
     path = os.fspath(path)
-    fd = _regular(os.open(path, _READ), path)
+    fd = os.open(path, _READ)
+    size = _regular_stat(fd, path).st_size
     with os.fdopen(fd, "rb") as f:
         if tail:
-            f.seek(max(0, os.fstat(fd).st_size - limit))
+            f.seek(max(0, size - limit))
             return f.read(limit)
         data = f.read(limit + 1)
     if len(data) > limit:
