@@ -164,6 +164,7 @@ def verify_checkpoint(
     key: bytes | None = None,
     allow_classes: tuple[str, ...] = (),
     meanwhile: Callable[[], object] | None = None,
+    begun: HeadStart | None = None,
 ) -> VerifyOutcome:
     """Verify the checkpoint directory (or single checkpoint file) at ``uri`` (with ``key``,
     its seal must be that key's: see :mod:`drill.integrity.keys`; ``allow_classes`` as
@@ -175,22 +176,32 @@ def verify_checkpoint(
     loads its renderer there — 20 ms of imports, a seventh of verifying 1.2 GB). The
     verification's seconds span it: the workers hash on meanwhile.
 
+    ``begun`` is a head start begun before this call (:func:`drill.integrity.ahead.begin`;
+    ``drill verify``'s console script begins one before it loads its command line): taken if
+    it is of this checkpoint and the verification is full, stopped in any case by the time
+    this returns or raises.
+
     Raises :class:`~drill.errors.NothingToDrill` when nothing (or an empty directory) is
     there and :class:`~drill.errors.UsageError` for a run directory (naming its checkpoints);
     an incomplete save is a failed verification.
     """
-    with collector_paused():  # a listing, a seal and digests of thousands of files
-        return _verify(
-            uri,
-            sample or SampleSpec("all"),
-            require_sealed,
-            records,
-            coverage_days,
-            storage,
-            key,
-            allow_classes,
-            meanwhile,
-        )
+    try:
+        with collector_paused():  # a listing, a seal and digests of thousands of files
+            return _verify(
+                uri,
+                sample or SampleSpec("all"),
+                require_sealed,
+                records,
+                coverage_days,
+                storage,
+                key,
+                allow_classes,
+                meanwhile,
+                begun,
+            )
+    finally:
+        if begun is not None:  # not taken (the path was refused first), or taken and done
+            begun.stop()
 
 
 def _verify(
@@ -203,12 +214,13 @@ def _verify(
     key: bytes | None,
     allow_classes: tuple[str, ...],
     meanwhile: Callable[[], object] | None = None,
+    begun: HeadStart | None = None,
 ) -> VerifyOutcome:
     named(uri, "drill verify ./run/step-100")
     storage = ListedOnce(storage or storage_for(uri))  # what it is, then its proof: one listing
     uri = storage.normalize(uri)
     started = time.perf_counter()
-    with head_start(storage, uri, sample) as ahead:  # the seal's files hash while the path is classified
+    with head_start(storage, uri, sample, begun) as ahead:  # the seal's files hash while the path is classified
         if meanwhile is not None:
             meanwhile()
         what = _classified(storage, uri)

@@ -330,3 +330,150 @@ def test_work_meanwhile_that_fails_leaves_no_worker_behind(checkpoint: Path, for
         verify_checkpoint(str(checkpoint), meanwhile=fails)
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)
+
+
+# A head start begun before the verification is asked for: `drill verify`'s console script
+# begins one before it loads its command line (drill.cli.early).
+
+
+@pytest.mark.parametrize(
+    ("argv", "full"),
+    [
+        (["verify", "ckpt"], True),
+        (["verify", "ckpt", "--db", "sqlite:///x.db", "--json"], True),
+        (["verify", "ckpt", "--require-sealed", "--timeout", "60"], True),
+        (["verify"], False),
+        (["verify", "--json", "ckpt"], False),
+        (["verify", "ckpt", "--sample", "auto"], False),
+        (["verify", "ckpt", "--sample=10%"], False),
+        (["verify", "ckpt", "--help"], False),
+        (["verify", "ckpt", "-h"], False),
+        (["verify", "ckpt", "--", "other"], False),
+        (["seal", "ckpt"], False),
+        (["run", "--checkpoint", "latest"], False),
+        ([], False),
+    ],
+)
+def test_only_a_full_verification_of_the_path_named_first_begins_before_the_command_line(
+    argv: list[str], full: bool
+) -> None:
+    from drill.cli.early import full_verification
+
+    assert full_verification(argv) is full
+
+
+def test_a_head_start_begun_before_the_verification_is_taken_and_not_hashed_again(
+    checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    begun = ahead.begin(str(checkpoint))
+    assert begun is not None and begun.hashing is not None and begun.checkpoint == str(checkpoint)
+    started: list[object] = []
+    monkeypatch.setattr(ahead, "_start", lambda *a: started.append(a))
+    after = _hashed_after(monkeypatch)
+    outcome = verify_checkpoint(str(checkpoint), begun=begun)
+    assert outcome.status == "passed" and outcome.result.evidence["files_verified"] == 42
+    assert after == [] and started == []  # its digests taken; no second head start
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+
+
+@pytest.mark.parametrize("why", ["another checkpoint", "a sample", "a path refused first"])
+def test_a_head_start_begun_for_another_verification_is_stopped_and_unused(
+    checkpoint: Path, forking: None, tmp_path: Path, why: str
+) -> None:
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(checkpoint, other)
+    _flip(_big(checkpoint), 3 * CHUNK + 5)  # what the head start hashes, damaged: its digests must not be used
+    begun = ahead.begin(str(checkpoint))
+    assert begun is not None and begun.hashing is not None
+    if why == "another checkpoint":
+        outcome = verify_checkpoint(str(other), begun=begun)
+        assert outcome.status == "passed" and outcome.result.evidence["files_verified"] == 42
+    elif why == "a sample":
+        outcome = verify_checkpoint(str(other), sample=SampleSpec("auto"), begun=begun)
+        assert outcome.status == "passed"
+    else:
+        from drill.errors import NothingToDrill
+
+        with pytest.raises(NothingToDrill):
+            verify_checkpoint(str(tmp_path / "empty-dir-that-is-not-there"), begun=begun)
+    assert begun.hashing is None or begun.hashing._mapped is None or not begun.hashing._mapped._pids
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # its workers stopped and reaped
+
+
+def test_nothing_is_begun_on_object_storage_or_where_a_head_start_could_not_start(
+    checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No object-store client is made before the command line loads; what fails this early (here
+    the seal's read itself) is not raised — the verification meets it again and says what it is."""
+    import drill.storage as storage
+
+    def no_client(*args: object, **kw: object) -> object:
+        raise AssertionError("a storage client made before the command line")
+
+    monkeypatch.setattr(storage, "storage_for", no_client)
+    assert ahead.begin("s3://bucket/run/step-40") is None
+    assert ahead.begin(str(checkpoint / "absent")) is None
+    assert ahead.begin(str(_big(checkpoint))) is None
+
+    def unreadable(*args: object, **kw: object) -> object:
+        raise PermissionError(13, "Permission denied", str(checkpoint / MANIFEST_NAME))
+
+    monkeypatch.setattr(ahead, "read_manifest", unreadable)
+    assert ahead.begin(str(checkpoint)) is None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+
+
+CONSOLE = r"""
+import atexit, os, sys
+def no_child_left():
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        print("no child left", file=sys.stderr)
+atexit.register(no_child_left)  # registered first: runs after every handler drill registers
+import drill.integrity.ahead as ahead
+ahead.free_cores = lambda cap: 2  # two cores free, however busy the machine running the suite
+took = ahead.HeadStart.take
+def take(self, *a, **kw):
+    print("head start taken, begun before the command line:", "typer" not in sys.modules_at_begin, file=sys.stderr)
+    return took(self, *a, **kw)
+ahead.HeadStart.take = take
+begin = ahead.begin
+def spied(uri):
+    sys.modules_at_begin = set(sys.modules)
+    return begin(uri)
+ahead.begin = spied
+sys.argv = ["drill", *sys.argv[1:]]
+from drill.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("tail", [[], ["--bogus"]])
+def test_the_console_script_begins_a_full_verification_before_its_command_line(
+    checkpoint: Path, tmp_path: Path, tail: list[str]
+) -> None:
+    """Through the console script: the head start begins before typer is imported and the
+    verification takes it; a command line that turns out to be a usage error leaves no worker."""
+    import subprocess
+
+    db = f"sqlite:///{tmp_path}/v.db"
+    done = subprocess.run(
+        [sys.executable, "-c", CONSOLE, "verify", str(checkpoint), "--db", db, *tail],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if tail:
+        assert done.returncode == 2 and "No such option: --bogus" in done.stderr
+        assert "head start taken" not in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+        assert "integrity PASSED" in done.stdout
+        assert "head start taken, begun before the command line: True" in done.stderr
+    assert done.stderr.rstrip().endswith("no child left"), done.stderr

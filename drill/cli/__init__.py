@@ -5,10 +5,17 @@ def main() -> None:
     """The ``drill`` console script. A command allocates tens of thousands of long-lived
     objects while it imports typer, rich and drill's modules; at the default threshold the
     cyclic collector walks them again and again, which costs a short command (``drill verify``)
-    7% of its run. A command line, not a library's host, so it may tune its own collector."""
+    7% of its run. A command line, not a library's host, so it may tune its own collector.
+
+    Before the command line loads, what the command can begin without it is begun
+    (:mod:`drill.cli.early`: a full ``drill verify``'s hashing)."""
     import gc
+    import sys
 
     gc.set_threshold(20_000, 20, 20)
+    from drill.cli.early import begin
+
+    begin(sys.argv[1:])
     from drill.cli.app import main as run
 
     run()

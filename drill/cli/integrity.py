@@ -142,9 +142,12 @@ def verify(
 
     Example: drill verify ./demo-run/step-100 --sample auto
     """
+    from drill.cli.early import taken
     from drill.integrity.sampling import parse_sample
     from drill.records.ledgers import open_ledger
     from drill.verifier import verify_checkpoint
+
+    begun = taken()  # the head start the console script began for this command line, if any
 
     spec = flag("--sample", parse_sample, sample)
     if not coverage_days > 0:
@@ -164,6 +167,7 @@ def verify(
                 key=seal_key(key_file),
                 allow_classes=tuple(allow_class or ()),
                 meanwhile=None if json else _renderer,
+                begun=begun,
             )
     finally:
         ledger.close()

@@ -13,6 +13,11 @@ afterwards, as without a head start. Nothing is opened that the directory does n
 regular file, nothing where a verification would refuse to open anything (a framework's
 manifest, which could name a path out of the checkpoint; more entries than a listing takes),
 and a seal that fails its own digest leaves the plan without a seal, as before.
+
+A head start may also be begun before anything asks for a verification (:func:`begin`):
+``drill verify``'s console script begins one before it loads its command line
+(:mod:`drill.cli.early`), and the verification takes it (:func:`head_start`'s ``begun``) only
+for the same directory, verified in full — any other is stopped, its digests unused.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class HeadStart:
-    """The seal as read before the plan (``manifest`` or ``error``, both None when unsealed),
-    and its files hashing since."""
+    """The seal of ``checkpoint`` as read before the plan (``manifest`` or ``error``, both None
+    when unsealed), and its files hashing since."""
 
+    checkpoint: str = ""
     manifest: Manifest | None = None
     error: ManifestInvalid | None = None
     hashing: Hashing | None = None
@@ -60,17 +66,48 @@ class HeadStart:
 
 
 @contextmanager
-def head_start(storage: Storage, checkpoint: str, sample: SampleSpec) -> Iterator[HeadStart | None]:
+def head_start(
+    storage: Storage, checkpoint: str, sample: SampleSpec, begun: HeadStart | None = None
+) -> Iterator[HeadStart | None]:
     """The seal of ``checkpoint`` read and its files hashing, where that can start now: a full
     verification (a sample depends on the ledger) of a local directory holding regular files
     only, in a process that may fork, with two cores free (on one, the workers would only take
-    turns with the command). None otherwise. The workers are stopped on leaving."""
-    ahead = _start(storage, checkpoint) if sample.is_full else None
+    turns with the command). None otherwise. ``begun`` (:func:`begin`) is taken instead of a
+    new start where it is of this checkpoint and the verification is full; otherwise it is
+    stopped. The workers are stopped on leaving."""
+    ahead = None
+    if begun is not None:
+        if sample.is_full and begun.checkpoint == checkpoint:
+            ahead = begun
+        else:
+            begun.stop()
+    if ahead is None and sample.is_full:
+        ahead = _start(storage, checkpoint)
     try:
         yield ahead
     finally:
         if ahead is not None:
             ahead.stop()
+
+
+def begin(uri: str) -> HeadStart | None:
+    """A head start on the checkpoint directory ``uri`` begun before its verification is
+    asked for, to be taken by :func:`head_start` (``begun``) or stopped. Only on this
+    machine's file systems (no object-store client is made for it), and only where
+    :func:`head_start` would begin one. Nothing it meets is raised: what fails this early
+    (an unreadable seal, a directory that is not there) the verification meets again, and
+    says."""
+    from drill.memory import collector_paused
+    from drill.storage import local_storage
+
+    storage = local_storage(uri)
+    if storage is None:
+        return None
+    try:
+        with collector_paused():  # a seal of thousands of files' digests
+            return _start(storage, storage.normalize(uri))
+    except Exception:  # noqa: BLE001 - the verification itself finds it, and says what it is
+        return None
 
 
 def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
@@ -88,7 +125,7 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
         return None
     if names is None or any(map(is_foreign_manifest, names)):
         return None  # a framework's manifest could name a path out: then nothing may be opened
-    ahead = HeadStart()
+    ahead = HeadStart(checkpoint)
 
     def hash_sealed(files: list[FileEntry], chunk_size: int) -> None:
         ahead.sizes = {
@@ -120,4 +157,4 @@ def _size_now(storage: Storage, checkpoint: str, path: str) -> int | None:
         return None
 
 
-__all__ = ["HeadStart", "head_start"]
+__all__ = ["HeadStart", "begin", "head_start"]

@@ -27,6 +27,12 @@ def scheme_of(uri: str) -> str:
     return uri.split("://", 1)[0].lower() if "://" in uri else "file"
 
 
+def local_storage(uri: str) -> Storage | None:
+    """The storage of ``uri`` where it is on this machine's file systems (a plain path, a
+    ``file://`` URI) — made without a client, settings or credentials; None for any other."""
+    return LocalStorage() if scheme_of(uri) == "file" else None
+
+
 _defaults: dict[str, Any] = {}
 
 
@@ -83,6 +89,7 @@ __all__ = [
     "Storage",
     "StorageError",
     "StorageUnavailable",
+    "local_storage",
     "normalize",
     "scheme_of",
     "storage_for",
