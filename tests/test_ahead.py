@@ -216,13 +216,20 @@ def test_a_file_is_spanned_ahead_by_its_size_on_storage_never_by_the_size_sealed
     assert [(f.code, f.subject) for f in result.findings] == [("size-mismatch", victim)]
 
 
-def test_nothing_starts_ahead_on_one_free_core(
+def test_one_worker_starts_ahead_on_one_free_core(
     checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With one core free the workers would only take turns with the command on it."""
+    """As many workers as cores are free: with another process holding the other core, one
+    worker hashes ahead — and the verification is the one without it."""
+    plain = verify_checkpoint(str(checkpoint), sample=SampleSpec("auto"))  # a sample: nothing ahead
     monkeypatch.setattr(ahead, "free_cores", lambda cap: 1)
     with ahead.head_start(ListedOnce(LocalStorage()), str(checkpoint), SampleSpec("all")) as started:
-        assert started is None
+        assert started is not None and started.hashing is not None and started.hashing.workers == 1
+        assert len(_children()) == 1
+    outcome = verify_checkpoint(str(checkpoint))
+    assert outcome.status == plain.status == "passed" and outcome.result.evidence["files_verified"] == 42
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
 
 
 def test_nothing_starts_ahead_without_a_seal_or_of_a_file(checkpoint: Path, forking: None) -> None:

@@ -6,7 +6,7 @@ console script looks at its arguments once before loading it: a full verificatio
 ``drill verify DIR [options]`` — the directory first, no ``--sample`` (a sample depends on the
 ledger) and no help asked for — begins the directory's head start
 (:func:`drill.integrity.ahead.begin`, with every check a head start makes: a local directory of
-regular files only, a seal naming nothing outside it, two cores free), and the command line
+regular files only, a seal naming nothing outside it, workers for the cores free), and the command line
 loads while the seal's files hash. The command takes it (:func:`taken`) for the directory it
 verifies; one it does not take (a usage error, a path that turns out to be something else) is
 stopped at exit. Any other command line loads exactly as before.

@@ -71,8 +71,9 @@ def head_start(
 ) -> Iterator[HeadStart | None]:
     """The seal of ``checkpoint`` read and its files hashing, where that can start now: a full
     verification (a sample depends on the ledger) of a local directory holding regular files
-    only, in a process that may fork, with two cores free (on one, the workers would only take
-    turns with the command). None otherwise. ``begun`` (:func:`begin`) is taken instead of a
+    only, in a process that may fork, on as many workers as cores are free (one, where another
+    process holds the other: the worker then hashes while the command waits on its own reads
+    and imports, instead of after them). None otherwise. ``begun`` (:func:`begin`) is taken instead of a
     new start where it is of this checkpoint and the verification is full; otherwise it is
     stopped. The workers are stopped on leaving."""
     ahead = None
@@ -117,8 +118,6 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
     if only_files is None or not getattr(storage, "positioned_reads", False) or not may_fork():
         return None
     workers = free_cores(8)
-    if workers < 2:  # the workers would take the one free core from the command: no head start
-        return None
     try:
         names = only_files(checkpoint, MAX_ENTRIES)
     except OSError:  # not a directory, not there, not readable: the verification says which
