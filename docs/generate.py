@@ -86,6 +86,9 @@ def cli_reference() -> str:
         "",
         "Bad input always gets one line on stderr (`drill: error: …`) and never a traceback unless",
         "`--debug` is given; records already in the database are never touched by a failed command.",
+        "A standard stream that is closed when drill starts (`drill verify CKPT >&-`, a supervisor",
+        "that starts it without one) is `/dev/null` in its place: what would be printed there is",
+        "discarded, the exit code is the same, and no file drill opens takes the closed stream's number.",
         "",
     ]
     return "\n".join(lines)

@@ -42,6 +42,32 @@ def process_claimed() -> bool:
     return _claimed
 
 
+STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
+
+
+def standard_streams() -> None:
+    """Give each standard stream that is closed (``drill verify CKPT >&-``, a supervisor that
+    starts drill without them) ``/dev/null`` in its place: what drill would print there is
+    discarded, as if written to it, and the exit code still says what happened. Left closed,
+    the next file drill opens would take its number — a database opened as descriptor 1 would
+    receive whatever a child process prints — and Python's stream for it is None, which every
+    ``print`` and ``flush`` would trip on. Called first by the console script."""
+    for fd, name, mode in STREAMS:
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one, the lower ones being open
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            stream = open(fd, mode, encoding="utf-8", closefd=False)  # the process's own, for its life
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
+
+
 def may_fork() -> bool:
     """Whether this process may fork a worker now: it is drill's command line (nothing else
     has run in it), on Linux (macOS's frameworks do not survive a fork), with no second thread

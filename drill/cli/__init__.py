@@ -12,6 +12,9 @@ def main() -> None:
     import gc
     import sys
 
+    from drill.proc import standard_streams
+
+    standard_streams()  # a closed stdout or stderr: /dev/null in its place, never a traceback
     gc.set_threshold(20_000, 20, 20)
     from drill.cli.early import begin
 

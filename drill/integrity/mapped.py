@@ -72,8 +72,9 @@ class Workers:
         self._done: list[list[bytes] | None] | None = None
         if not spans:
             return
-        sys.stdout.flush()  # a fork copies unflushed buffers: they would be printed twice
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):  # a fork copies unflushed buffers: printed twice
+            if stream is not None:  # None: a process started without it
+                stream.flush()
         death_signal()  # resolved here: a worker imports nothing
         parent = os.getpid()
         bounds = runs(spans, workers)

@@ -1,0 +1,125 @@
+"""drill started with a standard stream closed (``drill verify CKPT >&-``, a supervisor that
+starts it without them): the command runs as if the stream were /dev/null — the same exit
+code, never a traceback, and no file of drill's (its database) takes the closed stream's number."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from drill.integrity.manifest import seal
+
+CLOSED = {
+    "stdout": (1,),
+    "stderr": (2,),
+    "stdin": (0,),
+    "all three": (0, 1, 2),
+}
+
+
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import drill.sdk
+
+    g = torch.Generator().manual_seed(0)
+    state = {f"p{i}": torch.randn(4096, generator=g) for i in range(8)}
+    ckpt = tmp_path_factory.mktemp("streams") / "step-8"
+    drill.sdk.save(state, str(ckpt), no_dist=True, single_file_per_rank=False, sync_files=False)
+    seal(ckpt, force=True)
+    return ckpt
+
+
+def _damaged(ckpt: Path, tmp: Path) -> Path:
+    import shutil
+
+    copy = tmp / "damaged"
+    shutil.copytree(ckpt, copy)
+    shard = min(p for p in copy.iterdir() if p.suffix == ".distcp")
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0x01
+    shard.write_bytes(data)
+    return copy
+
+
+def _drill(args: list[str], closed: tuple[int, ...], cwd: Path) -> subprocess.CompletedProcess[str]:
+    def close() -> None:
+        for fd in closed:
+            os.close(fd)
+
+    return subprocess.run(
+        [sys.executable, "-m", "drill", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        preexec_fn=close,  # after the pipes are in place: the closed ones are closed in drill
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
+
+
+COMMANDS: dict[str, tuple[Callable[[Path, Path], list[str]], int]] = {
+    "verify (its workers forked)": (lambda ckpt, tmp: ["verify", str(ckpt), "--db", f"sqlite:///{tmp}/v.db"], 0),
+    "verify --json": (lambda ckpt, tmp: ["verify", str(ckpt), "--json", "--db", f"sqlite:///{tmp}/v.db"], 0),
+    "verify, damaged": (
+        lambda ckpt, tmp: ["verify", str(_damaged(ckpt, tmp)), "--db", f"sqlite:///{tmp}/v.db"],
+        1,
+    ),
+    "verify, nothing there": (lambda ckpt, tmp: ["verify", str(tmp / "absent")], 3),
+    "history": (lambda ckpt, tmp: ["history", "--db", f"sqlite:///{tmp}/v.db"], 0),
+    "a bad option": (lambda ckpt, tmp: ["verify", str(ckpt), "--bogus"], 2),
+    "--version": (lambda ckpt, tmp: ["--version"], 0),
+}
+
+
+@pytest.mark.parametrize("closed", CLOSED)
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_closed_standard_stream_changes_no_exit_code_and_shows_no_traceback(
+    sealed: Path, tmp_path: Path, command: str, closed: str
+) -> None:
+    make, code = COMMANDS[command]
+    args = make(sealed, tmp_path)
+    opened = _drill(args, (), tmp_path)
+    assert opened.returncode == code, opened.stderr
+    done = _drill(args, CLOSED[closed], tmp_path)
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+    if 2 not in CLOSED[closed]:
+        assert done.stderr == opened.stderr
+    if 1 in CLOSED[closed]:
+        assert done.stdout == ""  # discarded, as into /dev/null: never into a file drill opened
+    db = tmp_path / "v.db"
+    if db.exists():
+        with sqlite3.connect(db) as con:
+            assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_the_stream_in_a_closed_ones_place_is_dev_null(tmp_path: Path) -> None:
+    """In the process: the closed descriptor is /dev/null again, Python's stream for it is a
+    stream again, and the next file opened takes a number above the three."""
+    code = (
+        "import os, sys\n"
+        "from drill.proc import standard_streams\n"
+        "assert sys.stdout is None\n"
+        "standard_streams()\n"
+        "print('discarded')\n"
+        "sys.stdout.flush()\n"
+        "same = os.path.samestat(os.fstat(1), os.stat(os.devnull))\n"
+        "fd = os.open(os.devnull, os.O_RDONLY)\n"
+        "sys.stderr.write(f'{same} {fd > 2} {sys.__stdout__ is sys.stdout}')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        preexec_fn=lambda: os.close(1),
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "True True True"
