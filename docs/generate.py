@@ -89,6 +89,9 @@ def cli_reference() -> str:
         "A standard stream that is closed when drill starts (`drill verify CKPT >&-`, a supervisor",
         "that starts it without one) is `/dev/null` in its place: what would be printed there is",
         "discarded, the exit code is the same, and no file drill opens takes the closed stream's number.",
+        "Output that cannot be written — stdout on a full disk, a pipe whose reader stopped reading",
+        "(`drill report … | head`) — is one line, `drill: error: cannot write to stdout: …`, and exit 5:",
+        "never the 0 or 1 of a verdict no one received. A failed write to stderr is discarded.",
         "",
     ]
     return "\n".join(lines)

@@ -32,7 +32,7 @@ EXIT_MEANINGS: dict[ExitCode, str] = {
     ExitCode.USAGE: "usage error: bad option or argument (a blank one too: never the working directory); nothing read, nothing recorded",
     ExitCode.NOTHING_TO_DRILL: "nothing to drill: root missing, nothing retained, or the step is not retained (not recorded); a run of only unfinished saves (recorded as a failed drill with a `discover` finding)",
     ExitCode.DATABASE: "the database cannot be reached, or its schema is behind (run `drill db upgrade`) or ahead, or it holds a record drill cannot read (a row edited outside drill: a time that is not a time, an unknown status, broken JSON)",
-    ExitCode.ERROR: "error: the drill could not finish for a reason outside the checkpoint — drill's own (recorded as `error` with the traceback) or the storage's: credentials, permissions, an endpoint away, a listing past its timeout (before a drill began: not recorded)",
+    ExitCode.ERROR: "error: the drill could not finish for a reason outside the checkpoint — drill's own (recorded as `error` with the traceback) or the storage's: credentials, permissions, an endpoint away, a listing past its timeout (before a drill began: not recorded); or the command's output could not be written (a full disk, a pipe whose reader stopped)",
     ExitCode.SLO_BREACH: "SLO breach: every check passed, but restore latency or time to first step missed the policy's target (recorded as `slo_breach`)",
     ExitCode.LOCKED: "another scheduler holds the database's scheduler lease",
     ExitCode.UNPROVEN: "`drill verify`: unproven — no seal and no structural proof its format allows; nothing about the bytes was proven",
@@ -108,6 +108,13 @@ def storage_unavailable(uri: str, exc: BaseException) -> StorageProblem:
         else "is the storage reachable from this host? the drill was not recorded: nothing about the checkpoint was learned"
     )
     return StorageProblem(f"storage unavailable: {uri}: {why}", hint=hint)
+
+
+class OutputUnwritable(DrillError):
+    """The command's output could not be written — stdout on a full disk, a pipe whose reader
+    stopped reading: never taken for the pass or failure the output was to say (exit 5)."""
+
+    exit_code = ExitCode.ERROR
 
 
 class ResourceLimit(DrillError):

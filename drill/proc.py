@@ -11,6 +11,7 @@ started from.
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 import resource
@@ -42,17 +43,25 @@ def process_claimed() -> bool:
     return _claimed
 
 
-STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
+STREAMS = ((0, "stdin"), (1, "stdout"), (2, "stderr"))
 
 
 def standard_streams() -> None:
-    """Give each standard stream that is closed (``drill verify CKPT >&-``, a supervisor that
-    starts drill without them) ``/dev/null`` in its place: what drill would print there is
-    discarded, as if written to it, and the exit code still says what happened. Left closed,
-    the next file drill opens would take its number — a database opened as descriptor 1 would
-    receive whatever a child process prints — and Python's stream for it is None, which every
-    ``print`` and ``flush`` would trip on. Called first by the console script."""
-    for fd, name, mode in STREAMS:
+    """The console script's standard streams, made safe to write before anything else runs.
+
+    A stream that is closed (``drill verify CKPT >&-``, a supervisor that starts drill without
+    them) gets ``/dev/null`` in its place: what drill would print there is discarded, as if
+    written to it, and the exit code still says what happened. Left closed, the next file drill
+    opens would take its number — a database opened as descriptor 1 would receive whatever a
+    child process prints — and Python's stream for it is None, which every ``print`` trips on.
+
+    stdout and stderr are then written through :class:`_Checked`: the first write to stdout
+    that fails (a full disk, a pipe whose reader went away) raises
+    :class:`~drill.errors.OutputUnwritable` — a one-line error and exit 5, never a pass or a
+    failure the output was to say, never an internal error — and what follows is discarded, so
+    the exit's own flush does not fail again. A failed write to stderr is discarded: nothing
+    could say it."""
+    for fd, _ in STREAMS:
         try:
             os.fstat(fd)
             continue
@@ -62,10 +71,49 @@ def standard_streams() -> None:
         if null != fd:
             os.dup2(null, fd)
             os.close(null)
-        if getattr(sys, name) is None:
-            stream = open(fd, mode, encoding="utf-8", closefd=False)  # the process's own, for its life
-            setattr(sys, name, stream)
-            setattr(sys, f"__{name}__", stream)
+        if fd == 0 and sys.stdin is None:
+            sys.stdin = open(0, encoding="utf-8", closefd=False)  # the process's, for its life
+            setattr(sys, "__stdin__", sys.stdin)  # noqa: B010 - a name typeshed holds final
+    for fd, name in STREAMS[1:]:
+        old = getattr(sys, name)
+        if old is not None:
+            old.flush()
+        raw = _Checked(fd, name, raises=fd == 1)
+        stream = io.TextIOWrapper(
+            io.BufferedWriter(raw),
+            encoding=getattr(old, "encoding", None) or "utf-8",
+            errors=getattr(old, "errors", None) or ("backslashreplace" if fd == 2 else "strict"),
+            line_buffering=getattr(old, "line_buffering", fd == 2),
+            write_through=getattr(old, "write_through", False),
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+class _Checked(io.FileIO):
+    """A standard stream's descriptor (:func:`standard_streams`): its first failed write raises
+    :class:`~drill.errors.OutputUnwritable` where ``raises`` (stdout), and every write after a
+    failure is discarded."""
+
+    def __init__(self, fd: int, name: str, raises: bool) -> None:
+        super().__init__(fd, "w", closefd=False)
+        self.stream, self.raises, self.failed = name, raises, False
+
+    def write(self, data: Any) -> int:
+        if self.failed:
+            return memoryview(data).nbytes
+        try:
+            return super().write(data)
+        except BlockingIOError:  # a non-blocking descriptor: the buffer above handles it
+            raise
+        except OSError as exc:
+            self.failed = True
+            if not self.raises:
+                return memoryview(data).nbytes
+            from drill.errors import OutputUnwritable
+
+            why = exc.strerror or str(exc)
+            raise OutputUnwritable(f"cannot write to {self.stream}: {why}") from None
 
 
 def may_fork() -> bool:

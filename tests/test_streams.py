@@ -5,11 +5,13 @@ code, never a traceback, and no file of drill's (its database) takes the closed 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -123,3 +125,67 @@ def test_the_stream_in_a_closed_ones_place_is_dev_null(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr == "True True True"
+
+
+def _written(args: list[str], cwd: Path, stdout: Any = None, stderr: Any = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "drill", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=stdout if stdout is not None else subprocess.PIPE,
+        stderr=stderr if stderr is not None else subprocess.PIPE,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
+
+
+def _reader_gone() -> tuple[int, int]:
+    """A pipe whose reader has gone: every write to it fails (EPIPE)."""
+    r, w = os.pipe()
+    os.close(r)
+    return r, w
+
+
+@pytest.mark.parametrize("where", ["a full disk (/dev/full)", "a pipe whose reader went away"])
+@pytest.mark.parametrize("command", ["verify (its workers forked)", "verify --json", "verify, damaged", "--version"])
+def test_output_that_cannot_be_written_is_one_line_and_exit_5_never_a_verdict(
+    sealed: Path, tmp_path: Path, command: str, where: str
+) -> None:
+    """Whatever the command would have said — a pass, a failure — an output that could not be
+    written is that: exit 5 and one line naming it, never exit 0 or 1 for a verdict no one
+    received, never an internal error or a traceback."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    make, _ = COMMANDS[command]
+    args = make(sealed, tmp_path)
+    if where.startswith("a full disk"):
+        with open("/dev/full", "w") as full:
+            done = _written(args, tmp_path, stdout=full)
+        why = "No space left on device"
+    else:
+        _, w = _reader_gone()
+        try:
+            done = _written(args, tmp_path, stdout=w)
+        finally:
+            os.close(w)
+        why = "Broken pipe"
+    assert done.returncode == 5, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"drill: error: cannot write to stdout: {why}", done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["verify (its workers forked)", "verify, damaged", "a bad option"])
+def test_an_unwritable_stderr_changes_neither_the_exit_code_nor_stdout(
+    sealed: Path, tmp_path: Path, command: str
+) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    make, code = COMMANDS[command]
+    args = make(sealed, tmp_path)
+    opened = _written(args, tmp_path)
+    with open("/dev/full", "w") as full:
+        done = _written(args, tmp_path, stderr=full)
+    assert done.returncode == opened.returncode == code
+    untimed = re.compile(r"hashed in [^;]*;")
+    assert untimed.sub("", done.stdout) == untimed.sub("", opened.stdout)
+    assert (done.stdout != "") == (code in (0, 1))  # a verdict printed; a usage error prints none

@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 
 from drill import __version__
 from drill.cli.common import error_boundary, stderr, terminate_as_interrupt
-from drill.errors import ExitCode
+from drill.errors import DrillError, ExitCode
 
 EXIT_CODES = """\
 Exit codes: 0 passed · 1 failed (a check found a problem) · 2 usage error ·
@@ -51,6 +51,9 @@ class OneLineErrors(TyperGroup):
         except typer.TyperException as exc:  # click's usage errors, as vendored by typer
             stderr().print(f"drill: error: {exc.format_message()}", markup=False)
             rv = getattr(exc, "exit_code", int(ExitCode.USAGE))
+        except DrillError as exc:  # outside a command: its output unwritable while options are read (--version)
+            stderr().print(f"drill: error: {exc.message}", markup=False)
+            rv = int(exc.exit_code)
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -224,6 +227,10 @@ def leave(code: int) -> None:
     if any(t.is_alive() and not t.daemon and t is not threading.main_thread() for t in threading.enumerate()):
         sys.exit(code)
     atexit._run_exitfuncs()
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except DrillError as exc:  # the output's last bytes could not be written: that is the outcome
+        sys.stderr.write(f"drill: error: {exc.message}\n")
+        code = int(exc.exit_code)
     sys.stderr.flush()
     os._exit(code)
