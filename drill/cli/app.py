@@ -224,13 +224,21 @@ def leave(code: int) -> None:
     import os
     import threading
 
+    code = _flushed(code)
     if any(t.is_alive() and not t.daemon and t is not threading.main_thread() for t in threading.enumerate()):
         sys.exit(code)
     atexit._run_exitfuncs()
+    code = _flushed(code)  # what the exit handlers printed
+    os._exit(code)
+
+
+def _flushed(code: int) -> int:
+    """``code`` once the output is flushed — or exit 5, said on stderr, where its last bytes
+    could not be written (:class:`~drill.errors.OutputUnwritable`): that is the outcome then."""
     try:
         sys.stdout.flush()
-    except DrillError as exc:  # the output's last bytes could not be written: that is the outcome
+    except DrillError as exc:
         sys.stderr.write(f"drill: error: {exc.message}\n")
         code = int(exc.exit_code)
     sys.stderr.flush()
-    os._exit(code)
+    return code
