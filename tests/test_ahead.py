@@ -484,3 +484,26 @@ def test_the_console_script_begins_a_full_verification_before_its_command_line(
         assert "integrity PASSED" in done.stdout
         assert "head start taken, begun before the command line: True" in done.stderr
     assert done.stderr.rstrip().endswith("no child left"), done.stderr
+
+
+def test_a_head_start_that_cannot_begin_before_the_command_line_is_abandoned(
+    checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the command line loads no --timeout is in force: on storage that never answers
+    (here the seal's read never returns) beginning is abandoned after WITHIN seconds, leaving no
+    worker, and the verification begins it again under its own deadline."""
+    import time
+
+    import drill.cli.early as early
+
+    def never_answers(*args: object, **kw: object) -> object:
+        time.sleep(600)  # interrupted by the alarm; were it not, the suite's timeout fails the test
+        raise AssertionError("the alarm did not end the wait")
+
+    monkeypatch.setattr("drill.proc._claimed", False)  # restored after: this process is pytest's
+    monkeypatch.setattr(early, "WITHIN", 0.2)
+    monkeypatch.setattr(ahead, "read_manifest", never_answers)
+    early.begin(["verify", str(checkpoint)])
+    assert early.taken() is None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)

@@ -10,6 +10,10 @@ regular files only, a seal naming nothing outside it, workers for the cores free
 loads while the seal's files hash. The command takes it (:func:`taken`) for the directory it
 verifies; one it does not take (a usage error, a path that turns out to be something else) is
 stopped at exit. Any other command line loads exactly as before.
+
+No ``--timeout`` is in force yet this early, so beginning may take :data:`WITHIN` seconds at
+most: on a hung mount (storage that never answers the listing or the seal's read) it is
+abandoned, and the verification begins it again under its own ``--timeout``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ if TYPE_CHECKING:
     from drill.integrity.ahead import HeadStart
 
 _begun: HeadStart | None = None
+WITHIN = 1.0
+"""Seconds a head start may take to begin before the command line loads (a 20,000-file seal:
+under 0.1 s)."""
 
 
 def begin(argv: list[str]) -> None:
@@ -28,11 +35,17 @@ def begin(argv: list[str]) -> None:
     global _begun
     if not full_verification(argv):
         return
+    from drill.errors import DrillError
     from drill.integrity.ahead import begin as begin_head_start
+    from drill.interrupts import deadline
     from drill.proc import claim_process
 
     claim_process()  # the console script: nothing but drill has run in this process
-    _begun = begin_head_start(argv[1])
+    try:
+        with deadline(WITHIN, "beginning the head start"):
+            _begun = begin_head_start(argv[1])
+    except DrillError:  # past WITHIN: abandoned, its workers (if any had started) stopped
+        _begun = None
     if _begun is not None:
         atexit.register(_begun.stop)  # a head start no command took: its workers stopped and reaped
 
