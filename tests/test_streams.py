@@ -18,6 +18,8 @@ import torch
 
 from drill.integrity.manifest import seal
 
+pytestmark = pytest.mark.slow  # every test runs drill as a whole process, some twice
+
 CLOSED = {
     "stdout": (1,),
     "stderr": (2,),
@@ -74,30 +76,45 @@ COMMANDS: dict[str, tuple[Callable[[Path, Path], list[str]], int]] = {
         1,
     ),
     "verify, nothing there": (lambda ckpt, tmp: ["verify", str(tmp / "absent")], 3),
-    "history": (lambda ckpt, tmp: ["history", "--db", f"sqlite:///{tmp}/v.db"], 0),
     "a bad option": (lambda ckpt, tmp: ["verify", str(ckpt), "--bogus"], 2),
     "--version": (lambda ckpt, tmp: ["--version"], 0),
 }
 
 
+@pytest.fixture(scope="module")
+def opened(sealed: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[list[str], Any]]:
+    """Each command's arguments and its run with every stream open, made once for the module."""
+    tmp = tmp_path_factory.mktemp("commands")
+    done: dict[str, tuple[list[str], Any]] = {}
+
+    def run(command: str) -> tuple[list[str], Any]:
+        if command not in done:
+            make, code = COMMANDS[command]
+            args = make(sealed, tmp)
+            got = _drill(args, (), tmp)
+            assert got.returncode == code, got.stderr
+            done[command] = args, got
+        return done[command]
+
+    return run
+
+
 @pytest.mark.parametrize("closed", CLOSED)
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_closed_standard_stream_changes_no_exit_code_and_shows_no_traceback(
-    sealed: Path, tmp_path: Path, command: str, closed: str
+    opened: Callable[[str], tuple[list[str], Any]], tmp_path: Path, command: str, closed: str
 ) -> None:
-    make, code = COMMANDS[command]
-    args = make(sealed, tmp_path)
-    opened = _drill(args, (), tmp_path)
-    assert opened.returncode == code, opened.stderr
+    code = COMMANDS[command][1]
+    args, opened_run = opened(command)
     done = _drill(args, CLOSED[closed], tmp_path)
     assert done.returncode == code, done.stderr
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
     if 2 not in CLOSED[closed]:
-        assert done.stderr == opened.stderr
+        assert done.stderr == opened_run.stderr
     if 1 in CLOSED[closed]:
         assert done.stdout == ""  # discarded, as into /dev/null: never into a file drill opened
-    db = tmp_path / "v.db"
-    if db.exists():
+    db = next((Path(a.removeprefix("sqlite:///")) for a in args if a.startswith("sqlite:///")), None)
+    if db is not None and db.exists():
         with sqlite3.connect(db) as con:
             assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
@@ -149,15 +166,14 @@ def _reader_gone() -> tuple[int, int]:
 @pytest.mark.parametrize("where", ["a full disk (/dev/full)", "a pipe whose reader went away"])
 @pytest.mark.parametrize("command", ["verify (its workers forked)", "verify --json", "verify, damaged", "--version"])
 def test_output_that_cannot_be_written_is_one_line_and_exit_5_never_a_verdict(
-    sealed: Path, tmp_path: Path, command: str, where: str
+    opened: Callable[[str], tuple[list[str], Any]], tmp_path: Path, command: str, where: str
 ) -> None:
     """Whatever the command would have said — a pass, a failure — an output that could not be
     written is that: exit 5 and one line naming it, never exit 0 or 1 for a verdict no one
     received, never an internal error or a traceback."""
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
-    make, _ = COMMANDS[command]
-    args = make(sealed, tmp_path)
+    args, _ = opened(command)
     if where.startswith("a full disk"):
         with open("/dev/full", "w") as full:
             done = _written(args, tmp_path, stdout=full)
@@ -176,16 +192,15 @@ def test_output_that_cannot_be_written_is_one_line_and_exit_5_never_a_verdict(
 
 @pytest.mark.parametrize("command", ["verify (its workers forked)", "verify, damaged", "a bad option"])
 def test_an_unwritable_stderr_changes_neither_the_exit_code_nor_stdout(
-    sealed: Path, tmp_path: Path, command: str
+    opened: Callable[[str], tuple[list[str], Any]], tmp_path: Path, command: str
 ) -> None:
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
-    make, code = COMMANDS[command]
-    args = make(sealed, tmp_path)
-    opened = _written(args, tmp_path)
+    code = COMMANDS[command][1]
+    args, opened_run = opened(command)
     with open("/dev/full", "w") as full:
         done = _written(args, tmp_path, stderr=full)
-    assert done.returncode == opened.returncode == code
+    assert done.returncode == opened_run.returncode == code
     untimed = re.compile(r"hashed in [^;]*;")
-    assert untimed.sub("", done.stdout) == untimed.sub("", opened.stdout)
+    assert untimed.sub("", done.stdout) == untimed.sub("", opened_run.stdout)
     assert (done.stdout != "") == (code in (0, 1))  # a verdict printed; a usage error prints none
