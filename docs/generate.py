@@ -91,7 +91,9 @@ def cli_reference() -> str:
         "discarded, the exit code is the same, and no file drill opens takes the closed stream's number.",
         "Output that cannot be written — stdout on a full disk, a pipe whose reader stopped reading",
         "(`drill report … | head`) — is one line, `drill: error: cannot write to stdout: …`, and exit 5:",
-        "never the 0 or 1 of a verdict no one received. A failed write to stderr is discarded.",
+        "never the 0 or 1 of a verdict no one received. A failed write to stderr is discarded. A working",
+        "directory that was removed is `drill: error: the working directory no longer exists` and exit 2,",
+        "before anything else runs (removed while drill runs: the same, where a relative path needs it).",
         "",
     ]
     return "\n".join(lines)

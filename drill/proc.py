@@ -43,6 +43,15 @@ def process_claimed() -> bool:
     return _claimed
 
 
+def working_directory() -> str | None:
+    """This process's working directory; None when it was removed (every relative path, and
+    anything that asks for the directory, then fails with ``FileNotFoundError``)."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return None
+
+
 STREAMS = ((0, "stdin"), (1, "stdout"), (2, "stderr"))
 
 

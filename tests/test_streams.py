@@ -1,6 +1,9 @@
-"""drill started with a standard stream closed (``drill verify CKPT >&-``, a supervisor that
-starts it without them): the command runs as if the stream were /dev/null — the same exit
-code, never a traceback, and no file of drill's (its database) takes the closed stream's number."""
+"""drill started in a broken process environment. A standard stream closed (``drill verify
+CKPT >&-``, a supervisor that starts it without them): the command runs as if the stream were
+/dev/null — the same exit code, never a traceback, and no file of drill's (its database) takes
+the closed stream's number. Output that cannot be written: one line and exit 5. A working
+directory that was removed: one line and exit 2, before anything (torch's own start-up
+included) trips on it."""
 
 from __future__ import annotations
 
@@ -204,3 +207,61 @@ def test_an_unwritable_stderr_changes_neither_the_exit_code_nor_stdout(
     untimed = re.compile(r"hashed in [^;]*;")
     assert untimed.sub("", done.stdout) == untimed.sub("", opened_run.stdout)
     assert (done.stdout != "") == (code in (0, 1))  # a verdict printed; a usage error prints none
+
+
+def _in_a_removed_directory(tmp: Path) -> Callable[[], None]:
+    gone = tmp / "gone"
+
+    def enter() -> None:
+        gone.mkdir()
+        os.chdir(gone)
+        os.rmdir(gone)
+
+    return enter
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["verify", "step-8"],
+        ["verify", "ABS"],
+        ["history", "--db", "sqlite:///rel.db"],
+        ["demo", "./run"],
+        ["--version"],
+    ],
+    ids=["a relative checkpoint", "an absolute one", "a relative database", "the demo (imports torch)", "--version"],
+)
+def test_a_removed_working_directory_is_one_line_and_exit_2(sealed: Path, tmp_path: Path, args: list[str]) -> None:
+    args = [str(sealed) if a == "ABS" else a for a in args]
+    done = subprocess.run(
+        [sys.executable, "-m", "drill", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        preexec_fn=_in_a_removed_directory(tmp_path),
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "drill: error: the working directory no longer exists",
+        "hint: cd to a directory that exists",
+    ]
+
+
+def test_a_working_directory_removed_while_drill_runs_is_a_usage_error_not_an_internal_one(
+    sealed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Removed after drill started: what then trips on it (a relative path resolved) is the
+    same one line, exit 2, never an internal error."""
+    from typer.testing import CliRunner
+
+    from drill.cli.app import app
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)  # and back to where the suite was, after
+    gone.rmdir()
+    result = CliRunner().invoke(app, ["verify", "step-8", "--db", f"sqlite:///{tmp_path}/v.db"])
+    assert result.exit_code == 2, result.output
+    assert "the working directory no longer exists: a relative path cannot be resolved" in result.output
+    assert "internal error" not in result.output

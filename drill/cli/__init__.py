@@ -12,9 +12,14 @@ def main() -> None:
     import gc
     import sys
 
-    from drill.proc import standard_streams
+    from drill.proc import standard_streams, working_directory
 
     standard_streams()  # a closed stdout or stderr: /dev/null in its place, never a traceback
+    if working_directory() is None:  # removed: relative paths, and torch's own start-up, would fail
+        from drill.errors import ExitCode
+
+        sys.stderr.write("drill: error: the working directory no longer exists\nhint: cd to a directory that exists\n")
+        sys.exit(int(ExitCode.USAGE))
     gc.set_threshold(20_000, 20, 20)
     from drill.cli.early import begin
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 from drill.errors import DrillError, ExitCode, UsageError
+from drill.proc import working_directory
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -180,6 +181,12 @@ def error_boundary(fn: F) -> F:
         except Exception as exc:
             if kwargs.get("debug"):
                 raise
+            if isinstance(exc, FileNotFoundError) and not working_directory():
+                raise fail(
+                    "the working directory no longer exists: a relative path cannot be resolved against it",
+                    ExitCode.USAGE,
+                    "cd to a directory that exists, or give absolute paths",
+                ) from None
             first = (str(exc).strip().splitlines() or [""])[0]
             raise fail(
                 f"internal error: {type(exc).__name__}: {first} (re-run with --debug for the traceback)",

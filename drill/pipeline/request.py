@@ -200,4 +200,4 @@ def _flag(name: str, parse, value):  # type: ignore[no-untyped-def]
         raise UsageError(f"{name}: {exc}") from None
 
 
-_DEFAULTS = DrillRequest(root=".")
+_DEFAULTS = DrillRequest(root="/")  # only its options are read: no working directory asked for
