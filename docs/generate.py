@@ -94,6 +94,7 @@ def cli_reference() -> str:
         "never the 0 or 1 of a verdict no one received. A failed write to stderr is discarded. A working",
         "directory that was removed is `drill: error: the working directory no longer exists` and exit 2,",
         "before anything else runs (removed while drill runs: the same, where a relative path needs it).",
+        "A character the terminal's encoding cannot show (an ASCII locale) is written as its `\\u` escape.",
         "",
     ]
     return "\n".join(lines)

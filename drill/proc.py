@@ -69,7 +69,7 @@ def standard_streams() -> None:
     :class:`~drill.errors.OutputUnwritable` — a one-line error and exit 5, never a pass or a
     failure the output was to say, never an internal error — and what follows is discarded, so
     the exit's own flush does not fail again. A failed write to stderr is discarded: nothing
-    could say it."""
+    could say it. A character the stream's encoding cannot hold is escaped (:func:`_errors`)."""
     for fd, _ in STREAMS:
         try:
             os.fstat(fd)
@@ -91,12 +91,20 @@ def standard_streams() -> None:
         stream = io.TextIOWrapper(
             io.BufferedWriter(raw),
             encoding=getattr(old, "encoding", None) or "utf-8",
-            errors=getattr(old, "errors", None) or ("backslashreplace" if fd == 2 else "strict"),
+            errors=_errors(getattr(old, "errors", None)),
             line_buffering=getattr(old, "line_buffering", fd == 2),
             write_through=getattr(old, "write_through", False),
         )
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
+
+
+def _errors(was: str | None) -> str:
+    """How a stream of drill's writes what its encoding cannot hold: as before, except where
+    that was to fail — a character an ASCII terminal cannot show (``PYTHONIOENCODING=ascii``:
+    the arrows and dashes of drill's tables) is written as its ``\\u`` escape instead of
+    ending the command. JSON is ASCII whatever the stream (``json.dumps``' default)."""
+    return "backslashreplace" if was in (None, "strict") else was
 
 
 class _Checked(io.FileIO):

@@ -265,3 +265,31 @@ def test_a_working_directory_removed_while_drill_runs_is_a_usage_error_not_an_in
     assert result.exit_code == 2, result.output
     assert "the working directory no longer exists: a relative path cannot be resolved" in result.output
     assert "internal error" not in result.output
+
+
+@pytest.mark.parametrize("command", ["seal", "verify, damaged", "verify --json"])
+def test_a_terminal_that_cannot_show_a_character_gets_its_escape_never_an_error(
+    opened: Callable[[str], tuple[list[str], Any]], sealed: Path, tmp_path: Path, command: str
+) -> None:
+    """An ASCII terminal (``PYTHONIOENCODING=ascii``): drill's arrows and dashes are written as
+    their ``\\u`` escapes, the exit code is the command's own, JSON is still JSON."""
+    import json
+
+    if command == "seal":
+        args, code = ["seal", str(sealed)], 0
+    else:
+        args, code = opened(command)[0], COMMANDS[command][1]
+    done = subprocess.run(
+        [sys.executable, "-m", "drill", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+        timeout=300,
+    )
+    assert done.returncode == code, done.stderr
+    assert b"internal error" not in done.stderr and b"Traceback" not in done.stderr
+    done.stdout.decode("ascii")  # nothing but ASCII was written
+    if command == "seal":
+        assert b"\\u2192" in done.stdout  # the arrow, escaped
+    if command == "verify --json":
+        assert json.loads(done.stdout)["status"] == "passed"
