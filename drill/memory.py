@@ -41,6 +41,28 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+@contextmanager
+def kept() -> Iterator[None]:
+    """The objects made inside live until the process ends: the collector is paused while they
+    are made, and — in a process drill's command line owns (:func:`drill.proc.process_claimed`),
+    never a library's host — then frozen (:func:`gc.freeze`), so no later collection walks
+    them again. Re-enabled, the collector would otherwise walk everything made while it was
+    paused at its next allocation: a 20,000-file seal and listing, 25-35 ms of a 0.35 s
+    ``drill verify``. Frozen objects still go when nothing refers to them; only cycles among
+    them wait for the process's end. Elsewhere it is :func:`collector_paused`."""
+    from drill.proc import process_claimed
+
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if process_claimed():
+            gc.freeze()
+        if paused:
+            gc.enable()
+
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MADV_POPULATE_WRITE = 23
 _WINDOW = 64 << 20

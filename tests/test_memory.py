@@ -166,3 +166,50 @@ def test_a_verification_runs_with_the_collector_paused_and_leaves_it_as_it_was(
         assert seen == [False] and gc.isenabled() is enabled
     finally:
         gc.enable()
+
+
+class _Made:
+    """A container the collector tracks."""
+
+
+@pytest.mark.parametrize("claimed", [True, False])
+def test_kept_pauses_the_collector_then_freezes_what_was_made_only_in_a_process_drill_owns(
+    monkeypatch: pytest.MonkeyPatch, claimed: bool
+) -> None:
+    """drill's command line freezes what it keeps (no later collection walks a 20,000-file
+    seal again); a library's host — pytest here, a trainer — is never frozen, only paused."""
+    monkeypatch.setattr("drill.proc._claimed", claimed)
+    gc.unfreeze()
+    try:
+        with memory.kept():
+            assert not gc.isenabled()
+            made = [_Made() for _ in range(1000)]
+        assert gc.isenabled()
+        frozen = gc.get_freeze_count()
+        assert (frozen >= len(made)) is claimed and (frozen == 0) is not claimed
+        gc.disable()
+        with memory.kept():
+            pass
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
+def test_the_console_script_freezes_what_it_loads_and_begins(tmp_path: Path) -> None:
+    """``drill``'s imports and a head start's seal are made once and kept: frozen, not walked
+    by each collection the command makes after (the process is drill's own)."""
+    import subprocess
+
+    probe = (
+        "import gc, sys, drill.cli.app as app\n"
+        "def run():\n"
+        "    print(gc.get_freeze_count(), gc.isenabled())\n"
+        "app.main = run\n"
+        "sys.argv = ['drill', '--version']\n"
+        "from drill.cli import main\n"
+        "main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path)
+    frozen, enabled = out.stdout.split()
+    assert int(frozen) > 10_000 and enabled == "True"

@@ -144,6 +144,7 @@ def verify(
     """
     from drill.cli.early import taken
     from drill.integrity.sampling import parse_sample
+    from drill.memory import kept
     from drill.records.ledgers import open_ledger
     from drill.verifier import verify_checkpoint
 
@@ -157,7 +158,7 @@ def verify(
 
     ledger = open_ledger(db)
     try:
-        with deadline(timeout, f"drill verify {checkpoint}"):
+        with deadline(timeout, f"drill verify {checkpoint}"), kept():  # its listing and seal: rendered, then exit
             outcome = verify_checkpoint(
                 checkpoint,
                 sample=spec,
