@@ -33,21 +33,21 @@ _name = itemgetter(0)
 """An entry's name (:class:`Entry` is a tuple)."""
 
 
-def _link_entry(de: os.DirEntry[str]) -> Entry | None:
-    """A symlink as listed: what it leads to, dangling, or a loop; None when it was removed
-    while the directory was listed."""
+def _link_entry(de: os.DirEntry[str], directory: int, path: str) -> Entry | None:
+    """A symlink as listed (``de``, of the directory open as ``directory``, at ``path``): what
+    it leads to, dangling, or a loop; None when it was removed while the directory was listed."""
     try:
-        target = os.readlink(de.path)
+        target = os.readlink(de.name, dir_fd=directory)
     except FileNotFoundError:
         return None
     try:
         st = de.stat(follow_symlinks=True)
     except FileNotFoundError:
-        return Entry(de.name, de.path, EntryKind.DANGLING, 0, 0.0, target)
+        return Entry(de.name, path, EntryKind.DANGLING, 0, 0.0, target)
     except OSError as exc:  # ELOOP: a link that leads back into itself
         kind = EntryKind.LOOP if exc.errno == errno.ELOOP else EntryKind.DANGLING
-        return Entry(de.name, de.path, kind, 0, 0.0, target)
-    return Entry(de.name, de.path, _kind(st.st_mode), st.st_size, st.st_mtime, target)
+        return Entry(de.name, path, kind, 0, 0.0, target)
+    return Entry(de.name, path, _kind(st.st_mode), st.st_size, st.st_mtime, target)
 
 
 class LocalStorage:
@@ -57,23 +57,41 @@ class LocalStorage:
     """Spans of one file can be read at once, each at its offset (``os.preadv``)."""
 
     def list(self, uri: str) -> list[Entry]:
+        """The directory's entries, each ``stat``-ed relative to the directory's descriptor
+        (``fstatat``: no walk of the whole path for each of 20,000 files)."""
         entries: list[Entry] = []
         append, kinds, other, kind_bits = entries.append, _KINDS.get, EntryKind.OTHER, 0o170000
         new = tuple.__new__  # an Entry without its Python-level constructor: 20,000 of them
-        with os.scandir(_path(uri)) as it:
-            for de in it:
-                if de.is_symlink():
-                    link = _link_entry(de)
-                    if link is not None:
-                        append(link)
-                    continue
-                try:
-                    st = de.stat(follow_symlinks=False)
-                except FileNotFoundError:  # removed while we listed
-                    continue
-                append(
-                    new(Entry, (de.name, de.path, kinds(st.st_mode & kind_bits, other), st.st_size, st.st_mtime, None))
-                )
+        root = _path(uri)
+        prefix = os.path.join(root, "")
+        directory = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            with os.scandir(directory) as it:
+                for de in it:
+                    if de.is_symlink():
+                        link = _link_entry(de, directory, prefix + de.name)
+                        if link is not None:
+                            append(link)
+                        continue
+                    try:
+                        st = de.stat(follow_symlinks=False)
+                    except FileNotFoundError:  # removed while we listed
+                        continue
+                    append(
+                        new(
+                            Entry,
+                            (
+                                de.name,
+                                prefix + de.name,
+                                kinds(st.st_mode & kind_bits, other),
+                                st.st_size,
+                                st.st_mtime,
+                                None,
+                            ),
+                        )
+                    )
+        finally:
+            os.close(directory)
         entries.sort(key=_name)
         return entries
 
