@@ -221,6 +221,8 @@ def _verify(
     uri = storage.normalize(uri)
     started = time.perf_counter()
     with head_start(storage, uri, sample, begun) as ahead:  # the seal's files hash while the path is classified
+        if ahead is not None and ahead.listed_apart is not None:
+            storage.seed(uri, ahead.listing)  # listed apart while the seal was parsed
         if meanwhile is not None:
             meanwhile()
         what = _classified(storage, uri)

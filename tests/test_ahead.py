@@ -116,11 +116,16 @@ def forking(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ahead, "free_cores", lambda cap: 2)
 
 
+@pytest.mark.parametrize("apart", [False, True], ids=["listed in place", "listed apart"])
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_head_start_changes_no_verdict_finding_or_evidence(
-    checkpoint: Path, fault: str, monkeypatch: pytest.MonkeyPatch
+    checkpoint: Path, fault: str, apart: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Also with the directory listed in a forked child while the seal parses (as one of
+    thousands of files is): the verification's listing is the child's."""
     FAULTS[fault](checkpoint)
+    if apart:
+        monkeypatch.setattr("drill.storage.apart.MANY_ENTRIES", 0)
     plain = verify_checkpoint(str(checkpoint))  # this process may not fork: no head start
     started: list[object] = []
     real = ahead._start
@@ -135,6 +140,10 @@ def test_a_head_start_changes_no_verdict_finding_or_evidence(
     with_head_start = verify_checkpoint(str(checkpoint))
     assert _comparable(with_head_start) == _comparable(plain)
     assert (started[0] is None) == (fault in NO_HEAD_START), started
+    if started[0] is not None:
+        assert (started[0].listed_apart is not None) is apart  # type: ignore[attr-defined]
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # no worker, no lister left
 
 
 def _hashed_after(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, int]]:

@@ -31,10 +31,11 @@ from drill.integrity.foreign import is_foreign_manifest
 from drill.integrity.manifest import MAX_ENTRIES, FileEntry, Manifest, ManifestInvalid, read_manifest
 from drill.integrity.parallel import Hashing, free_cores
 from drill.integrity.sampling import SampleSpec
-from drill.storage import Storage
+from drill.storage import Entry, Storage
 
 if TYPE_CHECKING:
     from drill.integrity.hashing import FileHashes
+    from drill.storage.apart import Apart
 
 
 @dataclass(slots=True)
@@ -48,6 +49,9 @@ class HeadStart:
     hashing: Hashing | None = None
     sizes: dict[str, int] = field(default_factory=dict)
     """The files hashed ahead → the size each was hashed at (its sealed size)."""
+    listed_apart: Apart | None = None
+    """The checkpoint directory being listed in a forked child while the seal parses (a
+    directory of thousands of files, :mod:`drill.storage.apart`): the verification's listing."""
 
     def take(self, listed: Mapping[str, int], sha256: frozenset[str]) -> dict[str, FileHashes | OSError]:
         """The digests of the files among ``listed`` (path → size listed) hashed ahead at the
@@ -60,9 +64,16 @@ class HeadStart:
         got = self.hashing.results()
         return {p: got[p] for p in wanted}
 
+    def listing(self) -> list[Entry] | None:
+        """The checkpoint directory's entries as listed apart (waiting for them once); None
+        where it was not, or the child could not say: then the verification lists it."""
+        return self.listed_apart.entries() if self.listed_apart is not None else None
+
     def stop(self) -> None:
         if self.hashing is not None:
             self.hashing.stop()
+        if self.listed_apart is not None:
+            self.listed_apart.stop()
 
 
 @contextmanager
@@ -113,6 +124,7 @@ def begin(uri: str) -> HeadStart | None:
 
 def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
     from drill.proc import may_fork
+    from drill.storage.apart import list_apart
 
     only_files = getattr(storage, "only_files", None)
     if only_files is None or not getattr(storage, "positioned_reads", False) or not may_fork():
@@ -124,7 +136,7 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
         return None
     if names is None or any(map(is_foreign_manifest, names)):
         return None  # a framework's manifest could name a path out: then nothing may be opened
-    ahead = HeadStart(checkpoint)
+    ahead = HeadStart(checkpoint, listed_apart=list_apart(storage, checkpoint, MAX_ENTRIES))
 
     def hash_sealed(files: list[FileEntry], chunk_size: int) -> None:
         ahead.sizes = {
@@ -137,7 +149,8 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
     try:
         ahead.manifest, _ = read_manifest(storage, checkpoint, hash_sealed)
     except ManifestInvalid as exc:  # its digest, after the hashing began: the plan has no seal
-        ahead.stop()
+        if ahead.hashing is not None:
+            ahead.hashing.stop()  # the listing apart goes on: the verification's, seal or none
         ahead.hashing, ahead.error = None, exc
     except BaseException:
         ahead.stop()

@@ -10,7 +10,7 @@ compares every file's size as it reads it, so a file that changes after the list
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from drill.storage.base import CacheState, Entry, Listing, Storage
@@ -25,11 +25,20 @@ class ListedOnce:
         self.inner = inner
         self.positioned_reads = inner.positioned_reads
         self._listed: dict[str, Listing] = {}
+        self._seeds: dict[str, Callable[[], list[Entry] | None]] = {}
+
+    def seed(self, uri: str, listing: Callable[[], list[Entry] | None]) -> None:
+        """Take what ``listing`` returns, asked when ``uri`` is first listed here, as its
+        listing: a listing made elsewhere (in a forked child while the seal was parsed,
+        :mod:`drill.storage.apart`); the storage lists it where that returns None."""
+        self._seeds[uri] = listing
 
     def list(self, uri: str) -> list[Entry]:
         listed = self._listed.get(uri)
         if listed is None:
-            listed = self._listed[uri] = Listing.of(self.inner.list(uri))
+            seed = self._seeds.pop(uri, None)
+            entries = seed() if seed is not None else None
+            listed = self._listed[uri] = Listing.of(entries if entries is not None else self.inner.list(uri))
         return listed
 
     def stat(self, uri: str) -> Entry:
@@ -46,6 +55,7 @@ class ListedOnce:
 
     def write(self, uri: str, data: bytes, *, replace: bool = False) -> None:
         self._listed.clear()  # a written file is in the next listing
+        self._seeds.clear()
         self.inner.write(uri, data, replace=replace)
 
     def normalize(self, uri: str) -> str:
