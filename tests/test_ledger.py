@@ -40,7 +40,8 @@ def _fresh(tmp_path: Path, name: str) -> str:
 def _rows(path: str) -> tuple[list[tuple], list[tuple]]:
     with sqlite3.connect(path) as conn:
         ckpts = conn.execute(
-            "SELECT id, run_root, uri, step, format, bytes, file_count FROM checkpoints ORDER BY id"
+            "SELECT id, run_root, uri, step, format, bytes, file_count, proofs_fingerprint, proofs_verified_at IS NULL "
+            "FROM checkpoints ORDER BY id"
         ).fetchall()
         files = conn.execute(
             "SELECT checkpoint_id, path, size, xxh3_128, drill_id FROM file_verifications ORDER BY path"
@@ -179,16 +180,22 @@ def test_verify_keeps_the_ledger_without_importing_sqlalchemy(demo_run: Path, tm
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic', 'torch')))\n"
     )
     assert fresh_python(code) == "[]"
-    with sqlite3.connect(db) as conn:
-        (stamp,) = conn.execute("SELECT max(verified_at) FROM file_verifications").fetchone()
-    assert datetime.fromisoformat(stamp) > datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(
-        minutes=5
-    )  # the second run wrote its proofs
+    stamps = set(_times(str(db)).values())
+    assert all(
+        datetime.fromisoformat(stamp) > datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(minutes=5)
+        for stamp in stamps
+    )  # the second run made its proofs
 
 
 def _times(path: str) -> dict[str, str]:
+    """Each proof's time: the later of its row's and its checkpoint's sweep."""
     with sqlite3.connect(path) as conn:
-        return dict(conn.execute("SELECT path, verified_at FROM file_verifications").fetchall())
+        return dict(
+            conn.execute(
+                "SELECT f.path, max(f.verified_at, coalesce(c.proofs_verified_at, '')) "
+                "FROM file_verifications f JOIN checkpoints c ON c.id = f.checkpoint_id"
+            ).fetchall()
+        )
 
 
 @pytest.mark.parametrize("writer", ["records", "sqlite3"])
@@ -261,3 +268,95 @@ def test_the_share_after_a_full_proof_is_the_one_every_proof_counted_gives() -> 
     same = {p: (s, d) for p, (s, d) in sealed.items()}
     writes = ledger_writes(CoverageUpdate(sealed, dict(sealed), frozenset()), same)
     assert writes.redate_all and writes.write == [] and writes.forget == []  # an unchanged checkpoint: one statement
+
+
+def _held(path: str) -> list[tuple[str | None, str]]:
+    """Each checkpoint's fingerprint as kept, and as its rows are now."""
+    from drill.integrity.coverage import proofs_fingerprint
+
+    with sqlite3.connect(path) as conn:
+        out = []
+        for cid, kept in conn.execute("SELECT id, proofs_fingerprint FROM checkpoints ORDER BY id").fetchall():
+            rows = conn.execute("SELECT path, size, xxh3_128 FROM file_verifications WHERE checkpoint_id = ?", (cid,))
+            out.append((kept, proofs_fingerprint({p: (size, d) for p, size, d in rows})))
+    return out
+
+
+def _statements(ledger, sink: list[str]) -> None:
+    """Every statement ``ledger`` sends from now on, into ``sink``."""
+    if isinstance(ledger, SqliteLedger):
+        ledger.conn.set_trace_callback(sink.append)
+        return
+    from sqlalchemy import event
+
+    event.listen(ledger.db.engine, "before_cursor_execute", lambda conn, cur, sql, *a: sink.append(sql))
+
+
+@pytest.mark.parametrize("writer", ["records", "sqlite3"])
+def test_the_fingerprint_is_kept_by_every_write_and_an_unchanged_checkpoint_touches_no_proof_row(
+    tmp_path: Path, writer: str
+) -> None:
+    """After every write the checkpoint's fingerprint is its rows' (a stale one would let a
+    verification skip proofs it must write); a verification that made exactly the proofs held
+    re-dates them by its checkpoint's row alone — no statement reads or writes a proof — and
+    every reader then sees the new time."""
+    path = _fresh(tmp_path, f"{writer}.db")
+    database = open_database(path) if writer == "records" else None
+    ledger = Records(database) if database is not None else SqliteLedger.at_head(path)
+    assert ledger is not None
+    try:
+        cid = ledger.ensure_checkpoint(run_root="/runs/r", uri="/runs/r/step-30", step=30, format="dcp")
+        for verified, broken in [*STEPS, (set(SEALED), set()), (set(), {"b.distcp"}), (set(SEALED), set())]:
+            ledger.apply_coverage(cid, None, _update(verified, broken), 7.0)
+            ((kept, now),) = _held(path)
+            assert kept == now
+        with sqlite3.connect(path) as conn:  # a week ago: only the sweep makes them fresh again
+            conn.execute("UPDATE file_verifications SET verified_at = '2020-01-01 00:00:00.000000'")
+            conn.execute("UPDATE checkpoints SET proofs_verified_at = '2020-01-01 00:00:00.000000'")
+        assert ledger.apply_coverage(cid, None, _update(set(SEALED), set()), 7.0) == 1.0
+        sent: list[str] = []
+        _statements(ledger, sent)
+        assert ledger.apply_coverage(cid, None, _update(set(SEALED), set()), 7.0) == 1.0
+        assert sent and not [q for q in sent if "file_verifications" in q], sent
+        week_ago = datetime.now(timezone.utc) - timedelta(days=7)
+        assert all(when > week_ago for when, _ in ledger.last_verified(cid).values())
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT max(verified_at) FROM file_verifications").fetchone()[0] < "2021"
+        if database is not None:  # the report's reader: the sweep's time too
+            (ledger_rows,) = Records(database).ledger("/runs/r").values()
+            assert len(ledger_rows) == len(SEALED) and all(v.at > week_ago for v in ledger_rows)
+    finally:
+        if database is not None:
+            database.close()
+        else:
+            ledger.close()
+
+
+def test_a_downgrade_writes_the_sweeps_time_into_each_proof_it_covers(tmp_path: Path) -> None:
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from drill.records.db import alembic_config
+
+    path = _fresh(tmp_path, "down.db")
+    ledger = SqliteLedger.at_head(path)
+    assert ledger is not None
+    cid = ledger.ensure_checkpoint(run_root="/runs/r", uri="/runs/r/step-30", step=30, format="dcp")
+    ledger.apply_coverage(cid, None, _update(set(SEALED), set()), 7.0)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE file_verifications SET verified_at = '2020-01-01 00:00:00.000000' WHERE path != 'b.distcp'"
+        )
+        conn.execute("UPDATE file_verifications SET verified_at = '2030-01-01 00:00:00.000000' WHERE path = 'b.distcp'")
+    ledger.apply_coverage(cid, None, _update(set(SEALED), set()), 7.0)  # the sweep
+    swept = _times(path)
+    ledger.close()
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "0012")
+    finally:
+        engine.dispose()
+    with sqlite3.connect(path) as conn:
+        assert dict(conn.execute("SELECT path, verified_at FROM file_verifications").fetchall()) == swept
+    assert swept["b.distcp"].startswith("2030") and swept["a.distcp"] > "2026"

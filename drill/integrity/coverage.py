@@ -5,13 +5,17 @@ Pure functions; the record store applies them (see :meth:`drill.records.store.Re
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import xxhash
+
 from drill.findings import CheckResult, Severity
 from drill.integrity.verify import IntegrityPlan
+from drill.text import lossless
 from drill.units import earlier
 
 
@@ -58,6 +62,42 @@ def ledger_writes(update: CoverageUpdate, stored: Mapping[str, tuple[int, str]])
     redate_all = bool(stored) and len(same) == len(stored)
     write = [p for p in update.verified if stored.get(p) != update.verified[p]] if redate_all else list(update.verified)
     return LedgerWrites(redate_all, write, sorted(update.broken & stored.keys()))
+
+
+def proofs_fingerprint(proofs: Mapping[str, tuple[int, str]]) -> str:
+    """The fingerprint of a ledger's proofs (path → (size, digest)) as a database stores them
+    (paths :func:`~drill.text.lossless`), in path order: the xxh3-128 of the paths, the sizes
+    and the digests. Each ledger keeps it beside the proofs (every write sets it anew), so a
+    verification whose proofs have that fingerprint made exactly the proofs stored — a nightly
+    verification of an unchanged checkpoint — and re-dates them all in one row."""
+    paths = lossless("\0".join(proofs)).split("\0") if proofs else []
+    rows = sorted(zip(paths, proofs.values(), strict=True))
+    h = xxhash.xxh3_128()
+    h.update("\0".join(p for p, _ in rows).encode())
+    h.update(array("q", [size for _, (size, _) in rows]).tobytes())
+    h.update("".join(digest for _, (_, digest) in rows).encode())
+    return h.hexdigest()
+
+
+def proven_again(update: CoverageUpdate, stored_fingerprint: str | None) -> bool:
+    """Whether the proofs a ledger holds (their fingerprint, as it keeps it) are exactly the
+    proofs just made: then its writers re-date them all in one statement (:data:`AGAIN`), and
+    read and write no row."""
+    return bool(update.verified) and stored_fingerprint == proofs_fingerprint(update.verified)
+
+
+AGAIN = LedgerWrites(True, [], [])
+"""The writes for proofs made again (:func:`proven_again`): every one re-dated, nothing else."""
+
+
+def fingerprint_after(stored: Mapping[str, tuple[int, str]], update: CoverageUpdate, writes: LedgerWrites) -> str:
+    """The fingerprint of the proofs a ledger holds once ``writes`` are made, from those it
+    held (``stored``, paths as stored)."""
+    proofs = dict(stored)
+    proofs.update((lossless(p), update.verified[p]) for p in writes.write)
+    for p in writes.forget:
+        proofs.pop(p, None)
+    return proofs_fingerprint(proofs)
 
 
 def share_after(

@@ -5,15 +5,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
-from typing import cast
+from typing import Any, cast
 
-from sqlalchemy import String, Table, bindparam, delete, insert, select, type_coerce
+from sqlalchemy import Select, String, Table, bindparam, delete, insert, select, type_coerce
 from sqlalchemy import update as update_rows
 from sqlalchemy.orm import Session
 
-from drill.integrity.coverage import CoverageUpdate, ledger_writes, share_after
+from drill.integrity.coverage import (
+    AGAIN,
+    CoverageUpdate,
+    fingerprint_after,
+    ledger_writes,
+    proven_again,
+    share_after,
+)
 from drill.records.lite import stored_time
-from drill.records.models import Checkpoint, FileVerification
+from drill.records.models import Checkpoint, FileVerification, proof_time
 from drill.records.rows import checkpoint_row
 
 
@@ -42,17 +49,22 @@ class LedgerMixin:
     def apply_coverage(self, checkpoint_id: int, drill_id: int | None, update: CoverageUpdate, days: float) -> float:
         """Record the files that matched, forget the ones that failed, and return the share of
         the checkpoint's sealed bytes verified within ``days`` — in statements over many rows
-        each (:func:`~drill.integrity.coverage.ledger_writes`), never an object per file."""
+        each (:func:`~drill.integrity.coverage.ledger_writes`), never an object per file; where
+        exactly the proofs held were made again (their fingerprint), one row re-dates them all."""
         now = datetime.now(timezone.utc)
         table = cast(Table, FileVerification.__table__)
         of_checkpoint = table.c.checkpoint_id == checkpoint_id
+        checkpoint = update_rows(Checkpoint).where(Checkpoint.id == checkpoint_id)
         with self._session() as s:
-            raw = type_coerce(table.c.verified_at, String)  # SQLite: the stored text; PostgreSQL: a datetime
-            rows = s.execute(select(table.c.path, table.c.size, table.c.xxh3_128, raw).where(of_checkpoint)).all()
+            held = s.scalar(select(Checkpoint.proofs_fingerprint).where(Checkpoint.id == checkpoint_id))
+            if proven_again(update, held):  # a nightly verify of an unchanged checkpoint
+                s.execute(checkpoint.values(proofs_verified_at=now))
+                return share_after(update, [], AGAIN, now, stored_time, days)
+            rows = s.execute(_proof_query(checkpoint_id, table.c.path, table.c.size, table.c.xxh3_128)).all()
             stored = {path: (size, digest) for path, size, digest, _ in rows}
             writes = ledger_writes(update, stored)
             if writes.redate_all:
-                s.execute(update_rows(table).where(of_checkpoint).values(verified_at=now, drill_id=drill_id))
+                s.execute(checkpoint.values(proofs_verified_at=now))
             fields = [{"p": p, "size": update.verified[p][0], "xxh3_128": update.verified[p][1]} for p in writes.write]
             if changed := [f for f in fields if f["p"] in stored]:
                 where = of_checkpoint & (table.c.path == bindparam("p"))
@@ -68,16 +80,25 @@ class LedgerMixin:
                 )
             if writes.forget:
                 s.execute(delete(table).where(of_checkpoint & table.c.path.in_(writes.forget)))
+            s.execute(checkpoint.values(proofs_fingerprint=fingerprint_after(stored, update, writes)))
         return share_after(update, rows, writes, now, stored_time, days)
+
+
+def _proof_query(checkpoint_id: int, *columns: Any) -> Select[Any]:
+    """``columns`` of the checkpoint's proofs and, last, each one's time as stored (SQLite: its
+    text; PostgreSQL: a datetime) — the later of its own and the checkpoint's sweep."""
+    when = type_coerce(proof_time(), String)
+    return (
+        select(*columns, when)
+        .join(Checkpoint, Checkpoint.id == FileVerification.checkpoint_id)
+        .where(FileVerification.checkpoint_id == checkpoint_id)
+    )
 
 
 def _proofs(s: Session, checkpoint_id: int) -> dict[str, tuple[str, datetime]]:
     """Path → (digest, when) of the checkpoint's proofs; a time stored unreadably (a damaged
     SQLite row) counts as never (see :func:`~drill.records.lite.stored_time`)."""
-    raw = type_coerce(FileVerification.verified_at, String)  # SQLite: the stored text; PostgreSQL: a datetime
-    query = select(FileVerification.path, FileVerification.xxh3_128, raw).where(
-        FileVerification.checkpoint_id == checkpoint_id
-    )
+    query = _proof_query(checkpoint_id, FileVerification.path, FileVerification.xxh3_128)
     return {path: (digest, stored_time(at)) for path, digest, at in s.execute(query)}
 
 

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Protocol
 
 from drill.errors import DatabaseError
-from drill.integrity.coverage import CoverageUpdate, ledger_writes, share_after
+from drill.integrity.coverage import (
+    AGAIN,
+    CoverageUpdate,
+    fingerprint_after,
+    ledger_writes,
+    proven_again,
+    share_after,
+)
 from drill.records.urls import SCHEMA_HEAD, sqlite_busy_timeout, sqlite_pragmas
 from drill.text import lossless
 
@@ -106,16 +113,15 @@ class SqliteLedger:
         now = datetime.now(timezone.utc)
         stamp = _stamp(now)
         with self._transaction() as c:
-            rows = c.execute(
-                "SELECT path, size, xxh3_128, verified_at FROM file_verifications WHERE checkpoint_id = ?",
-                (checkpoint_id,),
-            ).fetchall()
-            writes = ledger_writes(update, {path: (size, digest) for path, size, digest, _ in rows})
+            held = c.execute("SELECT proofs_fingerprint FROM checkpoints WHERE id = ?", (checkpoint_id,)).fetchone()
+            if held is not None and proven_again(update, held[0]):  # a nightly verify of an unchanged checkpoint
+                c.execute("UPDATE checkpoints SET proofs_verified_at = ? WHERE id = ?", (stamp, checkpoint_id))
+                return share_after(update, [], AGAIN, now, stored_time, days)
+            rows = c.execute(_PROOFS.format(columns="f.path, f.size, f.xxh3_128"), (checkpoint_id,)).fetchall()
+            stored = {path: (size, digest) for path, size, digest, _ in rows}
+            writes = ledger_writes(update, stored)
             if writes.redate_all:
-                c.execute(
-                    "UPDATE file_verifications SET verified_at = ?, drill_id = ? WHERE checkpoint_id = ?",
-                    (stamp, drill_id, checkpoint_id),
-                )
+                c.execute("UPDATE checkpoints SET proofs_verified_at = ? WHERE id = ?", (stamp, checkpoint_id))
             c.executemany(  # one statement for every file: thousands of small files cost one round trip
                 "INSERT INTO file_verifications (checkpoint_id, path, size, xxh3_128, verified_at, drill_id) VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (checkpoint_id, path) DO UPDATE SET size = excluded.size, xxh3_128 = excluded.xxh3_128, "
@@ -126,16 +132,26 @@ class SqliteLedger:
                 "DELETE FROM file_verifications WHERE checkpoint_id = ? AND path = ?",
                 [(checkpoint_id, lossless(p)) for p in writes.forget],
             )
+            c.execute(
+                "UPDATE checkpoints SET proofs_fingerprint = ? WHERE id = ?",
+                (fingerprint_after(stored, update, writes), checkpoint_id),
+            )
         return share_after(update, rows, writes, now, stored_time, days)
 
     @staticmethod
     def _proofs(c: sqlite3.Connection, checkpoint_id: int) -> list[tuple[str, str, str]]:
-        return c.execute(
-            "SELECT path, xxh3_128, verified_at FROM file_verifications WHERE checkpoint_id = ?", (checkpoint_id,)
-        ).fetchall()
+        return c.execute(_PROOFS.format(columns="f.path, f.xxh3_128"), (checkpoint_id,)).fetchall()
 
     def close(self) -> None:
         self.conn.close()
+
+
+_PROOFS = (
+    "SELECT {columns}, CASE WHEN c.proofs_verified_at > f.verified_at THEN c.proofs_verified_at ELSE f.verified_at END "
+    "FROM file_verifications f JOIN checkpoints c ON c.id = f.checkpoint_id WHERE f.checkpoint_id = ?"
+)
+"""A checkpoint's proofs, each with its time: the later of its own and the checkpoint's sweep
+(:func:`drill.records.models.proof_time`, in this ledger's own SQL)."""
 
 
 def _stamp(t: datetime) -> str:

@@ -17,9 +17,11 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    case,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeDecorator
 
 from drill.text import lossless
@@ -80,6 +82,14 @@ class Checkpoint(Base):
     file_count: Mapped[int | None] = mapped_column(Integer)
     first_seen: Mapped[datetime]
     last_seen: Mapped[datetime]
+    proofs_verified_at: Mapped[datetime | None]
+    """When every proof of its coverage ledger then stored was made again at once (a nightly
+    verification of the unchanged checkpoint): a proof's time is the later of its own and this
+    (:func:`proof_time`)."""
+    proofs_fingerprint: Mapped[str | None] = mapped_column(Str(32))
+    """The fingerprint of its ledger's proofs (:func:`drill.integrity.coverage.proofs_fingerprint`),
+    kept by every write: a verification that made exactly those proofs again knows it without
+    reading them."""
 
     drills: Mapped[list[Drill]] = relationship(back_populates="checkpoint")
 
@@ -183,6 +193,16 @@ class FileVerification(Base):
     xxh3_128: Mapped[str] = mapped_column(Str(32))
     verified_at: Mapped[datetime]
     drill_id: Mapped[int | None] = mapped_column(ForeignKey("drills.id", ondelete="SET NULL"))
+
+
+def proof_time() -> ColumnElement[datetime]:
+    """When a ledger row's file last matched its digest: the later of the row's own time and
+    its checkpoint's sweep (:attr:`Checkpoint.proofs_verified_at`) — for a query that joins the
+    two. (:mod:`drill.records.lite` asks the same in its own SQL.)"""
+    return case(
+        (Checkpoint.proofs_verified_at > FileVerification.verified_at, Checkpoint.proofs_verified_at),
+        else_=FileVerification.verified_at,
+    )
 
 
 class ReplayStep(Base):

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from drill.pipeline.outcome import DrillOutcome
 from drill.records.audit import ChainHead, chain_head
-from drill.records.models import Checkpoint, Drill, FileVerification
+from drill.records.models import Checkpoint, Drill, FileVerification, proof_time
 from drill.records.rows import outcome_from_row
 from drill.verdict import DrillStatus
 
@@ -169,7 +169,7 @@ class ReportingMixin:
         (of ``uris`` only, when given)."""
         out: dict[str, list[Verified]] = {}
         with self._session() as s:
-            q = select(Checkpoint.uri, FileVerification.size, FileVerification.verified_at).join(
+            q = select(Checkpoint.uri, FileVerification.size, proof_time()).join(
                 FileVerification, FileVerification.checkpoint_id == Checkpoint.id
             )
             q = q.where(Checkpoint.run_root == run_root)
