@@ -360,3 +360,26 @@ def test_a_downgrade_writes_the_sweeps_time_into_each_proof_it_covers(tmp_path: 
     with sqlite3.connect(path) as conn:
         assert dict(conn.execute("SELECT path, verified_at FROM file_verifications").fetchall()) == swept
     assert swept["b.distcp"].startswith("2030") and swept["a.distcp"] > "2026"
+
+
+@pytest.mark.postgres
+def test_on_postgresql_an_unchanged_checkpoint_is_re_dated_by_its_row_alone(postgres_url: str) -> None:
+    from drill.records.db import upgrade
+
+    upgrade(postgres_url)
+    database = open_database(postgres_url)
+    ledger = Records(database)
+    try:
+        cid = ledger.ensure_checkpoint(run_root="/runs/r", uri="/runs/r/step-sweep", step=30, format="dcp")
+        assert ledger.apply_coverage(cid, None, _update(set(SEALED), set()), 7.0) == 1.0
+        first = ledger.last_verified(cid)
+        sent: list[str] = []
+        _statements(ledger, sent)
+        assert ledger.apply_coverage(cid, None, _update(set(SEALED), set()), 7.0) == 1.0
+        assert sent and not [q for q in sent if "file_verifications" in q], sent
+        again = ledger.last_verified(cid)
+        assert again.keys() == first.keys() and all(again[p][0] > first[p][0] for p in first)
+        (rows,) = [v for uri, v in ledger.ledger("/runs/r").items() if uri == "/runs/r/step-sweep"]
+        assert sorted(v.at for v in rows) == sorted(t for t, _ in again.values())
+    finally:
+        database.close()
