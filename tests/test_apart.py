@@ -165,3 +165,30 @@ def test_stopped_before_it_is_asked_the_entries_are_nothing(odd: Path, forking: 
     apart.stop()
     assert apart.entries() is None
     _no_child()
+
+
+def test_what_the_child_is_asked_first_comes_first_and_the_listing_after(odd: Path, forking: None) -> None:
+    storage = LocalStorage()
+    names = {p.name for p in odd.iterdir()} | {os.fsdecode(b"raw-\xff\xfe.bin")}
+    apart = list_apart(storage, str(odd), 10_000, first=lambda: {e.name for e in storage.list(str(odd))})
+    assert apart is not None
+    assert apart.first() == (True, names)  # the undecodable name too
+    assert apart.first() == (False, None)  # once
+    assert apart.entries() == storage.list(str(odd))
+    _no_child()
+    unasked = list_apart(storage, str(odd), 10_000, first=lambda: None)
+    assert unasked is not None and unasked.entries() == storage.list(str(odd))  # first, never asked for: skipped
+    plain = list_apart(storage, str(odd), 10_000)
+    assert plain is not None and plain.first() == (False, None)  # nothing asked first
+    plain.stop()
+    _no_child()
+
+
+def test_a_child_that_dies_before_it_answers_first_leaves_both_to_the_caller(odd: Path, forking: None) -> None:
+    def dies() -> object:
+        os._exit(3)
+
+    apart = list_apart(LocalStorage(), str(odd), 10_000, first=dies)
+    assert apart is not None
+    assert apart.first() == (False, None) and apart.entries() is None
+    _no_child()

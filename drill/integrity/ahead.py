@@ -22,7 +22,7 @@ for the same directory, verified in full — any other is stopped, its digests u
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -130,15 +130,28 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
     if only_files is None or not getattr(storage, "positioned_reads", False) or not may_fork():
         return None
     workers = free_cores(8)
-    try:
-        names = only_files(checkpoint, MAX_ENTRIES)
-    except OSError:  # not a directory, not there, not readable: the verification says which
-        return None
-    if names is None or any(map(is_foreign_manifest, names)):
-        return None  # a framework's manifest could name a path out: then nothing may be opened
-    ahead = HeadStart(checkpoint, listed_apart=list_apart(storage, checkpoint, MAX_ENTRIES))
+    ahead = HeadStart(checkpoint)
+
+    def openable() -> set[str] | None:
+        return _openable(only_files, checkpoint)
+
+    # A directory of thousands of files is listed in a child, which answers first what may be
+    # opened: the question costs this process nothing while it parses the seal.
+    ahead.listed_apart = list_apart(storage, checkpoint, MAX_ENTRIES, first=openable)
+    names = None
+    if ahead.listed_apart is None:
+        names = openable()
+        if names is None:
+            return None
 
     def hash_sealed(files: list[FileEntry], chunk_size: int) -> None:
+        nonlocal names
+        if names is None:
+            sent, names = ahead.listed_apart.first() if ahead.listed_apart is not None else (False, None)
+            if not sent:
+                names = openable()
+            if names is None:
+                raise _NotAhead
         ahead.sizes = {
             f.path: f.size
             for f in files
@@ -148,6 +161,9 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
 
     try:
         ahead.manifest, _ = read_manifest(storage, checkpoint, hash_sealed)
+    except _NotAhead:
+        ahead.stop()
+        return None
     except ManifestInvalid as exc:  # its digest, after the hashing began: the plan has no seal
         if ahead.hashing is not None:
             ahead.hashing.stop()  # the listing apart goes on: the verification's, seal or none
@@ -156,6 +172,24 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
         ahead.stop()
         raise
     return ahead
+
+
+class _NotAhead(Exception):
+    """The directory holds something a head start may not open around (:func:`_openable`)."""
+
+
+def _openable(only_files: Callable[[str, int], set[str] | None], checkpoint: str) -> set[str] | None:
+    """The names of the checkpoint's files where a head start may open them: regular files
+    only (told by the directory's own entries, no ``stat`` of each), at most
+    :data:`MAX_ENTRIES`, and no framework's manifest among them (which could name a path out).
+    None otherwise — and where it cannot be listed: the verification says why."""
+    try:
+        names = only_files(checkpoint, MAX_ENTRIES)
+    except OSError:  # not a directory, not there, not readable: the verification says which
+        return None
+    if names is None or any(map(is_foreign_manifest, names)):
+        return None
+    return names
 
 
 def _size_now(storage: Storage, checkpoint: str, path: str) -> int | None:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import marshal
 import os
 import signal
+import struct
 from array import array
+from collections.abc import Callable
 from itertools import repeat
 from typing import Any
 
@@ -30,17 +32,34 @@ on ext4, 3,000 on tmpfs) is listed apart; a smaller one is listed in place."""
 
 
 class Apart:
-    """A listing being made in a forked child: :meth:`entries` waits for it once, :meth:`stop`
-    kills a child still listing."""
+    """A listing being made in a forked child: :meth:`first` waits for what the child was asked
+    to send before it (once), :meth:`entries` for the listing (once); :meth:`stop` kills a
+    child still listing."""
 
-    def __init__(self, pid: int, fd: int, most: int) -> None:
+    def __init__(self, pid: int, fd: int, most: int, first: bool) -> None:
         self._pid, self._fd, self._most = pid, fd, most
         self._entries: list[Entry] | None = None
         self._done = False
+        self._first_pending = first
+
+    def first(self) -> tuple[bool, Any]:
+        """Whether the child sent what it was asked to send first (:func:`list_apart`'s
+        ``first``), and that: ``(False, None)`` where it died before, or it was not asked."""
+        if not self._first_pending or self._done:
+            return False, None
+        self._first_pending = False
+        try:
+            head = _read_exactly(self._fd, _FRAME.size)
+            return True, marshal.loads(_read_exactly(self._fd, _FRAME.unpack(head)[0]))
+        except (EOFError, ValueError, TypeError, OSError):  # died before it sent it
+            self.stop()
+            return False, None
 
     def entries(self) -> list[Entry] | None:
         """The directory's entries as the storage lists them (sorted by name); None where the
         child could not say (the caller lists it itself), or held more than ``most``."""
+        if self._first_pending:
+            self.first()
         if not self._done:
             self._done = True
             try:
@@ -66,10 +85,12 @@ class Apart:
                 pass
 
 
-def list_apart(storage: Any, uri: str, most: int) -> Apart | None:
+def list_apart(storage: Any, uri: str, most: int, first: Callable[[], Any] | None = None) -> Apart | None:
     """The directory ``uri`` (local: ``storage.list`` in a child) being listed apart; None
     where it is listed in place: a directory of a few entries, anything but a directory, a
-    process that may not fork."""
+    process that may not fork. ``first``, called in the child before it lists, is sent ahead
+    of the listing (:meth:`Apart.first`: a value ``marshal`` takes) — a question about the
+    directory its caller needs answered sooner than the whole listing."""
     from drill.proc import death_signal, die_with_parent, may_fork
 
     try:
@@ -92,6 +113,9 @@ def list_apart(storage: Any, uri: str, most: int) -> Apart | None:
         code = 1
         try:
             die_with_parent(parent)
+            if first is not None:
+                sent = marshal.dumps(first())
+                _write_all(write_fd, _FRAME.pack(len(sent)) + sent)
             entries = storage.list(uri)
             if len(entries) <= most:
                 _write_all(write_fd, _encoded(entries))
@@ -99,7 +123,22 @@ def list_apart(storage: Any, uri: str, most: int) -> Apart | None:
         finally:
             os._exit(code)
     os.close(write_fd)
-    return Apart(pid, read_fd, most)
+    return Apart(pid, read_fd, most, first is not None)
+
+
+_FRAME = struct.Struct("<Q")
+"""The length of what the child sends first, ahead of it."""
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the child ended before it sent it")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
 
 
 def _read_all(fd: int) -> bytes:
