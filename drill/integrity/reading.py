@@ -28,6 +28,8 @@ from drill.storage import FileChanged, NotARegularFile, PathEscapesCheckpoint, S
 READ_CHUNK = 8 << 20
 """Bytes per read call into a buffer of drill's own: large enough to stream at page-cache speed."""
 
+SCRATCH_MIN = 64 << 10
+"""The least scratch buffer a reader skips bytes through (it grows to the longest skip)."""
 PIECE = 1 << 20
 """Bytes per read call into a destination that is hashed as it fills (a tensor's bytes): each
 piece is hashed — and its CRC-32 taken — while it is still in the core's cache, one pass through
@@ -254,11 +256,15 @@ class SequentialReader:
         self.pos += got
 
     def skip_to(self, offset: int) -> None:
-        """Read (and hash) everything up to ``offset``, keeping none of it."""
+        """Read (and hash) everything up to ``offset``, keeping none of it — into a scratch
+        buffer as large as the longest skip so far, up to :data:`READ_CHUNK`: the skips between
+        a checkpoint's tensors are a few hundred bytes, and a zeroed 8 MiB buffer for them cost
+        the first load 3-4 ms of page faults."""
         while self.pos < offset:
-            if self._scratch is None:
-                self._scratch = memoryview(bytearray(READ_CHUNK))
-            self.read_into(self._scratch[: min(READ_CHUNK, offset - self.pos)])
+            n = min(READ_CHUNK, offset - self.pos)
+            if self._scratch is None or len(self._scratch) < n:
+                self._scratch = memoryview(bytearray(max(n, SCRATCH_MIN)))
+            self.read_into(self._scratch[:n])
 
     def peek(self, offset: int, n: int) -> memoryview:
         """``n`` bytes at ``offset``, read out of order and not hashed."""
