@@ -22,6 +22,7 @@ import pickle
 import struct
 import zipfile
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,9 @@ DIRECT_MIN_BYTES = 1 << 20
 reads per entry would cost more than the copy they save."""
 TAIL_BYTES = 1 << 16
 """How much of an entry's end is read to find its central directory (torch writes ~0.5 KB)."""
+TAIL_FIRST = 4 << 10
+"""How much of it is read first (:func:`tail_records`): enough for torch's directory; the
+whole :data:`TAIL_BYTES` only where that does not hold one."""
 
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 
@@ -138,6 +142,18 @@ def records(tail: memoryview, length: int) -> dict[str, Record] | None:
             zi.CRC,
         )
     return out
+
+
+def tail_records(peek: Callable[[int, int], memoryview], length: int) -> dict[str, Record] | None:
+    """The records of an entry of ``length`` bytes from its tail, read with ``peek(offset, n)``
+    (offsets within the entry): its last :data:`TAIL_FIRST` bytes first, the last
+    :data:`TAIL_BYTES` where those do not hold a directory drill can read (:func:`records`).
+    A 64 KiB read for each of a checkpoint's entries was 2 ms of a 0.3 GB load."""
+    for n in (min(length, TAIL_FIRST), min(length, TAIL_BYTES)):
+        found = records(peek(length - n, n), length)
+        if found is not None or n == length:
+            return found
+    return None
 
 
 def _plain_directory(tail: memoryview, length: int) -> dict[str, Record] | None:

@@ -38,6 +38,7 @@ from drill.formats.dcp_entries import (
     data_start,
     local_header_end,
     records,
+    tail_records,
     tensor_spec,
 )
 from drill.formats.dcp_index import claimed_bytes, file_sizes, inventory, saved_ranks, skeleton
@@ -386,7 +387,7 @@ def _read_in_place(
     against the record's CRC-32 as they land (:class:`CrcMismatch`) — a large entry's on the
     CRC lane, its verdict settled when the whole file is read (:func:`_settle`)."""
     start = reader.pos
-    recs = records(reader.peek(start + length - min(length, TAIL_BYTES), min(length, TAIL_BYTES)), length)
+    recs = tail_records(lambda at, n: reader.peek(start + at, n), length)
     data = [r for name, r in (recs or {}).items() if name.startswith("data/")]
     pkl = (recs or {}).get("data.pkl")
     if (
