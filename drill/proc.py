@@ -181,6 +181,26 @@ def die_with_parent(parent: int) -> None:
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+def reap(pids: Iterable[int]) -> None:
+    """Wait for each forked child; one still running (its parent no longer needs it, or was
+    interrupted) is killed first."""
+    for pid in pids:
+        try:
+            if os.waitpid(pid, os.WNOHANG) == (0, 0):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def write_all(fd: int, data: bytes | bytearray) -> None:
+    """Write all of ``data`` to ``fd`` (a pipe takes a write in parts); for forked children,
+    which import nothing."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def inside(path: str, directories: Iterable[str]) -> bool:
     """Whether ``path`` is one of ``directories`` or lies under one (symlinks resolved)."""
     real = os.path.realpath(path)

@@ -18,7 +18,6 @@ import mmap
 import os
 import resource
 import select
-import signal
 import struct
 import sys
 from bisect import bisect_left
@@ -28,7 +27,7 @@ from itertools import accumulate
 import xxhash
 
 from drill.integrity.reading import span_digests
-from drill.proc import death_signal, die_with_parent
+from drill.proc import death_signal, die_with_parent, reap, write_all
 
 Span = tuple[str, int, int]
 """(uri, start, length): ``start`` on a chunk boundary, so a span's digests are the file's."""
@@ -122,7 +121,7 @@ class Workers:
         for fd in fds:
             os.close(fd)
         pids, self._pids = self._pids, []
-        _reap(pids)
+        reap(pids)
 
 
 PIPE_BYTES = 1 << 20
@@ -171,7 +170,7 @@ def _job_queue(jobs: int) -> int:
     atomic), so a worker on a busy core takes fewer spans instead of holding the others up."""
     read_fd, write_fd = os.pipe()
     try:
-        _write_all(write_fd, b"".join(_INDEX.pack(i) for i in range(jobs)))
+        write_all(write_fd, b"".join(_INDEX.pack(i) for i in range(jobs)))
     finally:
         os.close(write_fd)
     return read_fd
@@ -188,17 +187,6 @@ def _collect(pipes: dict[int, bytearray]) -> None:
                 pipes[fd] += chunk
             else:
                 open_fds.discard(fd)
-
-
-def _reap(pids: list[int]) -> None:
-    """Wait for each worker; one still running (the caller was interrupted) is killed first."""
-    for pid in pids:
-        try:
-            if os.waitpid(pid, os.WNOHANG) == (0, 0):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
 
 
 def _parse(data: bytearray, done: list[list[bytes] | None]) -> None:
@@ -249,9 +237,9 @@ def _work(
                 if digests is not None:
                     reports += _HEAD.pack(index, len(digests)) + b"".join(digests)
                 if len(reports) >= REPORT_BYTES:  # many small files: one write per batch, not per file
-                    _write_all(fd, reports)
+                    write_all(fd, reports)
                     reports.clear()
-        _write_all(fd, reports)
+        write_all(fd, reports)
         code = 0
     finally:
         os._exit(code)
@@ -302,9 +290,3 @@ def _window(fd: int, at: int, length: int, chunk_size: int) -> list[bytes]:  # p
             return [xxhash.xxh3_128(view[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)]
         finally:
             view.release()
-
-
-def _write_all(fd: int, data: bytes | bytearray) -> None:  # pragma: no cover - in the worker
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import marshal
 import os
-import signal
 import struct
 from array import array
 from collections.abc import Callable
 from itertools import repeat
 from typing import Any
 
+from drill.proc import reap
 from drill.storage.base import Entry, EntryKind
 
 MANY_ENTRIES = 64 << 10
@@ -77,12 +77,7 @@ class Apart:
             os.close(fd)
         pid, self._pid = self._pid, 0
         if pid:
-            try:
-                if os.waitpid(pid, os.WNOHANG) == (0, 0):
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+            reap([pid])
 
 
 def list_apart(storage: Any, uri: str, most: int, first: Callable[[], Any] | None = None) -> Apart | None:
@@ -91,7 +86,7 @@ def list_apart(storage: Any, uri: str, most: int, first: Callable[[], Any] | Non
     process that may not fork. ``first``, called in the child before it lists, is sent ahead
     of the listing (:meth:`Apart.first`: a value ``marshal`` takes) — a question about the
     directory its caller needs answered sooner than the whole listing."""
-    from drill.proc import death_signal, die_with_parent, may_fork
+    from drill.proc import death_signal, die_with_parent, may_fork, write_all
 
     try:
         entry = storage.stat(uri)
@@ -115,10 +110,10 @@ def list_apart(storage: Any, uri: str, most: int, first: Callable[[], Any] | Non
             die_with_parent(parent)
             if first is not None:
                 sent = marshal.dumps(first())
-                _write_all(write_fd, _FRAME.pack(len(sent)) + sent)
+                write_all(write_fd, _FRAME.pack(len(sent)) + sent)
             entries = storage.list(uri)
             if len(entries) <= most:
-                _write_all(write_fd, _encoded(entries))
+                write_all(write_fd, _encoded(entries))
                 code = 0
         finally:
             os._exit(code)
@@ -192,12 +187,6 @@ def _entries(data: bytes, most: int) -> list[Entry] | None:
     except (EOFError, ValueError, TypeError, IndexError, AttributeError):  # a child that died mid-write
         return None
     return entries
-
-
-def _write_all(fd: int, data: bytes) -> None:  # pragma: no cover - in the child
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 __all__ = ["MANY_ENTRIES", "Apart", "list_apart"]
