@@ -291,39 +291,3 @@ def test_the_direct_zip_directory_reader_agrees_with_zipfile(numel: int) -> None
         t = memoryview(bytes(damaged))[-min(len(damaged), e.TAIL_BYTES) :]
         got = e._plain_directory(t, len(damaged))
         assert got is None or got == by_zipfile(t, len(damaged)), at
-
-
-@pytest.mark.parametrize("kind", ["torch.save", "a directory past the first look", "a comment past it", "short"])
-def test_an_entrys_records_are_those_of_its_whole_tail_from_a_first_small_look(kind: str) -> None:
-    """tail_records reads an entry's last 4 KiB first and its last 64 KiB only where those do
-    not hold its directory: the records are those the whole 64 KiB tail gives, every time."""
-    import zipfile
-
-    import torch
-
-    from drill.formats import dcp_entries as e
-
-    buf = io.BytesIO()
-    if kind == "torch.save":
-        torch.save(torch.randn(70_000), buf)
-    elif kind == "short":
-        torch.save(torch.tensor(1.0), buf)
-    else:
-        with zipfile.ZipFile(buf, "w") as z:
-            names = 120 if kind == "a directory past the first look" else 2
-            for i in range(names):
-                z.writestr(f"archive/data/{i}-{'x' * 40}", os.urandom(100))
-            if kind == "a comment past it":
-                z.comment = b"c" * 6000
-    data = memoryview(buf.getvalue())
-    looks: list[int] = []
-
-    def peek(at: int, n: int) -> memoryview:
-        looks.append(n)
-        return data[at : at + n]
-
-    whole = e.records(data[-min(len(data), e.TAIL_BYTES) :], len(data))
-    assert whole is not None
-    assert e.tail_records(peek, len(data)) == whole
-    first = min(len(data), e.TAIL_FIRST)
-    assert looks == ([first] if kind in ("torch.save", "short") else [first, min(len(data), e.TAIL_BYTES)])
