@@ -157,26 +157,26 @@ for k, v in load_file(work + "/state.safetensors").items():
 WRITE = r"""
 import sys, torch, drill.sdk, torch.distributed.checkpoint as dcp
 work, total = sys.argv[1], float(sys.argv[2])
+extras = sys.argv[3:] != ["--no-extras"]
 n = 24
 per = int(total * 1e9 / n / 4)
 g = torch.Generator().manual_seed(0)
 state = {f"layers.{i}.weight": torch.randn(per, generator=g) for i in range(n)}
 state["step"] = torch.tensor(7)
 drill.sdk.save(state, work + "/ckpt", no_dist=True)
-torch.save(state, work + "/state.pt")
-try:
-    from safetensors.torch import save_file
-    save_file(state, work + "/state.safetensors")
-except ImportError:
-    pass
+if extras:
+    torch.save(state, work + "/state.pt")
+    try:
+        from safetensors.torch import save_file
+        save_file(state, work + "/state.safetensors")
+    except ImportError:
+        pass
 """
 
 
 def write_checkpoint(work: Path, gigabytes: float, extras: bool) -> None:
-    subprocess.run([sys.executable, "-c", WRITE, str(work), str(gigabytes)], check=True, capture_output=True)
-    if not extras:
-        for name in ("state.pt", "state.safetensors"):
-            (work / name).unlink(missing_ok=True)
+    flags = [] if extras else ["--no-extras"]  # the copies' writers hold more copies in memory
+    subprocess.run([sys.executable, "-c", WRITE, str(work), str(gigabytes), *flags], check=True, capture_output=True)
     (work / "plan.json").write_text(json.dumps(plan_of(work / "ckpt")))
 
 

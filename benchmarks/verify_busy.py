@@ -43,9 +43,12 @@ def rounds(ckpt: Path, db: str, repeat: int) -> dict[str, float]:
 
 
 def measure(gigabytes: float, repeat: int, work: Path) -> dict:
-    subprocess.run([sys.executable, "-c", WRITE, str(work), str(gigabytes)], check=True, capture_output=True, env=ENV)
-    for extra in ("state.pt", "state.safetensors"):
-        (work / extra).unlink(missing_ok=True)
+    subprocess.run(
+        [sys.executable, "-c", WRITE, str(work), str(gigabytes), "--no-extras"],
+        check=True,
+        capture_output=True,
+        env=ENV,
+    )
     ckpt, db = work / "ckpt", f"sqlite:///{work}/v.db"
     subprocess.run(f"cat {ckpt}/* > /dev/null", shell=True, check=True)
     wall(["drill", "verify", str(ckpt), "--db", db])  # warm-up: bytecode, the ledger's first rows

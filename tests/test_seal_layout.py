@@ -187,3 +187,22 @@ def test_a_sealed_checkpoint_verifies_from_the_seal_as_written(tmp_path: Path) -
     (ckpt / MANIFEST_NAME).write_bytes(seal.replace(b'"size":', b'"size":1', 1))
     result = verify_checkpoint(str(ckpt)).result
     assert [f.code for f in result.findings] == ["manifest-digest-mismatch"]
+
+
+def test_the_parsed_files_are_freed_before_a_verifier_is_told_them() -> None:
+    """A verifier forks its hashing workers when it is told the seal's files
+    (:mod:`drill.integrity.ahead`): the JSON parsed for each file is freed by then, not after
+    the fork — every page the parent frees while a worker shares it is copied first."""
+    import gc
+
+    def parsed_files_alive() -> int:
+        return sum(1 for o in gc.get_objects() if type(o) is dict and "xxh3_128" in o and "chunks" in o)
+
+    alive: list[int] = []
+    before = parsed_files_alive()
+    parsed = parse_manifest(_manifest().to_json(), lambda files, chunk: alive.append(parsed_files_alive()))
+    assert alive == [before] and parsed.files == _manifest().files
+    # A seal laid out otherwise keeps its parse for the re-encoding its digest is checked on.
+    older = (json.dumps(json.loads(_manifest().to_json()), indent=1) + "\n").encode()
+    assert parse_manifest(older, lambda files, chunk: alive.append(parsed_files_alive())).files == parsed.files
+    assert alive[1] == before + len(parsed.files)

@@ -32,7 +32,11 @@ class CoverageUpdate:
 def coverage_update(plan: IntegrityPlan, integrity: CheckResult) -> CoverageUpdate:
     assert plan.manifest is not None
     sealed = {f.path: (f.size, f.xxh3_128) for f in plan.manifest.files}
-    verified = {p: sealed[p] for p in integrity.evidence.get("verified", []) if p in sealed}
+    proven = integrity.evidence.get("verified", [])
+    if len(proven) == len(sealed) and sealed.keys() == set(proven):  # every sealed file: a copy
+        verified = dict(sealed)
+    else:
+        verified = {p: sealed[p] for p in proven if p in sealed}
     if integrity.evidence.get("authenticated") is False and plan.key is not None:
         verified = {}  # bytes that match a manifest the key does not vouch for prove nothing
     broken = frozenset(

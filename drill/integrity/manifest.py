@@ -197,6 +197,8 @@ def parse_manifest(data: bytes, sealed_files: SealedFiles | None = None) -> Mani
         raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} is malformed: missing or bad {exc}") from None
     if len({f.path for f in files}) != len(files):
         raise ManifestInvalid("manifest-invalid", f"{MANIFEST_NAME} lists a file twice")
+    if signed is not None:  # the parsed JSON of every file is no longer needed: freed before a
+        del doc["files"]  # verifier forks its workers, not after (each page it wrote, copied)
     if sealed_files is not None:
         sealed_files(files, chunk_size)
     if signed is None:  # not as drill writes it: the canonical encoding of what was parsed

@@ -84,7 +84,8 @@ class Hashing:
             finally:
                 self.stop()
             out.update(_joined(self.spans, got, self.sizes, self.chunk_size))
-            self._results = {rel: out[rel] for rel in self.sizes}
+            # Spans are in the files' order: only files read whole (streamed) come first.
+            self._results = {rel: out[rel] for rel in self.sizes} if self.streamed else out
         return self._results
 
     def _read_left(self, got: list[list[bytes] | OSError | None]) -> dict[str, FileHashes | OSError]:
