@@ -23,7 +23,7 @@ from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, se
 from drill.integrity.proof import prove
 from drill.integrity.reading import describe_read_error, read_whole
 from drill.integrity.sampling import SampleSpec
-from drill.integrity.verify import NAME, Observed, plan_integrity
+from drill.integrity.verify import NAME, Observed, bytes_hashed, plan_integrity
 from drill.memory import collector_paused
 from drill.storage import Storage, StorageUnavailable, storage_for
 from drill.storage.listed import ListedOnce
@@ -300,7 +300,7 @@ def _verify_directory(
         ledger=ledger,
         coverage_days=coverage_days,
     )
-    hashed = sum(o.hashes.size for o in observed.values() if o.hashes is not None)
+    hashed = bytes_hashed(plan, observed)
     result.seconds = time.perf_counter() - started
     return VerifyOutcome(uri=uri, result=result, seconds=result.seconds, bytes_hashed=hashed)
 

@@ -516,3 +516,30 @@ def test_a_head_start_that_cannot_begin_before_the_command_line_is_abandoned(
     assert early.taken() is None
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)
+
+
+def test_small_files_are_compared_with_the_seal_where_they_are_hashed(
+    checkpoint: Path, forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each file of one chunk comes back from the workers AS_SEALED, not as a digest to
+    compare here; a file of several chunks with its digests. Every byte still counts as
+    hashed."""
+    from drill.integrity.hashing import AS_SEALED, FileHashes
+    from drill.integrity.manifest import read_manifest
+    from drill.storage import LocalStorage
+
+    taken: list[dict] = []
+    real = ahead.HeadStart.take
+
+    def spied(self: ahead.HeadStart, listed: dict[str, int], sha256: frozenset[str]) -> dict:
+        taken.append(got := real(self, listed, sha256))
+        return got
+
+    monkeypatch.setattr(ahead.HeadStart, "take", spied)
+    outcome = verify_checkpoint(str(checkpoint))
+    sealed, _ = read_manifest(LocalStorage(), str(checkpoint))
+    assert sealed is not None and outcome.status == "passed"
+    one_chunk = {f.path for f in sealed.files if len(f.chunks) == 1}
+    assert {p for p, got in taken[0].items() if got is AS_SEALED} == one_chunk
+    assert isinstance(taken[0][_big(checkpoint).name], FileHashes)
+    assert outcome.bytes_hashed == sealed.total_bytes

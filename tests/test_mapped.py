@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import xxhash
 
 import drill.integrity.mapped as mapped
 from drill.integrity.parallel import hash_files
@@ -375,3 +376,49 @@ def test_workers_hash_on_while_their_caller_does_other_work(tmp_path: Path) -> N
     finally:
         workers.stop()
     assert got == [hash_span(storage, uri, a, n, CHUNK) for uri, a, n in spans]
+
+
+def _small_files(tmp_path: Path, n: int) -> dict[str, bytes]:
+    data = {f"f{i:03d}": os.urandom(100 + i) for i in range(n)}
+    for name, body in data.items():
+        (tmp_path / name).write_bytes(body)
+    return data
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_worker_reports_as_sealed_only_what_is_exactly_as_sealed(tmp_path: Path, workers: int) -> None:
+    """Handed each small file's sealed digest, a worker reports a file that matches it
+    AS_SEALED and every other file by its digests, as without a seal: a byte changed, a
+    file longer or shorter than sealed, one the seal does not name, one sealed with another
+    digest — whatever runs of matches lie between them."""
+    from drill.integrity.hashing import AS_SEALED
+
+    data = _small_files(tmp_path, 40)
+    sizes = {name: len(body) for name, body in data.items()}
+    sealed = {name: xxhash.xxh3_128_hexdigest(body) for name, body in data.items()}
+    (tmp_path / "f003").write_bytes(b"X" + data["f003"][1:])  # a byte changed
+    (tmp_path / "f010").write_bytes(data["f010"] + b"!")  # longer than sealed
+    (tmp_path / "f011").write_bytes(data["f011"][:-1])  # shorter
+    del sealed["f020"]  # not named by the seal
+    sealed["f030"] = "0" * 32  # sealed with another digest
+    opener = LocalStorage().beneath(str(tmp_path))
+    spans = [(name, 0, size) for name, size in sizes.items()]
+    got = mapped.Workers(opener, spans, CHUNK, workers, sizes=sizes, sealed=sealed).results()
+    differ = {"f003", "f010", "f011", "f020", "f030"}
+    assert [name for (name, _, _), g in zip(spans, got, strict=True) if g is AS_SEALED] == [
+        name for name in sizes if name not in differ
+    ]
+    for (name, _, _), g in zip(spans, got, strict=True):
+        if name in ("f003", "f020", "f030"):  # read at the sealed size: its digest, to compare
+            assert g == [xxhash.xxh3_128_digest((tmp_path / name).read_bytes())]
+        elif name in ("f010", "f011"):  # another size: left to the checked read, which names it
+            assert g is None
+
+
+def test_a_garbled_run_of_matches_is_not_taken() -> None:
+    """A run that reaches past the spans (a worker's report cut or garbled) marks nothing."""
+    done: list = [None] * 4
+    mapped._parse(bytearray(mapped._HEAD.pack(2 | mapped._AS_SEALED, 3)), done)
+    assert done == [None] * 4
+    mapped._parse(bytearray(mapped._HEAD.pack(1 | mapped._AS_SEALED, 3)), done)
+    assert done[0] is None and all(d is not None for d in done[1:])

@@ -34,7 +34,7 @@ from drill.integrity.sampling import SampleSpec
 from drill.storage import Entry, Storage
 
 if TYPE_CHECKING:
-    from drill.integrity.hashing import FileHashes
+    from drill.integrity.hashing import AsSealed, FileHashes
     from drill.storage.apart import Apart
 
 
@@ -53,9 +53,10 @@ class HeadStart:
     """The checkpoint directory being listed in a forked child while the seal parses (a
     directory of thousands of files, :mod:`drill.storage.apart`): the verification's listing."""
 
-    def take(self, listed: Mapping[str, int], sha256: frozenset[str]) -> dict[str, FileHashes | OSError]:
+    def take(self, listed: Mapping[str, int], sha256: frozenset[str]) -> dict[str, FileHashes | OSError | AsSealed]:
         """The digests of the files among ``listed`` (path → size listed) hashed ahead at the
-        size listed; files that also need a SHA-256 are not among them."""
+        size listed — :data:`~drill.integrity.hashing.AS_SEALED` for a file of one chunk that
+        matched the seal where it was hashed; files that also need a SHA-256 are not among them."""
         if self.hashing is None:
             return {}
         if listed == self.sizes and not sha256:  # every file, as sealed and listed: all of them
@@ -159,7 +160,10 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
             for f in files
             if f.path in names and (f.size <= chunk_size or _size_now(storage, checkpoint, f.path) == f.size)
         }
-        ahead.hashing = Hashing(storage, checkpoint, ahead.sizes, chunk_size, workers)
+        # Files of one chunk are compared with the seal where they are hashed: a file that
+        # matches comes back AS_SEALED, not as a digest for this process to compare.
+        sealed = {f.path: f.chunks[0] for f in files if len(f.chunks) == 1 and f.path in ahead.sizes}
+        ahead.hashing = Hashing(storage, checkpoint, ahead.sizes, chunk_size, workers, sealed=sealed)
 
     try:
         ahead.manifest, _ = read_manifest(storage, checkpoint, hash_sealed)

@@ -5,6 +5,7 @@ Pure functions; the record store applies them (see :meth:`drill.records.store.Re
 
 from __future__ import annotations
 
+import operator
 from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -74,12 +75,18 @@ def proofs_fingerprint(proofs: Mapping[str, tuple[int, str]]) -> str:
     and the digests. Each ledger keeps it beside the proofs (every write sets it anew), so a
     verification whose proofs have that fingerprint made exactly the proofs stored — a nightly
     verification of an unchanged checkpoint — and re-dates them all in one row."""
-    paths = lossless("\0".join(proofs)).split("\0") if proofs else []
-    rows = sorted(zip(paths, proofs.values(), strict=True))
+    joined = "\0".join(proofs)
+    as_stored = lossless(joined)
+    paths = list(proofs) if as_stored is joined else as_stored.split("\0") if proofs else []
+    values = list(proofs.values())
+    if any(map(operator.gt, paths, paths[1:])):  # not in path order already (a seal's files are)
+        rows = sorted(zip(paths, values, strict=True))
+        paths, values = [p for p, _ in rows], [v for _, v in rows]
+        as_stored = "\0".join(paths)
     h = xxhash.xxh3_128()
-    h.update("\0".join(p for p, _ in rows).encode())
-    h.update(array("q", [size for _, (size, _) in rows]).tobytes())
-    h.update("".join(digest for _, (_, digest) in rows).encode())
+    h.update(as_stored.encode())
+    h.update(array("q", [size for size, _ in values]).tobytes())
+    h.update("".join([digest for _, digest in values]).encode())
     return h.hexdigest()
 
 

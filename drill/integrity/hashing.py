@@ -48,6 +48,22 @@ class FileHashes:
         return list(map(bytes.hex, mine)) == list(chunks)
 
 
+class AsSealed:
+    """A file of one chunk that was hashed where it was read and found, there, to be exactly
+    what its seal says: the sealed size and the sealed digest. A verification's hashing
+    workers compare each small file with the seal they were handed (:mod:`drill.integrity.mapped`)
+    instead of handing every digest back to be compared; a file that differs comes back with
+    its digests, as without a seal. One instance: :data:`AS_SEALED`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "AS_SEALED"
+
+
+AS_SEALED = AsSealed()
+
+
 def chunk_count(size: int, chunk_size: int) -> int:
     """How many chunk digests a file of ``size`` bytes has (an empty file: one, of nothing)."""
     return max(1, -(-size // chunk_size))

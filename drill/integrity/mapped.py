@@ -26,6 +26,7 @@ from itertools import accumulate
 
 import xxhash
 
+from drill.integrity.hashing import AS_SEALED, AsSealed
 from drill.integrity.reading import span_digests
 from drill.proc import death_signal, die_with_parent, reap, write_all
 
@@ -33,7 +34,10 @@ Span = tuple[str, int, int]
 """(uri, start, length): ``start`` on a chunk boundary, so a span's digests are the file's."""
 
 _HEAD = struct.Struct("<II")
-"""Each finished span, from a worker: its index and digest count, then the 16-byte digests."""
+"""Each finished span, from a worker: its index and digest count, then the 16-byte digests;
+or, with :data:`_AS_SEALED` set in the index, a run of that many spans from it that matched
+their seal (no digests)."""
+_AS_SEALED = 1 << 31
 _DIGEST = 16
 _INDEX = struct.Struct("<I")
 WINDOW = 256 << 20
@@ -53,7 +57,10 @@ class Workers:
     thousands of small files' digests, so a worker does not wait for the caller to read.
 
     ``sizes``: each file's listed size; a span that ends there is reported only if the file
-    is no longer than that when it has been read (a file that grew is read again, and found)."""
+    is no longer than that when it has been read (a file that grew is read again, and found).
+    ``sealed``: the sealed chunk digest (hex) of files of one chunk, where ``sizes`` are their
+    sealed sizes: a whole such file read at that size with that digest is reported
+    :data:`~drill.integrity.hashing.AS_SEALED`, not by its digest."""
 
     def __init__(
         self,
@@ -62,13 +69,14 @@ class Workers:
         chunk_size: int,
         workers: int,
         sizes: Mapping[str, int] | None = None,
+        sealed: Mapping[str, str] | None = None,
     ) -> None:
         self.spans = spans
         self._pids: list[int] = []
         self._pipes: dict[int, bytearray] = {}
         self._open: list[int] = []
         """The pipes' read ends, until :meth:`stop` closes them."""
-        self._done: list[list[bytes] | None] | None = None
+        self._done: list[list[bytes] | AsSealed | None] | None = None
         if not spans:
             return
         for stream in (sys.stdout, sys.stderr):  # a fork copies unflushed buffers: printed twice
@@ -90,7 +98,7 @@ class Workers:
                     break
                 if pid == 0:  # pragma: no cover - the worker; its report is checked by the caller
                     os.close(read_fd)
-                    _work(parent, write_fd, jobs, bounds, open_fd, spans, chunk_size, sizes or {})
+                    _work(parent, write_fd, jobs, bounds, open_fd, spans, chunk_size, sizes or {}, sealed or {})
                 os.close(write_fd)
                 self._pids.append(pid)
                 self._pipes[read_fd] = bytearray()
@@ -101,10 +109,11 @@ class Workers:
         finally:
             os.close(jobs)
 
-    def results(self) -> list[list[bytes] | None]:
-        """Each span's digests, or None where no worker reported it; waits for the workers."""
+    def results(self) -> list[list[bytes] | AsSealed | None]:
+        """Each span's digests (or :data:`~drill.integrity.hashing.AS_SEALED`), or None where no
+        worker reported it; waits for the workers."""
         if self._done is None:
-            done: list[list[bytes] | None] = [None] * len(self.spans)
+            done: list[list[bytes] | AsSealed | None] = [None] * len(self.spans)
             try:
                 _collect(self._pipes)
             finally:
@@ -189,13 +198,19 @@ def _collect(pipes: dict[int, bytearray]) -> None:
                 open_fds.discard(fd)
 
 
-def _parse(data: bytearray, done: list[list[bytes] | None]) -> None:
+def _parse(data: bytearray, done: list[list[bytes] | AsSealed | None]) -> None:
     """Complete reports only: a worker that died mid-write leaves its span unreported."""
     reports = bytes(data)  # one copy: each digest is then a slice of it
     pos, size, head = 0, len(reports), _HEAD.size
     while pos + head <= size:
         index, count = _HEAD.unpack_from(reports, pos)
         pos += head
+        if index & _AS_SEALED:  # a run of spans that matched their seal
+            index &= ~_AS_SEALED
+            if index + count > len(done):
+                return
+            done[index : index + count] = [AS_SEALED] * count
+            continue
         end = pos + count * _DIGEST
         if end > size or index >= len(done):
             return
@@ -213,11 +228,13 @@ def _work(
     spans: Sequence[Span],
     chunk_size: int,
     sizes: Mapping[str, int],
+    sealed: Mapping[str, str],
 ) -> None:  # pragma: no cover
     code = 1
     try:
         _detach(parent)
         reports = bytearray()
+        run = [0, 0]  # spans that matched their seal, in a row: the first's index, how many
         # A whole file of one chunk — each of thousands of small files — in one open and one
         # read, where the opener offers that (a file it cannot read so is read the checked way).
         exactly = getattr(open_fd, "exactly", None)
@@ -231,7 +248,14 @@ def _work(
                 if length <= whole and ends and not start:  # ``whole`` is 0 without ``exactly``
                     data = exactly(uri, length)  # type: ignore[misc]
                     if data is not None:
-                        reports += head(index, 1) + digest(data)  # type: ignore[misc]
+                        found = digest(data)  # type: ignore[misc]
+                        if sealed.get(uri) != found.hex():
+                            reports += head(index, 1) + found
+                        elif run[1] and run[0] + run[1] == index:
+                            run[1] += 1
+                        else:
+                            _as_sealed(reports, run)
+                            run[:] = [index, 1]
                         continue
                 digests = _digests(open_fd, uri, start, length, chunk_size, ends)
                 if digests is not None:
@@ -239,10 +263,17 @@ def _work(
                 if len(reports) >= REPORT_BYTES:  # many small files: one write per batch, not per file
                     write_all(fd, reports)
                     reports.clear()
+        _as_sealed(reports, run)
         write_all(fd, reports)
         code = 0
     finally:
         os._exit(code)
+
+
+def _as_sealed(reports: bytearray, run: list[int]) -> None:  # pragma: no cover - in the worker
+    """The run of spans that matched their seal, reported (if any)."""
+    if run[1]:
+        reports += _HEAD.pack(run[0] | _AS_SEALED, run[1])
 
 
 def _detach(parent: int) -> None:  # pragma: no cover - in the worker

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
-from drill.integrity.hashing import FileHashes
+from drill.integrity.hashing import AsSealed, FileHashes
 from drill.integrity.reading import FileChanged, hash_stream, span_digests
 from drill.storage import Storage
 
@@ -36,7 +36,7 @@ def hash_files(
     may use that other work is not keeping busy, at most 8). A file that cannot be read, or
     changes size while it is read, maps to its error."""
     with Hashing(storage, checkpoint, sizes, chunk_size, workers, sha256) as hashing:
-        return hashing.results()
+        return cast("dict[str, FileHashes | OSError]", hashing.results())  # no seal handed: every digest back
 
 
 class Hashing:
@@ -52,6 +52,7 @@ class Hashing:
         chunk_size: int,
         workers: int | None = None,
         sha256: frozenset[str] = frozenset(),
+        sealed: Mapping[str, str] | None = None,
     ) -> None:
         self.storage, self.checkpoint, self.chunk_size, self.sha256 = storage, checkpoint, chunk_size, sha256
         self.sizes = {rel: sizes[rel] for rel in sorted(sizes)}
@@ -69,26 +70,28 @@ class Hashing:
                 self.spans += [(rel, a, n) for a, n in _spans(size, chunk_size, self.workers)]
         self._opener = _opener(storage, checkpoint, bool(self.spans))
         try:
-            self._mapped = _mapped(self._opener, self.spans, self.sizes, chunk_size, self.workers)
+            self._mapped = _mapped(self._opener, self.spans, self.sizes, chunk_size, self.workers, sealed)
         except BaseException:
             self._opener.close()
             raise
-        self._results: dict[str, FileHashes | OSError] | None = None
+        self._results: dict[str, FileHashes | OSError | AsSealed] | None = None
 
-    def results(self) -> dict[str, FileHashes | OSError]:
-        """Each file's hashes, or its error, once every file has been read."""
+    def results(self) -> dict[str, FileHashes | OSError | AsSealed]:
+        """Each file's hashes, or its error, once every file has been read (or, for a file
+        ``sealed`` names, :data:`~drill.integrity.hashing.AS_SEALED` where it matched)."""
         if self._results is None:
             try:
                 got = self._mapped.results() if self._mapped is not None else [None] * len(self.spans)
-                out = self._read_left(got)
+                out: dict[str, FileHashes | OSError | AsSealed] = dict(self._read_left(got))
             finally:
                 self.stop()
             out.update(_joined(self.spans, got, self.sizes, self.chunk_size))
             # Spans are in the files' order: only files read whole (streamed) come first.
-            self._results = {rel: out[rel] for rel in self.sizes} if self.streamed else out
+            self._results = results = {rel: out[rel] for rel in self.sizes} if self.streamed else out
+            return results
         return self._results
 
-    def _read_left(self, got: list[list[bytes] | OSError | None]) -> dict[str, FileHashes | OSError]:
+    def _read_left(self, got: list[list[bytes] | OSError | AsSealed | None]) -> dict[str, FileHashes | OSError]:
         """Read, on threads, the files that are streamed and the spans no worker reported
         (``got`` is filled in); the streamed files' hashes."""
         left = [i for i, g in enumerate(got) if g is None]
@@ -185,18 +188,24 @@ def _spans(size: int, chunk: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _mapped(
-    opener: Callable[[str], int], spans: list[Span], sizes: Mapping[str, int], chunk_size: int, workers: int
+    opener: Callable[[str], int],
+    spans: list[Span],
+    sizes: Mapping[str, int],
+    chunk_size: int,
+    workers: int,
+    sealed: Mapping[str, str] | None = None,
 ) -> Any:
     """Forked workers hashing the spans through mappings (:class:`drill.integrity.mapped.Workers`),
     or None where this process may not fork (every span is then read on threads). Each span
-    that ends a file also proves the file no longer than listed, so no file needs a ``stat`` after."""
+    that ends a file also proves the file no longer than listed, so no file needs a ``stat`` after.
+    ``sealed``: files of one chunk the workers compare with their seal themselves."""
     from drill.proc import may_fork
 
     if not spans or not may_fork():
         return None
     from drill.integrity.mapped import Workers
 
-    return Workers(opener, spans, chunk_size, workers, sizes=sizes)
+    return Workers(opener, spans, chunk_size, workers, sizes=sizes, sealed=sealed)
 
 
 def _opener(storage: Storage, checkpoint: str, needed: bool) -> Any:
@@ -268,17 +277,17 @@ def _streamed(
 
 
 def _joined(
-    spans: list[Span], got: list[list[bytes] | OSError | None], sizes: Mapping[str, int], chunk_size: int
-) -> dict[str, FileHashes | OSError]:
+    spans: list[Span], got: list[list[bytes] | OSError | AsSealed | None], sizes: Mapping[str, int], chunk_size: int
+) -> dict[str, FileHashes | OSError | AsSealed]:
     """Each file's hashes from its spans' (in file order; each read proved the file's end where
     it reached it), or the first error among them."""
-    out: dict[str, FileHashes | OSError] = {}
+    out: dict[str, FileHashes | OSError | AsSealed] = {}
     for (rel, start, _), digests in zip(spans, got, strict=True):
         assert digests is not None  # every span was read by a worker or a thread
-        if isinstance(digests, OSError):
+        if isinstance(digests, (AsSealed, OSError)):  # a whole file matched its seal, or failed
             out[rel] = digests
         elif not start:  # a file's first span
             out[rel] = FileHashes(sizes[rel], chunk_size, digests)
-        elif not isinstance(sofar := out[rel], OSError):
+        elif isinstance(sofar := out[rel], FileHashes):  # not an error already
             sofar.chunks += digests
     return out

@@ -14,7 +14,7 @@ from typing import Any
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.ahead import HeadStart
 from drill.integrity.foreign import ForeignManifest, find_foreign_manifests
-from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes, HashPlan
+from drill.integrity.hashing import AS_SEALED, DEFAULT_CHUNK_SIZE, FileHashes, HashPlan
 from drill.integrity.manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -45,8 +45,16 @@ class Observed:
     """One file as the read saw it."""
 
     hashes: FileHashes | None = None
-    """None when the file was not hashed (sampled out) or could not be read."""
+    """None when the file was not hashed (sampled out) or could not be read — or was compared
+    with its seal where it was hashed (``as_sealed``)."""
     error: str | None = None
+    as_sealed: bool = False
+    """Read whole where it was hashed, at its sealed size and with its sealed digest
+    (:data:`~drill.integrity.hashing.AS_SEALED`): :data:`READ_AS_SEALED`, every such file."""
+
+
+READ_AS_SEALED = Observed(as_sealed=True)
+"""Every file read and found as sealed where it was hashed: one object, never changed."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -140,7 +148,8 @@ def plan_integrity(
 
 def hash_remaining(storage: Storage, plan: IntegrityPlan, observed: dict[str, Observed]) -> None:
     """Hash the selected files the restore did not read (files no loader needs)."""
-    todo = {p: plan.on_storage[p] for p in plan.selected if p not in observed and p in plan.on_storage}
+    on_storage = plan.on_storage
+    todo = {p: on_storage[p] for p in plan.selected & on_storage.keys() if p not in observed}
     hashed = plan.ahead.take(todo, plan.hash_plan.sha256) if plan.ahead is not None else {}
     if len(hashed) < len(todo):
         rest = {p: size for p, size in todo.items() if p not in hashed}
@@ -148,9 +157,24 @@ def hash_remaining(storage: Storage, plan: IntegrityPlan, observed: dict[str, Ob
             hash_files(storage, plan.checkpoint, rest, plan.hash_plan.chunk_size, sha256=plan.hash_plan.sha256)
         )
     for path, result in hashed.items():
-        observed[path] = (
-            Observed(error=f"{result.strerror or result}") if isinstance(result, OSError) else Observed(hashes=result)
-        )
+        if result is AS_SEALED:
+            observed[path] = READ_AS_SEALED
+        elif isinstance(result, OSError):
+            observed[path] = Observed(error=f"{result.strerror or result}")
+        else:
+            observed[path] = Observed(hashes=result)  # type: ignore[arg-type]
+
+
+def bytes_hashed(plan: IntegrityPlan, observed: Mapping[str, Observed]) -> int:
+    """The bytes read and hashed: each file hashed, at the size it was read at (a file read as
+    sealed was read at its size on storage, which is its sealed size)."""
+    on_storage, total = plan.on_storage, 0
+    for path, seen in observed.items():
+        if seen.hashes is not None:
+            total += seen.hashes.size
+        elif seen.as_sealed:
+            total += on_storage.get(path, 0)
+    return total
 
 
 def mismatched_ranges(expected: tuple[str, ...], actual: list[str], chunk: int, size: int) -> list[tuple[int, int]]:
@@ -236,6 +260,10 @@ def _compare_manifest(plan: IntegrityPlan, observed: Mapping[str, Observed]) -> 
     for entry in sorted(manifest.files):  # by path: a seal lists each path once
         path, size, _, chunks = entry
         seen = seen_of(path)
+        if seen is READ_AS_SEALED and on_storage.get(path) == size:  # compared where it was hashed
+            proved(path)
+            bytes_verified += size
+            continue
         hashes = seen.hashes if seen is not None else None
         if hashes is not None and seen.error is None and on_storage.get(path) == size:  # type: ignore[union-attr]
             mine = hashes.chunks
