@@ -82,7 +82,7 @@ class Hashing:
         if self._results is None:
             try:
                 got = self._mapped.results() if self._mapped is not None else [None] * len(self.spans)
-                out: dict[str, FileHashes | OSError | AsSealed] = dict(self._read_left(got))
+                out = self._read_left(got)
             finally:
                 self.stop()
             out.update(_joined(self.spans, got, self.sizes, self.chunk_size))
@@ -91,7 +91,9 @@ class Hashing:
             return results
         return self._results
 
-    def _read_left(self, got: list[list[bytes] | OSError | AsSealed | None]) -> dict[str, FileHashes | OSError]:
+    def _read_left(
+        self, got: list[list[bytes] | OSError | AsSealed | None]
+    ) -> dict[str, FileHashes | OSError | AsSealed]:
         """Read, on threads, the files that are streamed and the spans no worker reported
         (``got`` is filled in); the streamed files' hashes."""
         left = [i for i, g in enumerate(got) if g is None]
