@@ -138,9 +138,13 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
     def openable() -> set[str] | None:
         return _openable(only_files, checkpoint)
 
+    def openable_sent() -> list[str] | None:  # sent as a list: marshal sorts a set's members (3.11+)
+        names = openable()
+        return None if names is None else list(names)
+
     # A directory of thousands of files is listed in a child, which answers first what may be
     # opened: the question costs this process nothing while it parses the seal.
-    ahead.listed_apart = list_apart(storage, checkpoint, MAX_ENTRIES, first=openable)
+    ahead.listed_apart = list_apart(storage, checkpoint, MAX_ENTRIES, first=openable_sent)
     names = None
     if ahead.listed_apart is None:
         names = openable()
@@ -150,9 +154,8 @@ def _start(storage: Storage, checkpoint: str) -> HeadStart | None:
     def hash_sealed(files: list[FileEntry], chunk_size: int) -> None:
         nonlocal names
         if names is None:
-            sent, names = ahead.listed_apart.first() if ahead.listed_apart is not None else (False, None)
-            if not sent:
-                names = openable()
+            sent, told = ahead.listed_apart.first() if ahead.listed_apart is not None else (False, None)
+            names = (None if told is None else set(told)) if sent else openable()
             if names is None:
                 raise _NotAhead
         ahead.sizes = {

@@ -84,8 +84,9 @@ def list_apart(storage: Any, uri: str, most: int, first: Callable[[], Any] | Non
     """The directory ``uri`` (local: ``storage.list`` in a child) being listed apart; None
     where it is listed in place: a directory of a few entries, anything but a directory, a
     process that may not fork. ``first``, called in the child before it lists, is sent ahead
-    of the listing (:meth:`Apart.first`: a value ``marshal`` takes) — a question about the
-    directory its caller needs answered sooner than the whole listing."""
+    of the listing (:meth:`Apart.first`: a value ``marshal`` takes; a set is best sent as a
+    list, since ``marshal`` sorts a set's members: 47 ms for 20,000 names, against 3) — a
+    question about the directory its caller needs answered sooner than the whole listing."""
     from drill.proc import death_signal, die_with_parent, may_fork, write_all
 
     try:
