@@ -199,10 +199,15 @@ def test_the_parsed_files_are_freed_before_a_verifier_is_told_them() -> None:
         return sum(1 for o in gc.get_objects() if type(o) is dict and "xxh3_128" in o and "chunks" in o)
 
     alive: list[int] = []
-    before = parsed_files_alive()
-    parsed = parse_manifest(_manifest().to_json(), lambda files, chunk: alive.append(parsed_files_alive()))
-    assert alive == [before] and parsed.files == _manifest().files
-    # A seal laid out otherwise keeps its parse for the re-encoding its digest is checked on.
-    older = (json.dumps(json.loads(_manifest().to_json()), indent=1) + "\n").encode()
-    assert parse_manifest(older, lambda files, chunk: alive.append(parsed_files_alive())).files == parsed.files
-    assert alive[1] == before + len(parsed.files)
+    gc.collect()  # earlier tests' garbage gone, and no collection in between to free more of it
+    gc.disable()
+    try:
+        before = parsed_files_alive()
+        parsed = parse_manifest(_manifest().to_json(), lambda files, chunk: alive.append(parsed_files_alive()))
+        assert alive == [before] and parsed.files == _manifest().files
+        # A seal laid out otherwise keeps its parse for the re-encoding its digest is checked on.
+        older = (json.dumps(json.loads(_manifest().to_json()), indent=1) + "\n").encode()
+        assert parse_manifest(older, lambda files, chunk: alive.append(parsed_files_alive())).files == parsed.files
+        assert alive[1] == before + len(parsed.files)
+    finally:
+        gc.enable()
