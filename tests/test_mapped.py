@@ -378,6 +378,39 @@ def test_workers_hash_on_while_their_caller_does_other_work(tmp_path: Path) -> N
     assert got == [hash_span(storage, uri, a, n, CHUNK) for uri, a, n in spans]
 
 
+def test_every_worker_but_the_first_hashes_at_a_lower_priority(tmp_path: Path, files: dict[str, bytes]) -> None:
+    """The first worker hashes at its caller's CPU priority, every other one
+    BACKGROUND_NICE lower (the caller's own work comes first on a busy core) — and all of
+    them report the same digests. Each worker says when it opens its first file and waits
+    there, so the priorities are read while all three are alive."""
+    ready_r, ready_w = os.pipe()
+    gate_r, gate_w = os.pipe()
+
+    def opener(uri: str) -> int:  # in the worker
+        os.write(ready_w, b"!")
+        os.read(gate_r, 1)
+        return os.open(uri, os.O_RDONLY)
+
+    storage = LocalStorage()
+    spans = [(str(tmp_path / name), 0, len(body)) for name, body in files.items()]
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    workers = mapped.Workers(opener, spans, CHUNK, 3)
+    try:
+        assert len(workers._pids) == 3
+        seen = b""
+        while len(seen) < 3:  # each worker took one span and waits at its first open
+            seen += os.read(ready_r, 3 - len(seen))
+        priorities = [os.getpriority(os.PRIO_PROCESS, pid) for pid in workers._pids]
+        os.write(gate_w, b"!" * len(spans))
+        got = workers.results()
+    finally:
+        workers.stop()
+        for fd in (ready_r, ready_w, gate_r, gate_w):
+            os.close(fd)
+    assert priorities == [mine] + [min(19, mine + mapped.BACKGROUND_NICE)] * 2
+    assert got == [hash_span(storage, uri, a, n, CHUNK) for uri, a, n in spans]
+
+
 def _small_files(tmp_path: Path, n: int) -> dict[str, bytes]:
     data = {f"f{i:03d}": os.urandom(100 + i) for i in range(n)}
     for name, body in data.items():

@@ -87,7 +87,7 @@ class Workers:
         bounds = runs(spans, workers)
         jobs = _job_queue(len(bounds) - 1)
         try:
-            for _ in range(min(workers, len(spans))):
+            for n in range(min(workers, len(spans))):
                 read_fd, write_fd = os.pipe()
                 _widen(read_fd)
                 try:
@@ -98,7 +98,7 @@ class Workers:
                     break
                 if pid == 0:  # pragma: no cover - the worker; its report is checked by the caller
                     os.close(read_fd)
-                    _work(parent, write_fd, jobs, bounds, open_fd, spans, chunk_size, sizes or {}, sealed or {})
+                    _work(parent, n > 0, write_fd, jobs, bounds, open_fd, spans, chunk_size, sizes or {}, sealed or {})
                 os.close(write_fd)
                 self._pids.append(pid)
                 self._pipes[read_fd] = bytearray()
@@ -221,6 +221,7 @@ def _parse(data: bytearray, done: list[list[bytes] | AsSealed | None]) -> None:
 
 def _work(
     parent: int,
+    background: bool,
     fd: int,
     jobs: int,
     bounds: list[int],
@@ -232,7 +233,7 @@ def _work(
 ) -> None:  # pragma: no cover
     code = 1
     try:
-        _detach(parent)
+        _detach(parent, background)
         reports = bytearray()
         run = [0, 0]  # spans that matched their seal, in a row: the first's index, how many
         # A whole file of one chunk — each of thousands of small files — in one open and one
@@ -276,10 +277,26 @@ def _as_sealed(reports: bytearray, run: list[int]) -> None:  # pragma: no cover 
         reports += _HEAD.pack(run[0] | _AS_SEALED, run[1])
 
 
-def _detach(parent: int) -> None:  # pragma: no cover - in the worker
+BACKGROUND_NICE = 10
+"""How much lower than the caller's a worker's CPU priority is, for every worker but the first."""
+
+
+def _detach(parent: int, background: bool = False) -> None:  # pragma: no cover - in the worker
     """Die with the parent, with default signals (the parent's handlers raise into its own
-    code), and quiet when a mapping faults: no core file, no fault handler's dump."""
+    code), and quiet when a mapping faults: no core file, no fault handler's dump. A
+    ``background`` worker (every one but the first) runs :data:`BACKGROUND_NICE` lower: the
+    caller's own work — parsing the seal, loading its command line, listing and comparing —
+    is what its result waits for, and on a machine with as many runnable processes as cores
+    (two workers, the caller and its listing child on two cores) a worker at the same
+    priority takes a share of the core that work needs. The first worker hashes at the
+    caller's priority, so a busy machine never leaves the hashing with less than one worker;
+    the others take what is left idle, and take the spans still queued when the caller waits."""
     die_with_parent(parent)
+    if background:
+        try:
+            os.nice(BACKGROUND_NICE)
+        except OSError:  # not permitted here: the same priority as the first
+            pass
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     handler = sys.modules.get("faulthandler")  # enabled by PYTHONFAULTHANDLER, -X faulthandler, pytest
     if handler is not None:
