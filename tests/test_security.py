@@ -361,9 +361,10 @@ HOSTILE_NAMES = (
     b"bidi\xe2\x80\xaetxt.exe",
     b"not-utf8-\xff\xfe.bin",
     b"c1-\xc2\x9b31m.bin",
+    b"emoji-:fire:-:100:.bin",
 )
 """File names a checkpoint's writer could choose: terminal escapes, a carriage return that
-rewrites the line, a bidi override, bytes that are not UTF-8, a C1 CSI."""
+rewrites the line, a bidi override, bytes that are not UTF-8, a C1 CSI, rich's emoji codes."""
 
 
 @pytest.mark.slow
@@ -396,6 +397,7 @@ def test_hostile_file_names_are_escaped_on_every_output_and_recorded_losslessly(
     for bad in ("\x1b", "\r", "\x07", "\u202e", "\x9b", "\udcff"):
         assert bad not in text, repr(bad)
     assert "\\x1b[2J" in text and "\\u202e" in text
+    assert "emoji-:fire:-:100:.bin" in text and "\U0001f525" not in text  # printed as named, never a glyph
 
 
 def _zip_bomb(path: Path, inflated: int = 512 << 20) -> None:

@@ -101,7 +101,9 @@ def _console_class() -> type[Console]:
     class _Console(Console):
         """A console for people: every string it renders — table cells, messages, paths, names
         from a checkpoint — shows its control characters as escapes (:func:`drill.text.printable`),
-        so a file name cannot drive the terminal. Styles are rich's own and are unaffected."""
+        so a file name cannot drive the terminal, and is printed as it is named: no emoji codes
+        (rich turns ``:fire:`` into a glyph even where markup is off). Styles are rich's own and
+        are unaffected."""
 
         def render_str(self, text: str, **kwargs: Any) -> Any:
             from drill.text import printable
@@ -112,14 +114,14 @@ def _console_class() -> type[Console]:
 
 
 def stdout() -> Console:
-    console = _console_class()(soft_wrap=True, highlight=False)
+    console = _console_class()(soft_wrap=True, highlight=False, emoji=False)
     if not console.is_terminal:  # a pipe or a file: tables one row a line, not wrapped at 80
         console.width = max(console.width, 160)
     return console
 
 
 def stderr() -> Console:
-    return _console_class()(stderr=True, soft_wrap=True, highlight=False)
+    return _console_class()(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 
 def print_json(doc: Any) -> None:
