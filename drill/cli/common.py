@@ -105,6 +105,9 @@ def _console_class() -> type[Console]:
         (rich turns ``:fire:`` into a glyph even where markup is off). Styles are rich's own and
         are unaffected."""
 
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(soft_wrap=True, highlight=False, emoji=False, **kwargs)
+
         def render_str(self, text: str, **kwargs: Any) -> Any:
             from drill.text import printable
 
@@ -114,14 +117,14 @@ def _console_class() -> type[Console]:
 
 
 def stdout() -> Console:
-    console = _console_class()(soft_wrap=True, highlight=False, emoji=False)
+    console = _console_class()()
     if not console.is_terminal:  # a pipe or a file: tables one row a line, not wrapped at 80
         console.width = max(console.width, 160)
     return console
 
 
 def stderr() -> Console:
-    return _console_class()(stderr=True, soft_wrap=True, highlight=False, emoji=False)
+    return _console_class()(stderr=True)
 
 
 def print_json(doc: Any) -> None:

@@ -281,7 +281,7 @@ BACKGROUND_NICE = 10
 """How much lower than the caller's a worker's CPU priority is, for every worker but the first."""
 
 
-def _detach(parent: int, background: bool = False) -> None:  # pragma: no cover - in the worker
+def _detach(parent: int, background: bool) -> None:  # pragma: no cover - in the worker
     """Die with the parent, with default signals (the parent's handlers raise into its own
     code), and quiet when a mapping faults: no core file, no fault handler's dump. A
     ``background`` worker (every one but the first) runs :data:`BACKGROUND_NICE` lower: the
@@ -330,7 +330,7 @@ def _digests(
 
 
 _POPULATED = getattr(mmap, "MAP_POPULATE", 0)
-"""Mapped with every page in place (Linux): one pass of the kernel over the window's pages in
+"""Mapped with every page in place (Linux, where alone workers fork): one pass of the kernel over the window's pages in
 the page cache, instead of a fault every 64 KiB (fault-around: 14,000 traps per 1.2 GB). On the
 Intel Xeon VM a 1.2 GB ``drill verify`` went from 1.21 / 1.20 to 1.17 / 1.17 of ``xxhsum``'s
 time with a core held (0.85 / 0.81 to 0.80 / 0.79 idle); on an AMD EPYC VM it changed nothing
@@ -340,8 +340,6 @@ time with a core held (0.85 / 0.81 to 0.80 / 0.79 idle); on an AMD EPYC VM it ch
 def _window(fd: int, at: int, length: int, chunk_size: int) -> list[bytes]:  # pragma: no cover - in the worker
     skew = at % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a page; a chunk need not
     with mmap.mmap(fd, skew + length, flags=mmap.MAP_SHARED | _POPULATED, prot=mmap.PROT_READ, offset=at - skew) as m:
-        if not _POPULATED:
-            m.madvise(mmap.MADV_SEQUENTIAL)
         view = memoryview(m)[skew:]
         try:
             return [xxhash.xxh3_128(view[o : o + chunk_size]).digest() for o in range(0, length, chunk_size)]
