@@ -212,3 +212,50 @@ def test_a_damaged_row_does_not_stop_the_next_drill(demo_run: Path, tmp_path: Pa
     outcome = run_one(demo_run, f"sqlite:///{db}")
     assert outcome.status == DrillStatus.PASSED and outcome.id is not None and outcome.id != first.id
     assert "cannot read" in (outcome.record_problem or "")
+
+
+def _drilled(records: Records, run_root: str, step: int, status: DrillStatus) -> int:
+    drill_id = records.begin_drill(_start(run_root))
+    ckpt = CheckpointInfo(uri=f"{run_root}/step-{step}", name=f"step-{step}", step=step, format="dcp", bytes=1, files=1)
+    records.attach_checkpoint(drill_id, ckpt, selection="latest", evidence_level="sealed", sample="all")
+    records.add_checks(drill_id, [CheckResult(name="files", summary="ok")])
+    outcome = records.get(drill_id)
+    outcome.status, outcome.finished_at = status, datetime.now(timezone.utc)
+    records.finish_drill(outcome)
+    return drill_id
+
+
+@pytest.mark.parametrize("readers", ["sources", "latest_drills", "outcomes", "history"])
+def test_reading_outcomes_costs_the_same_statements_for_two_drills_or_many(db_url: str, readers: str) -> None:
+    """Every reader of whole outcomes loads each relation an outcome reads (its checkpoint,
+    alerts, checks, replay) for all its drills at once: the statements it sends do not grow
+    with the drills it returns (one lazy load per drill made a week of metrics a query per row)."""
+    from sqlalchemy import event
+
+    def statements(records: Records, root: str) -> int:
+        sent: list[str] = []
+        listener = lambda *args: sent.append(args[2])  # noqa: E731 - (conn, cursor, statement, ...)
+        event.listen(records.db.engine, "before_cursor_execute", listener)
+        try:
+            if readers == "sources":
+                latest, _ = records.sources()
+                assert all(last is not None and last.alerts == [] for last, _ in latest.values())
+            elif readers == "latest_drills":
+                assert len(records.latest_drills(root)) > 1
+            elif readers == "outcomes":
+                assert len(records.outcomes([b.id for b in records.briefs_in_window(since=None, run_root=root)])) > 1
+            else:
+                assert len(records.history(run_root=root, limit=1000)) > 1
+        finally:
+            event.remove(records.db.engine, "before_cursor_execute", listener)
+        return len(sent)
+
+    records = Records(open_database(db_url))
+    counts = []
+    for root, drills in (("/few", 2), ("/many", 9)):
+        for i in range(drills):
+            drill_id = _drilled(records, root, i, DrillStatus.PASSED if i % 3 else DrillStatus.FAILED)
+            records.record_alerts(drill_id, [])
+        counts.append(statements(records, root))
+    assert counts[0] == counts[1], f"{readers}: {counts[0]} statements for 2 drills, {counts[1]} for 9"
+    records.db.close()

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from drill.records.models import Drill, SchedulerEvent, SchedulerLease
 
@@ -150,14 +150,14 @@ class LeaseMixin:
         """The policy's last drill and its history counted by status (SLO breaches apart)."""
         from sqlalchemy import func
 
-        from drill.records.rows import outcome_from_row
+        from drill.records.rows import outcome_from_row, outcome_loads
 
         with self._session() as s:
             last = s.scalar(
                 select(Drill)
                 .where(Drill.policy == policy)
                 .order_by(Drill.id.desc())
-                .options(selectinload(Drill.checkpoint), selectinload(Drill.alerts))
+                .options(*outcome_loads(with_checks=False))
             )
             counts = dict(
                 s.execute(select(Drill.status, func.count()).where(Drill.policy == policy).group_by(Drill.status)).all()

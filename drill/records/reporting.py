@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from drill.pipeline.outcome import DrillOutcome
 from drill.records.audit import ChainHead, chain_head
 from drill.records.models import Checkpoint, Drill, FileVerification, proof_time
-from drill.records.rows import outcome_from_row
+from drill.records.rows import outcome_from_row, outcome_loads
 from drill.verdict import DrillStatus
 
 
@@ -99,13 +99,10 @@ class ReportingMixin:
         with self._session() as s:
             for i in range(0, len(ids), 500):
                 q = select(Drill).where(Drill.id.in_(ids[i : i + 500]))
-                q = q.options(
-                    selectinload(Drill.checkpoint),
-                    selectinload(Drill.checks),
-                    selectinload(Drill.replay_steps),
-                    selectinload(Drill.alerts),
-                )
-                out += [outcome_from_row(d, with_checks=True) for d in s.scalars(q)]
+                out += [
+                    outcome_from_row(d, with_checks=True)
+                    for d in s.scalars(q.options(*outcome_loads(with_checks=True)))
+                ]
         return sorted(out, key=lambda o: (o.started_at, o.id or 0))
 
     def run_roots(self, *, policy: str | None = None) -> list[str]:
@@ -160,7 +157,7 @@ class ReportingMixin:
                     Drill.checkpoint_id.in_(ids[i : i + 500]), Drill.status != DrillStatus.RUNNING.value
                 )
                 rows = select(Drill).where(Drill.id.in_(newest.group_by(Drill.checkpoint_id).scalar_subquery()))
-                for d in s.scalars(rows.options(selectinload(Drill.checkpoint))):
+                for d in s.scalars(rows.options(*outcome_loads(with_checks=False))):
                     latest[d.checkpoint.uri] = outcome_from_row(d, with_checks=False)  # type: ignore[union-attr]
         return latest
 
@@ -200,14 +197,7 @@ class ReportingMixin:
                 if status == DrillStatus.PASSED.value:
                     good[key] = max(newest, good.get(key, newest))
             load = select(Drill).where(Drill.id.in_({*last.values(), *good.values()}))
-            rows = {
-                d.id: d
-                for d in s.scalars(
-                    load.options(
-                        selectinload(Drill.checkpoint), selectinload(Drill.checks), selectinload(Drill.replay_steps)
-                    )
-                )
-            }
+            rows = {d.id: d for d in s.scalars(load.options(*outcome_loads(with_checks=True)))}
             latest = {
                 key: (
                     outcome_from_row(rows[i], with_checks=True),

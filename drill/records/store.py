@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from drill.claims import DEFAULT_MIN_EVIDENCE, good_enough
 from drill.errors import DatabaseError, NotFound, UnreadableRecord, one_line
@@ -32,7 +32,15 @@ from drill.records.lease import LeaseMixin
 from drill.records.ledger import LedgerMixin
 from drill.records.models import Alert, Checkpoint, CheckRecord, Drill, ReplayStep
 from drill.records.reporting import ReportingMixin
-from drill.records.rows import check_row, checkpoint_row, outcome_from_row, replay_rows, utcnow, write_outcome
+from drill.records.rows import (
+    check_row,
+    checkpoint_row,
+    outcome_from_row,
+    outcome_loads,
+    replay_rows,
+    utcnow,
+    write_outcome,
+)
 from drill.records.saves import SavesMixin
 from drill.verdict import DrillStatus
 
@@ -261,12 +269,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
     ) -> list[DrillOutcome]:
         """Recorded drills, newest first (without their checks)."""
         with self._session() as s:
-            q = (
-                select(Drill)
-                .options(selectinload(Drill.checkpoint), selectinload(Drill.alerts))
-                .order_by(Drill.id.desc())
-                .limit(limit)
-            )
+            q = select(Drill).options(*outcome_loads(with_checks=False)).order_by(Drill.id.desc()).limit(limit)
             if run_root is not None:
                 q = q.where(Drill.run_root == run_root)
             if since is not None:
@@ -279,16 +282,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
 
     def get(self, drill_id: int) -> DrillOutcome:
         with self._session() as s:
-            d = s.scalar(
-                select(Drill)
-                .where(Drill.id == drill_id)
-                .options(
-                    selectinload(Drill.checkpoint),
-                    selectinload(Drill.checks),
-                    selectinload(Drill.replay_steps),
-                    selectinload(Drill.alerts),
-                )
-            )
+            d = s.scalar(select(Drill).where(Drill.id == drill_id).options(*outcome_loads(with_checks=True)))
             if d is None:
                 raise NotFound(f"no drill with id {drill_id}")
             return outcome_from_row(d, with_checks=True)
@@ -315,7 +309,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
                     .where(Checkpoint.uri == uri, Drill.status != DrillStatus.RUNNING.value)
                     .order_by(Drill.id.desc())
                     .limit(1)
-                    .options(selectinload(Drill.checkpoint), selectinload(Drill.alerts))
+                    .options(*outcome_loads(with_checks=False))
                 )
                 if latest is not None:
                     out[uri] = outcome_from_row(latest, with_checks=False)
