@@ -15,12 +15,10 @@ import re
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from drill.pipeline import DrillOutcome, DrillRequest, Recorder
-from drill.pipeline import run_drill as _run_pipeline
-
 if TYPE_CHECKING:
     from drill.checkpoints import Discovery
     from drill.dist.context import DistContext
+    from drill.pipeline import DrillOutcome, DrillRequest, Recorder
     from drill.policy.model import Policy
     from drill.records.audit import ChainReport
     from drill.restore import Progress
@@ -46,6 +44,8 @@ def run_drill(
     :class:`~drill.errors.DatabaseError` when the database cannot be opened — both before
     anything is read or recorded. Everything after that is in the outcome.
     """
+    from drill.pipeline import run_drill as _run_pipeline
+
     if recorder is not None:
         return _run_pipeline(request, recorder, progress=progress, storage=storage, dist=dist)
     from drill.records.db import open_database

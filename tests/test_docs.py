@@ -105,6 +105,38 @@ def test_the_sdk_imports_no_database_or_cli() -> None:
     assert out == ""
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["metrics", "--textfile", "{tmp}/drill.prom", "--no-list"],
+        ["report", "--since", "30d", "-f", "html", "-o", "{tmp}/r.html", "--no-list"],
+        ["history"],
+        ["last-good", "--root", "/r"],
+        ["audit", "verify"],
+    ],
+)
+def test_reading_records_on_sqlite_imports_no_postgresql_dialect_nor_a_drills_machinery(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """Commands that read the record load what they read with: on SQLite not PostgreSQL's
+    dialect (50 ms of imports, for a column type), and not what runs a drill (its request,
+    replay) to read outcomes back."""
+    from drill.records.db import open_database
+
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    open_database(db).close()  # created and migrated here: the command only reads
+    code = (
+        "import atexit, sys; from drill.cli.app import main\n"
+        "sys.argv = ['drill', *sys.argv[1:]]\n"
+        "heavy = ('sqlalchemy.dialects.postgresql', 'drill.pipeline.request', 'drill.replay')\n"
+        "atexit.register(lambda: print('sqlalchemy.orm' in sys.modules, [m for m in heavy if m in sys.modules]))\n"
+        "main()"
+    )
+    args = [a.format(tmp=tmp_path) for a in argv]
+    done = subprocess.run([sys.executable, "-c", code, *args, "--db", db], capture_output=True, text=True)
+    assert done.stdout.strip().splitlines()[-1] == "True []", done.stderr
+
+
 @pytest.mark.parametrize(("flags", "absent"), [([], "torch,ctypes,zipfile"), (["--json"], "torch,ctypes,zipfile,rich")])
 def test_verify_of_a_sealed_checkpoint_imports_no_torch(
     pristine_run: Path, tmp_path: Path, flags: list[str], absent: str

@@ -12,14 +12,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from drill.pipeline.outcome import DrillOutcome
-from drill.pipeline.recorder import NullRecorder, Recorder
-from drill.pipeline.request import DrillRequest
+import importlib
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from drill.dist.context import DistContext
+    from drill.pipeline.outcome import DrillOutcome
+    from drill.pipeline.recorder import NullRecorder, Recorder
+    from drill.pipeline.request import DrillRequest
     from drill.restore import Progress
     from drill.storage import Storage
 
@@ -47,6 +47,7 @@ def run_drill(
     distributed drill: every rank restores its share of the files; rank 0 — whose recorder
     alone should write — checks, records and publishes the verdict, which every rank returns.
     """
+    from drill.pipeline.recorder import NullRecorder
     from drill.pipeline.stages import Drill, check_stage, discover_stage, plan_stage, replay_stage, restore_stage
     from drill.restore import NullProgress
 
@@ -66,6 +67,24 @@ def run_drill(
 
         outcome = settle(drill, outcome)
     return outcome
+
+
+_NAMES = {
+    "DrillOutcome": "drill.pipeline.outcome",
+    "DrillRequest": "drill.pipeline.request",
+    "NullRecorder": "drill.pipeline.recorder",
+    "Recorder": "drill.pipeline.recorder",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The package's names, each loaded from its module when first asked for: what reads
+    recorded outcomes (:mod:`drill.pipeline.outcome`) does not load a drill's request, its
+    recorder and the replay with them (a fifth of ``drill metrics``' imports after SQLAlchemy)."""
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = ["DrillOutcome", "DrillRequest", "NullRecorder", "Recorder", "run_drill"]
