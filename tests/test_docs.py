@@ -119,8 +119,8 @@ def test_reading_records_on_sqlite_imports_no_postgresql_dialect_nor_a_drills_ma
     tmp_path: Path, argv: list[str]
 ) -> None:
     """Commands that read the record load what they read with: on SQLite not PostgreSQL's
-    dialect (50 ms of imports, for a column type), and not what runs a drill (its request,
-    replay) to read outcomes back."""
+    dialect (50 ms of imports, for a column type), and not what runs a drill or a verification
+    (its request, the replay, the integrity check) to read their outcomes back."""
     from drill.records.db import open_database
 
     db = f"sqlite:///{tmp_path / 'r.db'}"
@@ -128,7 +128,7 @@ def test_reading_records_on_sqlite_imports_no_postgresql_dialect_nor_a_drills_ma
     code = (
         "import atexit, sys; from drill.cli.app import main\n"
         "sys.argv = ['drill', *sys.argv[1:]]\n"
-        "heavy = ('sqlalchemy.dialects.postgresql', 'drill.pipeline.request', 'drill.replay')\n"
+        "heavy = ('sqlalchemy.dialects.postgresql', 'drill.pipeline.request', 'drill.replay', 'drill.integrity.verify')\n"
         "atexit.register(lambda: print('sqlalchemy.orm' in sys.modules, [m for m in heavy if m in sys.modules]))\n"
         "main()"
     )

@@ -10,12 +10,14 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 from drill.findings import CheckResult, Severity
-from drill.integrity.verify import IntegrityPlan
+
+if TYPE_CHECKING:
+    from drill.integrity.verify import IntegrityPlan
 from drill.text import lossless
 from drill.units import earlier
 
