@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from drill.findings import CheckResult, Severity
+from drill.text import lossless
+from drill.units import earlier
 
 if TYPE_CHECKING:
     from drill.integrity.verify import IntegrityPlan
-from drill.text import lossless
-from drill.units import earlier
 
 
 @dataclass(frozen=True, slots=True)
