@@ -10,7 +10,9 @@ are loaded on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from drill.lazy import lazy_names
 
 __version__ = "0.5.0"
 
@@ -42,13 +44,7 @@ if TYPE_CHECKING:
     from drill.verifier import verify_checkpoint
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'drill' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_names(__name__, _EXPORTS)
 
 
 __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ statically

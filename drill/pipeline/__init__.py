@@ -12,8 +12,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from drill.lazy import lazy_names
 
 if TYPE_CHECKING:
     from drill.dist.context import DistContext
@@ -77,14 +78,9 @@ _NAMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """The package's names, each loaded from its module when first asked for: what reads
-    recorded outcomes (:mod:`drill.pipeline.outcome`) does not load a drill's request, its
-    recorder and the replay with them (a fifth of ``drill metrics``' imports after SQLAlchemy)."""
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_names(__name__, _NAMES)
+"""What reads recorded outcomes (:mod:`drill.pipeline.outcome`) does not load a drill's request,
+its recorder and the replay with them (a fifth of ``drill metrics``' imports after SQLAlchemy)."""
 
 
 __all__ = ["DrillOutcome", "DrillRequest", "NullRecorder", "Recorder", "run_drill"]

@@ -24,11 +24,10 @@ Writing what drill checks:
                                              # HMAC when $DRILL_SEAL_KEY_FILE names a key
 """
 
-from typing import Any
-
 from drill.errors import StorageProblem
 from drill.integrity.keys import load_key
 from drill.integrity.manifest import SealConflict, SealResult, seal
+from drill.lazy import lazy_names
 from drill.runlog.runfiles import read_run_file
 from drill.runlog.steplog import STEP_LOG, StepLog, StepRecord, read_step_log
 from drill.sdk.resume import CheckpointCorrupt, LoadReport, flush_records, last_good, load, verified
@@ -40,13 +39,7 @@ _LAZY = {
 """Names imported on first use: they import torch, which a script that only logs steps need not."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is not None:
-        import importlib
-
-        return getattr(importlib.import_module(module), name)
-    raise AttributeError(f"module 'drill.sdk' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [
