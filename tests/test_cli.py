@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -799,3 +800,76 @@ def test_a_path_longer_than_the_system_allows_is_not_there_never_an_internal_or_
     res = invoke(cli, *args, *([] if "--db" in args else ["--db", sqlite_url]))
     assert res.exit_code == code and says in res.stderr, (res.exit_code, res.stderr[-300:])
     assert "internal error" not in res.stderr and "storage unavailable" not in res.stderr
+
+
+PLAIN_LINES: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("integrity",), {"end": " ", "style": "bold"}),
+    (("PASSED",), {"end": "  ", "style": "bold green"}),
+    (("tab\there\tand\tthere", "\tled"), {}),
+    (("evil\x1b[2J\x1b[31mPASSED\x1b[0m\x07", "cr\rx", "del\x7f"), {"sep": " | "}),
+    (("bidi\u202etxt", "not-utf8-\udcff\udcfe", "c1-\x9b31m", "\ufeffbom"), {}),
+    (("[bold]not markup[/] [red]x :fire: \\[escaped] [link=http://x]y",), {"style": "dim"}),
+    (("multi\nline\n\ttabbed\n",), {"end": ""}),
+    (("wide: 漢字 é e\u0301 \U0001f525", "x" * 300), {}),
+    (("",), {}),
+    ((), {}),
+]
+
+
+@pytest.mark.parametrize(("objects", "kw"), PLAIN_LINES)
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_plain_line_is_written_exactly_as_rich_writes_it_where_rich_styles_nothing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, stream: str, objects: tuple, kw: dict
+) -> None:
+    """A pipe or a file: drill's console writes plain text (``markup=False``) itself, without
+    loading rich; what it writes is what rich writes there, character for character — control
+    characters escaped, tabs expanded, nothing wrapped, no markup or emoji interpreted."""
+    from drill.cli.common import Out
+
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    out = Out(stream)
+    assert out.plain
+    out.print(*objects, markup=False, **kw)
+    ours = getattr(capsys.readouterr(), "out" if stream == "stdout" else "err")
+    out.rich.print(*objects, markup=False, **kw)
+    assert ours == getattr(capsys.readouterr(), "out" if stream == "stdout" else "err")
+
+
+@pytest.mark.parametrize(
+    ("env", "terminal", "plain"),
+    [
+        ({}, False, True),
+        ({}, True, False),
+        ({"FORCE_COLOR": "1"}, False, False),
+        ({"FORCE_COLOR": ""}, False, False),  # rich's to decide
+        ({"TTY_COMPATIBLE": "1"}, False, False),
+        ({"TTY_COMPATIBLE": "0"}, True, False),
+    ],
+)
+def test_only_output_rich_would_not_style_is_written_without_it(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], terminal: bool, plain: bool
+) -> None:
+    """A terminal, or an environment that makes rich treat a stream as one (whatever the value:
+    rich's to read), is rich's; so are markup and anything that is not a string."""
+    from drill.cli import common
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    main, other = os.openpty() if terminal else os.pipe()
+    try:
+        with open(other, "w", closefd=False) as stream:
+            assert common.unstyled(stream) is plain
+            monkeypatch.setattr(sys, "stdout", stream)
+            out = common.Out("stdout")
+            assert out.plain is plain
+            seen: list[tuple] = []
+            monkeypatch.setattr(common.Out, "rich", type("Spy", (), {"print": lambda *a, **k: seen.append(a)})())
+            out.print("[bold]x[/]")  # markup: rich's
+            out.print(3, markup=False)  # not a string: rich's
+            assert len(seen) == 2
+    finally:
+        os.close(main)
+        os.close(other)

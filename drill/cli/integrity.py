@@ -74,8 +74,13 @@ def seal(
 
 
 def _renderer() -> None:
-    """rich and drill's renderer imported while the checkpoint's files hash, not after."""
+    """drill's renderer imported while the checkpoint's files hash, not after — and rich,
+    where the verdict is printed with styles (a terminal)."""
     import drill.cli.render  # noqa: F401
+
+    out = stdout()
+    if not out.plain:
+        out.rich  # noqa: B018 - loads rich's console
 
 
 def _render_verified(outcome: VerifyOutcome, json: bool) -> None:
@@ -96,7 +101,7 @@ def _render_verified(outcome: VerifyOutcome, json: bool) -> None:
             }
         )
     else:
-        from drill.cli.render import render_check  # rich: only where tables are printed
+        from drill.cli.render import render_check
 
         out = stdout()
         render_check(out, r)

@@ -35,7 +35,7 @@ _WHAT = {
 
 class RichProgress:
     def __init__(self, *, quiet: bool = False) -> None:
-        self._console = stderr()
+        self._console = stderr().rich
         self._tty = self._console.is_terminal
         self._quiet = quiet
         self._started = time.monotonic()

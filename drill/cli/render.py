@@ -1,7 +1,9 @@
 """Rendering drill results for people: library objects in, rich text on stdout.
 
 Nothing from a checkpoint is ever interpreted as markup: check summaries, findings, paths and
-keys are printed with ``markup=False`` or escaped.
+keys are printed with ``markup=False`` or escaped. A check and its findings are lines of
+plain text with styles, no markup: where nothing is styled (a pipe, a file) they are printed
+without loading rich (:class:`~drill.cli.common.Out`).
 """
 
 from __future__ import annotations
@@ -9,17 +11,15 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-
 from drill.claims import proof_of
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.units import human_bytes, human_rate, human_seconds
 from drill.verdict import DrillStatus
 
-if TYPE_CHECKING:  # drill verify renders checks without importing torch
+if TYPE_CHECKING:  # drill verify renders checks without importing torch, nor rich
     from rich.table import Table
 
+    from drill.cli.common import Out
     from drill.pipeline.outcome import DrillOutcome
 
 STATUS_STYLE = {
@@ -44,25 +44,36 @@ def _table(**kw: Any) -> Table:
     return Table(box=None, pad_edge=False, **kw)
 
 
+def escape(text: str) -> str:
+    """``text`` shown as it is inside markup (rich's escape, loaded with the first table)."""
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _style(status: str) -> str:
+    return next((v for k, v in STATUS_STYLE.items() if k == status), "")
+
+
 def _styled(status: str) -> str:
-    style = next((v for k, v in STATUS_STYLE.items() if k == status), "")
-    return f"[{style}]{status.upper()}[/]"
+    return f"[{_style(status)}]{status.upper()}[/]"
 
 
-def render_findings(console: Console, findings: list[Finding]) -> None:
+def render_findings(console: Out, findings: list[Finding]) -> None:
     for f in findings:
         if f.severity is Severity.INFO:
             continue
         colour = "red" if f.severity is Severity.ERROR else "yellow"
-        where = escape(f" [{f.subject}]") if f.subject else ""
-        console.print(f"[{colour}]{f.severity.value}[/] {escape(f.code)}{where}: ", end="")
-        console.print(f.message, markup=False)
+        where = f" [{f.subject}]" if f.subject else ""
+        console.print(f.severity.value, end="", markup=False, style=colour)
+        console.print(f" {f.code}{where}: {f.message}", markup=False)
         if f.hint:
             console.print(f"  hint: {f.hint}", markup=False, style="dim")
 
 
-def render_check(console: Console, check: CheckResult) -> None:
-    console.print(f"[bold]{escape(check.name)}[/] {_styled(check.status.value)}  ", end="")
+def render_check(console: Out, check: CheckResult) -> None:
+    console.print(check.name, end=" ", markup=False, style="bold")
+    console.print(check.status.value.upper(), end="  ", markup=False, style=_style(check.status.value))
     console.print(check.summary, markup=False)
     render_findings(console, check.findings)
 
@@ -79,7 +90,7 @@ def _latency(o: DrillOutcome) -> str:
     return f"restore {human_seconds(t.restore)} = " + " + ".join(parts)
 
 
-def render_outcome(console: Console, o: DrillOutcome, where: str | None = None) -> None:
+def render_outcome(console: Out, o: DrillOutcome, where: str | None = None) -> None:
     """What ``drill run`` prints: every check with its evidence line, findings, the verdict."""
     table = _table(show_header=True, header_style="bold")
     for col in ("check", "status", "evidence"):
@@ -112,7 +123,7 @@ def render_outcome(console: Console, o: DrillOutcome, where: str | None = None) 
         console.print(f"re-check the bytes without restoring: drill verify {ck.uri}", markup=False, style="dim")
 
 
-def render_ranks(console: Console, dist: dict) -> None:
+def render_ranks(console: Out, dist: dict) -> None:
     """A distributed drill's ranks: who read what, how fast; the balance and the slowest."""
     balance = dist.get("balance")
     slowest = dist.get("slowest") or {}
@@ -150,7 +161,7 @@ HISTORY_NARROW = ("id", "started (UTC)", "status", "checkpoint", "evidence", "re
 """What fits 80 columns: the rest (first step, bytes, rate, trigger) on a wider terminal and in --json."""
 
 
-def render_history(console: Console, drills: list[DrillOutcome]) -> None:
+def render_history(console: Out, drills: list[DrillOutcome]) -> None:
     columns = HISTORY_COLUMNS if console.width >= 120 else HISTORY_NARROW
     table = _table(header_style="bold")
     right = ("id", "restore", "first step", "read", "rate")
@@ -198,7 +209,7 @@ def describe_cache(cache: dict[str, Any] | None) -> str:
     return f"{kind}: {human_bytes(resident)} ({share}) of {human_bytes(total)} cached {when} ({cache.get('how')})"
 
 
-def render_burst(console: Console, doc: dict[str, Any]) -> None:
+def render_burst(console: Out, doc: dict[str, Any]) -> None:
     """A burst's document (``drill burst``, ``drill show --burst``): the sweep, the ceiling, R."""
     head = f"burst #{doc.get('id') if doc.get('id') is not None else '-'} of {doc['checkpoint']}: {human_bytes(doc['bytes'])} in {doc['files']} files, "
     extra = f" on {doc['host']} at {doc['started_at']}" if doc.get("host") else ""
@@ -229,7 +240,7 @@ def render_burst(console: Console, doc: dict[str, Any]) -> None:
             console.print(f"  warning: {w}", markup=False, style="yellow")
 
 
-def render_bursts(console: Console, docs: list[dict[str, Any]]) -> None:
+def render_bursts(console: Out, docs: list[dict[str, Any]]) -> None:
     """``drill history --bursts``: one line per recorded burst, newest first."""
     table = _table(header_style="bold")
     for col in ("burst", "started", "checkpoint", "read", "readers", "ceiling", "R"):
@@ -247,7 +258,7 @@ def render_bursts(console: Console, docs: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
-def render_drill(console: Console, o: DrillOutcome) -> None:
+def render_drill(console: Out, o: DrillOutcome) -> None:
     """What ``drill show`` prints: the record in full — evidence, replay steps, alerts."""
     ck = o.checkpoint
     console.print(f"drill #{o.id}  {_styled(o.status.value)}  (exit code {int(o.exit_code)})")
@@ -309,7 +320,7 @@ def _slo(o: DrillOutcome) -> str:
     return "; ".join(str(b.get("message", b)) for b in o.slo_breaches.values()) or "no SLO recorded"
 
 
-def _render_evidence(console: Console, evidence: dict[str, Any]) -> None:
+def _render_evidence(console: Out, evidence: dict[str, Any]) -> None:
     shown = [(k, v) for k, v in evidence.items() if k not in ("steps", "traceback")]
     for key, value in shown[:EVIDENCE_SHOWN]:
         text = value if isinstance(value, str) else json.dumps(value, default=str)
@@ -320,7 +331,7 @@ def _render_evidence(console: Console, evidence: dict[str, Any]) -> None:
         console.print(f"  … {len(shown) - EVIDENCE_SHOWN} more (drill show --json)", markup=False, style="dim")
 
 
-def _render_replay_steps(console: Console, o: DrillOutcome) -> None:
+def _render_replay_steps(console: Out, o: DrillOutcome) -> None:
     if o.replay is None or not o.replay.steps:
         return
     console.print()
@@ -353,7 +364,7 @@ def _render_replay_steps(console: Console, o: DrillOutcome) -> None:
     console.print(table)
 
 
-def _render_alerts(console: Console, alerts: list[dict[str, Any]]) -> None:
+def _render_alerts(console: Out, alerts: list[dict[str, Any]]) -> None:
     if not alerts:
         return
     console.print()
@@ -366,7 +377,7 @@ def _num(value: Any) -> str:
     return "-" if value is None else (value if isinstance(value, str) else f"{value:.6g}")
 
 
-def render_scheduler(console: Console, state: dict[str, Any]) -> None:
+def render_scheduler(console: Out, state: dict[str, Any]) -> None:
     sched = state["scheduler"]
     if state["alive"]:
         console.print(
@@ -396,7 +407,7 @@ def render_scheduler(console: Console, state: dict[str, Any]) -> None:
     console.print(table)
 
 
-def render_goodput(console: Console, rows: list, *, priced: bool) -> None:
+def render_goodput(console: Out, rows: list, *, priced: bool) -> None:
     """``drill goodput``'s table: one row per combination of GPUs, C and R; priced, each part of
     the waste apart — the blocking saves' stall, the rework, the restarts — and their total."""
     table = _table(header_style="bold")
@@ -450,7 +461,7 @@ def _age(t: Any) -> str:
     )
 
 
-def render_runs(console: Console, runs: list[Any]) -> None:
+def render_runs(console: Out, runs: list[Any]) -> None:
     """``drill runs``: one line per run on the record, those needing attention first."""
     table = _table(header_style="bold")
     for col in ("run", "retained", "proven", "never drilled", "last drill", "verdict"):
@@ -468,7 +479,7 @@ def render_runs(console: Console, runs: list[Any]) -> None:
     console.print(table)
 
 
-def render_run(console: Console, run: Any) -> None:
+def render_run(console: Out, run: Any) -> None:
     """``drill runs ROOT``: every checkpoint of the run, as restic's snapshots lists a repository's."""
     console.print(
         f"[bold]{escape(run.run_root)}[/]  {run.proven} of {run.coverage.retained} retained checkpoints proven restorable"
