@@ -8,8 +8,8 @@ modules, the listing so far: :func:`collector_paused` holds it off while they ar
 A target allocated for a restore (``torch.empty``, as at a job's start) has no pages yet. A
 positioned read into it faults them in one at a time, inside the kernel's copy — on the 2-core
 VM that cost more than the read itself (1.2 GB: 0.98 s into fresh targets, 0.25 s into touched
-ones). One ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+) per large target, issued on a
-thread of the CRC lane's own while the reader fills the target before it, takes the faults off
+ones). One ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+) per part of a large target, issued on
+threads of the CRC lane's own while the reader fills the target before it, takes the faults off
 the reader's path: 0.42 s into fresh targets (``benchmarks/limit.py``).
 Populating never changes a byte, and a target already in memory (a live trainer's) costs
 a walk of its page tables. Where the kernel cannot (an older one, another system) nothing is

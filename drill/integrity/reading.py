@@ -321,6 +321,12 @@ order, instead of waiting for it to catch up: the few hundred bytes between two 
 LANE_MIN = 8 << 20
 """Entries at least this large have their CRC-32 taken on the :class:`CrcLane`."""
 
+POPULATORS = 2
+"""Threads that fault a target in (:meth:`CrcLane.populate`), each a part of it: faulting in
+fresh pages is the kernel's work on the core that asks, and one thread of it was the longest
+path of a load into fresh targets (0.3 GB on the 2-core AMD EPYC VM: 155-225 ms with one, 128-208
+with two, interleaved; ``benchmarks/limit.py``)."""
+
 _BEGIN, _END = object(), object()
 
 
@@ -329,7 +335,7 @@ class CrcLane:
     piece is handed over as soon as it has landed, so the lane reads it from the cache the
     cores share, not from DRAM: the check costs CPU, not wall time. While a reader has handed
     it its hasher (:meth:`hashing`), the lane hashes the pieces too; targets to fault in
-    (:meth:`populate`) go to a thread of its own. One lane per reader thread, started on first
+    (:meth:`populate`) go to threads of their own. One lane per reader thread, started on first
     use; :meth:`close` when done."""
 
     def __init__(self) -> None:
@@ -337,7 +343,7 @@ class CrcLane:
         self._results: SimpleQueue[int] = SimpleQueue()
         self._synced: SimpleQueue[BaseException | None] = SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._populator: threading.Thread | None = None
+        self._populators: list[threading.Thread] = []
         self._populating: SimpleQueue[_Populate | None] = SimpleQueue()
 
     def begin(self) -> CrcLane:
@@ -364,13 +370,20 @@ class CrcLane:
             self._jobs.put(_Hashing(hasher))
 
     def populate(self, address: int, length: int) -> None:
-        """Fault in the pages of the target at ``address`` (``length`` bytes) on a thread of
-        its own (:func:`drill.memory.populate`), in the order asked, beside the hashing: asked
-        for the next target while the reader fills this one, it is there before the reads."""
-        if self._populator is None:
-            self._populator = threading.Thread(target=self._populate, name="drill-populate", daemon=True)
-            self._populator.start()
-        self._populating.put(_Populate(address, length))
+        """Fault in the pages of the target at ``address`` (``length`` bytes) on threads of
+        their own (:func:`drill.memory.populate`, :data:`POPULATORS` parts of it at once, cut on
+        page boundaries), in the order asked, beside the hashing: asked for the next target
+        while the reader fills this one, it is there before the reads."""
+        if not self._populators:
+            for _ in range(POPULATORS):
+                thread = threading.Thread(target=self._populate, name="drill-populate", daemon=True)
+                thread.start()
+                self._populators.append(thread)
+        page, end = mmap.PAGESIZE, address + length
+        cuts = [min(end, -(-(address + length * k // POPULATORS) // page) * page) for k in range(1, POPULATORS)]
+        for at, until in zip([address, *cuts], [*cuts, end], strict=True):
+            if until > at:
+                self._populating.put(_Populate(at, until - at))
 
     def _populate(self) -> None:
         while (job := self._populating.get()) is not None:
@@ -402,9 +415,9 @@ class CrcLane:
         if self._thread is not None:
             self._jobs.put(None)
             self._thread = None
-        if self._populator is not None:
+        for _ in self._populators:
             self._populating.put(None)
-            self._populator = None
+        self._populators = []
 
     def _run(self) -> None:
         value, hasher, failed = 0, None, None
