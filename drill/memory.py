@@ -86,7 +86,7 @@ def _kernel() -> Any:
                 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
                 libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
                 libc.madvise.restype = libc.mincore.restype = ctypes.c_int
-                _libc = (libc, ctypes.create_string_buffer(_WINDOW // _PAGE))
+                _libc = libc
             except (OSError, AttributeError):  # no C library to ask: nothing to populate with
                 _libc = None
     return _libc
@@ -100,20 +100,39 @@ def populate(address: int, length: int) -> bool:
     Releases the interpreter lock while the kernel works (a ctypes call)."""
     start = -(-address // _PAGE) * _PAGE
     end = (address + length) // _PAGE * _PAGE
-    kernel = _kernel()
-    if kernel is None or end <= start:
+    libc = _kernel()
+    if libc is None or end <= start:
         return False
-    libc, resident = kernel
     done = True
     for at in range(start, end, _WINDOW):
         n = min(_WINDOW, end - at)
-        if libc.mincore(at, n, resident) == 0 and resident.raw[: n // _PAGE].count(0) == 0:
+        if _resident(libc, at, n):
             continue  # every page of the window is in memory
         done = libc.madvise(at, n, _MADV_POPULATE_WRITE) == 0 and done
     return done
 
 
-__all__ = ["populate"]
+def in_memory(address: int, length: int) -> bool:
+    """Whether every whole page of ``length`` bytes at ``address`` is in memory already (a live
+    trainer's target: nothing to populate); False where the kernel cannot say."""
+    start = -(-address // _PAGE) * _PAGE
+    end = (address + length) // _PAGE * _PAGE
+    libc = _kernel()
+    if libc is None:
+        return False
+    return all(_resident(libc, at, min(_WINDOW, end - at)) for at in range(start, end, _WINDOW))
+
+
+def _resident(libc: Any, at: int, n: int) -> bool:
+    """Whether every page of the window is in memory: ``mincore`` into a vector of this call's
+    own (the lane's populating threads ask at once)."""
+    import ctypes
+
+    vector = ctypes.create_string_buffer(n // _PAGE)
+    return libc.mincore(at, n, vector) == 0 and vector.raw.count(0) == 0
+
+
+__all__ = ["in_memory", "populate"]
 
 
 def physical_memory() -> int:

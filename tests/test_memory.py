@@ -64,7 +64,7 @@ class _Libc:
 
 def _fake(monkeypatch: pytest.MonkeyPatch, resident: bool | None = None) -> _Libc:
     libc = _Libc(resident)
-    monkeypatch.setattr(memory, "_libc", (libc, ctypes.create_string_buffer(memory._WINDOW // memory._PAGE)))
+    monkeypatch.setattr(memory, "_libc", libc)
     return libc
 
 
@@ -239,6 +239,7 @@ def test_a_target_is_populated_in_parts_that_cover_it_and_nothing_else(
 
     asked: list[tuple[int, int]] = []
     monkeypatch.setattr(reading, "populate", lambda at, n: asked.append((at, n)))
+    monkeypatch.setattr(reading, "in_memory", lambda at, n: False)  # a fresh target
     lane = reading.CrcLane()
     lane.populate(address, length)
     threads = list(lane._populators)
@@ -251,3 +252,27 @@ def test_a_target_is_populated_in_parts_that_cover_it_and_nothing_else(
     assert all(at % PAGE == 0 for at, _ in asked[1:])
     if length >= 2 * reading.POPULATORS * PAGE:
         assert len(asked) == reading.POPULATORS
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore is asked on Linux")
+def test_a_target_already_in_memory_starts_no_populating_thread() -> None:
+    """A live trainer's target (every page in memory) is not handed to the lane's populating
+    threads; a fresh one is, and is in memory after."""
+    from drill.integrity.reading import CrcLane
+
+    size = 16 << 20
+    fresh, touched = mmap.mmap(-1, size), mmap.mmap(-1, size)
+    touched.write(b"x" * size)
+    assert memory.in_memory(_address(touched), size) and not memory.in_memory(_address(fresh), size)
+    lane = CrcLane()
+    try:
+        lane.populate(_address(touched), size)
+        assert lane._populators == []
+        lane.populate(_address(fresh), size)
+        threads = list(lane._populators)
+        assert threads
+    finally:
+        lane.close()
+    for thread in threads:
+        thread.join()
+    assert memory.in_memory(_address(fresh), size) or not memory.populate(_address(fresh), size)

@@ -22,7 +22,7 @@ from typing import Any
 import xxhash
 
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, ChunkHasher, FileHashes, crc32
-from drill.memory import populate
+from drill.memory import in_memory, populate
 from drill.storage import FileChanged, NotARegularFile, PathEscapesCheckpoint, Storage, StorageUnavailable
 
 READ_CHUNK = 8 << 20
@@ -373,7 +373,11 @@ class CrcLane:
         """Fault in the pages of the target at ``address`` (``length`` bytes) on threads of
         their own (:func:`drill.memory.populate`, :data:`POPULATORS` parts of it at once, cut on
         page boundaries), in the order asked, beside the hashing: asked for the next target
-        while the reader fills this one, it is there before the reads."""
+        while the reader fills this one, it is there before the reads. A target already in
+        memory (a live trainer's, :func:`drill.memory.in_memory`: one ``mincore``, asked here) is
+        not handed over: no thread starts for it."""
+        if in_memory(address, length):
+            return
         if not self._populators:
             for _ in range(POPULATORS):
                 thread = threading.Thread(target=self._populate, name="drill-populate", daemon=True)
