@@ -98,14 +98,12 @@ def populate(address: int, length: int) -> bool:
     are all in memory already (a live trainer's target) is left alone: one ``mincore`` asks,
     where populating it would walk and check every page again (0.3 GB: 0.2 ms, against 15-30).
     Releases the interpreter lock while the kernel works (a ctypes call)."""
-    start = -(-address // _PAGE) * _PAGE
-    end = (address + length) // _PAGE * _PAGE
+    windows = _windows(address, length)
     libc = _kernel()
-    if libc is None or end <= start:
+    if libc is None or not windows:
         return False
     done = True
-    for at in range(start, end, _WINDOW):
-        n = min(_WINDOW, end - at)
+    for at, n in windows:
         if _resident(libc, at, n):
             continue  # every page of the window is in memory
         done = libc.madvise(at, n, _MADV_POPULATE_WRITE) == 0 and done
@@ -115,12 +113,18 @@ def populate(address: int, length: int) -> bool:
 def in_memory(address: int, length: int) -> bool:
     """Whether every whole page of ``length`` bytes at ``address`` is in memory already (a live
     trainer's target: nothing to populate); False where the kernel cannot say."""
-    start = -(-address // _PAGE) * _PAGE
-    end = (address + length) // _PAGE * _PAGE
     libc = _kernel()
     if libc is None:
         return False
-    return all(_resident(libc, at, min(_WINDOW, end - at)) for at in range(start, end, _WINDOW))
+    return all(_resident(libc, at, n) for at, n in _windows(address, length))
+
+
+def _windows(address: int, length: int) -> list[tuple[int, int]]:
+    """The whole pages of ``length`` bytes at ``address``, as (start, bytes) of at most
+    :data:`_WINDOW` each; the partial pages at either end are not among them."""
+    start = -(-address // _PAGE) * _PAGE
+    end = (address + length) // _PAGE * _PAGE
+    return [(at, min(_WINDOW, end - at)) for at in range(start, end, _WINDOW)]
 
 
 def _resident(libc: Any, at: int, n: int) -> bool:
