@@ -125,6 +125,51 @@ def test_postgres_stopped_mid_drill_spools_the_verdict_and_flush_delivers_it_onc
     assert drilled.status == "passed" and drilled.finished_at is not None
 
 
+def test_a_database_found_away_is_tried_once_per_later_write_until_it_answers(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transient failure that outlasts the retries marks the database away: each later write
+    of the drill is tried once, not waited out again (a dead server cost ~7 s a drill), and
+    the first write that gets through brings the retries back."""
+    from drill.errors import DatabaseError
+    from drill.records.db import open_database
+    from drill.records.recorder import ATTEMPTS, DatabaseRecorder
+
+    monkeypatch.setattr("drill.records.recorder.BACKOFF", (0.0, 0.0))
+    calls: list[str] = []
+
+    def write(name: str, *, fails: bool, transient: bool = True):
+        def fn() -> str:
+            calls.append(name)
+            if fails:
+                err = DatabaseError(f"{name}: connection refused")
+                err.transient = transient
+                raise err
+            return name
+
+        return fn
+
+    database = open_database(sqlite_url)
+    try:
+        recorder = DatabaseRecorder(database)
+        with pytest.raises(DatabaseError):
+            recorder._retry(write("lost", fails=True, transient=False))  # not worth retrying: once
+        assert calls == ["lost"] and not recorder.away
+        with pytest.raises(DatabaseError):
+            recorder._retry(write("first", fails=True))
+        assert calls.count("first") == ATTEMPTS and recorder.away
+        for name in ("phase", "checks", "finish"):
+            with pytest.raises(DatabaseError):
+                recorder._retry(write(name, fails=True))
+            assert calls.count(name) == 1
+        assert recorder._retry(write("back", fails=False)) == "back" and not recorder.away
+        with pytest.raises(DatabaseError):
+            recorder._retry(write("again", fails=True))
+        assert calls.count("again") == ATTEMPTS
+    finally:
+        database.close()
+
+
 def test_a_flush_that_died_before_unlinking_delivers_nothing_twice(
     demo_run: Path, sqlite_url: str, private_spool: Path
 ) -> None:

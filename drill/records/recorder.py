@@ -59,6 +59,9 @@ class DatabaseRecorder:
         self.checkpoint_id: int | None = None
         self.problem: str | None = None
         """The first record write that failed mid-drill, if any."""
+        self.away = False
+        """A transient failure outlasted every retry: the database is away, and each later
+        write is tried once (it may be back) instead of waiting out the backoff again."""
 
     # -- the protocol -----------------------------------------------------------------------
     def begin(self, start: DrillStart) -> int | None:
@@ -221,13 +224,20 @@ class DatabaseRecorder:
             return False
 
     def _retry(self, fn: Callable[[], T]) -> T:
-        for attempt in range(self.attempts):
+        attempts = 1 if self.away else self.attempts
+        for attempt in range(attempts):
             try:
-                return fn()
+                result = fn()
             except DatabaseError as exc:
-                if not getattr(exc, "transient", False) or attempt + 1 == self.attempts:
+                if not getattr(exc, "transient", False):
+                    raise
+                if attempt + 1 == attempts:
+                    self.away = True
                     raise
                 time.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
+            else:
+                self.away = False
+                return result
         raise AssertionError("unreachable")
 
     def _best_effort(self, what: str, fn: Callable[[], T]) -> T | None:
