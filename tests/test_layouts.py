@@ -33,17 +33,17 @@ def _needs(kind: str) -> None:
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory):
-    """``written(kind, ranks, nan=False)``: a checkpoint run written once per module."""
+    """``written(kind, ranks, nan=False)``: a checkpoint run written once per module — the
+    clean run and its copy with a NaN by the same writers (their start-up is most of the time)."""
     cache: dict[tuple[str, int, bool], Path] = {}
 
     def get(kind: str, ranks: int, nan: bool = False) -> Path:
         _needs(kind)
-        key = (kind, ranks, nan)
-        if key not in cache:
-            cache[key] = layouts.spawn(
-                kind, tmp_path_factory.mktemp(f"{kind}{ranks}{'nan' if nan else ''}"), ranks, nan=nan
-            )
-        return cache[key]
+        if (kind, ranks, nan) not in cache:
+            clean, poisoned = (tmp_path_factory.mktemp(f"{kind}{ranks}{tail}") for tail in ("", "nan"))
+            layouts.spawn(kind, clean, ranks, nan_out=poisoned)
+            cache[kind, ranks, False], cache[kind, ranks, True] = clean, poisoned
+        return cache[kind, ranks, nan]
 
     return get
 
