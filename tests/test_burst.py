@@ -47,8 +47,8 @@ def throttled() -> Iterator[tuple[str, dict[str, str]]]:
         client.create_bucket(Bucket=bucket)
         local = Path(os.environ.get("TMPDIR", "/tmp")) / f"drill-burst-{uuid.uuid4().hex[:8]}" / "step-1"
         state = {
-            f"w{i}": torch.full((3 << 18,), float(i)) for i in range(4)
-        }  # 4 files × 3 MiB: the transfer, not the requests, decides the time
+            f"w{i}": torch.full((3 << 17,), float(i)) for i in range(4)
+        }  # 4 files × 1.5 MiB: the transfer, not the requests, decides the time
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(local), thread_count=4), no_dist=True)
         for f in local.iterdir():
             client.upload_file(str(f), bucket, f"run/step-1/{f.name}")
