@@ -39,7 +39,7 @@ NAN_IN = {
     "lightning": "model.blocks.0.attn.qkv.weight",
     "megatron": "decoder.layers.mlp.linear_fc1.weight",
 }
-"""The weight ``spawn(..., nan=True)`` writes a NaN into (rank 0's shard), per layout."""
+"""The weight the copy ``spawn(..., nan_out=DIR)`` writes holds a NaN in (rank 0's shard), per layout."""
 
 
 def spawn(kind: str, out: Path, ranks: int, timeout: float = 300, nan_out: Path | None = None) -> Path:
