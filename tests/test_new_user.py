@@ -38,6 +38,42 @@ def test_an_sqlite_file_in_a_directory_that_does_not_exist_is_refused(tmp_path: 
     assert not (tmp_path / "no").exists()
 
 
+READERS = [
+    ["history"],
+    ["show", "1"],
+    ["runs"],
+    ["last-good", "--root", "."],
+    ["report"],
+    ["metrics", "--textfile", "drill.prom"],
+    ["goodput", "--root", "."],
+    ["audit", "verify"],
+    ["scheduler", "status"],
+    ["db", "status"],
+]
+
+
+@pytest.mark.parametrize("command", READERS, ids=lambda c: " ".join(c))
+def test_a_command_that_only_reads_refuses_an_sqlite_file_in_a_directory_that_does_not_exist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """A mistyped ``--db`` names no records: a read must not answer "nothing recorded" (an empty
+    report, no last good, exit 0) from a database that cannot exist — it is refused as a write is."""
+    monkeypatch.chdir(tmp_path)
+    res = invoke(CliRunner(), *command, "--db", str(tmp_path / "no" / "such" / "drill.db"))
+    assert res.exit_code == 2 and "does not exist (create it first)" in res.stderr, res.stderr
+    assert res.stdout == "" and not (tmp_path / "no").exists()
+    assert list(tmp_path.iterdir()) in ([], [tmp_path / "spool"])
+
+
+def test_a_command_that_only_reads_finds_nothing_recorded_in_a_new_file_of_an_existing_directory(
+    tmp_path: Path,
+) -> None:
+    """The other side of the line: a database not written yet, where one can be, is empty."""
+    res = invoke(CliRunner(), "history", "--db", str(tmp_path / "drill.db"))
+    assert res.exit_code == 0 and "no drills recorded" in res.stderr + res.stdout
+    assert not (tmp_path / "drill.db").exists()
+
+
 def test_db_status_exits_4_when_behind_even_with_json(postgres_url: str) -> None:
     res = invoke(CliRunner(), "db", "status", "--json", "--db", postgres_url)
     assert res.exit_code == 4 and json.loads(res.stdout)["state"] == "behind"

@@ -27,7 +27,8 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         help="Record database URL (sqlite:///PATH, postgresql://…) or an SQLite file path. "
-        "Default: $DRILL_DATABASE_URL, else ~/.local/share/drill/drill.db.",
+        "Default: $DRILL_DATABASE_URL, else ~/.local/share/drill/drill.db. "
+        "An SQLite file's directory must exist (only the default's is created).",
         show_default=False,
     ),
 ]

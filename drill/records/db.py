@@ -188,8 +188,7 @@ def _sqlite_directory(database: str | None) -> None:
         return
     parent = Path(database).parent
     if not parent.is_dir():
-        if Path(database) != default_database_path():
-            raise UsageError(f"--db {database}: directory {parent} does not exist (create it first)")
+        _refuse_missing_directory(database)
         parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
         os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -197,6 +196,14 @@ def _sqlite_directory(database: str | None) -> None:
         pass
     except OSError:
         pass  # read-only media: opening it will say so
+
+
+def _refuse_missing_directory(database: str) -> None:
+    """An SQLite file named in a directory that does not exist is a mistyped ``--db`` — nothing
+    was ever recorded there, and nothing will be: refused, for reading as for writing. Only the
+    embedded default's directory is drill's to create."""
+    if Path(database) != default_database_path() and not Path(database).parent.is_dir():
+        raise UsageError(f"--db {database}: directory {Path(database).parent} does not exist (create it first)")
 
 
 def upgrade(url: str) -> tuple[str | None, str]:
@@ -274,7 +281,8 @@ def read_database(url: str | None = None) -> Database | None:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
         if not Path(parsed.database).exists():
-            return None
+            _refuse_missing_directory(parsed.database)
+            return None  # nothing recorded there yet
     engine = _make_engine(url, readonly=True)
     current = _connectable_revision(engine, url)
     head = head_revision()
