@@ -160,11 +160,11 @@ def history(
     from drill.records.store import Records
     from drill.storage import normalize
 
+    key = normalize(root) if root else None  # a location no storage can address is refused, recorded drills or not
     database = read_database(db)
     if database is None:
         return []
     try:
-        key = normalize(root) if root else None
         return Records(database).history(run_root=key, limit=limit, since=since, status=status, policy=policy)
     finally:
         database.close()
@@ -191,11 +191,12 @@ def bursts(*, db: str | None = None, root: str | None = None, limit: int = 50) -
     from drill.records.store import Records
     from drill.storage import normalize
 
+    key = normalize(root) if root else None
     database = read_database(db)
     if database is None:
         return []
     try:
-        return Records(database).bursts(normalize(root) if root else None, limit=limit)
+        return Records(database).bursts(key, limit=limit)
     finally:
         database.close()
 
@@ -249,7 +250,8 @@ def list_run(
 ) -> tuple[str, Discovery]:
     """``(normalized root, Discovery)`` of a run, bounded in time; the one way commands list a
     run (errors: :class:`~drill.errors.NothingToDrill` when it is not there,
-    :class:`~drill.errors.StorageProblem` when the storage refuses or fails)."""
+    :class:`~drill.errors.StorageProblem` when the storage refuses or fails,
+    :class:`~drill.storage.Unaddressable` — a usage error — when no storage can address it)."""
     from drill.discover import discover
     from drill.errors import NothingToDrill, storage_unavailable
     from drill.interrupts import deadline

@@ -99,8 +99,12 @@ class StorageProblem(DrillError):
     exit_code = ExitCode.ERROR
 
 
-def storage_unavailable(uri: str, exc: BaseException) -> StorageProblem:
-    """The one-line error for a storage that would not serve ``uri``."""
+def storage_unavailable(uri: str, exc: BaseException) -> DrillError:
+    """The one-line error for a storage that would not serve ``uri`` — or, where the failure
+    already is a :class:`DrillError` (a location no storage can address: what was typed), that
+    error itself."""
+    if isinstance(exc, DrillError):
+        return exc
     why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     hint = (
         "check the credentials drill runs with (boto3's chain: environment, profile, instance role) and s3:ListBucket + s3:GetObject"

@@ -74,6 +74,81 @@ def test_a_command_that_only_reads_finds_nothing_recorded_in_a_new_file_of_an_ex
     assert not (tmp_path / "drill.db").exists()
 
 
+# -- locations no storage can address ----------------------------------------------------------
+LOCATED = {  # every command that takes a run root or a checkpoint: where the location goes
+    "run": ["run", "--root", "{}", "--no-replay"],
+    "verify": ["verify", "{}"],
+    "seal": ["seal", "{}"],
+    "burst": ["burst", "--root", "{}"],
+    "last-good": ["last-good", "--root", "{}"],
+    "goodput": ["goodput", "--root", "{}"],
+    "history": ["history", "--root", "{}"],
+    "report": ["report", "--root", "{}"],
+    "runs": ["runs", "{}"],
+}
+STORAGE = ("run", "verify", "seal", "burst", "last-good")
+"""The commands that reach storage itself (the others ask the records, keyed by the location)."""
+
+
+@pytest.fixture
+def no_s3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """S3 settings that can send nothing anywhere: an endpoint on a closed local port."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "drill-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "drill-test-secret")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _at(command: str, location: str, db: Path) -> list[str]:
+    args = [a.format(location) for a in LOCATED[command]]
+    return args if command == "seal" else [*args, "--db", str(db)]
+
+
+@pytest.mark.parametrize("command", LOCATED)
+@pytest.mark.parametrize(
+    ("location", "says"),
+    [
+        ("s3://", "names no bucket"),
+        ("s3:///run7", "names no bucket"),
+        ("gs://bucket/run7", "unsupported storage scheme 'gs'"),
+    ],
+)
+def test_a_location_no_storage_can_address_is_a_usage_error_for_every_command(
+    no_s3: Path, command: str, location: str, says: str
+) -> None:
+    """Not an internal error (exit 70), not "storage unavailable" (exit 5): what was typed is
+    wrong, and it is refused in one line before any request."""
+    res = invoke(CliRunner(), *_at(command, location, no_s3 / "drill.db"))
+    assert res.exit_code == 2 and says in res.stderr, res.stderr
+    assert "internal error" not in res.stderr and "Traceback" not in res.stderr and res.stdout == ""
+
+
+@pytest.mark.parametrize("command", STORAGE)
+def test_a_bucket_name_s3_refuses_is_a_usage_error_not_an_unavailable_storage(no_s3: Path, command: str) -> None:
+    res = invoke(CliRunner(), *_at(command, "s3://ckpt:7480/run7", no_s3 / "drill.db"))
+    assert res.exit_code == 2 and "not a bucket name S3 accepts" in res.stderr, res.stderr
+    assert "gave up after" not in res.stderr  # refused at once, never retried
+
+
+def test_an_s3_endpoint_that_is_not_a_url_is_a_usage_error(no_s3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "minio-local")
+    res = invoke(CliRunner(), "verify", "s3://ckpt/run7/step-1", "--db", str(no_s3 / "drill.db"))
+    assert res.exit_code == 2 and "S3 settings: Invalid endpoint: minio-local" in res.stderr, res.stderr
+
+
+def test_an_s3_profile_that_is_not_configured_is_a_credentials_error(
+    no_s3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_PROFILE", "drill-no-such-profile")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(no_s3 / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(no_s3 / "credentials"))
+    res = invoke(CliRunner(), "verify", "s3://ckpt/run7/step-1", "--db", str(no_s3 / "drill.db"))
+    assert res.exit_code == 5 and "could not be found" in res.stderr and "credentials" in res.stderr, res.stderr
+    assert "internal error" not in res.stderr
+
+
 def test_db_status_exits_4_when_behind_even_with_json(postgres_url: str) -> None:
     res = invoke(CliRunner(), "db", "status", "--json", "--db", postgres_url)
     assert res.exit_code == 4 and json.loads(res.stdout)["state"] == "behind"

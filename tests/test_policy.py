@@ -92,6 +92,24 @@ def test_values_are_checked() -> None:
     assert any("device: unknown device 'tpu'" in p for p in problems)
 
 
+@pytest.mark.parametrize(
+    ("field", "uri", "says"),
+    [
+        ("root", "gs://bucket/run7", "unsupported storage scheme 'gs'"),
+        ("root", "s3://", "names no bucket"),
+        ("durable", "s3:///run7", "names no bucket"),
+        ("durable", "hdfs://nn/run7", "unsupported storage scheme 'hdfs'"),
+    ],
+)
+def test_a_location_no_storage_can_address_is_a_policy_error_not_a_warning(field: str, uri: str, says: str) -> None:
+    """No host could run it: an error naming the field, where a root not mounted *here* is
+    only ``policy check``'s warning."""
+    root = uri if field == "root" else "/r"
+    durable = f"\n  durable: '{uri}'" if field == "durable" else ""
+    (problem,) = _problems(f"name: p\ncheckpoints:\n  root: '{root}'{durable}\n")
+    assert f"checkpoints.{field}: " in problem and says in problem, problem
+
+
 def test_not_yaml() -> None:
     (problem,) = _problems("name: [unclosed\n")
     assert problem.startswith("p.yaml:2: not valid YAML")

@@ -1,7 +1,6 @@
 """Whether a valid policy can run *here*: what ``drill policy check`` warns about.
 
-A policy can be valid and still fail on this host — a storage scheme with no backend, a run
-directory that is not mounted, a CUDA device on a CPU-only host, an alert secret that is not
+A policy can be valid and still fail on this host — a run directory that is not mounted, a CUDA device on a CPU-only host, an alert secret that is not
 set in this environment. These are warnings, not errors: the policy may be meant for another
 host.
 """

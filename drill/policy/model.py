@@ -40,6 +40,18 @@ def _positive(name: str, value: float | int | None) -> None:
         raise FieldError(name, f"must be positive, got {value!r}")
 
 
+def _addressable(name: str, uri: str | None) -> None:
+    """A storage URI some backend can address (a known scheme, a bucket named): on no host
+    could a policy naming ``gs://…`` or ``s3://`` without a bucket run."""
+    from drill.storage import Unaddressable, normalize
+
+    if uri and "://" in uri:
+        try:
+            normalize(uri)
+        except Unaddressable as exc:
+            raise FieldError(name, str(exc)) from None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Checkpoints:
     root: str
@@ -65,6 +77,8 @@ class Checkpoints:
     def __post_init__(self) -> None:
         if not self.root.strip():
             raise FieldError("root", "must name the run directory")
+        for name in ("root", "durable"):
+            _addressable(name, getattr(self, name))
         if self.s3:
             from drill.storage.s3 import S3Config
 

@@ -16,6 +16,7 @@ from drill.storage.base import (
     Storage,
     StorageError,
     StorageUnavailable,
+    Unaddressable,
 )
 from drill.storage.local import LocalStorage
 
@@ -63,7 +64,7 @@ def storage_for(uri: str, options: dict[str, Any] | None = None) -> Storage:
             return S3Storage(S3Config.from_env(**(options or {})))
         except (TypeError, ValueError) as exc:
             raise StorageError(f"S3 settings: {exc}") from None
-    raise StorageError(f"unsupported storage scheme {scheme!r} in {uri!r} (supported: local paths, file://, s3://)")
+    raise Unaddressable(f"unsupported storage scheme {scheme!r} in {uri!r} (supported: local paths, file://, s3://)")
 
 
 def normalize(uri: str) -> str:
@@ -89,6 +90,7 @@ __all__ = [
     "Storage",
     "StorageError",
     "StorageUnavailable",
+    "Unaddressable",
     "local_storage",
     "normalize",
     "scheme_of",

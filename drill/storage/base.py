@@ -8,9 +8,24 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple, Protocol
 
+from drill.errors import UsageError
+
 
 class StorageError(OSError):
     """A storage operation failed; the message names the URI."""
+
+
+class Unaddressable(StorageError, UsageError):
+    """A location no storage can address — an unknown scheme, an ``s3://`` URI without a
+    bucket: what was typed, refused before any request (a usage error, exit 2), never the
+    storage's fault."""
+
+    def __init__(self, message: str) -> None:
+        StorageError.__init__(self, message)
+        self.message, self.hint = message, None
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class PathEscapesCheckpoint(StorageError):

@@ -39,8 +39,8 @@ from drill.storage.base import (
     EntryKind,
     FileChanged,
     PathEscapesCheckpoint,
-    StorageError,
     StorageUnavailable,
+    Unaddressable,
 )
 from drill.units import parse_size
 
@@ -112,7 +112,7 @@ def split(uri: str) -> tuple[str, str]:
     rest = uri[len("s3://") :] if uri.startswith("s3://") else uri
     bucket, _, key = rest.partition("/")
     if not bucket:
-        raise StorageError(f"{uri!r} names no bucket")
+        raise Unaddressable(f"{uri!r} names no bucket")
     return bucket, key.strip("/")
 
 
@@ -134,23 +134,35 @@ class S3Storage:
     def client(self) -> Any:
         with self._lock:
             if self._client is None:
-                import boto3
-                from botocore.config import Config
-
-                c = self.config
-                session = boto3.session.Session(profile_name=c.profile, region_name=c.region)
-                self._client = session.client(
-                    "s3",
-                    endpoint_url=c.endpoint_url,
-                    config=Config(
-                        s3={"addressing_style": c.addressing_style},
-                        retries={"total_max_attempts": 1},  # retried here, counted, with jitter and a deadline
-                        max_pool_connections=max(10, 2 * c.concurrency + 4),
-                        connect_timeout=c.timeout,
-                        read_timeout=c.timeout,
-                    ),
-                )
+                self._client = self._new_client()
             return self._client
+
+    def _new_client(self) -> Any:
+        """boto3's client for these settings; settings it cannot use are one-line errors: an
+        endpoint that is not a URL (:class:`Unaddressable`), a profile that is not configured
+        (:class:`PermissionError`: the credentials drill runs with)."""
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import ProfileNotFound
+
+        c = self.config
+        try:
+            session = boto3.session.Session(profile_name=c.profile, region_name=c.region)
+            return session.client(
+                "s3",
+                endpoint_url=c.endpoint_url,
+                config=Config(
+                    s3={"addressing_style": c.addressing_style},
+                    retries={"total_max_attempts": 1},  # retried here, counted, with jitter and a deadline
+                    max_pool_connections=max(10, 2 * c.concurrency + 4),
+                    connect_timeout=c.timeout,
+                    read_timeout=c.timeout,
+                ),
+            )
+        except ProfileNotFound as exc:
+            raise PermissionError(errno.EACCES, f"S3 settings: {exc}") from None
+        except ValueError as exc:  # botocore: "Invalid endpoint: …"
+            raise Unaddressable(f"S3 settings: {exc} (an endpoint is a URL: http(s)://host[:port])") from None
 
     @property
     def pool(self) -> ThreadPoolExecutor:
@@ -380,7 +392,7 @@ def retrying(config: S3Config, what: str, fn: Any) -> tuple[Any, int]:
 
 def classify(exc: Exception, what: str) -> tuple[OSError, bool]:
     """The error to raise for a failed request, and whether it is worth retrying."""
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ParamValidationError
 
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "")
@@ -399,6 +411,8 @@ def classify(exc: Exception, what: str) -> tuple[OSError, bool]:
         return PermissionError(
             errno.EACCES, f"{what}: no AWS credentials found (environment, shared config or instance role)"
         ), False
+    if isinstance(exc, ParamValidationError) and "Invalid bucket name" in str(exc):  # refused before sending
+        return Unaddressable(f"{what}: not a bucket name S3 accepts (letters, digits, '.', '-', '_')"), False
     if (
         isinstance(exc, (BotoCoreError, _ShortRead, ConnectionError, TimeoutError))
         or "IncompleteRead" in type(exc).__name__
