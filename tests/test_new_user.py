@@ -149,6 +149,26 @@ def test_an_s3_profile_that_is_not_configured_is_a_credentials_error(
     assert "internal error" not in res.stderr
 
 
+def test_a_default_database_whose_directory_cannot_be_created_is_a_database_error(
+    tmp_path: Path, demo_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$XDG_DATA_HOME`` under a regular file (or on a filesystem nothing can be created on):
+    one line naming the directory and how to choose another, before the drill begins — not
+    exit 70."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "a-file" / "share"))
+    monkeypatch.delenv("DRILL_DATABASE_URL", raising=False)
+    res = invoke(CliRunner(), "run", "--root", str(demo_run), "--no-replay")
+    assert res.exit_code == 4 and "cannot create the default database's directory" in res.stderr, res.stderr
+    assert "$DRILL_DATABASE_URL" in res.stderr and "internal error" not in res.stderr
+
+
+def test_a_demo_directory_that_cannot_be_created_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    res = invoke(CliRunner(), "demo", str(tmp_path / "a-file" / "run"), "--steps", "2", "--save-every", "1")
+    assert res.exit_code == 2 and "cannot create" in res.stderr and "Not a directory" in res.stderr, res.stderr
+
+
 def test_db_status_exits_4_when_behind_even_with_json(postgres_url: str) -> None:
     res = invoke(CliRunner(), "db", "status", "--json", "--db", postgres_url)
     assert res.exit_code == 4 and json.loads(res.stdout)["state"] == "behind"

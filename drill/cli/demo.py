@@ -41,6 +41,10 @@ def demo(
         raise UsageError(str(exc)) from None
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise UsageError(f"{directory} exists and is not an empty directory; the demo writes a fresh run")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create {directory}: {exc.strerror or exc}") from None
     if ranks != 1:
         return _demo_ranks(directory, cfg, ranks, json=json)
     with stderr().status("training", spinner="dots") as status:

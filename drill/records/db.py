@@ -189,7 +189,13 @@ def _sqlite_directory(database: str | None) -> None:
     parent = Path(database).parent
     if not parent.is_dir():
         _refuse_missing_directory(database)
-        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:  # $XDG_DATA_HOME (or HOME) somewhere nothing can be created
+            raise DatabaseError(
+                f"cannot create the default database's directory {parent}: {exc.strerror or exc}"
+                " (set $XDG_DATA_HOME, $DRILL_DATABASE_URL or --db)"
+            ) from None
     try:
         os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
