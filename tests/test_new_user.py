@@ -149,6 +149,41 @@ def test_an_s3_profile_that_is_not_configured_is_a_credentials_error(
     assert "internal error" not in res.stderr
 
 
+@pytest.mark.parametrize("command", ["verify", "run"])
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("DRILL_S3_CONCURRENCY", "abc", "$DRILL_S3_CONCURRENCY='abc' is not a whole number"),
+        ("DRILL_S3_CONCURRENCY", "0", "must be at least 1"),
+        ("DRILL_S3_PART_SIZE", "lots", "$DRILL_S3_PART_SIZE='lots' is not a size"),
+        ("DRILL_S3_ADDRESSING_STYLE", "sideways", "expected auto, path or virtual"),
+        ("AWS_CONFIG_FILE", "not ini [[[", "Unable to parse config file"),
+    ],
+)
+def test_object_store_settings_that_cannot_be_used_are_a_usage_error(
+    no_s3: Path, monkeypatch: pytest.MonkeyPatch, command: str, variable: str, value: str, says: str
+) -> None:
+    """Settings from the environment are what was configured: one line naming the setting,
+    exit 2 — not an internal error, not an unavailable storage."""
+    if variable == "AWS_CONFIG_FILE":
+        (no_s3 / "config").write_text(value)
+        value = str(no_s3 / "config")
+    monkeypatch.setenv(variable, value)
+    location = "s3://ckpt/run7/step-1" if command == "verify" else "s3://ckpt/run7"
+    res = invoke(CliRunner(), *_at(command, location, no_s3 / "drill.db"))
+    assert res.exit_code == 2 and "S3 settings: " in res.stderr and says in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("url", ["postgresql://[::1", "postgresql://127.0.0.1:abc/drill"])
+@pytest.mark.parametrize("command", [["history"], ["report"], ["run", "--root", "{}", "--no-replay"]])
+def test_a_database_url_that_does_not_parse_is_a_usage_error(
+    tmp_path: Path, demo_run: Path, url: str, command: list[str]
+) -> None:
+    args = [a.format(demo_run) for a in command]
+    res = invoke(CliRunner(), *args, "--db", url)
+    assert res.exit_code == 2 and "is not a database URL" in res.stderr, res.stderr
+
+
 def test_a_default_database_whose_directory_cannot_be_created_is_a_database_error(
     tmp_path: Path, demo_run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, inspect
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -133,13 +133,19 @@ class Database:
         self.engine.dispose()
 
 
-def _make_engine(url: str, *, readonly: bool = False) -> Engine:
+def _parsed(url: str) -> URL:
+    """``url`` parsed, or a usage error: sqlalchemy raises ``ValueError`` as well as its own
+    ``ArgumentError`` for what it cannot parse (``postgresql://[::1``, a port that is no number)."""
     try:
-        parsed = make_url(url)
-    except ArgumentError:
+        return make_url(url)
+    except (ArgumentError, ValueError):
         raise UsageError(
             f"--db {safe_url(url)!r} is not a database URL (expected sqlite:///PATH or postgresql://…)"
         ) from None
+
+
+def _make_engine(url: str, *, readonly: bool = False) -> Engine:
+    parsed = _parsed(url)
     kwargs: dict = {}
     if parsed.get_backend_name() == "sqlite":
         _sqlite_directory(parsed.database)
@@ -284,7 +290,7 @@ def read_database(url: str | None = None) -> Database | None:
     """Open for reading only: no migration, no write (read-only SQLite files work), and
     None when the embedded SQLite file does not exist yet (nothing was ever recorded)."""
     url = resolve_url(url)
-    parsed = make_url(url)
+    parsed = _parsed(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
         if not Path(parsed.database).exists():
             _refuse_missing_directory(parsed.database)

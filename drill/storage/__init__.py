@@ -48,7 +48,8 @@ def use_options(options: dict[str, Any] | None) -> None:
 
 
 def storage_for(uri: str, options: dict[str, Any] | None = None) -> Storage:
-    """The storage that serves ``uri``; raises :class:`StorageError` for an unknown scheme.
+    """The storage that serves ``uri``; raises :class:`Unaddressable` for an unknown scheme or
+    object-store settings that cannot be used.
 
     ``options`` configure an object store (``endpoint_url``, ``region``, ``profile``,
     ``addressing_style``, ``concurrency``, ``part_size``); the environment fills the rest.
@@ -63,7 +64,7 @@ def storage_for(uri: str, options: dict[str, Any] | None = None) -> Storage:
         try:
             return S3Storage(S3Config.from_env(**(options or {})))
         except (TypeError, ValueError) as exc:
-            raise StorageError(f"S3 settings: {exc}") from None
+            raise Unaddressable(f"S3 settings: {exc}") from None
     raise Unaddressable(f"unsupported storage scheme {scheme!r} in {uri!r} (supported: local paths, file://, s3://)")
 
 

@@ -16,8 +16,10 @@ class StorageError(OSError):
 
 
 class Unaddressable(StorageError, UsageError):
-    """A location no storage can address — an unknown scheme, an ``s3://`` URI without a
-    bucket: what was typed, refused before any request (a usage error, exit 2), never the
+    """A location no storage can address as given — an unknown scheme, an ``s3://`` URI
+    without a bucket, a bucket name S3 refuses, object-store settings that cannot be used (an
+    endpoint that is no URL, a concurrency of 0, a config file that does not parse): what was
+    typed or configured, refused before any request (a usage error, exit 2), never the
     storage's fault."""
 
     def __init__(self, message: str) -> None:

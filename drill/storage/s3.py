@@ -99,12 +99,21 @@ class S3Config:
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
             profile=env.get("AWS_PROFILE") or None,
             addressing_style=env.get("DRILL_S3_ADDRESSING_STYLE", "auto"),
-            concurrency=int(env.get("DRILL_S3_CONCURRENCY", "8")),
-            part_size=parse_size(env.get("DRILL_S3_PART_SIZE", str(8 << 20))),
+            concurrency=_from_env("DRILL_S3_CONCURRENCY", "8", int),
+            part_size=_from_env("DRILL_S3_PART_SIZE", str(8 << 20), parse_size),
         )
         if "part_size" in given:
             given["part_size"] = parse_size(given["part_size"])
         return replace(base, **given)
+
+
+def _from_env(name: str, default: str, parse: Any) -> Any:
+    """``parse`` of the variable ``name`` (or ``default``); what it cannot parse is named."""
+    raw = os.environ.get(name, default)
+    try:
+        return parse(raw)
+    except ValueError:
+        raise ValueError(f"${name}={raw!r} is not {'a whole number' if parse is int else 'a size'}") from None
 
 
 def split(uri: str) -> tuple[str, str]:
@@ -139,11 +148,12 @@ class S3Storage:
 
     def _new_client(self) -> Any:
         """boto3's client for these settings; settings it cannot use are one-line errors: an
-        endpoint that is not a URL (:class:`Unaddressable`), a profile that is not configured
-        (:class:`PermissionError`: the credentials drill runs with)."""
+        endpoint that is not a URL, a config file that does not parse (:class:`Unaddressable`),
+        a profile that is not configured (:class:`PermissionError`: the credentials drill runs
+        with)."""
         import boto3
         from botocore.config import Config
-        from botocore.exceptions import ProfileNotFound
+        from botocore.exceptions import BotoCoreError, ProfileNotFound
 
         c = self.config
         try:
@@ -163,6 +173,8 @@ class S3Storage:
             raise PermissionError(errno.EACCES, f"S3 settings: {exc}") from None
         except ValueError as exc:  # botocore: "Invalid endpoint: …"
             raise Unaddressable(f"S3 settings: {exc} (an endpoint is a URL: http(s)://host[:port])") from None
+        except BotoCoreError as exc:  # nothing is sent in making a client: a config file that does not parse, …
+            raise Unaddressable(f"S3 settings: {exc}") from None
 
     @property
     def pool(self) -> ThreadPoolExecutor:
