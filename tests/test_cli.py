@@ -664,6 +664,38 @@ def test_a_coverage_window_past_the_calendar_is_all_of_time(tmp_path: Path) -> N
     assert earlier(now, 60) < now
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        '{"status": "passed", "exit_code": 1e400}',
+        '{"status": "passed", "exit_code": true}',
+        '{"status": "passed", "exit_code": 1.5}',
+        '{"status": "passed", "exit_code": "0"}',
+        '{"status": "passed", "exit_code": null}',
+        '{"status": "passed", "exit_code": 99}',
+        '{"status": 7, "exit_code": 0}',
+        '{"status": "passed", "exit_code": 0, "rank": "zero"}',
+        '{"status": "passed", "exit_code": 0, "message": ["a"]}',
+        '[{"status": "passed", "exit_code": 0}]',
+        '"passed"',
+    ],
+)
+def test_a_verdict_file_of_any_other_shape_is_no_verdict(tmp_path: Path, doc: str) -> None:
+    """A launcher's step: only what ``drill run --verdict-file`` writes sets the exit code —
+    ``1e400`` was an internal ``OverflowError``, ``true`` and ``1.5`` passed as 1."""
+    (f := tmp_path / "v.json").write_text(doc)
+    res = invoke(CliRunner(), "verdict", str(f))
+    assert res.exit_code == 5 and "holds no drill verdict" in res.stderr, res.stderr
+
+
+def test_the_verdict_file_drill_writes_reads_back_with_its_exit_code(tmp_path: Path) -> None:
+    from drill.launch.verdict import VerdictFile, write_verdict
+
+    write_verdict(str(f := tmp_path / "v.json"), VerdictFile(12, "failed", 1, "a shard is truncated", 3))
+    res = invoke(CliRunner(), "verdict", str(f))
+    assert res.exit_code == 1 and "#12" in res.stderr and "failed" in res.stderr, res.stderr
+
+
 NAMED_FILES = [
     (["policy", "check", "{f}"], 2, "{f}: cannot read: not a regular file"),
     (["submit", "--policy", "{f}"], 2, "{f}: cannot read: not a regular file"),

@@ -57,10 +57,7 @@ def write_verdict(path: str, verdict: VerdictFile) -> None:
 def read_verdict(path: str) -> VerdictFile:
     """The verdict a drill left; :class:`DrillError` (exit 5) when there is none to read."""
     try:
-        doc = json.loads(read_regular(path, MAX_VERDICT_BYTES))
-        code = int(doc["exit_code"])
-        ExitCode(code)
-        return VerdictFile(doc.get("id"), str(doc["status"]), code, doc.get("message"), doc.get("rank"))
+        return _verdict_of(json.loads(read_regular(path, MAX_VERDICT_BYTES)))
     except FileNotFoundError:
         raise DrillError(f"no verdict at {path}: the drill ended before it decided (see its output)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -68,6 +65,24 @@ def read_verdict(path: str) -> VerdictFile:
         raise DrillError(
             f"{path} holds no drill verdict ({why}): was it written by drill run --verdict-file?"
         ) from None
+
+
+def _verdict_of(doc: Any) -> VerdictFile:
+    """The verdict in a document of exactly the shape :func:`write_verdict` writes: an exit code
+    drill documents (an integer: not ``true``, ``1.5``, ``"1"`` or ``1e400``), a status, and
+    the id, message and rank each of its type or null. Anything else raises ``TypeError``."""
+    if not isinstance(doc, dict):
+        raise TypeError("not an object")
+    code, status = doc["exit_code"], doc["status"]
+    optional = ((doc.get("id"), int), (doc.get("message"), str), (doc.get("rank"), int))
+    if type(code) is not int or not isinstance(status, str) or not all(_of(v, t) for v, t in optional):
+        raise TypeError("a field of the wrong type")
+    ExitCode(code)  # ValueError: no exit code drill documents
+    return VerdictFile(doc.get("id"), status, code, doc.get("message"), doc.get("rank"))
+
+
+def _of(value: Any, kind: type) -> bool:
+    return value is None or (type(value) is kind)
 
 
 __all__ = ["ENV", "VerdictFile", "read_verdict", "write_verdict"]
