@@ -1,8 +1,9 @@
 """Whether a valid policy can run *here*: what ``drill policy check`` warns about.
 
-A policy can be valid and still fail on this host — a run directory that is not mounted, a CUDA device on a CPU-only host, an alert secret that is not
-set in this environment. These are warnings, not errors: the policy may be meant for another
-host.
+A policy can be valid and still fail on this host — a run directory that is not mounted, a
+CUDA device on a CPU-only host, an alert secret that is not set in this environment. These are
+warnings, not errors: the policy may be meant for another host. (A location no host could
+address is the policy's error: :mod:`drill.policy.model`.)
 """
 
 from __future__ import annotations

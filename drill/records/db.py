@@ -214,8 +214,9 @@ def _refuse_missing_directory(database: str) -> None:
     """An SQLite file named in a directory that does not exist is a mistyped ``--db`` — nothing
     was ever recorded there, and nothing will be: refused, for reading as for writing. Only the
     embedded default's directory is drill's to create."""
-    if Path(database) != default_database_path() and not Path(database).parent.is_dir():
-        raise UsageError(f"--db {database}: directory {Path(database).parent} does not exist (create it first)")
+    path = Path(database)
+    if path != default_database_path() and not path.parent.is_dir():
+        raise UsageError(f"--db {database}: directory {path.parent} does not exist (create it first)")
 
 
 def upgrade(url: str) -> tuple[str | None, str]:

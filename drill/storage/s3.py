@@ -99,21 +99,22 @@ class S3Config:
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
             profile=env.get("AWS_PROFILE") or None,
             addressing_style=env.get("DRILL_S3_ADDRESSING_STYLE", "auto"),
-            concurrency=_from_env("DRILL_S3_CONCURRENCY", "8", int),
-            part_size=_from_env("DRILL_S3_PART_SIZE", str(8 << 20), parse_size),
+            concurrency=_from_env("DRILL_S3_CONCURRENCY", "8", int, "a whole number"),
+            part_size=_from_env("DRILL_S3_PART_SIZE", str(8 << 20), parse_size, "a size"),
         )
         if "part_size" in given:
             given["part_size"] = parse_size(given["part_size"])
         return replace(base, **given)
 
 
-def _from_env(name: str, default: str, parse: Any) -> Any:
-    """``parse`` of the variable ``name`` (or ``default``); what it cannot parse is named."""
+def _from_env(name: str, default: str, parse: Any, what: str) -> Any:
+    """``parse`` of the variable ``name`` (or ``default``); a value it cannot parse is named,
+    with ``what`` it should have been."""
     raw = os.environ.get(name, default)
     try:
         return parse(raw)
     except ValueError:
-        raise ValueError(f"${name}={raw!r} is not {'a whole number' if parse is int else 'a size'}") from None
+        raise ValueError(f"${name}={raw!r} is not {what}") from None
 
 
 def split(uri: str) -> tuple[str, str]:
