@@ -30,18 +30,17 @@ _EXPORTS = {
     "DrillStatus": "drill.verdict",
     "ExitCode": "drill.errors",
     "verify_checkpoint": "drill.verifier",
-    "seal": "drill.integrity.manifest",
+    "seal": "drill.verifier",
 }
 
 if TYPE_CHECKING:
     from drill.api import get_drill, history, last_good, run_drill, run_policy, verify_audit_chain
     from drill.errors import ExitCode
-    from drill.integrity.manifest import seal
     from drill.pipeline.outcome import DrillOutcome
     from drill.pipeline.request import DrillRequest
     from drill.report import ReportOptions, build_report
     from drill.verdict import DrillStatus
-    from drill.verifier import verify_checkpoint
+    from drill.verifier import seal, verify_checkpoint
 
 
 __getattr__ = lazy_names(__name__, _EXPORTS)

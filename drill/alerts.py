@@ -1,8 +1,8 @@
 """Alerts on failure, error, SLO breach or abort: a webhook POST and/or a command.
 
 The webhook payload is Slack-compatible (``text``) with structured fields beside it. Each
-delivery is bounded: ``retries`` attempts, each with a ``timeout``; failures are recorded,
-never raised. A webhook URL usually *is* a secret (Slack's are): drill prints and stores only
+delivery is bounded: ``retries`` attempts, each within ``timeout`` seconds of wall clock in all
+(not per socket read), redirects never followed; failures are recorded, never raised. A webhook URL usually *is* a secret (Slack's are): drill prints and stores only
 its scheme and host.
 """
 
@@ -122,6 +122,9 @@ def payload(drill: dict[str, Any], policy: str | None) -> dict[str, Any]:
 
 
 def post_webhook(url: str, body: dict[str, Any], *, timeout: float, retries: int) -> Delivery:
+    """POST ``body`` to ``url``: ``retries`` attempts, each bounded by ``timeout`` seconds of wall
+    clock in all (connecting, sending, the status line, the headers and the body: a server that
+    trickles its answer a byte at a time is cut off), never following a redirect."""
     data = strict_json(body).encode()
     error = None
     attempts = 0
@@ -129,16 +132,16 @@ def post_webhook(url: str, body: dict[str, Any], *, timeout: float, retries: int
         attempts = attempt + 1
         request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                if 200 <= response.status < 300:
-                    return Delivery("webhook", mask_url(url), True, attempts)
-                error = f"HTTP {response.status}"
+            status = _post_within(request, timeout)
+            if 200 <= status < 300:
+                return Delivery("webhook", mask_url(url), True, attempts)
+            error = f"HTTP {status}"
         except urllib.error.HTTPError as exc:
-            error = f"HTTP {exc.code}"
+            error = f"HTTP {exc.code}" + (": redirects are not followed" if 300 <= exc.code < 400 else "")
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             error = (
-                "timed out"
+                f"timed out (over {timeout:g} s)"
                 if isinstance(reason, TimeoutError) or "timed out" in str(reason)
                 else _without(str(reason), url)
             )
@@ -146,6 +149,70 @@ def post_webhook(url: str, body: dict[str, Any], *, timeout: float, retries: int
             error = f"{type(exc).__name__}: the request could not be made"
         time.sleep(min(0.5 * 2**attempt, 5.0))
     return Delivery("webhook", mask_url(url), False, attempts, error)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A webhook that answers with a redirect is not delivered to: its 3xx is the answer (a
+    redirect would carry the alert to wherever the server says, of any scheme)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _post_within(request: urllib.request.Request, timeout: float) -> int:
+    """The response's status, the whole exchange within ``timeout`` seconds: past it, every
+    socket the request opened is shut down, and the blocked read ends."""
+    import http.client
+    import socket
+    import threading
+
+    sockets: list[socket.socket] = []
+
+    class Tracked(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            sockets.append(self.sock)
+
+    class TrackedTLS(http.client.HTTPSConnection):
+        def connect(self) -> None:
+            super().connect()
+            sockets.append(self.sock)
+
+    class HTTP(urllib.request.HTTPHandler):
+        def http_open(self, req: Any) -> Any:
+            return self.do_open(Tracked, req)
+
+    class HTTPS(urllib.request.HTTPSHandler):
+        def https_open(self, req: Any) -> Any:
+            return self.do_open(TrackedTLS, req, context=self._context)  # type: ignore[attr-defined]
+
+    expired = threading.Event()
+
+    def cut() -> None:
+        expired.set()
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        with urllib.request.build_opener(HTTP, HTTPS, _NoRedirects).open(request, timeout=timeout) as response:
+            response.read(1 << 16)
+            if expired.is_set():
+                raise TimeoutError("timed out")
+            return int(response.status)
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise TimeoutError("timed out") from None
+        if isinstance(exc, http.client.HTTPException):
+            raise OSError(f"{type(exc).__name__}: the answer was not HTTP") from None
+        raise
+    finally:
+        timer.cancel()
 
 
 def _without(text: str, url: str) -> str:

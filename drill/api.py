@@ -223,9 +223,12 @@ def last_good(
     min_evidence: str = "structural",
     require_replay: bool = False,
     timeout: float | None = 300.0,
+    broken: list[DrillOutcome] | None = None,
 ) -> DrillOutcome | None:
     """The newest retained checkpoint under ``root`` whose latest drill passed on at least
-    ``min_evidence`` (see :mod:`drill.claims`), and replayed when ``require_replay``.
+    ``min_evidence`` (see :mod:`drill.claims`), and replayed when ``require_replay``. A drill
+    whose record fails its audit seal vouches for nothing: newer checkpoints whose latest
+    record does are passed over (and added to ``broken``, when given).
 
     Listing the run is bounded by ``timeout`` (a storage that never answers); a root that is
     not there is :class:`~drill.errors.NothingToDrill`, storage that refuses or fails is
@@ -239,7 +242,11 @@ def last_good(
         return None
     try:
         return Records(database).last_good(
-            key, [c.uri for c in found.checkpoints], min_evidence=min_evidence, require_replay=require_replay
+            key,
+            [c.uri for c in found.checkpoints],
+            min_evidence=min_evidence,
+            require_replay=require_replay,
+            broken=broken,
         )
     finally:
         database.close()
@@ -275,19 +282,19 @@ _CHAIN_HEAD = re.compile(r"[0-9a-f]{64}")
 
 
 def verify_audit_chain(
-    *, db: str | None = None, head: str | None = None, keyed_from: int | None = None, full: bool = False
+    *, db: str | None = None, head: str | None = None, keyed_from: int | None = None, workers: int | None = None
 ) -> ChainReport:
-    """Check the tamper-evident drill log: every link, every entry, every closed record's
-    digest, and — with ``head`` (a chain head an auditor pinned) — that the log still reaches
-    it. The audit key, when ``$DRILL_AUDIT_KEY_FILE``/``$DRILL_AUDIT_KEY`` holds one, must have
-    sealed every entry (from entry ``keyed_from`` on, when the key was introduced later).
+    """Check the tamper-evident drill log, all of it: every link, every entry, every closed
+    record's digest, and — with ``head`` (a chain head an auditor pinned) — that the log still
+    reaches it. The audit key, when ``$DRILL_AUDIT_KEY_FILE``/``$DRILL_AUDIT_KEY`` holds one, must
+    have sealed every entry (from entry ``keyed_from`` on, when the key was introduced later).
+    ``workers`` processes recompute the records' digests (default: every core this process may use).
 
-    Incremental unless ``full``: from the head the last intact pass verified (a full pass when
-    there is none), and an intact pass records its head for the next one (where the database
-    can be written). Raises :class:`~drill.errors.UsageError` when the key cannot be used, or
-    when ``head`` cannot be a chain head at all."""
+    The pass is recorded (intact or not) where the database can be written: what ``drill
+    metrics`` reports without verifying on a scrape. Raises :class:`~drill.errors.UsageError`
+    when the key cannot be used, or when ``head`` cannot be a chain head at all."""
     from drill.errors import UsageError
-    from drill.records.audit import ChainReport, remember_head, verified_head, verify_chain
+    from drill.records.audit import ChainReport, record_pass, verify_chain
     from drill.records.db import read_database
     from drill.records.store import Records
 
@@ -304,18 +311,16 @@ def verify_audit_chain(
         return report
     try:
         with Records(database)._session() as session:
-            since = None if full else verified_head(session, key)
-            report = verify_chain(session, key=key, head=head, keyed_from=keyed_from, since=since)
+            report = verify_chain(session, key=key, head=head, keyed_from=keyed_from, workers=workers)
     finally:
         database.close()
-    if report.intact and report.head is not None:
-        _remember_head(db, lambda s: remember_head(s, report, key, full=since is None))
+    _record_pass(db, lambda s: record_pass(s, report, key))
     return report
 
 
-def _remember_head(db: str | None, write: Any) -> None:
-    """Record the verified head where the database can be written (a read-only replica or
-    file keeps none: the next pass there is a full one)."""
+def _record_pass(db: str | None, write: Any) -> None:
+    """Record the pass where the database can be written (a read-only replica or file keeps
+    none: the metrics then say no pass was recorded)."""
     from drill.errors import DatabaseError
     from drill.records.db import open_database
     from drill.records.store import Records

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 SINGLE_FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".tar")
 
 # torchtitan writes step-N; other trainers use checkpoint-N, iter_N, global_stepN.
-_STEP_DIR = re.compile(r"^(?:step|checkpoint|iter|global_step)[-_]?(\d+)$", re.ASCII)
+_STEP_DIR = re.compile(r"^(?:step|checkpoint|iter|global_step)[-_]?(\d+)\Z", re.ASCII)
 # Single files: Lightning's "epoch=0-step=400.ckpt", "step_400.pt", "iter-400.pt".
 _STEP_FILE = re.compile(r"(?:^|[-_])(?:step|iter|global_step)[=_-]?(\d+)(?:\.|$)", re.ASCII)
 

@@ -82,6 +82,28 @@ def evidence_of(integrity: CheckResult | None) -> str:
     return normalized(integrity.evidence.get("evidence_level"))
 
 
+# -- a record as sealed ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RecordSeal:
+    """Whether a drill's record, as read, is the record that was sealed into the audit log
+    (:func:`drill.records.audit.attest`): ``intact``; ``open`` (still running: nothing sealed
+    yet); or ``broken`` — edited, deleted, inserted or resealed outside drill, ``code`` and
+    ``message`` say how. A broken record is evidence of nothing: no claim rests on it."""
+
+    state: str
+    code: str | None = None
+    message: str | None = None
+    entry: int | None = None
+    """The audit log entry the record was checked against."""
+
+    @property
+    def broken(self) -> bool:
+        return self.state == "broken"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "code": self.code, "message": self.message, "entry": self.entry}
+
+
 # -- what a drill proved ------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Proof:
@@ -94,6 +116,8 @@ class Proof:
     sample: str | None = None
     allowed_missing: tuple[str, ...] = ()
     """Parts a pass accepted as missing (``--allow-missing``): what it did not prove."""
+    record: str | None = None
+    """The record's seal as read (:class:`RecordSeal` state); None where it was not read back."""
 
     @property
     def replayed(self) -> bool:
@@ -107,6 +131,8 @@ class Proof:
         parts.append(f"replay {self.replay}")
         if self.allowed_missing:
             parts.append(f"accepted missing: {', '.join(self.allowed_missing)}")
+        if self.record == "broken":
+            parts.append("RECORD FAILS ITS AUDIT SEAL: evidence of nothing")
         return f"{self.status} — " + "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,14 +155,18 @@ def proof_of(outcome: Any) -> Proof:
         replay=outcome.replay.verdict if outcome.replay is not None else "not run",
         sample=outcome.sample,
         allowed_missing=allowed,
+        record=outcome.seal.state if getattr(outcome, "seal", None) is not None else None,
     )
 
 
 def good_enough(outcome: Any, *, min_evidence: str = DEFAULT_MIN_EVIDENCE, require_replay: bool = False) -> bool:
-    """Whether a drill's pass is one ``last-good`` may vouch for."""
+    """Whether a drill's pass is one ``last-good`` may vouch for: never one whose record fails its seal."""
     proof = proof_of(outcome)
     return (
-        proof.status == "passed" and at_least(proof.evidence, min_evidence) and (proof.replayed or not require_replay)
+        proof.status == "passed"
+        and proof.record != "broken"
+        and at_least(proof.evidence, min_evidence)
+        and (proof.replayed or not require_replay)
     )
 
 

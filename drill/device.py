@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-_DEVICE = re.compile(r"^(auto|cpu|cuda(?::(\d+))?)$")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(?::(\d+))?)\Z")
 FORMS = "auto, cpu, cuda or cuda:N"
 
 

@@ -41,12 +41,32 @@ def build_registry(db: str | None = None, *, coverage_days: float = 7.0, list_st
     registry.register(_Counts(counts))
     _scheduler(registry, counts.get("scheduler") or {})
     _bursts(registry, counts.get("bursts") or {})
-    chain = report.chain
-    _gauge(registry, "drill_audit_chain_intact", "1 when the tamper-evident drill log verifies end to end.", []).set(
-        1 if chain.get("intact") else 0
-    )
-    _gauge(registry, "drill_audit_chain_entries", "Records sealed into the drill log.", []).set(chain.get("entries", 0))
+    _audit(registry, report.chain, latest)
     return registry
+
+
+def _audit(registry: Any, chain: dict[str, Any], latest: dict[tuple[str, str], Any]) -> None:
+    """The audit log as the last full pass of ``drill audit verify`` found it — a scrape never
+    verifies the log — and the records this scrape read, each checked against its seal."""
+    last = chain.get("last_full")
+    broken = any(o is not None and o.seal is not None and o.seal.broken for pair in latest.values() for o in pair)
+    _gauge(
+        registry,
+        "drill_audit_chain_intact",
+        "1 when the last full pass of drill audit verify found the drill log intact and every record read now matches "
+        "its seal; 0 when it did not, or when no pass was ever recorded.",
+        [],
+    ).set(1 if last and last.get("intact") and not broken else 0)
+    if last:
+        _gauge(
+            registry,
+            "drill_audit_verified_timestamp_seconds",
+            "When the last full pass of drill audit verify ran (run it nightly: alert when this is old).",
+            [],
+        ).set(datetime.fromisoformat(last["verified_at"]).timestamp())
+    _gauge(registry, "drill_audit_chain_entries", "Records sealed into the drill log.", []).set(
+        (chain.get("head") or {}).get("seq", 0)
+    )
 
 
 def _read(
@@ -57,7 +77,8 @@ def _read(
     from drill.report.build import ReportOptions, build_report
 
     since = earlier(datetime.now(timezone.utc), coverage_days * 86400)
-    report = build_report(db, ReportOptions(since=since, list_storage=list_storage, listed=0))  # counts, not drills
+    options = ReportOptions(since=since, list_storage=list_storage, listed=0, verify_chain=False)  # counts, not drills
+    report = build_report(db, options)
     database = read_database(db)
     if database is None:
         return {}, report, {}
@@ -233,11 +254,14 @@ def _per_run(registry: Any, report: Any) -> None:
 
 
 def write_textfile(path: str, db: str | None = None, *, coverage_days: float = 7.0, list_storage: bool = True) -> int:
-    """Write the gauges to ``path`` atomically; returns the number of series written."""
-    from prometheus_client import write_to_textfile
+    """Write the gauges to ``path`` atomically, never through a link planted in the collector's
+    directory (:func:`~drill.storage.local.write_file`); returns the number of series written."""
+    from prometheus_client import generate_latest
+
+    from drill.storage.local import write_file
 
     registry = build_registry(db, coverage_days=coverage_days, list_storage=list_storage)
-    write_to_textfile(path, registry)
+    write_file(path, generate_latest(registry))
     return sum(len(m.samples) for m in registry.collect())
 
 

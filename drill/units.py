@@ -13,9 +13,9 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)(B?)$", re.I)
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)(B?)\Z", re.I)
 _POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\Z")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 

@@ -52,6 +52,26 @@ _EXIT = {
 }
 
 
+EXIT_CODES: dict[DrillStatus, frozenset[ExitCode]] = {
+    DrillStatus.PASSED: frozenset({ExitCode.PASSED}),
+    DrillStatus.FAILED: frozenset({ExitCode.FAILED, ExitCode.NOTHING_TO_DRILL}),
+    DrillStatus.SLO_BREACH: frozenset({ExitCode.SLO_BREACH}),
+    DrillStatus.ERROR: frozenset({ExitCode.ERROR}),
+    DrillStatus.ABORTED: frozenset({ExitCode.INTERRUPTED, ExitCode.TERMINATED}),
+    DrillStatus.RUNNING: frozenset(),
+}
+"""Every exit code a drill that ended with each status can have (:func:`exit_code_for` gives
+one of them): a status and a code that disagree are no verdict of drill's."""
+
+
+def consistent(status: str, code: int) -> bool:
+    """Whether a drill could have ended with ``status`` and exit ``code``."""
+    try:
+        return code in EXIT_CODES[DrillStatus(status)]
+    except ValueError:
+        return False
+
+
 def exit_code_for(status: DrillStatus | str, *, signum: int | None = None, nothing_to_drill: bool = False) -> ExitCode:
     """The process exit code of a drill that ended with ``status``."""
     status = DrillStatus(status)

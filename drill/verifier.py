@@ -7,6 +7,7 @@ unsealed DCP checkpoint, whose ``.metadata`` must be read to check it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from drill.discover import PathKind, classify
 from drill.errors import ExitCode, NothingToDrill, UsageError, named, storage_unavailable
 from drill.findings import CheckResult, CheckStatus, Finding, Severity
 from drill.integrity.ahead import HeadStart, head_start
-from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, seal
+from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
+from drill.integrity.manifest import MANIFEST_NAME, SealConflict, SealResult, seal_files
 from drill.integrity.proof import prove
 from drill.integrity.reading import describe_read_error, read_whole
 from drill.integrity.sampling import SampleSpec
@@ -305,11 +307,19 @@ def _verify_directory(
     return VerifyOutcome(uri=uri, result=result, seconds=result.seconds, bytes_hashed=hashed)
 
 
-def seal_checkpoint(
-    uri: str, *, force: bool = False, storage: Storage | None = None, key: bytes | None = None
+def seal(
+    uri: str | os.PathLike[str],
+    *,
+    force: bool = False,
+    storage: Storage | None = None,
+    key: bytes | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> SealResult:
-    """``drill seal``: seal one checkpoint directory — never a run directory (a usage error
-    naming its checkpoints) nor an incomplete save (a :class:`SealConflict`)."""
+    """Seal one checkpoint directory (``drill seal``, ``drill.seal``, ``drill.sdk.seal``) —
+    never a run directory (a usage error naming its checkpoints), a directory of runs, nor an
+    incomplete save (a :class:`SealConflict`): sealed, it would vouch for what is not one
+    checkpoint. ``key``: a keyed seal; ``force``: replace a manifest that seals other content."""
+    uri = os.fspath(uri)
     named(uri, "drill seal ./run/step-100")
     storage = storage or storage_for(uri)
     uri = storage.normalize(uri)
@@ -330,7 +340,7 @@ def seal_checkpoint(
             f"{what.incomplete.name} is an incomplete save ({what.incomplete.reason}): sealing it would vouch for a save that never finished"
         )
     try:
-        return seal(uri, force=force, storage=storage, key=key)
+        return seal_files(uri, force=force, storage=storage, key=key, chunk_size=chunk_size)
     except PermissionError as exc:  # a file below it the storage will not let drill read
         raise storage_unavailable(uri, exc) from None
 

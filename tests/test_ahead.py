@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import drill.integrity.ahead as ahead
-from drill.integrity.manifest import MANIFEST_NAME, seal
+from drill.integrity.manifest import MANIFEST_NAME
+from drill.integrity.manifest import seal_files as seal
 from drill.integrity.sampling import SampleSpec
 from drill.storage import LocalStorage
 from drill.storage.listed import ListedOnce

@@ -61,8 +61,9 @@ def test_run_json_is_one_document_on_stdout(cli: CliRunner, demo_run: Path, sqli
     assert doc["bytes_read"] == sum(
         p.stat().st_size for p in (demo_run / "step-20").iterdir() if p.name != "drill-manifest.json"
     )
-    shown = invoke(cli, "show", str(doc["id"]), "--json", "--db", sqlite_url)
-    assert json.loads(shown.stdout) == doc  # one document: what ran is what was recorded
+    shown = json.loads(invoke(cli, "show", str(doc["id"]), "--json", "--db", sqlite_url).stdout)
+    assert shown.pop("seal") == {"state": "intact", "code": None, "message": None, "entry": 1}  # as read back
+    assert shown == doc  # one document: what ran is what was recorded
 
 
 def test_run_by_path_needs_no_root(cli: CliRunner, demo_run: Path, sqlite_url: str) -> None:
@@ -472,6 +473,7 @@ def test_unexpected_failure_is_recorded_as_error_with_traceback(
     assert doc["status"] == "error" and doc["phase"] == "restore"
     assert [c["status"] for c in doc["checks"][2:]] == ["skipped"] * 7  # not checked: the drill ended during restore
     shown = json.loads(invoke(cli, "show", str(doc["id"]), "--json", "--db", sqlite_url).stdout)
+    assert shown.pop("seal")["state"] == "intact"
     assert shown == doc and "Traceback" in shown["error"]
 
 
@@ -678,6 +680,12 @@ def test_a_coverage_window_past_the_calendar_is_all_of_time(tmp_path: Path) -> N
         '{"status": "passed", "exit_code": 0, "message": ["a"]}',
         '[{"status": "passed", "exit_code": 0}]',
         '"passed"',
+        '{"status": "failed", "exit_code": 0}',  # a status and a code that disagree: exited 0
+        '{"status": "passed", "exit_code": 1}',
+        '{"status": "error", "exit_code": 0}',
+        '{"status": "aborted", "exit_code": 5}',
+        '{"status": "running", "exit_code": 5}',
+        '{"status": "fine", "exit_code": 0}',  # an unknown status: exited 0
     ],
 )
 def test_a_verdict_file_of_any_other_shape_is_no_verdict(tmp_path: Path, doc: str) -> None:
@@ -690,10 +698,15 @@ def test_a_verdict_file_of_any_other_shape_is_no_verdict(tmp_path: Path, doc: st
 
 def test_the_verdict_file_drill_writes_reads_back_with_its_exit_code(tmp_path: Path) -> None:
     from drill.launch.verdict import VerdictFile, write_verdict
+    from drill.verdict import EXIT_CODES
 
     write_verdict(str(f := tmp_path / "v.json"), VerdictFile(12, "failed", 1, "a shard is truncated", 3))
     res = invoke(CliRunner(), "verdict", str(f))
     assert res.exit_code == 1 and "#12" in res.stderr and "failed" in res.stderr, res.stderr
+    for status, codes in EXIT_CODES.items():  # every status and code a drill ends with reads back
+        for code in codes:
+            write_verdict(str(f), VerdictFile(1, status.value, int(code), None))
+            assert invoke(CliRunner(), "verdict", str(f)).exit_code == code
 
 
 NAMED_FILES = [

@@ -25,7 +25,8 @@ import torch
 from typer.testing import CliRunner
 
 from drill import history
-from drill.integrity.manifest import MANIFEST_NAME, seal
+from drill.integrity.manifest import MANIFEST_NAME
+from drill.integrity.manifest import seal_files as seal
 from drill.safe_pickle import restricted_loads
 from tests.conftest import invoke
 

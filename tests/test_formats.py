@@ -17,7 +17,7 @@ from drill import DrillOutcome
 from drill.checks import Expectations
 from drill.discover import discover
 from drill.formats import restore
-from drill.integrity.manifest import seal
+from drill.integrity.manifest import seal_files as seal
 from drill.storage import LocalStorage
 from tests.conftest import capped_drill
 from tests.conftest import drill as _drill

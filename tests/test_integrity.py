@@ -17,7 +17,8 @@ from drill import DrillOutcome
 from drill.errors import ExitCode
 from drill.findings import CheckResult, CheckStatus
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE
-from drill.integrity.manifest import MANIFEST_NAME, ManifestInvalid, SealConflict, parse_manifest, read_manifest, seal
+from drill.integrity.manifest import MANIFEST_NAME, ManifestInvalid, SealConflict, parse_manifest, read_manifest
+from drill.integrity.manifest import seal_files as seal
 from drill.safe_pickle import restricted_loads
 from drill.storage import LocalStorage
 from drill.verifier import verify_checkpoint
@@ -846,7 +847,7 @@ def test_seal_of_a_directory_the_storage_will_not_list_is_a_storage_error_and_se
     links are) was an internal error of ``drill seal`` (exit 70, ``PermissionError``); it is the
     storage's (exit 5), and no manifest is written."""
     from drill.errors import StorageProblem
-    from drill.verifier import seal_checkpoint
+    from drill.verifier import seal as seal_checkpoint
 
     class Denying(LocalStorage):
         def list(self, uri: str):  # type: ignore[no-untyped-def]
@@ -869,7 +870,7 @@ def test_seal_of_a_directory_of_runs_names_them_and_seals_nothing(demo_run: Path
     runs is refused as ``verify`` refuses it: sealed, it would vouch for their files as one
     checkpoint's."""
     from drill.errors import UsageError
-    from drill.verifier import seal_checkpoint
+    from drill.verifier import seal as seal_checkpoint
 
     runs = tmp_path / "runs"
     runs.mkdir()

@@ -223,7 +223,7 @@ def test_a_file_truncated_under_the_mapping_is_a_changed_file(
 def test_the_drill_command_hashes_through_workers_and_names_damage(tmp_path: Path, files: dict[str, bytes]) -> None:
     """`drill verify` as a process: workers used (no thread reads a span), damage located to its
     chunk, no worker left behind."""
-    from drill.integrity.manifest import seal
+    from drill.integrity.manifest import seal_files as seal
 
     seal(str(tmp_path), chunk_size=CHUNK)
     with open(tmp_path / "a", "r+b") as f:

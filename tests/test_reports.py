@@ -9,6 +9,7 @@ import re
 import shutil
 import struct
 import subprocess
+import time
 import zlib
 from pathlib import Path
 
@@ -38,6 +39,15 @@ def history_db(tmp_path_factory: pytest.TempPathFactory, pristine_run: Path) -> 
     assert drill(run, url, "step:10", slo=SLO(max_restore_seconds=1e-6)).status == "slo_breach"
     assert drill(run, url, "step:20", replay=ReplaySpec(steps=2)).status == "passed"
     return url, run
+
+
+def _sql_exec(url: str, statement: str) -> None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(statement))
+    engine.dispose()
 
 
 def _report(url: str, *args: str) -> str:
@@ -227,6 +237,7 @@ def test_the_metrics_textfile_parses_and_tells_the_state(history_db: tuple[str, 
 
     url, run = history_db
     path = tmp_path / "drill.prom"
+    assert invoke(CliRunner(), "audit", "verify", "--db", url).exit_code == 0  # the nightly full pass
     res = invoke(CliRunner(), "metrics", "--db", url, "--textfile", str(path))
     assert res.exit_code == 0 and f"series to {path}" in res.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["drill.prom"]  # written by rename: no temporary left
@@ -252,6 +263,45 @@ def test_the_metrics_textfile_parses_and_tells_the_state(history_db: tuple[str, 
     )
     assert samples[("drill_coverage_ratio", run_label)] == 1.0
     assert samples[("drill_audit_chain_intact", ())] == 1.0 and samples[("drill_audit_chain_entries", ())] == 5
+    assert 0 <= time.time() - samples[("drill_audit_verified_timestamp_seconds", ())] < 3600
+
+
+def test_metrics_never_verify_the_log_on_a_scrape_and_say_when_no_pass_was_recorded(
+    history_db: tuple[str, Path], tmp_path: Path
+) -> None:
+    """``drill metrics`` re-checked the whole chain on every scrape until someone ran ``audit
+    verify`` (17–19 CPU-s at 20,000 drills). A scrape reports the last full pass — none yet is
+    not intact (fail closed) — and checks only the records it reads against their seals."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from drill.records import audit
+
+    url = f"sqlite:///{tmp_path / 'copy.db'}"
+    shutil.copy(history_db[0].removeprefix("sqlite:///"), tmp_path / "copy.db")
+    _sql_exec(url, "DELETE FROM audit_verified")  # the module's other tests may have run a pass
+    path = tmp_path / "drill.prom"
+
+    def scrape() -> dict[str, float]:
+        assert invoke(CliRunner(), "metrics", "--db", url, "--textfile", str(path), "--no-list").exit_code == 0
+        return {
+            s.name: s.value
+            for f in text_string_to_metric_families(path.read_text())
+            for s in f.samples
+            if s.name.startswith("drill_audit")
+        }
+
+    def untouchable(*a, **k):
+        raise AssertionError("a scrape walked the audit log")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(audit, "verify_chain", untouchable)
+        before = scrape()
+    assert before["drill_audit_chain_intact"] == 0.0 and "drill_audit_verified_timestamp_seconds" not in before
+    assert invoke(CliRunner(), "audit", "verify", "--db", url).exit_code == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(audit, "verify_chain", untouchable)
+        after = scrape()
+    assert after["drill_audit_chain_intact"] == 1.0 and after["drill_audit_verified_timestamp_seconds"] > 0
 
 
 def test_metrics_bad_paths(tmp_path: Path) -> None:

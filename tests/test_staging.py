@@ -14,7 +14,7 @@ import torch.distributed.checkpoint as dcp
 
 import drill.sdk
 from drill.integrity.hashing import ChunkHasher
-from drill.integrity.manifest import seal
+from drill.integrity.manifest import seal_files as seal
 from drill.integrity.reading import SequentialReader, hash_stream
 from drill.restore.staging import Stager, Stagers, byte_view, flat_bytes
 from drill.storage import LocalStorage

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from drill.integrity.manifest import seal
+from drill.integrity.manifest import seal_files as seal
 
 pytestmark = pytest.mark.slow  # every test runs drill as a whole process, some twice
 

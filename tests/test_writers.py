@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from drill import DrillOutcome
-from drill.integrity.manifest import seal
+from drill.integrity.manifest import seal_files as seal
 from drill.verifier import verify_checkpoint
 from tests.conftest import capped_drill
 from tests.conftest import drill as _drill

@@ -27,7 +27,7 @@ from drill.restore.finite import scan
 
 NAME = "contract"
 ADAM_SLOTS = ("exp_avg", "exp_avg_sq", "step")
-_RANKED = re.compile(r"^(?:dp_)?rank_(\d+)$")
+_RANKED = re.compile(r"^(?:dp_)?rank_(\d+)\Z")
 _ORDER_KEYS = re.compile(r"(seed|generator|sampler|shuffle|order|permutation|rng)", re.I)
 GENERATORS = {
     "python": ("python", "py", "random"),
@@ -125,7 +125,7 @@ def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Find
     return findings, {"params_checked": len(members), "slots": list(slots), "keyed_by": "name" if by_name else "index"}
 
 
-_PARTITION = re.compile(r"^partitions\.rank_(\d+)\.(\d+)\.([^.]+)$")
+_PARTITION = re.compile(r"^partitions\.rank_(\d+)\.(\d+)\.([^.]+)\Z")
 
 
 def check_partitions(opt: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], dict[str, Any]]:

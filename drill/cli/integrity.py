@@ -46,10 +46,10 @@ def seal(
     from drill.errors import IntegrityConflict
     from drill.integrity.manifest import SealConflict
     from drill.units import human_bytes
-    from drill.verifier import seal_checkpoint
+    from drill.verifier import seal
 
     try:
-        result = seal_checkpoint(checkpoint, force=force, key=seal_key(key_file))
+        result = seal(checkpoint, force=force, key=seal_key(key_file))
     except SealConflict as exc:
         raise IntegrityConflict(str(exc), hint=f"verify it first: drill verify {checkpoint}") from None
     m = result.manifest

@@ -211,7 +211,8 @@ def last_good(
 
     For resume scripts: restart from a checkpoint proven restorable, not merely the newest
     on disk. Its path goes to stdout; what the pass relied on (evidence, replay, parts
-    accepted as missing) to stderr. Exits 3 when no retained checkpoint qualifies.
+    accepted as missing) to stderr. A drill whose record fails its audit seal vouches for
+    nothing: it is passed over, and named on stderr. Exits 3 when no retained checkpoint qualifies.
 
     Example: torchrun train.py --resume "$(drill last-good --root /ckpt/run7 --min-evidence sealed)"
     """
@@ -223,7 +224,15 @@ def last_good(
         raise UsageError(
             "--min-evidence none would vouch for a pass that proved nothing about the bytes: use structural or stronger"
         )
-    good = proven(root, db=db, min_evidence=level, require_replay=require_replay, timeout=timeout_flag(timeout))
+    broken: list = []
+    good = proven(
+        root, db=db, min_evidence=level, require_replay=require_replay, timeout=timeout_flag(timeout), broken=broken
+    )
+    for b in broken:
+        where = b.checkpoint.name if b.checkpoint else b.run_root
+        stderr().print(
+            f"drill: passed over {where}: drill #{b.id} fails its audit seal: {b.seal.message}", markup=False
+        )
     if good is None or good.checkpoint is None:
         asked = f" on {level} evidence or better" + (" with a replay" if require_replay else "")
         raise NothingToDrill(

@@ -41,6 +41,9 @@ def history(
 ) -> None:
     """List recorded drills, newest first: what was drilled, when, verdict, latency.
 
+    Each record is checked against its audit seal as it is read: any that fails it is marked,
+    named on stderr, and the command exits 1.
+
     Example: drill history --root ./demo-run --since 7d --status failed
     """
     if bursts:
@@ -66,6 +69,16 @@ def history(
         from drill.cli.render import render_history
 
         render_history(stdout(), drills)
+    _refuse_broken(drills)
+
+
+def _refuse_broken(drills: list) -> None:
+    """Every record shown that fails its audit seal is named on stderr, and the command exits 1."""
+    broken = [d for d in drills if d.seal is not None and d.seal.broken]
+    for d in broken:
+        stderr().print(f"drill: drill #{d.id} fails its audit seal: {d.seal.message}", markup=False)
+    if broken:
+        raise exit_with(ExitCode.FAILED)
 
 
 def _bursts(root: str | None, limit: int, db: str | None, json: bool) -> None:
@@ -96,6 +109,9 @@ def show(
 ) -> None:
     """Show one drill with every check's evidence and findings, its replayed steps and alerts.
 
+    The record is checked against its audit seal as it is read: one that fails it (edited,
+    inserted or resealed outside drill) is shown as such and exits 1.
+
     Example: drill show 12 --json
     """
     from drill.api import get_drill
@@ -109,6 +125,7 @@ def show(
         from drill.cli.render import render_drill
 
         render_drill(stdout(), outcome)
+    _refuse_broken([outcome])
 
 
 def _show_burst(burst_id: int, db: str | None, json: bool) -> None:

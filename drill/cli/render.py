@@ -174,7 +174,8 @@ def render_history(console: Out, drills: list[DrillOutcome]) -> None:
         cells = {
             "id": str(d.id),
             "started (UTC)": d.started_at.isoformat()[:16].replace("T", " "),
-            "status": _styled(d.status.value),
+            "status": _styled(d.status.value)
+            + (" [bold red](record fails its seal)[/]" if proof.record == "broken" else ""),
             "checkpoint": escape(
                 d.checkpoint.name
                 if d.checkpoint and console.width < 120
@@ -262,6 +263,8 @@ def render_drill(console: Out, o: DrillOutcome) -> None:
     """What ``drill show`` prints: the record in full — evidence, replay steps, alerts."""
     ck = o.checkpoint
     console.print(f"drill #{o.id}  {_styled(o.status.value)}  (exit code {int(o.exit_code)})")
+    if o.seal is not None and o.seal.broken:
+        console.print(f"[bold red]RECORD FAILS ITS AUDIT SEAL[/]: {escape(o.seal.message or '')} — evidence of nothing")
     rows = [
         (
             "checkpoint",

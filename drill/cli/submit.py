@@ -83,11 +83,14 @@ def submit(
 
 def _k8s(policy, *, db: str | None, dry_run: bool, output: str | None, cron: bool):  # type: ignore[no-untyped-def]
     """Apply and follow the Job when a cluster is configured; else (or asked to) print the manifests."""
+    from drill.launch.k8s import warnings_for
     from drill.launch.k8s_api import configured_api
     from drill.launch.submit import render_k8s, submit_k8s
 
     if not policy.allocation.image:
         raise UsageError(f"policy {policy.path}: allocation.image is required for k8s (the image with drill installed)")
+    for warning in warnings_for(policy):
+        stderr().print(f"drill: warning: {warning}", markup=False)
     api = None if (dry_run or output is not None or cron) else configured_api()
     if api is None:
         if not (dry_run or output is not None or cron):

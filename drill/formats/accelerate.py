@@ -30,13 +30,13 @@ from drill.formats.bundle import INERT, SAFETENSORS, TORCH, Member
 from drill.restore import RestoreResult
 from drill.storage import Entry, Listing, Storage
 
-_RNG = re.compile(r"^random_states_(\d+)\.pkl$")
-_CUSTOM = re.compile(r"^custom_checkpoint_(\d+)\.pkl$")
+_RNG = re.compile(r"^random_states_(\d+)\.pkl\Z")
+_CUSTOM = re.compile(r"^custom_checkpoint_(\d+)\.pkl\Z")
 _NUMBERED = re.compile(
     r"^(model|pytorch_model|optimizer|scheduler|sampler|dl_state_dict)(?:_(\d+))?\.(safetensors|bin)$"
 )
-_SHARDED = re.compile(r"^(pytorch_model_fsdp|optimizer)_(\d+)$")
-_SAVE_INDEX = re.compile(r"^checkpoint_(\d+)$")
+_SHARDED = re.compile(r"^(pytorch_model_fsdp|optimizer)_(\d+)\Z")
+_SAVE_INDEX = re.compile(r"^checkpoint_(\d+)\Z")
 PART_OF = {
     "model": parts.MODEL,
     "pytorch_model": parts.MODEL,

@@ -18,7 +18,7 @@ from drill.formats.dcp_types import element_size, is_bytes, is_tensor
 from drill.restore import TensorInfo
 from drill.storage import Storage
 
-_SHARD_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
+_SHARD_FILE = re.compile(r"^__(\d+)_\d+\.distcp\Z")
 
 
 def skeleton(metadata: Any, device: torch.device) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import re
 DCP_METADATA = ".metadata"
 """DCP's index, which ``dcp.save`` writes last: a directory without it never finished saving."""
 SHARD_SUFFIX = ".distcp"
-SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp\Z")
 """``FileSystemWriter``'s data files: ``__<rank>_<n>.distcp``."""
 MEGATRON_COMMON, MEGATRON_CONFIG = "common.pt", "metadata.json"
 """Megatron-core's dist_checkpointing writes ``common.pt``, then the shards and ``.metadata``,

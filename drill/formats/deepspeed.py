@@ -36,8 +36,8 @@ from drill.ranks import MAX_WORLD, absent, each_missing, plausible_world
 from drill.restore import RestoreResult
 from drill.storage import Listing, Storage
 
-_MODEL = re.compile(r"^(?:(?:bf16_)?zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
-_OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+_MODEL = re.compile(r"^(?:(?:bf16_)?zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt\Z")
+_OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt\Z")
 NEVER_SAVED = {
     parts.RNG: "DeepSpeed's save_checkpoint saves no RNG state (a trainer can pass it in client_state)",
     parts.DATALOADER: "DeepSpeed saves no data-loader state without its data-efficiency sampler (a trainer can pass it in client_state)",

@@ -46,8 +46,8 @@ EXPORT_FILES = (
 )
 """What Hugging Face's ``save_model``/``save_state`` leave at the top of an output directory."""
 RESUME_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth")
-_RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
-_CHECKPOINT = re.compile(r"^checkpoint-\d+$")
+_RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth\Z")
+_CHECKPOINT = re.compile(r"^checkpoint-\d+\Z")
 RNG_NEEDED = "the Trainer saves the RNG state with every checkpoint (rng_state.pth; rng_state_<rank>.pth with more processes) and restores it on resume"
 _PICKLED = (".pt", ".pth", ".bin")
 _PART_SUFFIXES = (*_PICKLED, ".safetensors")

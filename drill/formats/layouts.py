@@ -46,7 +46,7 @@ SLOTS = frozenset(
     }
 )
 _NUMBERED_OPT = re.compile(r"^optimizer_(\d+)\.")
-_MEGATRON_RNG = re.compile(r"^rng_state/shard_([\d.]+)_([\d.]+)$")
+_MEGATRON_RNG = re.compile(r"^rng_state/shard_([\d.]+)_([\d.]+)\Z")
 MEGATRON_RNG_NAMES = {
     "random_rng_state": "python",
     "np_rng_state": "numpy",
@@ -54,7 +54,7 @@ MEGATRON_RNG_NAMES = {
     "cuda_rng_state": "cuda",
 }
 KNOWN_HEADS = frozenset(parts.CANONICAL_PARTS) | {"extra"}
-_MEGATRON_DIR = re.compile(r"^iter_\d{7}$")
+_MEGATRON_DIR = re.compile(r"^iter_\d{7}\Z")
 SIDE_FILES = {
     "common.pt": "Megatron keeps the iteration, the optimizer's param groups and step, and the LR scheduler there",
     "metadata.json": "Megatron's dist_checkpointing writes it last and will not load a checkpoint without it",
@@ -129,7 +129,7 @@ def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
     return Recognized("model-prefixed DCP", "parts saved under their names (model., optimizer., …)")
 
 
-_OPT_STATE = re.compile(r"^(.+?)\.state\.(.+)\.([^.]+)$")
+_OPT_STATE = re.compile(r"^(.+?)\.state\.(.+)\.([^.]+)\Z")
 
 
 def _nested_prefixes(keys: set[str]) -> tuple[str, str] | None:

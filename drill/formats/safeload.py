@@ -174,7 +174,7 @@ def load_safetensors(view: memoryview, device: torch.device) -> dict[str, torch.
     Raises ``ValueError`` naming the problem when the header does not describe the bytes
     (a shape that needs more bytes than its span, a span past the end, an unknown dtype).
     """
-    from drill.integrity.structure import safetensors_spans
+    from drill.integrity.structure import layout_problems, safetensors_spans
 
     if len(view) < 8:
         raise ValueError(f"{len(view)} bytes: too short for a safetensors header")
@@ -187,14 +187,16 @@ def load_safetensors(view: memoryview, device: torch.device) -> dict[str, torch.
         raise ValueError("the safetensors header is not JSON") from None
     base = 8 + n
     out = {}
-    for begin, end, name in safetensors_spans(header):
+    spans = safetensors_spans(header)
+    problems = layout_problems(spans, len(view) - base)
+    if problems:  # what safetensors' own loader refuses (overlapping, gapped or short spans), drill refuses
+        raise ValueError(problems[0][1])
+    for begin, end, name in spans:
         meta = header[name]
         dtype = _SAFETENSORS_DTYPES.get(meta.get("dtype"))  # its shape and span agree (safetensors_spans)
         shape = meta["shape"]
         if dtype is None:
             raise ValueError(f"tensor {name!r}: unsupported dtype {meta.get('dtype')!r}")
-        if base + end > len(view):
-            raise ValueError(f"tensor {name!r}: its span {begin}..{end} runs past the {len(view) - base} data bytes")
         raw = view[base + begin : base + end]
         with warnings.catch_warnings():
             # The buffer is read-only; the tensor is copied off it at once, never written.

@@ -23,8 +23,8 @@ from drill.formats.bundle import JSON, SAFETENSORS, Member
 from drill.restore import RestoreResult
 from drill.storage import Entry, Listing, Storage
 
-INDEX = re.compile(r"^(?:model|pytorch_model)\.safetensors\.index\.json$")
-SHARD = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")
+INDEX = re.compile(r"^(?:model|pytorch_model)\.safetensors\.index\.json\Z")
+SHARD = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors\Z")
 WEIGHTS_ONLY = "a safetensors checkpoint holds weights only (HuggingFaceStorageWriter, save_pretrained): nothing of it resumes training"
 
 

@@ -42,7 +42,7 @@ _PART_NAMES = {
     parts.RNG: ("rng", "rng_state", "rng_states"),
     parts.TRAIN_STATE: ("progress", "train_state", "trainer_state", "state"),
 }
-_DTYPE = re.compile(r"^torch\.(\w+)$")
+_DTYPE = re.compile(r"^torch\.(\w+)\Z")
 
 
 class TorchSnapshot(Format):

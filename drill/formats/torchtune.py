@@ -30,7 +30,7 @@ from drill.storage import Entry, Listing, Storage
 RECIPE_STATE = "recipe_state/recipe_state.pt"
 RECIPE_PATH = f"../{RECIPE_STATE}"
 """How the recipe state is named in a drill's evidence: beside the epoch, not inside it."""
-_EPOCH = re.compile(r"^epoch_(\d+)$")
+_EPOCH = re.compile(r"^epoch_(\d+)\Z")
 NEVER_SAVED = {
     parts.RNG: "torchtune's recipes save the seed, not the generators' states: a resume reseeds",
     parts.LR_SCHEDULER: "torchtune rebuilds its LR schedule from the step (last_epoch = global step - 1)",

@@ -461,7 +461,7 @@ class SealResult:
     path: str
 
 
-def seal(
+def seal_files(
     path: str | os.PathLike[str],
     *,
     step: int | None = None,
@@ -470,7 +470,9 @@ def seal(
     storage: Storage | None = None,
     key: bytes | None = None,
 ) -> SealResult:
-    """Write ``drill-manifest.json`` into the checkpoint at ``path``: one read of its files.
+    """Write ``drill-manifest.json`` into the checkpoint at ``path``: one read of its files — of
+    whatever the directory is: the writer under :func:`drill.seal` (:func:`drill.verifier.seal`),
+    which first makes sure it is one checkpoint (never a run root or an incomplete save).
 
     With ``key`` (see :func:`drill.integrity.keys.load_key`), the seal is keyed: an HMAC that
     only a holder of the key can produce, so writing the checkpoint is not enough to forge it.
@@ -538,5 +540,5 @@ __all__ = [
     "manifest_of",
     "parse_manifest",
     "read_manifest",
-    "seal",
+    "seal_files",
 ]

@@ -31,7 +31,7 @@ def _finding(code: str, subject: str, message: str, **kw: Any) -> Finding:
     )
 
 
-_SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+_SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp\Z")
 
 
 def unreadable_index(why: str, sizes: Mapping[str, int]) -> tuple[list[Finding], dict[str, Any]]:
@@ -267,29 +267,30 @@ def safetensors_structure(data: memoryview, path: str) -> tuple[list[Finding], d
         spans = safetensors_spans(header)
     except ValueError as exc:
         return [_finding("safetensors-corrupt", path, f"{path}: {exc}")], {}
-    findings = []
+    findings = [_finding(code, path, f"{path}: {why}") for code, why in layout_problems(spans, data_size)]
+    return findings, {"tensors": len(spans)}
+
+
+def layout_problems(spans: list[tuple[int, int, str]], data_size: int) -> list[tuple[str, str]]:
+    """(finding code, why) for each way a safetensors file's spans are not what safetensors'
+    own loader accepts: one after another from 0, none past the data section, covering it all.
+    The structural proof and drill's loader ask this one question."""
+    out = []
     cursor = 0
     for begin, end, name in sorted(spans):
         if end > data_size:
-            findings.append(
-                _finding(
-                    "entry-out-of-bounds",
-                    path,
-                    f"{path}: {name} ends at {end}, past the data section ({data_size} bytes)",
-                )
-            )
+            out.append(("entry-out-of-bounds", f"{name} ends at {end}, past the data section ({data_size} bytes)"))
         if begin != cursor:
-            findings.append(
-                _finding(
+            out.append(
+                (
                     "entries-overlap" if begin < cursor else "bytes-uncovered",
-                    path,
-                    f"{path}: {name} starts at {begin}, expected {cursor}",
+                    f"{name} starts at {begin}, expected {cursor}",
                 )
             )
         cursor = max(cursor, end)
-    if cursor != data_size and not findings:
-        findings.append(_finding("bytes-uncovered", path, f"{path}: tensors cover {cursor} of {data_size} data bytes"))
-    return findings, {"tensors": len(spans)}
+    if cursor != data_size and not out:
+        out.append(("bytes-uncovered", f"tensors cover {cursor} of {data_size} data bytes"))
+    return out
 
 
 def safetensors_spans(header: Any) -> list[tuple[int, int, str]]:
@@ -349,6 +350,7 @@ def sniff(data: memoryview) -> str | None:
 
 __all__ = [
     "dcp_structure",
+    "layout_problems",
     "safetensors_structure",
     "shard_gaps",
     "side_structure",

@@ -135,7 +135,9 @@ def plan_integrity(
     # without a manifest only what a framework's manifest covers is hashed.
     universe = {p: s for p, s in plan.on_storage.items() if p in sha_files}
     if plan.manifest is not None:
-        universe.update({f.path: plan.on_storage.get(f.path, f.size) for f in plan.manifest.files})
+        # A file whose size on storage is not its sealed size is a finding as it is listed
+        # (size-mismatch): never read — a sparse terabyte claiming to be a shard costs nothing.
+        universe.update({f.path: f.size for f in plan.manifest.files if plan.on_storage.get(f.path, f.size) == f.size})
     plan.selected = select_sample(sample, universe, last_verified, always)
     chunk = plan.manifest.chunk_size if plan.manifest is not None else DEFAULT_CHUNK_SIZE
     plan.hash_plan = HashPlan(

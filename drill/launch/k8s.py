@@ -9,7 +9,9 @@ with ``--node-rank`` = its completion index and pod 0 — stable DNS name
 ``drill run --policy`` (mounted from a ConfigMap).
 
 What a real cluster asks of the pods, they have: the ``restricted`` Pod Security level (non-root
-user, no privilege escalation, every capability dropped, the runtime's seccomp profile); CPU
+user, no privilege escalation, every capability dropped, the runtime's seccomp profile) —
+checked on every rendered pod (:func:`restricted_problems`), and said when it falls short (a
+``hostPath`` volume needs the ``privileged`` level: :func:`warnings_for`); CPU
 and memory requests (and a memory limit); the checkpoint root mounted read-only from the
 policy's PersistentVolumeClaim (or hostPath); S3 credentials and the database URL from named
 Secrets, never from the manifest. Every Job has a name of its own (a CronJob's are the
@@ -31,10 +33,24 @@ PORT = 29500
 POLICY_DIR = "/etc/drill"
 
 
+NAME_LIMIT = 40
+"""A base name's length at most: a CronJob's name (52) less room for its Jobs' suffix, and the
+``-policy`` of the ConfigMap's."""
+
+
 def base_name(policy: Policy) -> str:
-    """``drill-<policy>`` as a DNS label (lower case, ``-``), short enough for a CronJob's name."""
-    cleaned = "".join(c if c.isalnum() else "-" for c in policy.name.lower()).strip("-")
-    return f"drill-{cleaned}"[:40].rstrip("-")
+    """``drill-<policy>`` as a DNS label (lower case, ``-``), short enough for a CronJob's name.
+    A policy name that does not map onto one as it is (too long, or holding ``_``, ``.`` or
+    capitals) gets a hash of the whole name: two policies never render the same objects, where
+    the second would silently replace the first's."""
+    import hashlib
+
+    cleaned = "".join(c if c.isascii() and c.isalnum() else "-" for c in policy.name.lower()).strip("-")
+    name = f"drill-{cleaned}"
+    if cleaned == policy.name and len(name) <= NAME_LIMIT:
+        return name
+    digest = hashlib.sha256(policy.name.encode()).hexdigest()[:8]
+    return f"{name[: NAME_LIMIT - 9].rstrip('-')}-{digest}"
 
 
 def manifests(policy: Policy, *, cron: bool = False, suffix: str | None = None) -> list[dict[str, Any]]:
@@ -154,6 +170,56 @@ def _resources(policy: Policy) -> dict[str, Any]:
     return resources
 
 
+RESTRICTED_VOLUMES = frozenset(
+    {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+)
+"""The volume types the ``restricted`` Pod Security level allows (Kubernetes' Pod Security Standards)."""
+
+
+def restricted_problems(pod: dict[str, Any]) -> list[str]:
+    """Where a pod spec falls short of the ``restricted`` Pod Security level (the Pod Security
+    Standards' checks that a spec drill renders could fail), one sentence each; empty: it meets it."""
+    out = []
+    for v in pod.get("volumes", []):
+        kind = next((k for k in v if k != "name"), None)
+        if kind not in RESTRICTED_VOLUMES:
+            where = f" ({v[kind].get('path')})" if kind == "hostPath" else ""
+            out.append(f"volume {v['name']} is a {kind}{where}: only a namespace at the privileged level admits it")
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            out.append(f"{key} is set")
+    ctx = pod.get("securityContext", {})
+    if ctx.get("seccompProfile", {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        out.append("no RuntimeDefault seccomp profile")
+    for c in pod.get("containers", []):
+        sc = c.get("securityContext", {})
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"container {c['name']} may escalate privileges")
+        if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+            out.append(f"container {c['name']} keeps capabilities")
+        if not (sc.get("runAsNonRoot") or ctx.get("runAsNonRoot")) or ctx.get("runAsUser") == 0:
+            out.append(f"container {c['name']} may run as root")
+    return out
+
+
+def pod_of(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod spec of a Job or CronJob manifest."""
+    spec = doc.get("spec", {})
+    if doc.get("kind") == "CronJob":
+        spec = spec.get("jobTemplate", {}).get("spec", {})
+    return spec.get("template", {}).get("spec") if doc.get("kind") in ("Job", "CronJob") else None
+
+
+def warnings_for(policy: Policy) -> list[str]:
+    """What an operator must know before applying the manifests: where they fall short of the
+    ``restricted`` Pod Security level (checked on the rendered pod, not asserted)."""
+    pods = [p for p in (pod_of(d) for d in manifests(policy, suffix="check")) if p is not None]
+    out = [f"allocation: the pods are not restricted-ready: {why}" for p in pods for why in restricted_problems(p)]
+    if policy.allocation.host_path is not None and policy.allocation.host_path.rstrip("/") == "":
+        out.append("allocation.host_path: / mounts the node's whole root filesystem into every pod")
+    return out
+
+
 class _PlainDumper(yaml.SafeDumper):
     """No anchors and aliases (``&id001``): every manifest reads on its own."""
 
@@ -171,4 +237,4 @@ def render(policy: Policy, *, cron: bool = False, suffix: str | None = None) -> 
     return render_docs(manifests(policy, cron=cron, suffix=suffix))
 
 
-__all__ = ["PORT", "base_name", "manifests", "render", "render_docs"]
+__all__ = ["PORT", "base_name", "manifests", "pod_of", "render", "render_docs", "restricted_problems", "warnings_for"]

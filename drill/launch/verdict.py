@@ -12,12 +12,12 @@ exactly that after ``srun``.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from drill.errors import DrillError, ExitCode
-from drill.storage.local import read_regular
+from drill.errors import DrillError
+from drill.storage.local import read_regular, write_file
+from drill.verdict import consistent
 
 ENV = "DRILL_VERDICT_FILE"
 MAX_VERDICT_BYTES = 1 << 20
@@ -39,7 +39,8 @@ class VerdictFile:
 
 
 def write_verdict(path: str, verdict: VerdictFile) -> None:
-    """Atomically: a launcher never reads half a verdict."""
+    """Atomically, never through a link planted beside it (:func:`~drill.storage.local.write_file`):
+    a launcher never reads half a verdict, and no one can redirect the write."""
     doc: dict[str, Any] = {
         "id": verdict.drill_id,
         "status": verdict.status,
@@ -47,11 +48,7 @@ def write_verdict(path: str, verdict: VerdictFile) -> None:
         "message": verdict.message,
         "rank": verdict.rank,
     }
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_file(path, (json.dumps(doc) + "\n").encode())
 
 
 def read_verdict(path: str) -> VerdictFile:
@@ -68,16 +65,18 @@ def read_verdict(path: str) -> VerdictFile:
 
 
 def _verdict_of(doc: Any) -> VerdictFile:
-    """The verdict in a document of exactly the shape :func:`write_verdict` writes: an exit code
-    drill documents (an integer: not ``true``, ``1.5``, ``"1"`` or ``1e400``), a status, and
-    the id, message and rank each of its type or null. Anything else raises ``TypeError``."""
+    """The verdict in a document of exactly the shape :func:`write_verdict` writes: a status a
+    drill ends with, an exit code that status means (an integer: not ``true``, ``1.5``, ``"1"``
+    or ``1e400``; ``failed`` with 0 is no verdict), and the id, message and rank each of its
+    type or null. Anything else raises ``TypeError``."""
     if not isinstance(doc, dict):
         raise TypeError("not an object")
     code, status = doc["exit_code"], doc["status"]
     optional = ((doc.get("id"), int), (doc.get("message"), str), (doc.get("rank"), int))
     if type(code) is not int or not isinstance(status, str) or not all(_of(v, t) for v, t in optional):
         raise TypeError("a field of the wrong type")
-    ExitCode(code)  # ValueError: no exit code drill documents
+    if not consistent(status, code):
+        raise TypeError(f"status {status!r} with exit code {code}: no drill ends that way")
     return VerdictFile(doc.get("id"), status, code, doc.get("message"), doc.get("rank"))
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from drill.claims import proof_of
+from drill.claims import RecordSeal, proof_of
 from drill.errors import ExitCode
 from drill.findings import CheckResult, Finding, jsonable
 from drill.verdict import DrillStatus
@@ -137,6 +137,9 @@ class DrillOutcome:
     flags that repeat it, its policy file, the parts it accepted as missing."""
     record_problem: str | None = None
     """Set when the record could not be written in full (never part of the stored document)."""
+    seal: RecordSeal | None = None
+    """How the record, as read back from the database, stands against its audit log entry
+    (:func:`drill.records.audit.attest`); None for an outcome not read from the records."""
 
     @property
     def findings(self) -> list[Finding]:
@@ -191,6 +194,8 @@ class DrillOutcome:
             "options": self.options,
             "proof": proof_of(self).to_dict(),
         }
+        if self.seal is not None:
+            doc["seal"] = self.seal.to_dict()
         if with_checks:
             doc["checks"] = [c.to_dict() for c in self.checks]
             if doc["replay"] is not None:

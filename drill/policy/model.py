@@ -23,8 +23,14 @@ from drill.replay.spec import ENTRYPOINT
 from drill.select import Selection
 from drill.verdict import FINAL, SLO, DrillStatus
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+\Z")
+
+
+SLURM_NAMES = re.compile(r"[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class FieldError(ValueError):
@@ -308,6 +314,39 @@ class Allocation:
         bad = [a for a in self.sbatch_args if not a.startswith("--")]
         if bad:
             raise FieldError("sbatch_args", f"{bad[0]!r}: give long options, e.g. --qos=low")
+        self._grammar()
+
+    def _grammar(self) -> None:
+        """Every field that reaches a batch script or a manifest, to its grammar: data, never a
+        line of its own (a newline in a partition was a command in the script) or a name the
+        cluster would read otherwise."""
+        for name in ("partition", "account"):
+            value = getattr(self, name)
+            if value is not None and not SLURM_NAMES.fullmatch(value):
+                raise FieldError(
+                    name, f"{value!r}: a Slurm {name} name (letters, digits, '.', '_', '-'; a comma between several)"
+                )
+        for i, arg in enumerate(self.sbatch_args):
+            if CONTROL.search(arg):
+                raise FieldError(
+                    "sbatch_args", f"item {i} holds a control character (a newline would be a line of the script)"
+                )
+        for name in ("rendezvous", "log_dir", "host_path", "image"):
+            value = getattr(self, name)
+            if value is not None and (not value or CONTROL.search(value)):
+                raise FieldError(name, f"{value!r}: empty, or holds a control character")
+        if self.image is not None and any(c.isspace() for c in self.image):
+            raise FieldError("image", f"{self.image!r}: an image reference holds no spaces")
+        if self.namespace is not None and not DNS_LABEL.fullmatch(self.namespace):
+            raise FieldError(
+                "namespace", f"{self.namespace!r}: a Kubernetes namespace (a DNS label: a-z, 0-9, '-', at most 63)"
+            )
+        for name in ("volume_claim", "s3_secret", "database_secret"):
+            value = getattr(self, name)
+            if value is not None and not (DNS_SUBDOMAIN.fullmatch(value) and len(value) <= 253):
+                raise FieldError(name, f"{value!r}: a Kubernetes object name (a-z, 0-9, '-', '.', at most 253)")
+        if self.host_path is not None and (not self.host_path.startswith("/") or ".." in self.host_path.split("/")):
+            raise FieldError("host_path", f"{self.host_path!r}: an absolute path on the node, without '..'")
 
     @property
     def world_size(self) -> int:
@@ -338,7 +377,7 @@ class Policy:
     allocation: Allocation = field(default_factory=Allocation)
 
     def __post_init__(self) -> None:
-        if not NAME.match(self.name):
+        if not NAME.fullmatch(self.name):
             raise FieldError("name", f"{self.name!r}: use letters, digits, '.', '_' and '-'")
         try:
             parse_device(self.device)

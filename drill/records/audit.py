@@ -2,32 +2,36 @@
 
 When a drill's record is closed — by the drill itself, by the parent that saw it die, by
 orphan recovery, or by a spooled verdict delivered later — its content (the drill row, its
-checks with their evidence, its replayed steps and the checkpoint's URI, as canonical JSON)
-is digested with SHA-256 and appended to ``audit_log`` in the same transaction, as entry
-``seq``::
+checks with their evidence, its replayed steps and the checkpoint's URI, read as the database
+stores them: :mod:`drill.records.content`) is digested with SHA-256 and appended to
+``audit_log`` in the same transaction, as entry ``seq``::
 
-    hash[seq] = SHA-256("drill-audit/2" | seq | drill id | content digest | sealed at | hash[seq-1]
+    hash[seq] = SHA-256("drill-audit/3" | seq | drill id | content digest | sealed at | hash[seq-1]
                         | closed by | the seq this entry supersedes)
 
 With an audit key (``$DRILL_AUDIT_KEY_FILE`` or ``$DRILL_AUDIT_KEY``) each entry also carries
 an HMAC-SHA256 of the same message. :func:`verify_chain` recomputes every link and every
-record's digest: an edited record, an edited, reordered or deleted entry, a deleted drill row
-or a row inserted outside drill is named.
+record's digest — the whole log, every time: a year of records is a few seconds — and names an
+edited record, an edited, reordered or deleted entry, a deleted drill row, or a closed record
+outside the chain (whatever drill version it claims). :func:`attest` checks the records a
+command is about to show or rely on against their entries, as they are read.
 
 A record is sealed once. The one exception is a guess: orphan recovery closes a drill whose
 process is gone as ``aborted``, and the truth may arrive later (the spooled verdict, or the
 parent that saw the process die); that entry names the one it supersedes. Any other second
 entry for a record is ``record-resealed``: a record edited, then sealed again to hide it.
-Entries written before drill 0.5 (``drill-audit/1``: no "closed by") are verified as they
-were written; one of those after a newer entry is a forgery (``entry-downgraded``).
+Entries drill 0.5 and earlier wrote (``drill-audit/1`` and ``/2``, digested as canonical
+JSON: :mod:`drill.records.legacy`) are verified as they were written; one of those after a
+newer entry is a forgery (``entry-downgraded``).
 
 Fail closed: with an audit key, an entry without its HMAC or with another key's is an error
 (before ``keyed_from``, the entry an operator named when the key was introduced, it is
-counted, not failed); closed records with no chain at all, or no chain table, are errors. Deleting the newest records together with their
-entries leaves a shorter chain that is still consistent — which is why reports print the chain
-head: an auditor who pinned it (``drill audit verify --head HASH``) sees it vanish. Without a
-key, someone with write access to the database could recompute the whole chain; the pinned
-head or a key they do not hold is what stops that.
+counted, not failed); closed records with no chain at all, or no chain table, are errors.
+Deleting the newest records together with their entries leaves a shorter chain that is still
+consistent — which is why reports print the chain head: an auditor who pinned it (``drill
+audit verify --head HASH``) sees it vanish. Without a key, someone with write access to the
+database could recompute the whole chain; the pinned head or a key they do not hold is what
+stops that.
 
 Alerts and the coverage ledger are not sealed: they are written after the record closes.
 """
@@ -36,9 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -46,14 +48,16 @@ from typing import Any
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.orm import Session
 
+from drill.claims import RecordSeal
 from drill.errors import one_line
 from drill.findings import Finding, Severity
-from drill.records.models import AuditEntry, Checkpoint, CheckRecord, Drill, ReplayStep
+from drill.records import content
+from drill.records.models import AuditEntry, AuditVerified, Drill
 from drill.verdict import DrillStatus
 
 GENESIS = "0" * 64
-VERSION = "drill-audit/2"
-LEGACY = "drill-audit/1"
+VERSION = 3
+"""The entry format drill writes: ``drill-audit/3``, its record digested by :mod:`drill.records.content`."""
 PROVISIONAL = "orphan-recovery"
 """Who closes a record on a guess (its process is gone): the one closure a later entry may supersede."""
 CLOSERS = ("drill", "spool", "parent", "error-close", PROVISIONAL)
@@ -73,135 +77,178 @@ def key_id(key: bytes) -> str:
     return hmac.new(key, b"drill audit key id", hashlib.sha256).hexdigest()[:16]
 
 
-# -- content --------------------------------------------------------------------------------
-def _plain(row: Mapping[str, Any], drop: tuple[str, ...]) -> dict[str, Any]:
-    return {
-        k: (v.astimezone(timezone.utc).isoformat() if isinstance(v, datetime) else v)
-        for k, v in row.items()
-        if k not in drop
-    }
+# -- entries --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry of the log, as stored (read without the ORM: a value that is not what drill
+    writes is ``unreadable``, and the entries after it are still checked)."""
+
+    seq: int
+    drill_id: int
+    content_sha256: str
+    prev_hash: str
+    hash: str
+    mac: str | None
+    key_id: str | None
+    sealed_at: datetime | None
+    closed_by: str | None
+    supersedes: int | None
+    version: int | None
+    unreadable: str | None = None
+
+    @property
+    def format(self) -> int:
+        """1, 2 or 3: ``drill-audit/N``."""
+        if self.version is not None:
+            return self.version
+        return 1 if self.closed_by is None else 2
+
+    def message(self) -> bytes:
+        assert self.sealed_at is not None
+        return _message(
+            self.seq, self.drill_id, self.content_sha256, self.sealed_at, self.prev_hash,
+            self.closed_by, self.supersedes, self.format,
+        )  # fmt: skip
+
+    def where(self) -> str:
+        return f"entry {self.seq} (drill #{self.drill_id})"
 
 
-LATER_COLUMNS = ("options",)
-"""Columns of ``drills`` added after ``drill-audit/1`` entries were written: their digests never
-covered them, so verifying one of those leaves them out."""
+_COLUMNS = "seq, drill_id, content_sha256, prev_hash, hash, mac, key_id, sealed_at, closed_by, supersedes, version"
 
 
-def _digest(
-    drill: Mapping[str, Any],
-    checkpoint_uri: str | None,
-    checks: Iterable[Mapping[str, Any]],
-    steps: Iterable[Mapping[str, Any]],
-    legacy: bool = False,
-) -> str:
-    doc = {
-        "drill": _plain(drill, ("checkpoint_id", *(LATER_COLUMNS if legacy else ()))),
-        "checkpoint": checkpoint_uri,
-        "checks": [_plain(c, ("id", "drill_id")) for c in checks],
-        "replay_steps": [_plain(r, ("id", "drill_id")) for r in steps],
-    }
-    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+def _entry(row: Any) -> Entry:
+    seq, drill_id, content_sha256, prev_hash, hash_, mac, key, sealed_at, closed_by, supersedes, version = row
+    try:
+        if not all(type(v) is int for v in (seq, drill_id)) or not all(
+            isinstance(v, str) for v in (content_sha256, prev_hash, hash_)
+        ):
+            raise ValueError("a column of the wrong type")
+        if not all(v is None or type(v) is int for v in (supersedes, version)):
+            raise ValueError("a column of the wrong type")
+        return Entry(
+            seq, drill_id, content_sha256, prev_hash, hash_, mac, key, _time(sealed_at), closed_by, supersedes, version
+        )
+    except (ValueError, TypeError) as exc:
+        return Entry(
+            seq if type(seq) is int else -1, drill_id if type(drill_id) is int else -1, str(content_sha256),
+            str(prev_hash), str(hash_), None, None, None, None, None, None, one_line(exc),
+        )  # fmt: skip
+
+
+def _time(value: Any) -> datetime:
+    """A time as the database stored it (SQLite: naive UTC text; PostgreSQL: aware), in UTC."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if not isinstance(value, datetime):
+        raise ValueError(f"{value!r} is not a time")
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _entries(s: Session, where: str = "", params: dict[str, Any] | None = None) -> list[Entry]:
+    return [
+        _entry(row) for row in s.execute(text(f"SELECT {_COLUMNS} FROM audit_log {where} ORDER BY seq"), params or {})
+    ]
+
+
+BATCH = 5000
+"""Entries read per query: memory stays bounded whatever the log's length."""
+
+
+def _all_entries(s: Session) -> Iterator[Entry]:
+    """Every entry in order of seq, :data:`BATCH` at a time (paged by the stored seq, so an
+    entry whose seq is not a number still comes, last)."""
+    rows = list(s.execute(text(f"SELECT {_COLUMNS} FROM audit_log ORDER BY seq LIMIT {BATCH}")))
+    while rows:
+        yield from (_entry(row) for row in rows)
+        query = text(f"SELECT {_COLUMNS} FROM audit_log WHERE seq > :after ORDER BY seq LIMIT {BATCH}")
+        rows = list(s.execute(query, {"after": rows[-1][0]}))
 
 
 def _message(
     seq: int,
     drill_id: int,
-    content: str,
+    content_sha256: str,
     sealed_at: datetime,
     prev: str,
-    closed_by: str | None = None,
-    supersedes: int | None = None,
+    closed_by: str | None,
+    supersedes: int | None,
+    version: int,
 ) -> bytes:
-    head = f"{seq}|{drill_id}|{content}|{sealed_at.astimezone(timezone.utc).isoformat()}|{prev}"
-    if closed_by is None:  # an entry drill wrote before 0.5
-        return f"{LEGACY}|{head}".encode()
-    return f"{VERSION}|{head}|{closed_by}|{supersedes if supersedes is not None else '-'}".encode()
-
-
-def _entry_message(e: AuditEntry) -> bytes:
-    return _message(e.seq, e.drill_id, e.content_sha256, e.sealed_at, e.prev_hash, e.closed_by, e.supersedes)
+    head = f"{seq}|{drill_id}|{content_sha256}|{sealed_at.astimezone(timezone.utc).isoformat()}|{prev}"
+    if version == 1:
+        return f"drill-audit/1|{head}".encode()
+    return f"drill-audit/{version}|{head}|{closed_by}|{supersedes if supersedes is not None else '-'}".encode()
 
 
 def _hash(message: bytes) -> str:
     return hashlib.sha256(message).hexdigest()
 
 
-class _Contents:
-    """Drill records as sealed, read with plain table selects (so sealing and verifying
-    digest exactly the values the database returns). A drill whose rows hold a value that
-    cannot be read back (a time that is not a time, broken JSON) is ``unreadable``: it was
-    edited outside drill, and the other records are still checked."""
+# -- content --------------------------------------------------------------------------------
+def record_digests(s: Session, drill_ids: Collection[int]) -> dict[int, str]:
+    """Drill id → its record's ``drill-audit/3`` content digest (:mod:`drill.records.content`),
+    read in this session's transaction: what sealing writes and verifying recomputes."""
+    out: dict[int, str] = {}
+    ids = sorted(drill_ids)
+    s.flush()
+    cursor = s.connection().connection.cursor()
+    try:
+        for i in range(0, len(ids), content.BATCH):
+            out.update(content.digests(cursor, s.get_bind().dialect.name, content.id_list(ids[i : i + content.BATCH])))
+    finally:
+        cursor.close()
+    return out
 
-    def __init__(self, s: Session, drill_ids: list[int] | None = None) -> None:
-        d, c, r, k = Drill.__table__, CheckRecord.__table__, ReplayStep.__table__, Checkpoint.__table__
-        only = (lambda col: col.in_(drill_ids)) if drill_ids is not None else (lambda col: col.isnot(None))
-        self.unreadable: dict[int, str] = {}
-        self.drills = {i: rows[0] for i, rows in self._rows(s, d, d.c.id, only(d.c.id), d.c.id).items()}
-        self.uris = dict(
-            s.execute(
-                select(k.c.id, k.c.uri).where(k.c.id.in_({x["checkpoint_id"] for x in self.drills.values()} - {None}))
-            ).all()
-        )
-        self.checks = self._rows(s, c, c.c.drill_id, only(c.c.drill_id), c.c.id)
-        self.steps = self._rows(s, r, r.c.drill_id, only(r.c.drill_id), r.c.step, r.c.id)
 
-    def _rows(self, s: Session, table: Any, key: Any, where: Any, *order: Any) -> defaultdict[int, list[Any]]:
-        """Rows by drill; where the whole read fails on a value, drill by drill, setting
-        aside the drills whose rows cannot be read."""
-        out: defaultdict[int, list[Any]] = defaultdict(list)
-        try:
-            for row in s.execute(select(table).where(where).order_by(*order)).mappings():
-                out[row[key.name]].append(row)
-            return out
-        except (ValueError, TypeError):
-            out.clear()
-        for drill_id in s.execute(select(key).where(where).distinct()).scalars():
-            try:
-                out[drill_id] = list(s.execute(select(table).where(where, key == drill_id).order_by(*order)).mappings())
-            except (ValueError, TypeError) as exc:
-                self.unreadable[drill_id] = one_line(exc)
-        return out
+def _legacy_digests(s: Session, entries: dict[int, Entry]) -> dict[int, str]:
+    """The records whose entries drill 0.5 and earlier wrote, digested as those entries did."""
+    from drill.records.legacy import Contents
 
-    def digest(self, drill_id: int, legacy: bool = False) -> str | None:
-        """The record's digest as sealed now, or (``legacy``) as a ``drill-audit/1`` entry sealed it."""
-        row = self.drills.get(drill_id)
-        if row is None:
-            return None
-        return _digest(row, self.uris.get(row["checkpoint_id"]), self.checks[drill_id], self.steps[drill_id], legacy)
+    out: dict[int, str] = {}
+    ids = sorted(entries)
+    for i in range(0, len(ids), content.BATCH):
+        contents = Contents(s, ids[i : i + content.BATCH])
+        for drill_id in ids[i : i + content.BATCH]:
+            if drill_id in contents.unreadable:
+                out[drill_id] = content.UNREADABLE
+            else:
+                got = contents.digest(drill_id, legacy=entries[drill_id].format == 1)
+                if got is not None:
+                    out[drill_id] = got
+    return out
 
 
 # -- sealing --------------------------------------------------------------------------------
-def seal_drill(s: Session, drill_id: int, key: bytes | None, closed_by: str = "drill") -> AuditEntry:
+def seal_drill(s: Session, drill_id: int, key: bytes | None, closed_by: str = "drill") -> None:
     """Append the closed drill ``drill_id`` to the chain, in the caller's transaction;
     ``closed_by`` says who closed it (one of :data:`CLOSERS`)."""
     seq, prev = _chain_end(s, closed_by)
     supersedes = s.scalar(
         select(AuditEntry.seq).where(AuditEntry.drill_id == drill_id).order_by(AuditEntry.seq.desc()).limit(1)
     )
-    content = _Contents(s, [drill_id]).digest(drill_id)
-    assert content is not None
-    entry = AuditEntry(**_entry(seq + 1, prev, drill_id, content, key, closed_by, supersedes))
-    s.add(entry)
-    s.flush()
-    return entry
+    digest = record_digests(s, [drill_id]).get(drill_id)
+    if digest is None or digest == content.UNREADABLE:
+        raise ValueError(f"drill #{drill_id} cannot be sealed: its record is not as drill writes it")
+    s.execute(insert(AuditEntry), [_new_entry(seq + 1, prev, drill_id, digest, key, closed_by, supersedes)])
 
 
 def seal_drills(s: Session, drill_ids: list[int], key: bytes | None, closed_by: str = "drill") -> int:
     """Append many closed drills, none sealed yet, to the chain in the order given, in one
-    pass (records imported in bulk: one read of their contents, one insert)."""
+    pass (records imported in bulk: one read of their contents, one insert per batch)."""
     seq, prev = _chain_end(s, closed_by)
-    contents = _Contents(s, drill_ids)
+    digests = record_digests(s, drill_ids)
     rows = []
     for drill_id in drill_ids:
-        content = contents.digest(drill_id)
-        assert content is not None, drill_id
         seq += 1
-        rows.append(_entry(seq, prev, drill_id, content, key, closed_by, None))
+        rows.append(_new_entry(seq, prev, drill_id, digests[drill_id], key, closed_by, None))
         prev = rows[-1]["hash"]
+        if len(rows) == BATCH:
+            s.execute(insert(AuditEntry), rows)
+            rows = []
     if rows:
         s.execute(insert(AuditEntry), rows)
-    return len(rows)
+    return len(drill_ids)
 
 
 def _chain_end(s: Session, closed_by: str) -> tuple[int, str]:
@@ -215,15 +262,15 @@ def _chain_end(s: Session, closed_by: str) -> tuple[int, str]:
     return (last[0], last[1]) if last else (0, GENESIS)
 
 
-def _entry(
-    seq: int, prev: str, drill_id: int, content: str, key: bytes | None, closed_by: str, supersedes: int | None
+def _new_entry(
+    seq: int, prev: str, drill_id: int, digest: str, key: bytes | None, closed_by: str, supersedes: int | None
 ) -> dict[str, Any]:
     sealed_at = datetime.now(timezone.utc)
-    message = _message(seq, drill_id, content, sealed_at, prev, closed_by, supersedes)
+    message = _message(seq, drill_id, digest, sealed_at, prev, closed_by, supersedes, VERSION)
     return {
-        "seq": seq, "drill_id": drill_id, "content_sha256": content, "prev_hash": prev, "hash": _hash(message),
+        "seq": seq, "drill_id": drill_id, "content_sha256": digest, "prev_hash": prev, "hash": _hash(message),
         "mac": hmac.new(key, message, hashlib.sha256).hexdigest() if key else None, "key_id": key_id(key) if key else None,
-        "sealed_at": sealed_at, "closed_by": closed_by, "supersedes": supersedes,
+        "sealed_at": sealed_at, "closed_by": closed_by, "supersedes": supersedes, "version": VERSION,
     }  # fmt: skip
 
 
@@ -245,17 +292,17 @@ class ChainReport:
 
     entries: int = 0
     records: int = 0
-    """Closed drill records checked against their latest entry."""
+    """Records that match their latest entry."""
     head: ChainHead | None = None
     authenticated: int = 0
     """Entries whose HMAC verified under the key given."""
     unkeyed_before: int = 0
     """Entries before ``keyed_from`` that carry no HMAC of the key (sealed before it was introduced)."""
-    before_chain: int = 0
-    """Closed records older than the chain's first entry (recorded before drill kept one)."""
     problems: list[Finding] = field(default_factory=list)
-    verified_from: VerifiedHead | None = None
-    """The head an earlier pass verified, when this pass went on from it (incremental)."""
+    scope: str = "every record"
+    """Which records' contents were recomputed: ``every record``, or the records a report covers."""
+    last_full: dict[str, Any] | None = None
+    """The last full pass recorded (``drill audit verify``), when this one was not full."""
 
     @property
     def intact(self) -> bool:
@@ -266,11 +313,11 @@ class ChainReport:
             "intact": self.intact,
             "entries": self.entries,
             "records": self.records,
+            "scope": self.scope,
             "authenticated": self.authenticated,
             "unkeyed_before": self.unkeyed_before,
-            "before_chain": self.before_chain,
             "head": self.head.to_dict() if self.head else None,
-            "incremental_from": self.verified_from.to_dict() if self.verified_from else None,
+            "last_full": self.last_full,
             "problems": [p.to_dict() for p in self.problems],
         }
 
@@ -279,85 +326,63 @@ def _problem(code: str, subject: str, message: str, severity: Severity = Severit
     return Finding(check="audit", code=code, severity=severity, subject=subject, message=message)
 
 
-BATCH = 2000
-"""Entries (and records) verified per read: memory stays bounded whatever the log's length."""
-
-
 def verify_chain(
     s: Session,
     *,
     key: bytes | None = None,
     head: str | None = None,
     keyed_from: int | None = None,
-    since: VerifiedHead | None = None,
+    records: Collection[int] | None = None,
+    workers: int | None = None,
 ) -> ChainReport:
-    """Recompute every link, every entry (its HMAC under ``key``, who closed it, what it
-    supersedes) and every closed record's digest; name what does not match. With ``key``,
-    entries from ``keyed_from`` on (all, by default) must carry that key's HMAC.
-
-    With ``since`` (the head an earlier pass verified, :func:`verified_head`) only what came
-    after it is recomputed — the entries after it, the records they seal and the drills
-    recorded since — once the verified prefix is shown to be still there, unchanged at its
-    end and complete: an incremental pass, as fast for a year of records as for a day. Only a
-    full pass (``since=None``) finds an older record edited in place."""
+    """Recompute every link and every entry (its hash, its HMAC under ``key``, who closed it,
+    what it supersedes), and every closed record's digest (of ``records`` only, when given:
+    the drills a report covers); name what does not match. With ``key``, entries from
+    ``keyed_from`` on (all, by default) must carry that key's HMAC. ``workers`` processes
+    recompute the digests (default: the cores this process may use)."""
     from sqlalchemy import inspect
 
     if not inspect(s.connection()).has_table(AuditEntry.__tablename__):
         return ChainReport(
             problems=[
                 _problem(
-                    "chain-missing",
-                    AuditEntry.__tablename__,
-                    "the audit_log table is gone: the tamper-evident log was dropped",
+                    "chain-missing", "audit_log", "the audit_log table is gone: the tamper-evident log was dropped"
                 )
             ]
         )
-    report = ChainReport(entries=s.scalar(select(func.count()).select_from(AuditEntry)) or 0, verified_from=since)
-    start, prev_hash = (since.seq, since.hash) if since else (0, GENESIS)
-    if since is not None:
-        report.problems += _prefix_problems(s, since)
-    first = s.scalars(select(AuditEntry).order_by(AuditEntry.seq).limit(1)).first()
-    first_seen = (first.sealed_at, first.drill_id) if first is not None else None
-    latest, last = _walk(s, report, start, prev_hash, since is not None, key, keyed_from)
-    report.head = last or (_head_of(since) if since is not None else None)
-    report.problems += _record_problems(s, latest, first_seen, report, None if since is None else since.drills_through)
+    report = ChainReport(scope="every record" if records is None else f"the {len(records)} record(s) reported")
+    latest = _walk(s, report, key, keyed_from)
+    report.entries = s.scalar(select(func.count()).select_from(AuditEntry)) or 0
+    report.problems += _unsealed(s, latest, records)
+    wanted = latest if records is None else {i: latest[i] for i in records if i in latest}
+    report.problems += _record_problems(s, wanted, report, workers)
     if head is not None:
         report.problems += _pinned_head_problems(s, head)
     return report
 
 
-def _walk(
-    s: Session,
-    report: ChainReport,
-    start: int,
-    prev_hash: str,
-    current: bool,
-    key: bytes | None,
-    keyed_from: int | None,
-) -> tuple[dict[int, _Seen], ChainHead | None]:
-    """Every entry after ``start`` in order, batch by batch: its link to the one before, its
-    HMAC and what it supersedes (problems go to ``report``). Returns each drill's latest entry
-    and the last readable one."""
-    latest: dict[int, _Seen] = {}
-    prev_seq, last = start, None
-    for batch in _batches(s, start):
-        latest.update(_sealed_before(s, start, {e.drill_id for e in batch} - latest.keys()))
-        for e in batch:
-            if isinstance(e, _Unreadable):
-                report.problems.append(
-                    _problem(
-                        "entry-edited",
-                        f"entry {e.seq}",
-                        f"entry {e.seq} (drill #{e.drill_id}) holds a value drill cannot read ({e.why}): the entry was edited",
-                    )
+def _walk(s: Session, report: ChainReport, key: bytes | None, keyed_from: int | None) -> dict[int, Entry]:
+    """Every entry in order: its link to the one before, its hash, its HMAC and what it
+    supersedes (problems go to ``report``). Returns each drill's latest entry."""
+    latest: dict[int, Entry] = {}
+    prev_hash, prev_seq, newest = GENESIS, 0, 0
+    for e in _all_entries(s):
+        if e.unreadable is not None:
+            report.problems.append(
+                _problem(
+                    "entry-edited",
+                    f"entry {e.seq}",
+                    f"{e.where()} holds a value drill cannot read ({e.unreadable}): the entry was edited",
                 )
-            else:
-                report.problems += _link_problems(e, prev_hash, prev_seq, key, report, keyed_from)
-                report.problems += _reseal_problems(e, latest.get(e.drill_id), current)
-                current, last = current or e.closed_by is not None, ChainHead(e.seq, e.hash, e.drill_id, e.sealed_at)
-            prev_hash, prev_seq = e.hash, e.seq
-            latest[e.drill_id] = _Seen.of(e)
-    return latest, last
+            )
+        else:
+            report.problems += _link_problems(e, prev_hash, prev_seq, key, report, keyed_from)
+            report.problems += _reseal_problems(e, latest.get(e.drill_id), newest)
+            newest = max(newest, e.format)
+            report.head = ChainHead(e.seq, e.hash, e.drill_id, e.sealed_at)  # type: ignore[arg-type]
+        prev_hash, prev_seq = e.hash, e.seq
+        latest[e.drill_id] = e
+    return latest
 
 
 def _pinned_head_problems(s: Session, head: str) -> list[Finding]:
@@ -373,143 +398,44 @@ def _pinned_head_problems(s: Session, head: str) -> list[Finding]:
     ]
 
 
-def _head_of(since: VerifiedHead) -> ChainHead:
-    return ChainHead(since.seq, since.hash, since.drill_id, since.sealed_at)
-
-
-@dataclass(frozen=True, slots=True)
-class _Seen:
-    """What the chain says of a record: its latest entry, in brief."""
-
-    seq: int
-    closed_by: str | None
-    content_sha256: str
-    unreadable: bool = False
-
-    @classmethod
-    def of(cls, e: AuditEntry | _Unreadable) -> _Seen:
-        return cls(e.seq, e.closed_by, e.content_sha256, isinstance(e, _Unreadable))
-
-
-def _batches(s: Session, after: int) -> Iterator[list[AuditEntry | _Unreadable]]:
-    """The entries after ``after``, in order, :data:`BATCH` at a time."""
-    while True:
-        batch = _entries(s, after)
-        if not batch:
-            return
-        yield batch
-        after = batch[-1].seq
-        s.expunge_all()
-
-
-def _sealed_before(s: Session, start: int, drill_ids: set[int]) -> dict[int, _Seen]:
-    """The latest entry up to ``start`` of each of ``drill_ids``: what a later entry for the
-    same record must supersede."""
-    if not start or not drill_ids:
-        return {}
-    q = select(AuditEntry.seq, AuditEntry.drill_id, AuditEntry.closed_by, AuditEntry.content_sha256)
-    q = q.where(AuditEntry.seq <= start, AuditEntry.drill_id.in_(drill_ids)).order_by(AuditEntry.seq)
-    return {drill_id: _Seen(seq, closed_by, content) for seq, drill_id, closed_by, content in s.execute(q)}
-
-
-def _prefix_problems(s: Session, since: VerifiedHead) -> list[Finding]:
-    """The prefix an earlier pass verified is still whole: its last entry is the one verified
-    (same hash) and none of the entries before it is gone."""
-    when = f"{since.verified_at:%Y-%m-%d %H:%M}Z"
-    hash_ = s.scalar(select(AuditEntry.hash).where(AuditEntry.seq == since.seq))
-    if hash_ != since.hash:
-        what = "is gone" if hash_ is None else "was replaced"
-        return [
-            _problem(
-                "verified-head-missing",
-                f"entry {since.seq}",
-                f"entry {since.seq}, verified on {when}, {what}: the log was rewritten since (drill audit verify --full)",
-            )
-        ]
-    kept = s.scalar(select(func.count()).select_from(AuditEntry).where(AuditEntry.seq <= since.seq)) or 0
-    if kept != since.seq:
-        return [
-            _problem(
-                "entries-missing",
-                f"entries 1..{since.seq}",
-                f"{since.seq - kept} of the entries verified on {when} are gone: deleted (drill audit verify --full)",
-            )
-        ]
-    return []
-
-
-@dataclass(frozen=True, slots=True)
-class _Unreadable:
-    """A chain entry with a value that cannot be read back: what is left of it to follow the chain."""
-
-    seq: int
-    drill_id: int
-    hash: str
-    content_sha256: str
-    why: str
-    closed_by: str | None = None
-
-
-def _entries(s: Session, after: int = 0) -> list[AuditEntry | _Unreadable]:
-    """Up to :data:`BATCH` entries after ``after``, in order; an entry whose values cannot
-    all be read (edited outside drill) stands in with its plain columns, so the entries after
-    it are still checked."""
-    where = AuditEntry.seq > after
-    try:
-        return list(s.scalars(select(AuditEntry).where(where).order_by(AuditEntry.seq).limit(BATCH)))
-    except (ValueError, TypeError):
-        pass
-    out: list[AuditEntry | _Unreadable] = []
-    plain = select(
-        AuditEntry.seq, AuditEntry.drill_id, AuditEntry.hash, AuditEntry.content_sha256, AuditEntry.closed_by
-    ).where(where)
-    for seq, drill_id, hash_, content, closed_by in s.execute(plain.order_by(AuditEntry.seq).limit(BATCH)):
-        try:
-            out.append(s.scalars(select(AuditEntry).where(AuditEntry.seq == seq)).one())
-        except (ValueError, TypeError) as exc:
-            out.append(_Unreadable(seq, drill_id, hash_, content, one_line(exc), closed_by))
-    return out
-
-
 def _link_problems(
-    e: AuditEntry, prev_hash: str, prev_seq: int, key: bytes | None, report: ChainReport, keyed_from: int | None
+    e: Entry, prev_hash: str, prev_seq: int, key: bytes | None, report: ChainReport, keyed_from: int | None
 ) -> list[Finding]:
     out = []
-    where = f"entry {e.seq} (drill #{e.drill_id})"
     if e.seq != prev_seq + 1:
-        out.append(
-            _problem(
-                "entries-missing",
-                f"entry {e.seq}",
-                f"entries {prev_seq + 1}..{e.seq - 1} are missing from the chain: deleted",
-            )
-        )
-    message = _entry_message(e)
+        what = f"entries {prev_seq + 1}..{e.seq - 1} are missing from the chain: deleted" if e.seq > prev_seq + 1 else (
+            f"entry {e.seq} is out of order (after entry {prev_seq}): inserted outside drill"
+        )  # fmt: skip
+        out.append(_problem("entries-missing" if e.seq > prev_seq else "link-broken", f"entry {e.seq}", what))
     if e.prev_hash != prev_hash and e.seq == prev_seq + 1:
         out.append(
             _problem(
                 "link-broken",
-                where,
-                f"{where} does not follow the entry before it: entries were reordered, edited or replaced",
+                e.where(),
+                f"{e.where()} does not follow the entry before it: entries were reordered, edited or replaced",
             )
         )
+    message = e.message()
     if _hash(message) != e.hash:
-        out.append(_problem("entry-edited", where, f"{where} does not match its own hash: the entry was edited"))
+        out.append(
+            _problem("entry-edited", e.where(), f"{e.where()} does not match its own hash: the entry was edited")
+        )
     if key is not None:
         out += _mac_problems(e, message, key, report, keyed_from)
     return out
 
 
 def _mac_problems(
-    e: AuditEntry, message: bytes, key: bytes, report: ChainReport, keyed_from: int | None
+    e: Entry, message: bytes, key: bytes, report: ChainReport | None, keyed_from: int | None
 ) -> list[Finding]:
     """Under a key every entry must be that key's: a missing or foreign HMAC is how a forger
     without the key would downgrade the chain, so it fails — unless the entry predates the
     key (``keyed_from``, named by the operator who introduced it)."""
-    where = f"entry {e.seq} (drill #{e.drill_id})"
+    where = e.where()
     mine = e.mac is not None and e.key_id == key_id(key)
     if mine and e.mac is not None and hmac.compare_digest(e.mac, hmac.new(key, message, hashlib.sha256).hexdigest()):
-        report.authenticated += 1
+        if report is not None:
+            report.authenticated += 1
         return []
     if mine:
         return [
@@ -518,7 +444,8 @@ def _mac_problems(
             )
         ]
     if keyed_from is not None and e.seq < keyed_from:
-        report.unkeyed_before += 1
+        if report is not None:
+            report.unkeyed_before += 1
         return []
     if e.mac is None:
         return [
@@ -537,24 +464,27 @@ def _mac_problems(
     ]
 
 
-def _reseal_problems(e: AuditEntry, before: _Seen | None, current: bool) -> list[Finding]:
-    """A second entry for a record is legitimate only where the first was a guess (orphan
-    recovery) and the entry says it supersedes it."""
-    where = f"entry {e.seq} (drill #{e.drill_id})"
-    if e.closed_by is None:
-        return (
-            [
-                _problem(
-                    "entry-downgraded",
-                    where,
-                    f"{where} is written in the old format after newer entries: forged to dodge the reseal check",
-                )
-            ]
-            if current
-            else []
-        )
-    if e.closed_by not in CLOSERS:
+def _reseal_problems(e: Entry, before: Entry | None, newest: int) -> list[Finding]:
+    """An entry in an older format than one before it is a forgery; a second entry for a
+    record is legitimate only where the first was a guess (orphan recovery) and the entry
+    says it supersedes it."""
+    where = e.where()
+    if e.format < newest:
+        return [
+            _problem(
+                "entry-downgraded",
+                where,
+                f"{where} is written in an older format (drill-audit/{e.format}) after newer entries: forged to dodge the checks of the newer one",
+            )
+        ]
+    if e.format > 1 and e.closed_by not in CLOSERS:
         return [_problem("entry-edited", where, f"{where} was closed by {e.closed_by!r}, which drill never writes")]
+    if e.format > VERSION:
+        return [
+            _problem(
+                "entry-edited", where, f"{where} claims format drill-audit/{e.format}, which this drill never wrote"
+            )
+        ]
     if before is None:
         if e.supersedes is not None:
             return [
@@ -565,9 +495,9 @@ def _reseal_problems(e: AuditEntry, before: _Seen | None, current: bool) -> list
                 )
             ]
         return []
-    if before.unreadable:
+    if before.unreadable is not None:
         return []  # the entry before it is already named as edited
-    if e.supersedes != before.seq or before.closed_by != PROVISIONAL:
+    if e.format == 1 or e.supersedes != before.seq or before.closed_by != PROVISIONAL:
         how = f"closed by {before.closed_by or 'a drill before 0.5'} in entry {before.seq}"
         return [
             _problem(
@@ -579,38 +509,16 @@ def _reseal_problems(e: AuditEntry, before: _Seen | None, current: bool) -> list
     return []
 
 
-def _record_problems(
-    s: Session,
-    latest: dict[int, _Seen],
-    first: tuple[datetime, int] | None,
-    report: ChainReport,
-    drills_through: int | None,
-) -> list[Finding]:
-    """Each record the pass saw sealed, against its latest entry, :data:`BATCH` records at a
-    time; then the closed records the chain does not hold (every one on a full pass, those
-    recorded after ``drills_through`` on an incremental one)."""
-    out: list[Finding] = []
-    ids = sorted(latest)
-    for i in range(0, len(ids), BATCH):
-        contents = _Contents(s, ids[i : i + BATCH])
-        out += [
-            p for drill_id in ids[i : i + BATCH] for p in _record_problem(contents, drill_id, latest[drill_id], report)
-        ]
+def _unsealed(s: Session, latest: dict[int, Entry], records: Collection[int] | None) -> list[Finding]:
+    """Closed records the chain does not hold: inserted or closed outside drill — whatever
+    drill version the row claims, whatever its id."""
     d = Drill.__table__
-    closed = select(d.c.id).where(d.c.id > (drills_through or 0), d.c.status != DrillStatus.RUNNING.value)
-    unsealed = [
-        i
-        for i in s.execute(closed.where(d.c.id.not_in(select(AuditEntry.drill_id))).order_by(d.c.id)).scalars()
-        if i not in latest
-    ]
-    for i in range(0, len(unsealed), BATCH):
-        contents = _Contents(s, unsealed[i : i + BATCH])
-        for drill_id, row in sorted(contents.drills.items()):
-            if drill_id in contents.unreadable:
-                continue
-            if _before_chain(row, first):
-                report.before_chain += 1
-                continue
+    q = select(d.c.id).where(d.c.status != DrillStatus.RUNNING.value).order_by(d.c.id)
+    out = []
+    ids = s.execute(q).scalars() if records is None else sorted(records)
+    closed = None if records is None else set(s.execute(q.where(d.c.id.in_(list(records)))).scalars())
+    for drill_id in ids:
+        if drill_id not in latest and (closed is None or drill_id in closed):
             out.append(
                 _problem(
                     "record-unsealed",
@@ -621,127 +529,273 @@ def _record_problems(
     return out
 
 
-def _record_problem(contents: _Contents, drill_id: int, e: _Seen, report: ChainReport) -> list[Finding]:
-    if drill_id in contents.unreadable:
-        why = contents.unreadable[drill_id]
-        return [
-            _problem(
-                "record-edited",
-                f"drill #{drill_id}",
-                f"drill #{drill_id} holds a value drill cannot read ({why}): edited after it was recorded",
-            )
-        ]
-    digest = contents.digest(drill_id, legacy=e.closed_by is None)
+PARALLEL_FROM = 4000
+"""Records from which a pass recomputes their digests in several processes."""
+
+
+def _record_problems(s: Session, latest: dict[int, Entry], report: ChainReport, workers: int | None) -> list[Finding]:
+    """Each record against its latest entry (the ones that are themselves readable)."""
+    current = {i: e for i, e in latest.items() if e.unreadable is None and e.format == VERSION}
+    older = {i: e for i, e in latest.items() if e.unreadable is None and e.format < VERSION}
+    digests = _parallel_digests(s, current, workers) if len(current) >= PARALLEL_FROM else _mismatches(s, current)
+    digests.update(_legacy_mismatches(s, older))
+    out = []
+    for drill_id in sorted(digests):
+        still = _recheck(s, drill_id, latest[drill_id])  # a record superseded while the pass ran is not an edit
+        if still is not None:
+            out.append(_record_finding(drill_id, *still))
+    report.records = len(current) + len(older) - len(out)
+    return out
+
+
+def _mismatches(s: Session, entries: dict[int, Entry]) -> dict[int, str | None]:
+    """Drill id → what its record digests to now (None: no record), for those that differ from their entry."""
+    got = record_digests(s, entries)
+    return {i: got.get(i) for i, e in entries.items() if got.get(i) != e.content_sha256}
+
+
+def _legacy_mismatches(s: Session, entries: dict[int, Entry]) -> dict[int, str | None]:
+    got = _legacy_digests(s, entries)
+    return {i: got.get(i) for i, e in entries.items() if got.get(i) != e.content_sha256}
+
+
+_FORKED: dict[str, Any] = {}
+"""What a forked worker of :func:`_parallel_digests` inherits: the engine and the entries."""
+
+
+def _parallel_digests(s: Session, entries: dict[int, Entry], workers: int | None) -> dict[int, str | None]:
+    """:func:`_mismatches` over many records, in ``workers`` forked processes, each with its
+    own connection, each a share of the batches; in this process where it cannot fork."""
+    import multiprocessing
+    import os
+
+    n = workers or min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
+    ids = sorted(entries)
+    chunks = [ids[i : i + content.BATCH] for i in range(0, len(ids), content.BATCH)]
+    if n <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return _mismatches(s, entries)
+    _FORKED.update(engine=s.get_bind(), entries=entries)
+    pool = multiprocessing.get_context("fork").Pool(n)
+    try:
+        out: dict[int, str | None] = {}
+        for part in pool.imap_unordered(_worker, chunks):
+            out.update(part)
+        pool.close()
+        pool.join()
+        return out
+    finally:
+        pool.terminate()
+        _FORKED.clear()
+
+
+def _worker(ids: list[int]) -> dict[int, str | None]:
+    engine, entries = _FORKED["engine"], _FORKED["entries"]
+    connection = _FORKED.get("connection")
+    if connection is None:
+        from multiprocessing.util import Finalize
+
+        engine.dispose(close=False)  # the parent's connections are the parent's
+        connection = _FORKED["connection"] = engine.raw_connection()
+        Finalize(None, connection.close, exitpriority=10)  # closed as the worker leaves
+    cursor = connection.cursor()
+    try:
+        got = content.digests(cursor, engine.dialect.name, content.id_list(ids))
+        connection.rollback()  # end the read: a long pass holds no snapshot open
+    finally:
+        cursor.close()
+    return {i: got.get(i) for i in ids if got.get(i) != entries[i].content_sha256}
+
+
+def _recheck(s: Session, drill_id: int, seen: Entry) -> tuple[Entry, str | None] | None:
+    """The record's latest entry now and what the record digests to, when they still differ
+    (None: they agree)."""
+    now = _entries(s, "WHERE drill_id = :d", {"d": drill_id})
+    e = now[-1] if now else seen
+    if e.unreadable is not None:
+        return e, None
+    digest = (record_digests(s, [drill_id]) if e.format == VERSION else _legacy_digests(s, {drill_id: e})).get(drill_id)
+    return None if digest == e.content_sha256 else (e, digest)
+
+
+def _record_finding(drill_id: int, e: Entry, digest: str | None) -> Finding:
+    subject = f"drill #{drill_id}"
+    if e.unreadable is not None:
+        return _problem(
+            "entry-edited",
+            f"entry {e.seq}",
+            f"{e.where()} holds a value drill cannot read ({e.unreadable}): the entry was edited",
+        )
     if digest is None:
-        return [
-            _problem(
-                "record-deleted",
-                f"drill #{drill_id}",
-                f"drill #{drill_id} is in the chain (entry {e.seq}) but its record is gone: deleted",
+        return _problem(
+            "record-deleted", subject, f"{subject} is in the chain (entry {e.seq}) but its record is gone: deleted"
+        )
+    if digest == content.UNREADABLE:
+        return _problem(
+            "record-edited",
+            subject,
+            f"{subject} holds a value of a type drill never stores there: edited after it was recorded",
+        )
+    return _problem(
+        "record-edited",
+        subject,
+        f"{subject} differs from the record sealed in entry {e.seq}: edited after it was recorded",
+    )
+
+
+# -- attesting records as they are read -------------------------------------------------------
+def attest(s: Session, drill_ids: Collection[int], key: bytes | None) -> dict[int, RecordSeal]:
+    """Each of these records against its latest entry, as a command reads them to show, select
+    or report: the entry's own hash, its HMAC (with ``key``), its link to the entry after it,
+    and the record's digest. A closed record without an entry, or one that does not match, is
+    ``broken``; a drill still running is ``open`` (nothing to seal yet)."""
+    from sqlalchemy import inspect
+
+    ids = sorted(set(drill_ids))
+    if not ids:
+        return {}
+    d = Drill.__table__
+    status = dict(s.execute(select(d.c.id, d.c.status).where(d.c.id.in_(ids))).all())
+    if not inspect(s.connection()).has_table(AuditEntry.__tablename__):
+        return {i: RecordSeal("broken", "chain-missing", "the audit_log table is gone") for i in ids}
+    latest: dict[int, Entry] = {}
+    for i in range(0, len(ids), content.BATCH):
+        for e in _entries(s, f"WHERE drill_id IN ({','.join(str(x) for x in ids[i : i + content.BATCH])})"):
+            latest[e.drill_id] = e
+    following = _following(s, latest.values())
+    current = {i: e for i, e in latest.items() if e.unreadable is None}
+    digests = record_digests(s, [i for i, e in current.items() if e.format == VERSION])
+    digests.update(_legacy_digests(s, {i: e for i, e in current.items() if e.format < VERSION}))
+    out = {}
+    for drill_id in ids:
+        found = latest.get(drill_id)
+        if status.get(drill_id) == DrillStatus.RUNNING.value and found is None:
+            out[drill_id] = RecordSeal("open")
+        elif found is None:
+            out[drill_id] = RecordSeal(
+                "broken",
+                "record-unsealed",
+                f"drill #{drill_id} is closed but not in the audit chain: inserted or closed outside drill",
             )
-        ]
+        else:
+            out[drill_id] = _seal_of(found, digests.get(drill_id), following.get(found.seq), key)
+    return out
+
+
+def _following(s: Session, entries: Collection[Entry]) -> dict[int, str | None]:
+    """Entry seq → the prev_hash of the entry after it (None: it is the newest)."""
+    seqs = sorted(e.seq + 1 for e in entries if e.unreadable is None)
+    out: dict[int, str | None] = {seq - 1: None for seq in seqs}
+    for i in range(0, len(seqs), content.BATCH):
+        part = ",".join(str(x) for x in seqs[i : i + content.BATCH])
+        for seq, prev in s.execute(text(f"SELECT seq, prev_hash FROM audit_log WHERE seq IN ({part})")):
+            out[int(seq) - 1] = prev
+    return out
+
+
+def _seal_of(e: Entry, digest: str | None, next_prev: str | None, key: bytes | None) -> RecordSeal:
+    if e.unreadable is not None:
+        return RecordSeal(
+            "broken", "entry-edited", f"{e.where()} holds a value drill cannot read: the entry was edited", e.seq
+        )
+    if _hash(e.message()) != e.hash:
+        return RecordSeal(
+            "broken", "entry-edited", f"{e.where()} does not match its own hash: the entry was edited", e.seq
+        )
+    if next_prev is not None and next_prev != e.hash:
+        return RecordSeal(
+            "broken", "link-broken", f"the entry after {e.where()} does not follow it: the log was rewritten", e.seq
+        )
+    if key is not None:
+        problems = _mac_problems(e, e.message(), key, None, None)
+        if problems:
+            return RecordSeal("broken", problems[0].code, problems[0].message, e.seq)
     if digest != e.content_sha256:
-        return [
-            _problem(
-                "record-edited",
-                f"drill #{drill_id}",
-                f"drill #{drill_id} differs from the record sealed in entry {e.seq}: edited after it was recorded",
-            )
-        ]
-    report.records += 1
-    return []
+        what = (
+            "its record is gone"
+            if digest is None
+            else "the record differs from what was sealed: edited after it was recorded"
+        )
+        return RecordSeal(
+            "broken", "record-edited", f"drill #{e.drill_id} fails its seal (entry {e.seq}): {what}", e.seq
+        )
+    return RecordSeal("intact", entry=e.seq)
 
 
-CHAINED_SINCE = (0, 3)
-"""The drill version that began sealing records: a newer record outside the chain is suspect."""
-
-
-def _before_chain(row: Mapping[str, Any], first: tuple[datetime, int] | None) -> bool:
-    """Closed before drill kept a chain (or before this chain's first entry)."""
-    parts = []
-    for piece in str(row["drill_version"] or "0").split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit()) or "0"
-        parts.append(int(digits))
-    if tuple(parts) >= CHAINED_SINCE or first is None:  # no chain at all: wiped, not "before" it
-        return False
-    finished = row["finished_at"]
-    return finished is not None and finished < first[0] and row["id"] < first[1]
-
-
-# -- the verified head ------------------------------------------------------------------------
+# -- the passes of drill audit verify --------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class VerifiedHead:
-    """How far an intact pass verified the chain, and when: where the next pass starts."""
+class Pass:
+    """A full pass of ``drill audit verify``: when, how far, and what it found."""
 
+    verified_at: datetime
     seq: int
     hash: str
-    drill_id: int
-    sealed_at: datetime
-    drills_through: int
-    """The newest drill id recorded when it was verified."""
-    verified_at: datetime
-    full: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"seq": self.seq, "hash": self.hash, "verified_at": self.verified_at.isoformat(), "full": self.full}
+    intact: bool
+    problems: int
 
     def message(self) -> bytes:
         return "|".join(
-            ["drill-audit-verified/1", str(self.seq), self.hash, str(self.drills_through), self.verified_at.isoformat()]
+            [
+                "drill-audit-pass/1",
+                str(self.seq),
+                self.hash,
+                self.verified_at.isoformat(),
+                str(self.intact),
+                str(self.problems),
+            ]
         ).encode()
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verified_at": self.verified_at.isoformat(),
+            "seq": self.seq,
+            "hash": self.hash,
+            "intact": self.intact,
+            "problems": self.problems,
+        }
 
-def verified_head(s: Session, key: bytes | None) -> VerifiedHead | None:
-    """The newest head an intact pass recorded (:func:`remember_head`); with ``key``, only one
-    that carries that key's HMAC — a head written without the key is not a place to start from."""
+
+def record_pass(s: Session, report: ChainReport, key: bytes | None) -> Pass:
+    """Record a full pass, intact or not (with ``key``, under its HMAC)."""
+    h = report.head
+    broken = sum(1 for p in report.problems if p.severity is Severity.ERROR)
+    done = Pass(datetime.now(timezone.utc), h.seq if h else 0, h.hash if h else GENESIS, report.intact, broken)
+    s.add(
+        AuditVerified(
+            seq=done.seq,
+            hash=done.hash,
+            drill_id=h.drill_id if h else 0,
+            sealed_at=h.sealed_at if h else done.verified_at,
+            drills_through=s.scalar(select(func.max(Drill.id))) or 0,
+            verified_at=done.verified_at,
+            full=True,
+            mac=hmac.new(key, done.message(), hashlib.sha256).hexdigest() if key else None,
+            intact=done.intact,
+            problems=broken,
+        )  # fmt: skip
+    )
+    return done
+
+
+def last_pass(s: Session, key: bytes | None) -> Pass | None:
+    """The newest full pass recorded; with ``key``, only one that carries that key's HMAC."""
     from sqlalchemy import inspect
-
-    from drill.records.models import AuditVerified
 
     if not inspect(s.connection()).has_table(AuditVerified.__tablename__):
         return None
-    row = s.scalars(select(AuditVerified).order_by(AuditVerified.id.desc()).limit(1)).first()
+    try:
+        row = s.scalars(
+            select(AuditVerified).where(AuditVerified.full.is_(True)).order_by(AuditVerified.id.desc()).limit(1)
+        ).first()
+    except (ValueError, TypeError):
+        return None
     if row is None:
         return None
-    head = VerifiedHead(
-        row.seq, row.hash, row.drill_id, _utc(row.sealed_at), row.drills_through, _utc(row.verified_at), row.full
-    )
-    if key is not None:
-        good = row.mac is not None and hmac.compare_digest(
-            row.mac, hmac.new(key, head.message(), hashlib.sha256).hexdigest()
-        )
-        if not good:
-            return None
-    return head
-
-
-def remember_head(s: Session, report: ChainReport, key: bytes | None, *, full: bool) -> VerifiedHead | None:
-    """Record how far an intact pass verified the chain (nothing for one with problems)."""
-    from drill.records.models import AuditVerified
-
-    if not report.intact or report.head is None:
+    done = Pass(_time(row.verified_at), row.seq, row.hash, bool(row.intact), int(row.problems or 0))
+    if key is not None and not (
+        row.mac is not None and hmac.compare_digest(row.mac, hmac.new(key, done.message(), hashlib.sha256).hexdigest())
+    ):
         return None
-    h = report.head
-    through = s.scalar(select(func.max(Drill.id))) or 0
-    head = VerifiedHead(h.seq, h.hash, h.drill_id, h.sealed_at, through, datetime.now(timezone.utc), full)
-    mac = hmac.new(key, head.message(), hashlib.sha256).hexdigest() if key else None
-    s.add(
-        AuditVerified(
-            seq=h.seq,
-            hash=h.hash,
-            drill_id=h.drill_id,
-            sealed_at=h.sealed_at,
-            drills_through=through,
-            verified_at=head.verified_at,
-            full=full,
-            mac=mac,
-        )
-    )
-    return head
-
-
-def _utc(t: datetime) -> datetime:
-    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t
+    return done
 
 
 def chain_head(s: Session) -> ChainHead | None:
@@ -753,12 +807,15 @@ __all__ = [
     "GENESIS",
     "ChainHead",
     "ChainReport",
-    "VerifiedHead",
+    "Entry",
+    "Pass",
+    "attest",
     "chain_head",
+    "last_pass",
     "load_audit_key",
-    "remember_head",
+    "record_digests",
+    "record_pass",
     "seal_drill",
     "seal_drills",
-    "verified_head",
     "verify_chain",
 ]

@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -356,12 +357,15 @@ class AuditEntry(Base):
     NULL on entries written before drill 0.5."""
     supersedes: Mapped[int | None] = mapped_column(BigInteger)
     """The seq of this record's previous entry, when it had one (a guess being corrected)."""
+    version: Mapped[int | None] = mapped_column(SmallInteger)
+    """How the record's content was digested: 3 (:mod:`drill.records.content`); NULL on the
+    entries of drill 0.5 and earlier (``drill-audit/1`` and ``/2``: canonical JSON)."""
 
 
 class AuditVerified(Base):
-    """How far an intact pass of ``drill audit verify`` verified the audit log: where the next,
-    incremental, pass starts (see :func:`drill.records.audit.verify_chain`). With an audit key,
-    each row carries an HMAC under it; one without is not trusted as a starting point."""
+    """One pass of ``drill audit verify`` over the whole log: the head it reached, when, and
+    whether it found the log intact — what ``drill metrics`` reports without verifying on a
+    scrape. With an audit key, each row carries an HMAC under it; one without is not trusted."""
 
     __tablename__ = "audit_verified"
 
@@ -374,3 +378,5 @@ class AuditVerified(Base):
     verified_at: Mapped[datetime]
     full: Mapped[bool] = mapped_column(Boolean)
     mac: Mapped[str | None] = mapped_column(Str(64))
+    intact: Mapped[bool] = mapped_column(Boolean, default=True)
+    problems: Mapped[int] = mapped_column(Integer, default=0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -56,6 +56,7 @@ class Verified:
 
 class ReportingMixin:
     _session: Callable[[], AbstractContextManager[Session]]  # provided by Records
+    _attest: Callable[[Session, Iterable[DrillOutcome]], None]  # provided by Records
 
     def briefs_in_window(
         self,
@@ -103,6 +104,7 @@ class ReportingMixin:
                     outcome_from_row(d, with_checks=True)
                     for d in s.scalars(q.options(*outcome_loads(with_checks=True)))
                 ]
+            self._attest(s, out)
         return sorted(out, key=lambda o: (o.started_at, o.id or 0))
 
     def run_roots(self, *, policy: str | None = None) -> list[str]:
@@ -159,6 +161,7 @@ class ReportingMixin:
                 rows = select(Drill).where(Drill.id.in_(newest.group_by(Drill.checkpoint_id).scalar_subquery()))
                 for d in s.scalars(rows.options(*outcome_loads(with_checks=False))):
                     latest[d.checkpoint.uri] = outcome_from_row(d, with_checks=False)  # type: ignore[union-attr]
+            self._attest(s, latest.values())
         return latest
 
     def ledger(self, run_root: str, uris: Collection[str] | None = None) -> dict[str, list[Verified]]:
@@ -205,6 +208,7 @@ class ReportingMixin:
                 )
                 for key, i in last.items()
             }
+            self._attest(s, [o for pair in latest.values() for o in pair if o is not None])
         return latest, counts
 
     def audit_head(self) -> ChainHead | None:

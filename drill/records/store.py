@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
@@ -25,7 +25,7 @@ from drill.errors import DatabaseError, NotFound, UnreadableRecord, one_line
 from drill.findings import CheckResult
 from drill.pipeline.outcome import DrillOutcome
 from drill.pipeline.recorder import DrillStart
-from drill.records.audit import PROVISIONAL, load_audit_key, seal_drill
+from drill.records.audit import PROVISIONAL, attest, load_audit_key, seal_drill
 from drill.records.bursts import BurstsMixin
 from drill.records.db import Database, failure_reason, safe_url
 from drill.records.lease import LeaseMixin
@@ -54,18 +54,31 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
         self.db = db
         self._key: bytes | None | bool = False  # not loaded yet
 
-    def _seal(self, s: Session, drill_id: int, closed_by: str = "drill") -> None:
-        """Append the drill, just closed in this transaction, to the audit chain. A configured
-        audit key that cannot be read fails the transaction: a record is never sealed without
-        the key it should carry (the verdict then goes to the spool, never lost)."""
+    def _audit_key(self, doing: str) -> bytes | None:
         if self._key is False:
             from drill.integrity.keys import SealKeyError
 
             try:
                 self._key = load_audit_key()
             except SealKeyError as exc:
-                raise DatabaseError(f"the record cannot be sealed: {exc}") from None
-        seal_drill(s, drill_id, self._key or None, closed_by)  # type: ignore[arg-type]
+                raise DatabaseError(f"{doing}: {exc}") from None
+        return self._key or None  # type: ignore[return-value]
+
+    def _seal(self, s: Session, drill_id: int, closed_by: str = "drill") -> None:
+        """Append the drill, just closed in this transaction, to the audit chain. A configured
+        audit key that cannot be read fails the transaction: a record is never sealed without
+        the key it should carry (the verdict then goes to the spool, never lost)."""
+        seal_drill(s, drill_id, self._audit_key("the record cannot be sealed"), closed_by)
+
+    def _attest(self, s: Session, outcomes: Iterable[DrillOutcome]) -> None:
+        """Each record read is checked against its audit seal as it is read
+        (:func:`drill.records.audit.attest`): what a command shows, selects or reports says
+        whether the record is the one that was sealed. A configured audit key that cannot be
+        read is an error: no record is vouched for without it."""
+        listed = [o for o in outcomes if o.id is not None]
+        seals = attest(s, [o.id for o in listed], self._audit_key("the records cannot be checked against their seals"))  # type: ignore[misc]
+        for o in listed:
+            o.seal = seals.get(o.id)  # type: ignore[arg-type]
 
     @contextmanager
     def _session(self) -> Iterator[Session]:
@@ -278,14 +291,18 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
                 q = q.where(Drill.status == status)
             if policy is not None:
                 q = q.where(Drill.policy == policy)
-            return [outcome_from_row(d, with_checks=False) for d in s.scalars(q)]
+            out = [outcome_from_row(d, with_checks=False) for d in s.scalars(q)]
+            self._attest(s, out)
+            return out
 
     def get(self, drill_id: int) -> DrillOutcome:
         with self._session() as s:
             d = s.scalar(select(Drill).where(Drill.id == drill_id).options(*outcome_loads(with_checks=True)))
             if d is None:
                 raise NotFound(f"no drill with id {drill_id}")
-            return outcome_from_row(d, with_checks=True)
+            out = outcome_from_row(d, with_checks=True)
+            self._attest(s, [out])
+            return out
 
     def last_drilled(self, run_root: str) -> dict[str, datetime]:
         """Checkpoint URI → when it was last drilled (any outcome), for coverage-aware selection."""
@@ -313,6 +330,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
                 )
                 if latest is not None:
                     out[uri] = outcome_from_row(latest, with_checks=False)
+            self._attest(s, out.values())
         return out
 
     def last_good(
@@ -322,14 +340,19 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
         *,
         min_evidence: str = DEFAULT_MIN_EVIDENCE,
         require_replay: bool = False,
+        broken: list[DrillOutcome] | None = None,
     ) -> DrillOutcome | None:
         """The newest of ``retained`` (URIs, oldest first) whose latest drill passed on at
-        least ``min_evidence`` (and replayed, with ``require_replay``): :func:`drill.claims.good_enough`."""
+        least ``min_evidence`` (and replayed, with ``require_replay``): :func:`drill.claims.good_enough`.
+        The latest drills of newer checkpoints whose records fail their audit seal are passed
+        over (and added to ``broken``, when given)."""
         latest = self.latest_of(list(reversed(retained)))
         for uri in reversed(retained):
             outcome = latest.get(uri)
             if outcome is not None and good_enough(outcome, min_evidence=min_evidence, require_replay=require_replay):
                 return outcome
+            if outcome is not None and outcome.seal is not None and outcome.seal.broken and broken is not None:
+                broken.append(outcome)
         return None
 
     def delete_checks(self, drill_id: int) -> None:

@@ -20,7 +20,7 @@ from drill.errors import UsageError
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
-SCHEMA_HEAD = "0013"
+SCHEMA_HEAD = "0014"
 """The newest migration's revision: a database already there needs no Alembic at all (importing
 it and reading the migration scripts costs a tenth of a second per command). A test checks
 this against Alembic's own head."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from drill.replay.compare import Tolerance
 
-ENTRYPOINT = re.compile(r"^([A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*|[^:]+\.py):[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+ENTRYPOINT = re.compile(r"^([A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*|[^:]+\.py):[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*\Z")
 """``package.module:function`` (or ``module:Class.method``), or ``path/to/file.py:function``:
 a file named directly, imported from where it lies (no ``PYTHONPATH`` needed)."""
 

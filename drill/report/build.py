@@ -44,6 +44,10 @@ class ReportOptions:
     """Drills each run lists in full (the newest, and every failure among the newest as many
     again); None: every drill in the window. Counts, percentiles and coverage always cover
     every drill in the window."""
+    verify_chain: bool = True
+    """Walk the audit log and recompute the digest of every record the report rests on (the
+    drills in the window, each checkpoint's latest); else only the last full pass is reported
+    (what the metrics do: a scrape never verifies)."""
 
 
 def build_report(db: str | None = None, options: ReportOptions | None = None) -> Report:
@@ -73,7 +77,8 @@ def build_report(db: str | None = None, options: ReportOptions | None = None) ->
             by_root.setdefault(b.run_root, []).append(b)
         runs = [_section(records, r, by_root[r], opts, resolve_url(db)) for r in sorted(by_root)]
         report.runs = sorted(runs, key=lambda r: (not r.needs_attention, r.run_root))  # what needs attention first
-        report.chain = _chain(database)
+        rests_on = {b.id for b in briefs} | {c.last_drill_id for r in runs for c in r.checkpoints if c.last_drill_id}
+        report.chain = _chain(database, rests_on, opts.verify_chain)
     finally:
         database.close()
     return report
@@ -85,18 +90,23 @@ def _empty_chain() -> dict[str, Any]:
     return ChainReport().to_dict()
 
 
-def _chain(database: Any) -> dict[str, Any]:
-    """The audit chain, verified on from the head the last intact ``drill audit verify``
-    recorded (a full pass where none was): a report on a year of records stays quick."""
-    from drill.integrity.keys import SealKeyError
-    from drill.records.audit import load_audit_key, verified_head, verify_chain
+def _chain(database: Any, rests_on: set[int], verify: bool) -> dict[str, Any]:
+    """The audit log as this report rests on it: every link and entry walked and the digest of
+    every record it reports recomputed (``verify``), and the last full pass of ``drill audit
+    verify``, with its time. A report on a year of records stays quick: only the records it
+    reports are recomputed; the full pass is what ``drill audit verify`` is for."""
+    from drill.api import audit_key
+    from drill.records.audit import ChainReport, chain_head, last_pass, verify_chain
 
-    try:
-        key = load_audit_key()
-    except SealKeyError:
-        key = None
+    key = audit_key()
     with database.sessions.begin() as s:
-        return verify_chain(s, key=key, since=verified_head(s, key)).to_dict()
+        if verify:
+            chain = verify_chain(s, key=key, records=rests_on)
+        else:
+            chain = ChainReport(scope="none (the last full pass is reported)", head=chain_head(s))
+        done = last_pass(s, key)
+    chain.last_full = done.to_dict() if done is not None else None
+    return chain.to_dict()
 
 
 # -- one run --------------------------------------------------------------------------------

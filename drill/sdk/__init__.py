@@ -26,11 +26,12 @@ Writing what drill checks:
 
 from drill.errors import StorageProblem
 from drill.integrity.keys import load_key
-from drill.integrity.manifest import SealConflict, SealResult, seal
+from drill.integrity.manifest import SealConflict, SealResult
 from drill.lazy import lazy_names
 from drill.runlog.runfiles import read_run_file
 from drill.runlog.steplog import STEP_LOG, StepLog, StepRecord, read_step_log
 from drill.sdk.resume import CheckpointCorrupt, LoadReport, flush_records, last_good, load, verified
+from drill.verifier import seal
 
 _LAZY = {
     **dict.fromkeys(("save", "async_save", "SealingWriter", "SealReport", "sealing"), "drill.sdk.sealed"),

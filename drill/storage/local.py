@@ -176,29 +176,8 @@ class LocalStorage:
         return target
 
     def write(self, uri: str, data: bytes, *, replace: bool = False, mode: int = 0o644) -> None:
-        """temp file → fsync → rename (or link, which refuses to replace) → fsync the directory.
-        ``mode``: the new file's permissions (reports: ``0o600``)."""
-        target = _path(uri)
-        directory = os.path.dirname(target) or "."
-        tmp = os.path.join(directory, f".{os.path.basename(target)}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
-        try:
-            with open(fd, "wb", closefd=True) as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            if replace:
-                os.replace(tmp, target)
-            else:
-                os.link(tmp, target)  # atomic create-if-absent: never clobbers a concurrent writer
-        finally:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        """:func:`write_file`: whole or not at all, never through a planted link."""
+        write_file(_path(uri), data, replace=replace, mode=mode)
 
     def normalize(self, uri: str) -> str:
         return os.path.abspath(_path(uri))
@@ -223,6 +202,46 @@ class LocalStorage:
         return CacheState(
             after.bytes, after.resident, "written back and dropped from the page cache (posix_fadvise DONTNEED)"
         )
+
+
+def write_file(path: str, data: bytes, *, replace: bool = True, mode: int = 0o644) -> None:
+    """Write ``path`` whole or not at all, safely in a directory others can write to (a
+    verdict for a launcher, a metrics textfile, a report, a seal): a temporary file of an
+    unguessable name created exclusively (``O_EXCL|O_NOFOLLOW``: a link or file planted there
+    is never followed or reused) → fsync → rename over ``path`` (which replaces a link planted
+    at ``path`` itself, never what it points to) or, without ``replace``, link (which refuses to
+    replace: never clobbers a concurrent writer) → fsync the directory. ``mode``: the new file's
+    permissions, under the umask."""
+    import secrets
+
+    directory = os.path.dirname(path) or "."
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(64):
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, flags, mode)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, "no temporary file name was free", directory)
+    try:
+        with open(fd, "wb", closefd=True) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 _READ = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)

@@ -1,0 +1,209 @@
+"""Fail closed, by class: nothing from a checkpoint, a policy, a webhook or a database can hang
+drill, fool it, or write through it (each class holds more instances than a test names)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import invoke
+
+
+# -- nothing drill writes can be redirected -------------------------------------------------------
+def _verdict(target: Path, run: Path, db: str) -> None:
+    from drill.launch.verdict import VerdictFile, write_verdict
+
+    write_verdict(str(target), VerdictFile(1, "passed", 0, None))
+
+
+def _metrics(target: Path, run: Path, db: str) -> None:
+    res = invoke(CliRunner(), "metrics", "--textfile", str(target), "--no-list", "--db", db)
+    assert res.exit_code == 0, res.stderr
+
+
+def _report(target: Path, run: Path, db: str) -> None:
+    res = invoke(CliRunner(), "report", "-o", str(target), "-f", "json", "--no-list", "--db", db)
+    assert res.exit_code == 0, res.stderr
+
+
+def _run_verdict(target: Path, run: Path, db: str) -> None:
+    res = invoke(CliRunner(), "run", "--root", str(run), "--no-replay", "--verdict-file", str(target), "--db", db)
+    assert res.exit_code == 0, res.stderr
+
+
+WRITERS: dict[str, Callable[[Path, Path, str], None]] = {
+    "verdict file": _verdict,
+    "drill run --verdict-file": _run_verdict,
+    "metrics textfile": _metrics,
+    "report -o": _report,
+}
+
+
+@pytest.mark.parametrize("name", list(WRITERS))
+def test_a_link_planted_where_drill_writes_is_never_followed(
+    name: str, tmp_path: Path, demo_run: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--verdict-file`` wrote ``PATH.tmp-PID`` with a plain open: another user's link planted
+    there made drill clobber any file its user could write. Every file drill writes in a shared
+    directory goes through one exclusive temporary file of a name no one can guess, renamed over
+    the target: a link planted at the temporary name, or at the target itself, is never followed."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    target = shared / "out.prom"
+    names = iter(["planted", "planted"])
+    real = secrets.token_hex
+    monkeypatch.setattr(secrets, "token_hex", lambda n=None: next(names, None) or real(n))
+    (shared / ".out.prom.planted.tmp").symlink_to(victim)  # the name it would have drawn first
+    target.symlink_to(victim)  # and the target itself
+    WRITERS[name](target, demo_run, sqlite_url)
+    assert victim.read_text() == "precious"
+    assert target.is_file() and not target.is_symlink() and target.stat().st_size > 0
+    assert (shared / ".out.prom.planted.tmp").is_symlink()  # left as planted, not reused
+
+
+# -- policy fields are data, never code or structure ----------------------------------------------
+def _policy(tmp_path: Path, root: Path, allocation: dict, name: str = "nightly") -> Path:
+    doc = {"name": name, "checkpoints": {"root": str(root)}, "allocation": allocation}
+    (path := tmp_path / "p.yaml").write_text(json.dumps(doc))  # JSON is YAML: every string exactly as given
+    return path
+
+
+SLURM = {"launcher": "slurm"}
+K8S = {"launcher": "k8s", "image": "registry.internal/drill:1", "volume_claim": "ckpt"}
+BAD_FIELDS = [
+    ("name", {**SLURM}, "nightly\n#SBATCH --uid=0"),
+    ("partition", {**SLURM, "partition": "gpu\ntouch M"}, None),
+    ("account", {**SLURM, "account": "acct;id"}, None),
+    ("sbatch_args", {**SLURM, "sbatch_args": ["--qos=low\ntouch M"]}, None),
+    ("log_dir", {**SLURM, "log_dir": "/tmp/x\ntouch M"}, None),
+    ("rendezvous", {**SLURM, "rendezvous": "/shared/r\rx"}, None),
+    ("namespace", {**K8S, "namespace": "training\nkind: Secret"}, None),
+    ("namespace", {**K8S, "namespace": "Training"}, None),
+    ("volume_claim", {**K8S, "volume_claim": "ckpt claim"}, None),
+    ("s3_secret", {**K8S, "s3_secret": "s3\nx"}, None),
+    ("database_secret", {**K8S, "database_secret": "DB_URL"}, None),
+    ("image", {**K8S, "image": "img:1 --privileged"}, None),
+    ("host_path", {**K8S, "volume_claim": None, "host_path": "relative/dir"}, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "allocation", "name"), BAD_FIELDS, ids=[f"{f}-{i}" for i, (f, _, _) in enumerate(BAD_FIELDS)]
+)
+def test_a_policy_field_that_reaches_a_script_or_manifest_is_held_to_its_grammar(
+    tmp_path: Path, demo_run: Path, field: str, allocation: dict, name: str | None
+) -> None:
+    """``partition: "gpu\\ntouch M"`` became a line of the batch script and ran; a newline in a
+    namespace was rendered into the manifest. Every field a script or manifest carries is
+    checked to its grammar when the policy is loaded: exit 2, naming the field."""
+    policy = _policy(tmp_path, demo_run, {k: v for k, v in allocation.items() if v is not None}, name or "nightly")
+    res = invoke(CliRunner(), "policy", "check", str(policy))
+    assert res.exit_code == 2, (res.stdout, res.stderr)
+    assert field in res.stderr + res.stdout, res.stderr
+
+
+def test_long_policy_names_render_kubernetes_objects_of_their_own(tmp_path: Path, demo_run: Path) -> None:
+    """Names were cut to 40 characters: two long policy names rendered one ConfigMap and one
+    CronJob, the second silently replacing the first's policy. A name that does not fit as it
+    is carries a hash of the whole; one that fits is kept as it was."""
+    from drill.launch.k8s import base_name
+    from drill.policy import load_policy
+
+    long = "nightly-restore-drill-of-the-llama-405b-run-"
+    names = {
+        base_name(load_policy(_policy(tmp_path, demo_run, K8S, n)))
+        for n in (long + "a", long + "b", "my_policy", "my.policy", "My-Policy")
+    }
+    assert len(names) == 5 and all(len(n) <= 40 and n == n.lower() for n in names), names
+    assert base_name(load_policy(_policy(tmp_path, demo_run, K8S, "nightly"))) == "drill-nightly"
+
+
+def test_the_restricted_ready_claim_is_checked_on_the_rendered_pods(tmp_path: Path, demo_run: Path) -> None:
+    """``host_path: /`` rendered the node's root into every pod, while the docs called the
+    manifests restricted-ready. The rendered pod is checked against the restricted level; what
+    falls short is said by ``policy check`` and ``submit``."""
+    from drill.launch.k8s import manifests, pod_of, restricted_problems
+    from drill.policy import load_policy
+
+    claim = load_policy(_policy(tmp_path, demo_run, K8S))
+    assert all(restricted_problems(p) == [] for p in map(pod_of, manifests(claim)) if p is not None)
+    root = _policy(tmp_path, demo_run, {**{k: v for k, v in K8S.items() if k != "volume_claim"}, "host_path": "/"})
+    res = invoke(CliRunner(), "policy", "check", str(root))
+    assert "not restricted-ready" in res.stdout + res.stderr and "whole root filesystem" in res.stdout + res.stderr
+    res = invoke(CliRunner(), "submit", "--policy", str(root), "--dry-run")
+    assert res.exit_code == 0 and "hostPath (/)" in res.stderr, res.stderr
+
+
+# -- bounded in time, always ----------------------------------------------------------------------
+class _Trickle:
+    """An HTTP server on 127.0.0.1 that answers one byte at a time, forever (until told to stop),
+    or with a redirect to another scheme."""
+
+    def __init__(self, answer: bytes, every: float) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hooks/secret"
+        self.answer, self.every, self.stop = answer, every, threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import itertools
+
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                for byte in itertools.cycle(self.answer) if self.every else [self.answer]:
+                    if self.stop.wait(self.every):
+                        return
+                    try:
+                        conn.sendall(bytes([byte]) if self.every else self.answer)
+                    except OSError:
+                        break
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+def test_a_webhook_that_trickles_its_answer_is_cut_off_at_its_budget() -> None:
+    """A webhook answering one header byte at a time kept ``drill run --policy`` past every
+    timeout (the timeout was per socket read): each attempt has a wall-clock budget in all."""
+    import time
+
+    from drill.alerts import post_webhook
+
+    server = _Trickle(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10_000, every=0.05)
+    try:
+        started = time.monotonic()
+        delivery = post_webhook(server.url, {"text": "x"}, timeout=1.0, retries=1)
+        assert not delivery.delivered and delivery.error == "timed out (over 1 s)", delivery
+        assert time.monotonic() - started < 30  # without the budget: never
+    finally:
+        server.close()
+
+
+def test_a_webhook_redirect_is_never_followed() -> None:
+    """Webhook redirects were followed across schemes (to ``ftp://``): a 3xx is the answer."""
+    from drill.alerts import post_webhook
+
+    server = _Trickle(b"HTTP/1.1 302 Found\r\nLocation: ftp://127.0.0.1:9/x\r\nContent-Length: 0\r\n\r\n", every=0)
+    try:
+        delivery = post_webhook(server.url, {"text": "x"}, timeout=5.0, retries=1)
+        assert not delivery.delivered and delivery.error == "HTTP 302: redirects are not followed", delivery
+        assert "secret" not in repr(delivery)
+    finally:
+        server.close()
