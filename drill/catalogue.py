@@ -624,13 +624,6 @@ CODES: dict[str, Code] = _codes(
         "restore the database from backup",
     ),
     (
-        "verified-head-missing",
-        (ERR,),
-        "audit",
-        "The head the last verified pass recorded is gone or changed: the log was rewritten since.",
-        "run drill audit verify --full and restore the database from backup",
-    ),
-    (
         "record-edited",
         (ERR,),
         "audit",

@@ -85,7 +85,73 @@ def _is_torch_dtype(name: str) -> bool:
 
 
 def restricted_loads(data: bytes, allowed: frozenset[tuple[str, str]] = DCP_METADATA_GLOBALS) -> Any:
-    return RestrictedUnpickler(io.BytesIO(data), allowed).load()
+    """``data`` unpickled through the allow-list, and bounded (:func:`bounded`)."""
+    return bounded(RestrictedUnpickler(io.BytesIO(data), allowed).load(), len(data))
+
+
+# -- what an unpickled object may cost the walks after it ------------------------------------------
+class PickleBomb(pickle.UnpicklingError):
+    """A pickle whose object, walked, is far larger than its bytes: shared references nested
+    on each other (a 1.6 KB file that is 10^30 items to every walk), or nesting no walk can
+    follow. Nothing was run; drill refuses to walk it."""
+
+
+MAX_NODES = 2_000_000
+"""Items a checkpoint's pickle may expand to, walked, beyond :data:`NODES_PER_BYTE` per byte."""
+NODES_PER_BYTE = 8
+"""A pickle spends at least a byte or two on every item it really holds; a file that walks to
+many more items per byte than this is made of shared references."""
+MAX_NESTING = 512
+"""Containers within containers a checkpoint's pickle may nest (recursive walks bear ~1000)."""
+
+
+def bounded(obj: Any, size: int) -> Any:
+    """``obj`` (unpickled from ``size`` bytes) when every walk of it is bounded by its size:
+    :class:`PickleBomb` when walking it — every shared reference walked again, as
+    :func:`drill.formats.canonical.flatten`, evidence and reports do — would visit more than
+    :data:`MAX_NODES` + :data:`NODES_PER_BYTE` × ``size`` items, or nests deeper than
+    :data:`MAX_NESTING`. A reference back to a container on its own path (a cycle) is not
+    walked again. Walked without recursion, the walk itself bounded by the budget."""
+    budget = MAX_NODES + NODES_PER_BYTE * size
+    visited = 0
+    on_path: set[int] = set()
+    stack: list[tuple[Any, int, bool]] = [(obj, 0, False)]
+    while stack:
+        node, level, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(node))
+            continue
+        visited += 1
+        if visited > budget:
+            raise PickleBomb(
+                f"its object walks to over {budget:,} items from {size:,} bytes: shared references nested on each other"
+            )
+        children = _children(node)
+        if children is None or id(node) in on_path:
+            continue
+        if level >= MAX_NESTING:
+            raise PickleBomb(f"it nests deeper than {MAX_NESTING} levels")
+        on_path.add(id(node))
+        stack.append((node, level, True))
+        stack.extend((child, level + 1, False) for child in children)
+    return obj
+
+
+def _children(node: Any) -> Any:
+    """What a walk of ``node`` goes on into (None: a leaf)."""
+    if isinstance(node, (str, bytes, bytearray, int, float, complex, bool)) or node is None:
+        return None
+    if isinstance(node, dict):
+        return [*node.keys(), *node.values()]
+    if isinstance(node, (list, tuple, set, frozenset)):
+        return node
+    if type(node).__module__.startswith("torch") or type(node).__module__.startswith("numpy"):
+        return None  # tensors, dtypes, arrays: their bytes, not a graph
+    state = getattr(node, "__dict__", None)
+    if isinstance(state, dict):
+        return [*state.values()]
+    slots = [getattr(node, name, None) for cls in type(node).__mro__ for name in getattr(cls, "__slots__", ())]
+    return slots or None
 
 
 def with_classes(allow_classes: tuple[str, ...] | list[str]) -> frozenset[tuple[str, str]]:

@@ -497,8 +497,8 @@ def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_p
     import yaml
     from typer.testing import CliRunner
 
+    from drill.launch.pss import restricted_violations
     from tests.conftest import invoke
-    from tests.support.pss import restricted_violations
 
     kv = pytest.importorskip(
         "kubernetes_validate", reason="kubernetes-validate is not installed (pip install '.[dev]')"
@@ -526,7 +526,7 @@ def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_p
         "policy.yaml"
     ] == text
     assert (
-        re.fullmatch(r"drill-sharded-run-[0-9a-f]{6}", job["metadata"]["name"])
+        re.fullmatch(r"drill-sharded-run-[0-9a-f]{8}-[0-9a-f]{6}", job["metadata"]["name"])  # its name has a '_'
         and job["metadata"]["namespace"] == "training"
     )
     again = yaml.safe_load_all(invoke(CliRunner(), "submit", "--policy", str(pvc)).stdout)
@@ -541,7 +541,8 @@ def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_p
     assert restricted_violations(pod) == []
     (container,) = pod["containers"]
     assert (
-        pod["activeDeadlineSeconds"] == 900 and pod["subdomain"] == service["metadata"]["name"] == "drill-sharded-run"
+        pod["activeDeadlineSeconds"] == 900
+        and pod["subdomain"] == service["metadata"]["name"] == job["metadata"]["name"][:-7]
     )
     assert container["resources"] == {
         "requests": {"cpu": "8", "memory": "65536Mi"},
@@ -549,7 +550,7 @@ def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_p
     }
     assert (
         "--node-rank=$(JOB_COMPLETION_INDEX)" in container["command"]
-        and "--master-addr=$(JOB_NAME)-0.drill-sharded-run" in container["command"]
+        and f"--master-addr=$(JOB_NAME)-0.{service['metadata']['name']}" in container["command"]
     )
     assert {
         "name": "DRILL_DATABASE_URL",
@@ -575,7 +576,7 @@ def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_p
         and restricted_violations(s3_pod) == []
     )
     assert restricted_violations(streams["hostpath"][2]["spec"]["template"]["spec"]) == [
-        "volume checkpoints: hostPath is not allowed"
+        "volume checkpoints: hostPath (/mnt/checkpoints) is not allowed (only at the privileged level)"
     ]
     # what a cluster would refuse is refused here first
     for bad, why in (

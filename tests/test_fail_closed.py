@@ -129,16 +129,17 @@ def test_the_restricted_ready_claim_is_checked_on_the_rendered_pods(tmp_path: Pa
     """``host_path: /`` rendered the node's root into every pod, while the docs called the
     manifests restricted-ready. The rendered pod is checked against the restricted level; what
     falls short is said by ``policy check`` and ``submit``."""
-    from drill.launch.k8s import manifests, pod_of, restricted_problems
+    from drill.launch.k8s import manifests, pod_of
+    from drill.launch.pss import restricted_violations
     from drill.policy import load_policy
 
     claim = load_policy(_policy(tmp_path, demo_run, K8S))
-    assert all(restricted_problems(p) == [] for p in map(pod_of, manifests(claim)) if p is not None)
+    assert all(restricted_violations(p) == [] for p in map(pod_of, manifests(claim)) if p is not None)
     root = _policy(tmp_path, demo_run, {**{k: v for k, v in K8S.items() if k != "volume_claim"}, "host_path": "/"})
     res = invoke(CliRunner(), "policy", "check", str(root))
     assert "not restricted-ready" in res.stdout + res.stderr and "whole root filesystem" in res.stdout + res.stderr
     res = invoke(CliRunner(), "submit", "--policy", str(root), "--dry-run")
-    assert res.exit_code == 0 and "hostPath (/)" in res.stderr, res.stderr
+    assert res.exit_code == 0 and "hostPath (/) is not allowed" in res.stderr, res.stderr
 
 
 # -- bounded in time, always ----------------------------------------------------------------------

@@ -22,7 +22,10 @@ ORDER = ["discover", "resume", "integrity", "durable", "files", "load", "keys", 
 
 
 def _recorded(db: str, outcome: DrillOutcome) -> dict[str, Any]:
-    return get_drill(outcome.id, db=db).to_document()
+    """The record as ``drill show --json`` prints it, less its seal (checked: intact)."""
+    doc = get_drill(outcome.id, db=db).to_document()
+    assert doc.pop("seal")["state"] == "intact"
+    return doc
 
 
 # -- one verdict rule -----------------------------------------------------------------------

@@ -23,6 +23,7 @@ def _drill(run: Path, db: str, **replay: Any) -> tuple[DrillOutcome, dict[str, A
     """The drill, and its record as ``drill show --json`` prints it."""
     outcome = drill(run, db, replay=ReplaySpec(**replay))
     record = get_drill(outcome.id, db=db).to_document()
+    assert record.pop("seal")["state"] == "intact"  # read back: checked against its audit seal
     assert record == outcome.to_document()  # what was run is what was recorded
     return outcome, record
 

@@ -272,7 +272,8 @@ def test_run_policy_from_crontab(demo_run: Path, tmp_path: Path, sqlite_url: str
     assert res.returncode == 6
     doc = json.loads(res.stdout)
     assert doc["status"] == "slo_breach" and "over the 1e-06 s target" in doc["message"] and doc["policy"] == "slo"
-    assert doc == get_drill(doc["id"], db=sqlite_url).to_document()  # the drill's one document
+    shown = get_drill(doc["id"], db=sqlite_url).to_document()
+    assert shown.pop("seal")["state"] == "intact" and doc == shown  # the drill's one document
     assert "drill: slo_breach: drill #" in res.stderr
 
     gone = _policy(tmp_path, "gone", tmp_path / "absent", "replay: {enabled: false}\n")

@@ -51,6 +51,7 @@ def policy_check(
 
     Example: drill policy check policies/*.yaml
     """
+    from drill.launch.k8s import warnings_for as pod_warnings
     from drill.policy import PolicyError, load_policy
     from drill.policy.check import warnings_for
 
@@ -59,7 +60,8 @@ def policy_check(
         try:
             pol = load_policy(f)
             entry = {"file": str(f), "valid": True, "name": pol.name, "root": pol.checkpoints.root, "problems": []}
-            report.append({**entry, "warnings": warnings_for(pol)})
+            k8s = pod_warnings(pol) if pol.allocation.launcher == "k8s" else []
+            report.append({**entry, "warnings": warnings_for(pol) + k8s})
         except PolicyError as exc:
             report.append({"file": str(f), "valid": False, "problems": [str(p) for p in exc.problems], "warnings": []})
     if json:

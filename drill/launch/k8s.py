@@ -10,7 +10,7 @@ with ``--node-rank`` = its completion index and pod 0 — stable DNS name
 
 What a real cluster asks of the pods, they have: the ``restricted`` Pod Security level (non-root
 user, no privilege escalation, every capability dropped, the runtime's seccomp profile) —
-checked on every rendered pod (:func:`restricted_problems`), and said when it falls short (a
+checked on every rendered pod (:func:`drill.launch.pss.restricted_violations`), and said when it falls short (a
 ``hostPath`` volume needs the ``privileged`` level: :func:`warnings_for`); CPU
 and memory requests (and a memory limit); the checkpoint root mounted read-only from the
 policy's PersistentVolumeClaim (or hostPath); S3 credentials and the database URL from named
@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from drill.launch.pss import restricted_violations
 from drill.launch.slurm import time_limit_minutes
 from drill.policy.model import Policy
 
@@ -170,38 +171,6 @@ def _resources(policy: Policy) -> dict[str, Any]:
     return resources
 
 
-RESTRICTED_VOLUMES = frozenset(
-    {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
-)
-"""The volume types the ``restricted`` Pod Security level allows (Kubernetes' Pod Security Standards)."""
-
-
-def restricted_problems(pod: dict[str, Any]) -> list[str]:
-    """Where a pod spec falls short of the ``restricted`` Pod Security level (the Pod Security
-    Standards' checks that a spec drill renders could fail), one sentence each; empty: it meets it."""
-    out = []
-    for v in pod.get("volumes", []):
-        kind = next((k for k in v if k != "name"), None)
-        if kind not in RESTRICTED_VOLUMES:
-            where = f" ({v[kind].get('path')})" if kind == "hostPath" else ""
-            out.append(f"volume {v['name']} is a {kind}{where}: only a namespace at the privileged level admits it")
-    for key in ("hostNetwork", "hostPID", "hostIPC"):
-        if pod.get(key):
-            out.append(f"{key} is set")
-    ctx = pod.get("securityContext", {})
-    if ctx.get("seccompProfile", {}).get("type") not in ("RuntimeDefault", "Localhost"):
-        out.append("no RuntimeDefault seccomp profile")
-    for c in pod.get("containers", []):
-        sc = c.get("securityContext", {})
-        if sc.get("allowPrivilegeEscalation") is not False:
-            out.append(f"container {c['name']} may escalate privileges")
-        if "ALL" not in sc.get("capabilities", {}).get("drop", []):
-            out.append(f"container {c['name']} keeps capabilities")
-        if not (sc.get("runAsNonRoot") or ctx.get("runAsNonRoot")) or ctx.get("runAsUser") == 0:
-            out.append(f"container {c['name']} may run as root")
-    return out
-
-
 def pod_of(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The pod spec of a Job or CronJob manifest."""
     spec = doc.get("spec", {})
@@ -214,7 +183,7 @@ def warnings_for(policy: Policy) -> list[str]:
     """What an operator must know before applying the manifests: where they fall short of the
     ``restricted`` Pod Security level (checked on the rendered pod, not asserted)."""
     pods = [p for p in (pod_of(d) for d in manifests(policy, suffix="check")) if p is not None]
-    out = [f"allocation: the pods are not restricted-ready: {why}" for p in pods for why in restricted_problems(p)]
+    out = [f"allocation: the pods are not restricted-ready: {why}" for p in pods for why in restricted_violations(p)]
     if policy.allocation.host_path is not None and policy.allocation.host_path.rstrip("/") == "":
         out.append("allocation.host_path: / mounts the node's whole root filesystem into every pod")
     return out
@@ -237,4 +206,4 @@ def render(policy: Policy, *, cron: bool = False, suffix: str | None = None) -> 
     return render_docs(manifests(policy, cron=cron, suffix=suffix))
 
 
-__all__ = ["PORT", "base_name", "manifests", "pod_of", "render", "render_docs", "restricted_problems", "warnings_for"]
+__all__ = ["PORT", "base_name", "manifests", "pod_of", "render", "render_docs", "warnings_for"]

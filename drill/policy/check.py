@@ -48,10 +48,6 @@ def _launcher(policy: Policy) -> list[str]:
         path = getattr(a, name)
         if a.launcher == "slurm" and path and not os.path.isdir(path):
             out.append(f"allocation.{name}: {path} is not a directory on this host")
-    if a.launcher == "k8s":
-        from drill.launch import k8s
-
-        out += k8s.warnings_for(policy)
     return out
 
 

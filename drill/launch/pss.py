@@ -1,37 +1,26 @@
-"""The Kubernetes Pod Security Standards, ``baseline`` and ``restricted`` levels, as checks on a
-pod spec (https://kubernetes.io/docs/concepts/security/pod-security-standards/, v1.30 rules):
-what the admission controller of a namespace labelled ``pod-security.kubernetes.io/enforce:
-restricted`` would refuse. Returns the violations; none means the pod is admitted."""
+"""The Kubernetes Pod Security Standards' ``restricted`` level as checks on a pod spec
+(https://kubernetes.io/docs/concepts/security/pod-security-standards/, v1.30 rules): what the
+admission controller of a namespace labelled ``pod-security.kubernetes.io/enforce: restricted``
+would refuse. :func:`restricted_violations` returns the violations; none means the pod is
+admitted. ``drill submit`` and ``drill policy check`` ask it of every pod drill renders: the
+manifests' "restricted-ready" is checked, never assumed."""
 
 from __future__ import annotations
 
 from typing import Any
 
-RESTRICTED_VOLUMES = {
-    "configMap",
-    "csi",
-    "downwardAPI",
-    "emptyDir",
-    "ephemeral",
-    "persistentVolumeClaim",
-    "projected",
-    "secret",
-}
-BASELINE_CAPABILITIES = {
-    "AUDIT_WRITE",
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "KILL",
-    "MKNOD",
-    "NET_BIND_SERVICE",
-    "SETFCAP",
-    "SETGID",
-    "SETPCAP",
-    "SETUID",
-    "SYS_CHROOT",
-}
+RESTRICTED_VOLUMES = frozenset(
+    {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+)
 
 
 def restricted_violations(pod: dict[str, Any]) -> list[str]:
@@ -43,7 +32,8 @@ def restricted_violations(pod: dict[str, Any]) -> list[str]:
     for vol in pod.get("volumes") or []:
         kind = next(k for k in vol if k != "name")
         if kind not in RESTRICTED_VOLUMES:
-            found.append(f"volume {vol['name']}: {kind} is not allowed")
+            where = f" ({vol[kind].get('path')})" if kind == "hostPath" and isinstance(vol[kind], dict) else ""
+            found.append(f"volume {vol['name']}: {kind}{where} is not allowed (only at the privileged level)")
     containers = [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
     for c in containers:
         sc = c.get("securityContext") or {}
