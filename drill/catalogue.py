@@ -301,6 +301,13 @@ CODES: dict[str, Code] = _codes(
     ),
     ("entry-not-loaded", (ERR,), "load", "An entry did not load (a damaged or foreign value).", RESAVE),
     (
+        "pickle-bomb",
+        (ERR,),
+        "load",
+        "A pickle whose object no walk could finish: shared references nested on each other (a few KB that are 10^30 items walked), or nesting hundreds deep. Refused unwalked; nothing in it executed.",
+        "no trainer writes such a file: treat the checkpoint as hostile or corrupted, and resume from another",
+    ),
+    (
         "entries-lost-with-file",
         (ERR,),
         "load",

@@ -208,3 +208,37 @@ def test_a_webhook_redirect_is_never_followed() -> None:
         assert "secret" not in repr(delivery)
     finally:
         server.close()
+
+
+# -- every parser of checkpoint-controlled bytes is bounded ---------------------------------------
+def _deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize("levels", [300, 100_000])
+@pytest.mark.parametrize("where", ["drill-manifest.json", "run.json", "safetensors header"])
+def test_json_nested_past_any_walk_is_damage_never_an_internal_error(
+    demo_run: Path, sqlite_url: str, tmp_path: Path, where: str, levels: int
+) -> None:
+    """A safetensors header nested 100,000 deep was exit 70 in ``verify``; nesting just under
+    the parser's limit reached walks that could not follow it. Every JSON a checkpoint or its
+    run holds is parsed within bounds: damage, named, never a traceback."""
+    import struct
+
+    ckpt = sorted(demo_run.glob("step-*"), key=lambda p: int(p.name[5:]))[-1]
+    if where == "safetensors header":
+        header = ('{"__metadata__": {"x": "' + "y" + '"}, "deep": ' + _deep(levels) + "}").encode()
+        (target := tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+        res = invoke(CliRunner(), "verify", str(target))
+    elif where == "drill-manifest.json":
+        (ckpt / "drill-manifest.json").write_text('{"files": ' + _deep(levels) + "}")
+        res = invoke(CliRunner(), "verify", str(ckpt))
+    else:
+        (demo_run / "run.json").write_text('{"replay": ' + _deep(levels) + "}")
+        res = invoke(CliRunner(), "run", "--root", str(demo_run), "--db", sqlite_url)
+    assert res.exit_code in ((0, 1, 5) if where == "run.json" else (1,)), (
+        res.exit_code,
+        res.stdout[-2000:],
+        res.stderr,
+    )
+    assert "Traceback" not in res.stdout + res.stderr and "internal error" not in res.stderr, res.stderr

@@ -235,6 +235,37 @@ class _Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
+def _bomb(levels: int = 40) -> list:
+    """A few KB of pickle that is 10^40 items to any walk: each list holds ten references to the next."""
+    inner: list = [0]
+    for _ in range(levels):
+        inner = [inner] * 10
+    return inner
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", [k for k, w in WRITERS.items() if w.pickled])
+def test_a_shared_reference_bomb_in_a_writers_own_state_fails_the_drill_at_once(
+    copy_of, kind: str, sqlite_url: str
+) -> None:
+    """A 1.6 KB accelerate ``random_states_0.pkl`` of nested shared references kept ``drill run``
+    busy past three minutes: walking it is 10^30 items. Every file a trainer's resume unpickles
+    is bounded as it is unpickled (its walk by its size): ``pickle-bomb``, exit 1, in seconds."""
+    import time
+
+    w = WRITERS[kind]
+    run, ckpt = copy_of(kind)
+    path = ckpt / str(w.pickled)
+    obj = torch.load(path, weights_only=False)  # the test's own writer's file: trusted
+    torch.save({**obj, "client_state": _bomb()} if isinstance(obj, dict) else [obj, _bomb()], path)
+    assert path.stat().st_size < 10 << 20
+    started = time.monotonic()
+    outcome = _drill(run, sqlite_url)
+    assert outcome.status == "failed" and outcome.exit_code == 1, _errors(outcome)
+    assert any(code == "pickle-bomb" for _, code, _ in _errors(outcome)), _errors(outcome)
+    assert time.monotonic() - started < 120  # unbounded, the walk never ends
+
+
 @pytest.mark.parametrize("kind", [k for k, w in WRITERS.items() if w.pickled])
 def test_a_payload_among_a_writers_own_state_fails_run_and_verify_and_never_runs(
     copy_of, kind: str, tmp_path: Path, sqlite_url: str

@@ -72,12 +72,17 @@ def check_load(inputs: CheckInputs) -> CheckResult:
 def _index_finding(restore: RestoreResult) -> Finding:
     """Nothing could be loaded: say why, and what to do about it for that reason."""
     unsafe = [f for f in restore.failures if f.code == "unsafe-pickle"]
+    bombs = [f for f in restore.failures if f.code == "pickle-bomb"]
     error = restore.metadata_error or ""
     if restore.metadata_code == "metadata-implausible":
         code, hint = (
             restore.metadata_code,
             "the index does not describe the files beside it: damaged or forged; nothing was allocated",
         )
+    elif bombs or restore.metadata_code == "pickle-bomb":
+        from drill.catalogue import CODES
+
+        code, hint, unsafe = "pickle-bomb", CODES["pickle-bomb"].hint, bombs
     elif unsafe or "allow-list" in error:
         code, hint = "unsafe-pickle", unsafe_hint(unsafe[0].reason if unsafe else error)
     elif any(f.error_kind == "missing" for f in restore.files):

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from drill import safe_json
 from drill.memory import physical_memory
 from drill.units import human_bytes
 
@@ -89,5 +90,5 @@ class DemoConfig:
         """The configuration recorded in ``run_dir``: a local path or an ``s3://`` prefix."""
         from drill.runlog.runfiles import read_run_file
 
-        doc = json.loads(read_run_file(str(run_dir), RUN_FILE))
+        doc = safe_json.loads(read_run_file(str(run_dir), RUN_FILE))
         return cls(**doc["config"])

@@ -12,12 +12,12 @@ the inert reader (:mod:`drill.formats.inert`) for files that pickle a library's 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from drill import safe_json
 from drill.findings import Finding, Severity
 from drill.formats.base import RestoreContext, Structure, check_budget, one_line, read_file
 from drill.restore import ItemFailure, RestoreResult
@@ -145,7 +145,7 @@ def load_member(member: Member, view: memoryview, ctx: RestoreContext, result: R
     from drill.formats.safeload import NUMPY_ARRAYS, load_safetensors, load_torch
 
     if member.kind == JSON:
-        return json.loads(bytes(view))
+        return safe_json.loads(bytes(view))
     if member.kind == SAFETENSORS:
         return load_safetensors(view, ctx.device)
     if member.kind == INERT:

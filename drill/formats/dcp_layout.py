@@ -4,11 +4,10 @@ renamed (see :mod:`drill.formats.layouts`), the side files the layout keeps besi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from drill import parts
+from drill import parts, safe_json
 from drill.checkpoints import CheckpointRef
 from drill.findings import Finding
 from drill.formats.base import RestoreContext, read_file
@@ -62,7 +61,7 @@ def _side(
         return {}
     try:
         if name.endswith(".json"):
-            json.loads(bytes(view))
+            safe_json.loads(bytes(view))
             return {}
         from drill.formats.inert import load_inert
 

@@ -60,7 +60,7 @@ from drill.integrity.reading import (
 from drill.memory import collector_paused
 from drill.restore import FileRead, ItemFailure, RestoreResult
 from drill.restore.staging import Stagers, byte_view
-from drill.safe_pickle import with_classes
+from drill.safe_pickle import bounded, with_classes
 from drill.storage import Storage
 from drill.views import ViewReader
 
@@ -79,7 +79,7 @@ def load_value(value: io.BytesIO, fqn: str, failures: list[ItemFailure]) -> tupl
     failure when it will not deserialize."""
     try:
         with torch.serialization.safe_globals(numpy_arrays()):  # RNG states hold numpy arrays: data, not code
-            return True, torch.load(value, weights_only=True)
+            return True, bounded(torch.load(value, weights_only=True), value.getbuffer().nbytes)
     except Exception as exc:  # noqa: BLE001 - any failure is evidence, not a crash
         code, reason = load_failure(exc)
         failures.append(ItemFailure(fqn, None, reason, code=code))

@@ -10,14 +10,13 @@ billed as restore time — is needed whatever the transformers version).
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from drill import formats, parts
+from drill import formats, parts, safe_json
 from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave, step_of
 from drill.findings import Finding, Severity
 from drill.formats.base import (
@@ -292,7 +291,7 @@ def _load_file(name: str, view: memoryview, ctx: RestoreContext, got: _Read, res
 
     got.structure += _file_structure(name, view)
     if name == TRAINER_STATE:
-        doc = json.loads(bytes(view))
+        doc = safe_json.loads(bytes(view))
         got.trainer_state = doc if isinstance(doc, dict) else {}
         return
     if name == TRAINING_ARGS:

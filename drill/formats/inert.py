@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from drill.formats.safeload import UnsafePickle
-from drill.safe_pickle import names_code, py3_name
+from drill.safe_pickle import bounded, names_code, py3_name
 
 SAFE = {
     ("collections", "OrderedDict"),
@@ -116,7 +116,8 @@ class _Module:
 
 
 def load_inert(data: bytes | memoryview, map_location: Any = "cpu") -> tuple[Any, set[str]]:
-    """The file's object, and the classes that became :class:`StandIn` instead of running."""
+    """The file's object, and the classes that became :class:`StandIn` instead of running;
+    :class:`~drill.safe_pickle.PickleBomb` for one no walk of it could finish."""
     from drill.formats.safeload import check_archive
 
     seen: set[str] = set()
@@ -127,7 +128,7 @@ def load_inert(data: bytes | memoryview, map_location: Any = "cpu") -> tuple[Any
     obj = torch.load(
         io.BytesIO(bytes(data)), map_location=map_location, weights_only=False, pickle_module=_Module(seen)
     )
-    return obj, seen
+    return bounded(obj, len(data)), seen
 
 
 def plain(obj: Any, depth: int = 0) -> Any:

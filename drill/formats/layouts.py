@@ -261,10 +261,10 @@ def _torchtitan(key: str, value: Any) -> Iterator[tuple[str, Any]]:
 def _plain_pickle(data: bytes) -> Any:
     """A pickle of plain containers and numbers only (torchtitan pickles its loader's state
     dict into the checkpoint); None if it names any class at all."""
-    from drill.safe_pickle import restricted_loads
+    from drill.safe_pickle import bounded, restricted_loads
 
     try:
-        return restricted_loads(data, frozenset())
+        return bounded(restricted_loads(data, frozenset()), len(data))
     except Exception:  # noqa: BLE001 - an opaque loader state stays opaque
         return None
 

@@ -18,6 +18,8 @@ from typing import IO, Any, cast
 
 import torch
 
+from drill import safe_json
+from drill.safe_pickle import PickleBomb, bounded
 from drill.views import ViewReader
 
 NUMPY_ARRAYS = (
@@ -109,6 +111,8 @@ def load_failure(exc: BaseException) -> tuple[str, str]:
     outside the allow-list is ``unsafe-pickle`` (and the global is named); bytes that do not
     unpickle at all — corruption, truncation — are ``entry-not-loaded``.
     """
+    if isinstance(exc, PickleBomb):
+        return exc.code, str(exc)
     text = str(exc)
     named = _GLOBAL.search(text)
     if named:
@@ -154,12 +158,13 @@ def load_torch(view: memoryview, allow: Iterable[str] = (), map_location: Any = 
     check_archive(view)
     try:
         with torch.serialization.safe_globals(resolve_globals(allow)):
-            return torch.load(cast("IO[bytes]", ViewReader(view)), map_location=map_location, weights_only=True)
+            loaded = torch.load(cast("IO[bytes]", ViewReader(view)), map_location=map_location, weights_only=True)
     except Exception as exc:
         named = _GLOBAL.search(str(exc))
         if named:
             raise UnsafePickle.of(named.group(1)) from None
         raise
+    return bounded(loaded, len(view))
 
 
 _SAFETENSORS_DTYPES = {
@@ -182,7 +187,7 @@ def load_safetensors(view: memoryview, device: torch.device) -> dict[str, torch.
     if 8 + n > len(view):
         raise ValueError(f"header of {n} bytes runs past the file ({len(view)} bytes)")
     try:
-        header = json.loads(bytes(view[8 : 8 + n]))
+        header = safe_json.loads(bytes(view[8 : 8 + n]))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ValueError("the safetensors header is not JSON") from None
     base = 8 + n

@@ -11,11 +11,10 @@ schedule, a data position or the generators — each is a warning that says so.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
-from drill import parts
+from drill import parts, safe_json
 from drill.checkpoints import CheckpointRef, IncompleteSave, step_of
 from drill.findings import Finding, Severity
 from drill.formats.base import Format, RestoreContext, Structure
@@ -152,7 +151,7 @@ class SafetensorsDir(Format):
 
 def _weight_map(view: Any) -> dict[str, str]:
     try:
-        return _clean_map(json.loads(bytes(view)))
+        return _clean_map(safe_json.loads(bytes(view)))
     except (ValueError, RecursionError):
         return {}
 
@@ -180,7 +179,7 @@ def _header(storage: Storage, uri: str, shard: str, sizes: dict[str, int]) -> se
             (n,) = struct.unpack("<Q", f.read(8))
             if 8 + n > sizes[shard] or n > 100 << 20:
                 return None
-            header = json.loads(f.read(n))
+            header = safe_json.loads(f.read(n))
     except (OSError, ValueError, struct.error):
         return None
     return {k for k in header if k != "__metadata__"} if isinstance(header, dict) else None

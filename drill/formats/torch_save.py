@@ -182,7 +182,9 @@ class TorchSave(Format):
             result.failures.append(ItemFailure(name, name, exc.reason, code="unsafe-pickle"))
             result.metadata_error = f"{name} was not loaded: it names {exc}"
         except Exception as exc:  # noqa: BLE001 - a damaged file is evidence
-            result.metadata_error = f"{name} does not load: {load_failure(exc)[1]}"
+            code, why = load_failure(exc)
+            result.metadata_error = f"{name} does not load: {why}"
+            result.metadata_code = code if code == "pickle-bomb" else result.metadata_code
         return None
 
 

@@ -13,7 +13,6 @@ need, and every ``torch.save`` object's archive sound.
 from __future__ import annotations
 
 import base64
-import json
 import math
 import posixpath
 import re
@@ -21,7 +20,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from drill import parts
+from drill import parts, safe_json
 from drill.checkpoints import CheckpointRef, IncompleteSave, step_of
 from drill.findings import Finding, Severity
 from drill.formats.base import Format, RestoreContext, Structure
@@ -132,7 +131,7 @@ def _manifest(view: Any) -> tuple[dict[str, Any] | None, list[Finding]]:
             )
         ]
     try:
-        doc = json.loads(bytes(view))
+        doc = safe_json.loads(bytes(view))
     except (ValueError, RecursionError):
         from drill import safe_yaml
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from drill import safe_json
 from drill.integrity.manifest import ManifestInvalid, check_relative_path
 from drill.integrity.reading import describe_read_error
 from drill.storage import Storage
@@ -43,7 +44,7 @@ def _load_json(storage: Storage, checkpoint: str, name: str) -> object:
         data = f.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
         raise ManifestInvalid("foreign-manifest-invalid", f"{name} is larger than {MAX_BYTES} bytes")
-    return json.loads(data)
+    return safe_json.loads(data)
 
 
 def _megatron(doc: object) -> ForeignManifest:

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import xxhash
 
+from drill import safe_json
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes, chunk_count
 from drill.integrity.parallel import hash_files
 from drill.integrity.reading import describe_read_error
@@ -170,7 +171,7 @@ def parse_manifest(data: bytes, sealed_files: SealedFiles | None = None) -> Mani
     signed, doc = _as_written(data)
     if doc is None:
         try:
-            doc = json.loads(data)
+            doc = safe_json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise ManifestInvalid(
                 "manifest-not-json", f"{MANIFEST_NAME} is not JSON ({exc.msg if hasattr(exc, 'msg') else exc})"
@@ -243,7 +244,7 @@ def _as_written(data: bytes) -> tuple[bytes | None, dict[str, Any] | None]:
     if xxhash.xxh3_128_hexdigest(signed) != claimed:
         return None, None
     try:
-        doc = json.loads(signed)
+        doc = safe_json.loads(signed)
     except (ValueError, RecursionError):  # not JSON after all (UnicodeDecodeError is a ValueError)
         return None, None
     if not isinstance(doc, dict) or any(k in doc for k in DIGESTS):

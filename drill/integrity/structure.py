@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from drill import safe_json
 from drill.findings import PER_CODE, Finding, Severity
 from drill.ranks import absent, counted
 
@@ -102,7 +103,7 @@ def side_structure(
 def json_structure(data: memoryview, path: str, why: str = "") -> list[Finding]:
     """A JSON side file (a trainer's state, an index) parses: ``json-corrupt`` when it does not."""
     try:
-        json.loads(bytes(data))
+        safe_json.loads(bytes(data))
     except (ValueError, RecursionError):
         return [_finding("json-corrupt", path, f"{path} is not valid JSON" + (f": {why}" if why else ""))]
     return []
@@ -259,7 +260,7 @@ def safetensors_structure(data: memoryview, path: str) -> tuple[list[Finding], d
             )
         ], {}
     try:
-        header = json.loads(bytes(data[8 : 8 + header_len]))
+        header = safe_json.loads(bytes(data[8 : 8 + header_len]))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return [_finding("safetensors-corrupt", path, f"{path}: the header is not JSON")], {}
     data_size = size - 8 - header_len

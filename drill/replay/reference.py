@@ -18,11 +18,11 @@ evidence says so.
 from __future__ import annotations
 
 import csv
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from drill import safe_json
 from drill.checkpoints import step_of
 from drill.runlog.steplog import STEP_LOG, StepRecord, parse_step_log
 from drill.storage import Storage, scheme_of, storage_for
@@ -61,7 +61,7 @@ def _from_step_log(storage: Storage, run_dir: str) -> Reference | None:
     ref = Reference(source=STEP_LOG, steps={r.step: r for r in parse_step_log(text.splitlines())})
     run_json = _read_text(storage, storage.child(run_dir, "run.json"))
     try:
-        doc = json.loads(run_json) if run_json else {}
+        doc = safe_json.loads(run_json) if run_json else {}
         ref.device = doc.get("device") if isinstance(doc, dict) and isinstance(doc.get("device"), str) else None
     except (ValueError, RecursionError):
         pass
@@ -79,7 +79,7 @@ def _from_hf(storage: Storage, run_dir: str) -> Reference | None:
     for uri in reversed(states):
         text = _read_text(storage, uri)
         try:
-            doc = json.loads(text) if text else None
+            doc = safe_json.loads(text) if text else None
         except (ValueError, RecursionError):
             continue
         history = doc.get("log_history", []) if isinstance(doc, dict) else []

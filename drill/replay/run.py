@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from drill import safe_json
 from drill.proc import child_preexec, message_by, python_command, trusted_path
 from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE, Divergence, Tolerance, compare_steps
 from drill.replay.reference import Reference, load_reference
@@ -57,7 +58,7 @@ def entrypoint_for(run_dir: str, spec: ReplaySpec, storage: Storage | None = Non
     storage = storage or storage_for(run_dir)
     try:
         with storage.open(storage.child(run_dir, "run.json")) as f:
-            doc = json.loads(f.read(1 << 20))
+            doc = safe_json.loads(f.read(1 << 20))
         named = doc.get("replay") if isinstance(doc, dict) else None
     except (ValueError, OSError, RecursionError):
         return None, False
@@ -234,7 +235,7 @@ def _listen(
             outcome.reason = f"replay timed out after {timeout:g} s ({phase}, {len(outcome.steps)} of {steps} steps done); the child was killed"
             return
         try:
-            kind, *rest = json.loads(receive.recv_bytes())
+            kind, *rest = safe_json.loads(receive.recv_bytes())
         except EOFError:
             proc.wait(5)
             outcome.reason = f"the replay process died ({_exit(proc.returncode)}) while {phase}"

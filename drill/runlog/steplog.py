@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from drill import safe_json
+
 STEP_LOG = "drill-steps.jsonl"
 
 
@@ -69,7 +71,7 @@ def parse_step_log(lines: Iterable[str]) -> list[StepRecord]:
     records = []
     for line in lines:
         try:
-            doc = json.loads(line)
+            doc = safe_json.loads(line)
             record = StepRecord(
                 **{k: doc[k] for k in ("step", "loss", "grad_norm", "batch", "lr", "tokens") if k in doc}
             )
