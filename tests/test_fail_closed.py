@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import invoke
+from tests.conftest import drill, invoke
 
 
 # -- nothing drill writes can be redirected -------------------------------------------------------
@@ -242,3 +242,93 @@ def test_json_nested_past_any_walk_is_damage_never_an_internal_error(
         res.stderr,
     )
     assert "Traceback" not in res.stdout + res.stderr and "internal error" not in res.stderr, res.stderr
+
+
+class _FreezableProxy:
+    """A TCP proxy on 127.0.0.1 to the test PostgreSQL that, once frozen, keeps every
+    connection open and moves no byte more (a link that stops answering, not one that drops)."""
+
+    def __init__(self, port: int = 5432) -> None:
+        import socket
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.frozen, self.closed = threading.Event(), threading.Event()
+        self.upstream = port
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst) -> None:  # type: ignore[no-untyped-def]
+        while not self.closed.is_set():
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            while self.frozen.is_set() and not self.closed.is_set():
+                self.closed.wait(0.05)  # holds the bytes: the link is open and silent
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_link_that_stops_answering_mid_drill_spools_the_verdict_and_ends_it(
+    demo_run: Path, postgres_url: str, private_spool: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PostgreSQL link that stopped moving bytes (connection kept open) hung ``drill run``
+    forever and lost its verdict: only a connect timeout was set. Every transaction has a
+    wall-clock bound; past it the connection is cut, the drill goes on without the database,
+    and its verdict is spooled — delivered once the database answers again."""
+    from drill.records.db import upgrade
+    from drill.restore import NullProgress
+
+    upgrade(postgres_url)
+    proxy = _FreezableProxy()
+    url = postgres_url.replace("@127.0.0.1:5432/", f"@127.0.0.1:{proxy.port}/").replace(
+        "//127.0.0.1:5432/", f"//127.0.0.1:{proxy.port}/"
+    )
+    assert str(proxy.port) in url, url
+    monkeypatch.setenv("DRILL_DATABASE_TIMEOUT", "2")
+
+    class FreezeAtChecks(NullProgress):
+        def phase(self, name: str, total_bytes: int | None = None) -> None:
+            if name.startswith("checks"):
+                proxy.frozen.set()
+
+    from drill.records.db import open_database
+    from drill.records.recorder import DatabaseRecorder
+
+    try:
+        outcome = drill(demo_run, url, progress=FreezeAtChecks())
+        assert proxy.frozen.is_set()
+        assert outcome.status == "passed" and outcome.record_problem is not None, outcome.record_problem
+        assert "stopped answering" in outcome.record_problem and "kept in" in outcome.record_problem
+        assert len(list(private_spool.glob("*.json"))) == 1
+        proxy.frozen.clear()  # the link answers again: the verdict is delivered, once
+        db = open_database(url)
+        try:
+            assert DatabaseRecorder(db).flush().delivered == 1
+        finally:
+            db.close()
+    finally:
+        proxy.close()

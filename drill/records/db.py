@@ -8,10 +8,13 @@ a nightly drill must not migrate it behind an operator's back.
 from __future__ import annotations
 
 import os
+import socket
 import sqlite3
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from drill.records.urls import (  # noqa: F401 - the names callers import from h
     DATABASE_ENV,
     SCHEMA_HEAD,
     SCHEMES,
+    database_timeout,
     default_database_path,
     resolve_url,
     safe_url,
@@ -119,11 +123,48 @@ def _migrate_lock(database: str, *, shared: bool = False) -> Iterator[None]:
         os.close(fd)
 
 
+_CONNECTIONS: weakref.WeakKeyDictionary[Engine, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
+"""Each PostgreSQL engine's DB-API connections, from the first: what :meth:`Database.bounded` cuts."""
+
+
+def _track_connections(engine: Engine) -> None:
+    live: weakref.WeakSet[Any] = weakref.WeakSet()
+    _CONNECTIONS[engine] = live
+    event.listen(engine, "connect", lambda conn, _record: live.add(conn))
+
+
+def postgresql_bounds(timeout: float, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """libpq's connection options that bound every wait on the server: the connection itself,
+    a link that dies quietly (TCP keepalive; unacknowledged data), a statement, a transaction
+    left idle. What none of these can see — a link that accepts bytes and never answers, a
+    proxy that froze — :meth:`Database.bounded` cuts. What the URL already sets (``given``,
+    its query) is kept: its ``options`` are added to, a setting it makes is not overridden."""
+    given = {k: (v[-1] if isinstance(v, tuple) else v) for k, v in (given or {}).items()}
+    ms = int(timeout * 1000)
+    bounds: dict[str, Any] = {
+        "connect_timeout": max(1, min(10, int(timeout))),
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "tcp_user_timeout": ms,
+    }
+    out = {k: v for k, v in bounds.items() if k not in given}
+    options = str(given.get("options") or "")
+    for name in ("statement_timeout", "idle_in_transaction_session_timeout"):
+        if name not in options:
+            options += f" -c {name}={ms}"
+    out["options"] = options.strip()
+    return out
+
+
 @dataclass(slots=True)
 class Database:
     url: str
     engine: Engine
     sessions: sessionmaker[Session]
+    timeout: float = field(default_factory=lambda: database_timeout())
+    """Seconds one transaction may take (:func:`~drill.records.urls.database_timeout`)."""
 
     @property
     def is_sqlite(self) -> bool:
@@ -131,6 +172,49 @@ class Database:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    @contextmanager
+    def bounded(self) -> Iterator[None]:
+        """A transaction within :attr:`timeout` seconds in all, whatever the link does: past
+        it, every socket this database's connections hold is shut down — the read blocked on a
+        server that will never answer ends — and the transaction fails as the database being
+        away (a :class:`DatabaseError`, transient: the drill goes on and spools its verdict).
+        SQLite needs none: a lock is waited for within its busy timeout."""
+        if self.engine.dialect.name != "postgresql":
+            yield
+            return
+        fired = threading.Event()
+        timer = threading.Timer(self.timeout, self._cut, (fired,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        except (SQLAlchemyError, OSError) as exc:
+            if not fired.is_set():
+                raise
+            err = DatabaseError(
+                f"database {safe_url(self.url)} stopped answering: no reply within {self.timeout:g} s "
+                f"($DRILL_DATABASE_TIMEOUT) ({failure_reason(exc) if isinstance(exc, SQLAlchemyError) else exc})"
+            )
+            err.transient = True
+            raise err from None
+        finally:
+            timer.cancel()
+
+    def _cut(self, fired: threading.Event) -> None:
+        fired.set()
+        for conn in list(_CONNECTIONS.get(self.engine, ())):
+            try:
+                fd = os.dup(conn.pgconn.socket)
+            except Exception:  # noqa: BLE001 - a connection already closed has nothing to cut
+                continue
+            sock = socket.socket(fileno=fd)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            finally:
+                sock.close()
 
 
 def _parsed(url: str) -> URL:
@@ -155,13 +239,15 @@ def _make_engine(url: str, *, readonly: bool = False) -> Engine:
             target = Path(parsed.database).resolve().as_uri()
             kwargs["creator"] = lambda: _read_only(target)
     elif parsed.get_backend_name() == "postgresql":
-        kwargs["connect_args"] = {"connect_timeout": 10}
+        kwargs["connect_args"] = postgresql_bounds(database_timeout(), dict(parsed.query))
     try:
         engine = create_engine(parsed, pool_pre_ping=True, json_serializer=_record_json, **kwargs)
     except (ArgumentError, ImportError, SQLAlchemyError) as exc:
         raise DatabaseError(f"cannot use database {safe_url(url)}: {failure_reason(exc)}") from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", sqlite_pragmas)
+    elif engine.dialect.name == "postgresql":
+        _track_connections(engine)
     return engine
 
 

@@ -86,7 +86,7 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
         not a time, a status it does not know, broken JSON — a row edited outside drill) is an
         :class:`UnreadableRecord` naming it, not a crash."""
         try:
-            with self.db.sessions.begin() as session:
+            with self.db.bounded(), self.db.sessions.begin() as session:
                 yield session
         except SQLAlchemyError as exc:
             err = DatabaseError(f"database {safe_url(self.db.url)}: {failure_reason(exc)}")

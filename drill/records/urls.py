@@ -127,6 +127,28 @@ def sqlite_busy_timeout() -> float:
         return 30.0
 
 
+DATABASE_TIMEOUT = 120.0
+"""Seconds one transaction may take, all of it, before the database counts as away."""
+
+
+def database_timeout() -> float:
+    """Seconds one database transaction may take in all (``$DRILL_DATABASE_TIMEOUT``, default
+    120): past it, a PostgreSQL connection is cut and the drill goes on without the database
+    (its verdict spooled). A value that is not a positive number is a usage error."""
+    raw = os.environ.get("DRILL_DATABASE_TIMEOUT")
+    if raw is None:
+        return DATABASE_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value < 1e9):
+        from drill.errors import UsageError
+
+        raise UsageError(f"$DRILL_DATABASE_TIMEOUT={raw!r}: expected a positive number of seconds")
+    return value
+
+
 def sqlite_pragmas(dbapi_conn, _record=None) -> None:  # type: ignore[no-untyped-def]
     """Foreign keys on, and write-ahead logging: readers never wait for the writer."""
     cur = dbapi_conn.cursor()
