@@ -8,17 +8,20 @@ it is:
   it could never be recorded. :func:`lossless` writes each undecodable byte as ``\\xNN``
   instead — the same bytes can be read back from the record.
 - **showing**: ``ESC [ …`` sequences, carriage returns and bidirectional overrides in a name
-  would move the cursor, recolour or rewrite the operator's terminal (a forged ``PASSED``).
-  :func:`printable` shows every control character as an escape (``\\x1b``) instead; newlines
-  and tabs stay, for the tracebacks and reports that use them.
+  would move the cursor, recolour or rewrite the operator's terminal, and a newline would
+  start a line of its own (a forged ``step-999 passed``). :func:`printable` shows every
+  control character — newline and tab included — as an escape (``\\x1b``, ``\\n``): a name,
+  a message, a cell is one line, whatever it holds. What is meant to be several lines (a
+  traceback) is shown a line at a time.
 """
 
 from __future__ import annotations
 
 import re
 
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
-"""C0 and C1 controls (but tab and newline), DEL, and the bidirectional formatting marks."""
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+"""C0 and C1 controls (newline and tab too), DEL, the line and paragraph separators, and the
+bidirectional formatting marks."""
 
 
 def lossless(text: str) -> str:
@@ -38,13 +41,20 @@ def _surrogate(match: re.Match[str]) -> str:
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
 def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
+    char = match.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(text: str) -> str:
-    """``text`` safe for a terminal: control characters and bidi marks shown as escapes."""
+    """``text`` safe for a terminal, on one line: control characters (newlines and tabs
+    included) and bidi marks shown as escapes."""
     return _CONTROL.sub(_escape, lossless(text))
 
 

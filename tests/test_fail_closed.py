@@ -332,3 +332,60 @@ def test_a_postgresql_link_that_stops_answering_mid_drill_spools_the_verdict_and
             db.close()
     finally:
         proxy.close()
+
+
+# -- names from storage are data: one line, escaped -------------------------------------------------
+HOSTILE_ROOT = "run\nstep-999 passed\x1b[32m\r\u202e"
+
+
+def test_a_name_from_storage_is_shown_on_one_line_whatever_it_holds(
+    pristine_run: Path, tmp_path: Path, sqlite_url: str
+) -> None:
+    """ESC, CR and U+202E from run roots and checkpoint names reached the terminal raw, and a
+    newline in a root forged a "step-999 passed" line in ``runs``, ``last-good``, ``history``.
+    Every string drill shows a person is one line, its controls escaped."""
+    import shutil
+
+    root = tmp_path / HOSTILE_ROOT
+    shutil.copytree(pristine_run, root)
+    assert drill(root, sqlite_url).status == "passed"
+    for argv in (
+        ["history"],
+        ["show", "1"],
+        ["runs"],
+        ["runs", str(root), "--no-list"],
+        ["last-good", "--root", str(root)],
+        ["report", "-f", "md", "--no-list"],
+    ):
+        res = invoke(CliRunner(), *argv, "--db", sqlite_url)
+        assert res.exit_code == 0, (argv, res.stderr)
+        shown = (
+            res.stderr if argv[0] == "last-good" else res.stdout + res.stderr
+        )  # last-good's stdout is the path: data
+        assert not any(c in shown for c in "\x1b\r\u202e"), (argv, shown)
+        assert not any(line.lstrip().startswith("step-999 passed") for line in shown.splitlines()), (argv, shown)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["burst", "--readers", "1,,2"],
+        ["burst", "--readers", "1,2", "--readers", "8"],
+        ["run", "--no-replay", "--checkpoint", "step:10", "--checkpoint", "step:20"],
+        ["history", "--limit", "5", "--limit=6"],
+        ["runs", "{file}"],
+    ],
+    ids=["empty-item", "repeated-readers", "repeated-checkpoint", "repeated-limit", "runs-of-a-file"],
+)
+def test_an_ambiguous_or_impossible_command_line_is_a_usage_error(
+    demo_run: Path, sqlite_url: str, tmp_path: Path, argv: list[str]
+) -> None:
+    """``--readers 1,,2`` was accepted, a repeated ``--readers`` silently kept the last, and
+    ``drill runs FILE`` exited 0: each is exit 2, one line, before anything is read."""
+    (file := tmp_path / "a-file").write_text("x")
+    argv = [a.replace("{file}", str(file)) for a in argv]
+    if argv[0] in ("burst", "run"):
+        argv += ["--root", str(demo_run)]
+    res = invoke(CliRunner(), *argv, "--db", sqlite_url)
+    assert res.exit_code == 2 and res.stderr.startswith("drill: error: "), (res.exit_code, res.stderr)
+    assert len(res.stderr.strip().splitlines()) <= 2 and "Traceback" not in res.stderr

@@ -99,7 +99,35 @@ def _build(name: str, module: str, function: str) -> Any:
     command.name = name
     for param in command.params:
         param.type_cast_value = _held_to_limits(param.name, param.type_cast_value)  # type: ignore[method-assign]
+    command.parse_args = _given_once(command, command.parse_args)  # type: ignore[method-assign]
     return command
+
+
+def _given_once(command: Any, parse: Any) -> Any:
+    """``parse`` (a command's argument parsing), refusing an option that takes one value given
+    more than once: click keeps the last (``--readers 1,2 --readers 8`` drilled 8 readers, the
+    first silently dropped); which one was meant is the user's to say."""
+    once = {
+        opt: param.opts[0]
+        for param in command.params
+        if getattr(param, "param_type_name", "") == "option" and not (param.multiple or param.is_flag or param.count)
+        for opt in (*param.opts, *param.secondary_opts)
+    }
+
+    def parse_args(ctx: Any, args: list[str]) -> Any:
+        seen: dict[str, int] = {}
+        for token in args:
+            if token == "--":
+                break
+            name = once.get(token.split("=", 1)[0]) if token.startswith("--") else once.get(token[:2])
+            if name is not None:
+                seen[name] = seen.get(name, 0) + 1
+        repeated = [name for name, n in seen.items() if n > 1]
+        if repeated:
+            raise typer.BadParameter(f"given {seen[repeated[0]]} times: give it once", ctx=ctx, param_hint=repeated[0])
+        return parse(ctx, args)
+
+    return parse_args
 
 
 def _held_to_limits(name: str | None, cast: Any) -> Any:

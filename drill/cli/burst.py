@@ -158,7 +158,7 @@ def _counts(text: str, world: int | None = None) -> list[int]:
             out.append(out[-1] * 2)
         return out if out[-1] == limit or world is None else [*out, limit]
     try:
-        counts = [int(v) for v in text.split(",") if v.strip()]
+        counts = [int(v) for v in text.split(",")]  # an empty item ("1,,2") is no count
     except ValueError:
         raise UsageError(f"--readers {text!r}: give reader counts, comma-separated, e.g. 1,2,4,8") from None
     top = world or 4096

@@ -253,8 +253,12 @@ def runs(
 
     Example: drill runs /ckpt/run7
     """
+    import os
+
     from drill.report import ReportOptions, build_report
 
+    if root is not None and "://" not in root and os.path.exists(root) and not os.path.isdir(root):
+        raise UsageError(f"{root} is not a directory: give a run directory (drill runs ./run), or none for every run")
     report = build_report(db, ReportOptions(since=None, root=root, list_storage=not no_list))
     if json:
         print_json(

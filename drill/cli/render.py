@@ -308,7 +308,8 @@ def render_drill(console: Out, o: DrillOutcome) -> None:
     if o.error and o.error != o.message:
         console.print()
         console.print("error:", style="bold")
-        console.print(o.error, markup=False)
+        for line in o.error.splitlines():  # a traceback, a line at a time: each line one line
+            console.print(line, markup=False)
 
 
 def _slo(o: DrillOutcome) -> str:
