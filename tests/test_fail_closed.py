@@ -389,3 +389,33 @@ def test_an_ambiguous_or_impossible_command_line_is_a_usage_error(
     res = invoke(CliRunner(), *argv, "--db", sqlite_url)
     assert res.exit_code == 2 and res.stderr.startswith("drill: error: "), (res.exit_code, res.stderr)
     assert len(res.stderr.strip().splitlines()) <= 2 and "Traceback" not in res.stderr
+
+
+# -- damage is a failure, never an error ------------------------------------------------------------
+@pytest.mark.parametrize("damage", ["shards swapped", "another save's index"])
+@pytest.mark.parametrize("sealed", [True, False], ids=["sealed", "unsealed"])
+def test_files_that_are_not_the_ones_the_index_names_fail_the_drill(
+    demo_run: Path, sqlite_url: str, tmp_path: Path, damage: str, sealed: bool
+) -> None:
+    """Two DCP shards swapped, or another save's ``.metadata`` copied in, ended ``error`` (exit
+    5) with a ``struct.error`` from the entry decoder: bytes that do not decode as the entry the
+    index names are that entry's finding, and the drill fails (exit 1)."""
+    import shutil
+
+    from tests.test_formats import rewrite_dcp
+
+    ckpt = sorted(demo_run.glob("step-*"), key=lambda p: int(p.name[5:]))[-1]
+    if damage == "shards swapped":
+        a, b = ckpt / "__0_0.distcp", ckpt / "__0_1.distcp"
+        a.rename(tmp_path / "a")
+        b.rename(a)
+        (tmp_path / "a").rename(b)
+    else:
+        other = tmp_path / "other" / ckpt.name
+        shutil.copytree(ckpt, other)
+        rewrite_dcp(other, lambda s: [s.pop(k) for k in [k for k in s if k.startswith("model.blocks.0.")]])
+        shutil.copy(other / ".metadata", ckpt / ".metadata")
+    if not sealed:
+        (ckpt / "drill-manifest.json").unlink()
+    outcome = drill(demo_run, sqlite_url)
+    assert (outcome.status, int(outcome.exit_code)) == ("failed", 1), (outcome.status, outcome.message)

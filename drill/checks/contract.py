@@ -421,6 +421,19 @@ def _generator_missing(gen: str, rank: int | None, saved_by_writer: bool = False
     )
 
 
+RNGSTATE_MARKS = ("python.version", "python.state", "python.gauss")
+"""What :class:`drill.sdk.RNGState` always writes for Python's generator, beside numpy's and
+torch's, which it always writes too."""
+
+
+def _always_saved(entries: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The generators the state's own shape says its writer always saves: :class:`drill.sdk.RNGState`
+    (Python's, numpy's and torch's, every time: one missing is damage); None where the shape says nothing."""
+    if all(mark in entries for mark in RNGSTATE_MARKS):
+        return ("python", "numpy", "torch CPU")
+    return None
+
+
 def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], dict[str, Any]]:
     rng = _part(state, parts.RNG)
     if not rng:
@@ -441,9 +454,10 @@ def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], 
         evidence["ranks"]["all" if rank is None else rank] = sorted(have)
         if "cuda" in have:
             cuda_ranks.add(rank)
+        saves = layout.rng_generators if layout.rng_generators is not None else _always_saved(entries)
         for gen in GENERATORS:
-            if gen not in have and (layout.rng_generators is None or gen in layout.rng_generators):
-                findings.append(_generator_missing(gen, rank, layout.rng_generators is not None))
+            if gen not in have and (saves is None or gen in saves):
+                findings.append(_generator_missing(gen, rank, saves is not None))
     if cuda_ranks and len(cuda_ranks) != len(per_rank):
         for rank in sorted((r for r in per_rank if r not in cuda_ranks), key=lambda r: -1 if r is None else r):
             findings.append(

@@ -220,7 +220,7 @@ def _plain_directory(tail: memoryview, length: int) -> dict[str, Record] | None:
 def data_start(head: memoryview, record: Record) -> int | None:
     """Where a record's data begins, from its local header (None: not a valid header)."""
     at = record.header_offset
-    if at + _LOCAL.size > len(head):
+    if at < 0 or at + _LOCAL.size > len(head):
         return None
     sig, _, _, method, _, _, _, _, _, nlen, elen = _LOCAL.unpack_from(head, at)
     if sig != b"PK\x03\x04" or method != 0:

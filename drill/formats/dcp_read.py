@@ -294,6 +294,22 @@ class DrillReader:
 
     # -- one entry --------------------------------------------------------------------------
     def _entry(self, reader: SequentialReader, item: Any, planner: Any, outcome: _FileOutcome) -> None:
+        """One entry read and loaded; bytes that do not decode as the entry the index names —
+        damaged, or another file's (shards swapped, an index copied from another run) — are
+        that entry's finding, never an exception out of the restore."""
+        try:
+            self._one_entry(reader, item, planner, outcome)
+        except _UNDECODABLE as exc:
+            outcome.failures.append(
+                ItemFailure(
+                    item.dest_index.fqn,
+                    outcome.record.relative_path,
+                    f"its bytes do not decode as the entry the index names ({one_line(exc)}): damaged, or another file's",
+                    code="entry-not-loaded",
+                )
+            )
+
+    def _one_entry(self, reader: SequentialReader, item: Any, planner: Any, outcome: _FileOutcome) -> None:
         info = self.storage_data[item.storage_index]
         start, end = int(info.offset), int(info.offset) + int(info.length)
         fqn, path = item.dest_index.fqn, outcome.record.relative_path
@@ -317,8 +333,8 @@ class DrillReader:
         crc = True
         if is_byte_io(item):
             value = reader.read(end - start)
-            if crc and (bad := _crc_problem(value)) is not None:
-                outcome.failures.append(ItemFailure(fqn, path, bad, code="crc-mismatch"))
+            if crc and (bad := _zip_problem(value)) is not None:
+                outcome.failures.append(ItemFailure(fqn, path, bad[1], code=bad[0]))
                 return
             outcome.values.append((item, value))
             return
@@ -343,11 +359,9 @@ class DrillReader:
             except CrcMismatch as exc:
                 outcome.failures.append(ItemFailure(fqn, path, str(exc), code="crc-mismatch"))
                 return
-        problem = (
-            ("crc-mismatch", bad)
-            if crc and (bad := _crc_problem(memoryview(blob))) is not None
-            else _load_tensor(blob, item, planner)
-        )
+        problem = _zip_problem(memoryview(blob)) if crc else None
+        if problem is None:
+            problem = _load_tensor(blob, item, planner)
         if problem is not None:
             outcome.failures.append(ItemFailure(fqn, path, problem[1], code=problem[0]))
             return
@@ -363,19 +377,25 @@ class DrillReader:
         self.result.tensor_bytes += outcome.tensor_bytes
 
 
+_UNDECODABLE = (struct.error, ValueError, IndexError, OverflowError, EOFError, KeyError, UnicodeDecodeError)
+"""What parsing bytes that are not the entry they should be raises: damage, never a crash."""
+
+
 class CrcMismatch(Exception):
     """An entry's bytes are not what torch.save wrote (its zip record's CRC-32 says so)."""
 
 
-def _crc_problem(entry: memoryview) -> str | None:
-    """Why a whole entry (a torch.save zip) fails its records' CRC-32s; None when it passes or
-    is no zip at all (a legacy pickle: the weights-only loader judges it, naming what it refuses)."""
+def _zip_problem(entry: memoryview) -> tuple[str, str] | None:
+    """(finding code, why) for a whole entry (a torch.save zip) that fails its structure — its
+    records' CRC-32s (``crc-mismatch``), a pickle that names code (its own code, not a CRC's) —
+    or None when it passes or is no zip at all (a legacy pickle: the weights-only loader judges
+    it, naming what it refuses)."""
     from drill.integrity.structure import zip_structure
 
     if bytes(entry[:4]) != b"PK\x03\x04":
         return None
     findings, _ = zip_structure(entry, "the entry")
-    return findings[0].message.replace("the entry: ", "", 1) if findings else None
+    return (findings[0].code, findings[0].message.replace("the entry: ", "", 1)) if findings else None
 
 
 def _read_in_place(
