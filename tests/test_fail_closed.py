@@ -419,3 +419,42 @@ def test_files_that_are_not_the_ones_the_index_names_fail_the_drill(
         (ckpt / "drill-manifest.json").unlink()
     outcome = drill(demo_run, sqlite_url)
     assert (outcome.status, int(outcome.exit_code)) == ("failed", 1), (outcome.status, outcome.message)
+
+
+# -- a save that says sealed is on disk ------------------------------------------------------------
+def test_a_second_save_into_a_step_being_saved_fails_and_seals_nothing(tmp_path: Path) -> None:
+    """Two processes calling ``drill.sdk.save`` into one step at once both returned success and
+    recorded a sealed save, while the step held one state. The coordinator takes the step
+    directory before any rank writes; a second save into it meanwhile fails, clearly, having
+    written nothing — and once the first is done, the step is free again."""
+    import torch
+
+    from drill.integrity.sealing import take_step
+    from drill.sdk import SaveBusy, save
+    from drill.verifier import verify_checkpoint
+
+    step = tmp_path / "run" / "step-10"
+    step.mkdir(parents=True)
+    held = take_step(step)  # the other save, mid-write
+    assert held is not None
+    try:
+        with pytest.raises(SaveBusy, match="another save is writing"):
+            save({"w": torch.ones(4)}, checkpoint_id=step, no_dist=True)
+        assert not (step / "drill-manifest.json").exists() and not (step / ".metadata").exists()
+    finally:
+        import os
+
+        os.close(held)
+    save({"w": torch.ones(4)}, checkpoint_id=step, no_dist=True)  # the step is free again
+    assert verify_checkpoint(str(step)).status == "passed"
+
+
+def test_drill_seal_from_python_is_the_guarded_seal(demo_run: Path) -> None:
+    """``drill.seal(run_root)`` sealed a whole run root that ``drill seal`` refuses: the Python
+    name is the guarded seal the command uses."""
+    import drill as api
+    from drill.errors import UsageError
+
+    with pytest.raises(UsageError, match="checkpoint"):
+        api.seal(str(demo_run))
+    assert not (demo_run / "drill-manifest.json").exists()

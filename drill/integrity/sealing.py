@@ -317,6 +317,64 @@ class SealingWriter(_Sealing, FileSystemWriter):
     _base_reset = FileSystemWriter.reset
     _base_write_data = FileSystemWriter.write_data
     _base_finish = FileSystemWriter.finish
+    _step: int | None = None
+
+    def prepare_global_plan(self, plans: Any) -> Any:
+        """On the coordinator, before any rank writes: the step directory taken for this save
+        (:func:`take_step`) — a second save into it at once fails before it writes a byte."""
+        self._release()
+        self._step = take_step(self.path)
+        return super().prepare_global_plan(plans)
+
+    def finish(self, metadata: Any, results: list[list[WriteResult]]) -> None:
+        try:
+            super().finish(metadata, results)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._step is not None:
+            os.close(self._step)  # the lock goes with the descriptor
+            self._step = None
+
+
+class SaveBusy(RuntimeError):
+    """Another save is writing the same step directory at this moment: two saves into one step
+    would interleave their files under one seal, which neither wrote."""
+
+
+def take_step(path: str | os.PathLike) -> int | None:
+    """An exclusive lock on the step directory (``flock`` on the directory itself: released
+    when the save finishes, or its process dies, whatever happens to it); :class:`SaveBusy`
+    when another save holds it. A file system that cannot lock (some NFS and Lustre mounts)
+    saves unlocked, with a warning. Returns the descriptor holding the lock."""
+    import errno
+    import fcntl
+    import warnings
+
+    directory = os.fspath(path)
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None  # not a local directory (an object store's prefix): nothing to lock
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except BlockingIOError:
+        os.close(fd)
+        raise SaveBusy(
+            f"another save is writing {directory} right now: two saves into one step would leave files of both "
+            "under one seal; save each step once (or wait for the other save to finish)"
+        ) from None
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.ENOSYS):
+            warnings.warn(
+                f"{directory}: this file system cannot lock a directory; saved without excluding another save",
+                stacklevel=2,
+            )
+            return None
+        raise
 
 
 class _SealedWriter(_Sealing, StorageWriter):
@@ -396,4 +454,4 @@ def write_manifest(checkpoint: Path, files: dict[str, FileHashes], key: bytes | 
     return _SealingFileSystem(FileSystem(), chunk_size).write_manifest(checkpoint, files, key)
 
 
-__all__ = ["SealReport", "SealingWriter", "manifest_bytes", "sealing", "write_manifest"]
+__all__ = ["SaveBusy", "SealReport", "SealingWriter", "manifest_bytes", "sealing", "take_step", "write_manifest"]

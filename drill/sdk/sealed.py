@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from drill.integrity.hashing import DEFAULT_CHUNK_SIZE, FileHashes
-from drill.integrity.sealing import SealingWriter, SealReport, sealing, write_manifest
+from drill.integrity.sealing import SaveBusy, SealingWriter, SealReport, sealing, write_manifest
 
 DATABASE_ENV = "DRILL_DATABASE_URL"
 
@@ -63,16 +65,33 @@ def save(
     import torch.distributed.checkpoint as dcp
 
     writer, dcp_kwargs, db = _prepare(dcp.save, checkpoint_id, key, kwargs)
-    dcp.save(
-        state_dict,
-        checkpoint_id=checkpoint_id,
-        storage_writer=writer,
-        planner=planner,
-        process_group=process_group,
-        **dcp_kwargs,
-    )
+    with _busy_said():
+        dcp.save(
+            state_dict,
+            checkpoint_id=checkpoint_id,
+            storage_writer=writer,
+            planner=planner,
+            process_group=process_group,
+            **dcp_kwargs,
+        )
     writer.report.record = record_save(writer.report, checkpoint_id, "writer", db)
     return writer.report
+
+
+@contextmanager
+def _busy_said() -> Iterator[None]:
+    """DCP wraps what a rank's step raised in a ``CheckpointException``: a save refused
+    because another holds the step is said as itself (:class:`SaveBusy`), on every rank."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        failures = [f[0] if isinstance(f, tuple) else f for f in getattr(exc, "failures", {}).values()]
+        busy = [e for e in failures if isinstance(e, SaveBusy)]
+        if busy:
+            raise SaveBusy(str(busy[0])) from None
+        raise
 
 
 def async_save(
@@ -215,4 +234,13 @@ def _document(report: SealReport, checkpoint: str, method: str) -> dict[str, Any
     }  # fmt: skip
 
 
-__all__ = ["SealReport", "SealingWriter", "async_save", "record_save", "save", "seal_across_ranks", "sealing"]
+__all__ = [
+    "SaveBusy",
+    "SealReport",
+    "SealingWriter",
+    "async_save",
+    "record_save",
+    "save",
+    "seal_across_ranks",
+    "sealing",
+]
