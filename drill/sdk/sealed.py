@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
