@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType, TracebackType
@@ -91,15 +92,23 @@ class InterruptGuard:
 
 @contextmanager
 def deadline(seconds: float | None, what: str) -> Iterator[None]:
-    """Raise :class:`~drill.errors.DrillError` (exit 5) if the block runs past ``seconds``."""
+    """Raise :class:`~drill.errors.DrillError` (exit 5) if the block runs past ``seconds``.
+    Deadlines nest: an inner one never extends an outer one (a command's ``--timeout`` bounds
+    the listing inside it too), and the outer one's clock runs on after the inner one ends."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
     from drill.errors import DrillError
 
+    outer = signal.getitimer(signal.ITIMER_REAL)[0]
+    if 0 < outer <= seconds:
+        yield  # the outer deadline comes first: it is the one that fires
+        return
+
     def alarm(signum: int, frame: FrameType | None) -> None:
         raise TimedOut(what)
 
+    started = time.monotonic()
     previous = signal.signal(signal.SIGALRM, alarm)
     arm(seconds)
     try:
@@ -111,3 +120,5 @@ def deadline(seconds: float | None, what: str) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer > 0:  # the outer deadline's clock, less what this one took
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer - (time.monotonic() - started)))

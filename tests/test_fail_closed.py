@@ -458,3 +458,37 @@ def test_drill_seal_from_python_is_the_guarded_seal(demo_run: Path) -> None:
     with pytest.raises(UsageError, match="checkpoint"):
         api.seal(str(demo_run))
     assert not (demo_run / "drill-manifest.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["seal", "s3://ckpt/run/step-10"],
+        ["last-good", "--root", "s3://ckpt/run"],
+        ["burst", "--root", "s3://ckpt/run", "--readers", "1"],
+        ["verify", "s3://ckpt/run/step-10"],
+    ],
+    ids=["seal", "last-good", "burst", "verify"],
+)
+def test_every_command_that_reaches_storage_ends_at_its_timeout_on_a_silent_endpoint(
+    argv: list[str], sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``seal``, ``last-good`` and ``burst`` on a silent S3 endpoint had no ``--timeout``: every
+    command that reaches storage has one, and ends at it as an error (exit 5), one line."""
+    import socket
+    import time
+
+    silent = socket.create_server(("127.0.0.1", 0), backlog=64)  # accepts connections, never answers
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "drill-test")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "drill-test-secret")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        monkeypatch.setenv("DRILL_S3_ADDRESSING_STYLE", "path")
+        started = time.monotonic()
+        db = [] if argv[0] == "seal" else ["--db", sqlite_url]
+        res = invoke(CliRunner(), *argv, "--timeout", "3", *db)
+        assert res.exit_code == 5 and "timeout" in res.stderr, (res.exit_code, res.stderr)
+        assert time.monotonic() - started < 60
+    finally:
+        silent.close()

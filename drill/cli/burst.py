@@ -15,6 +15,7 @@ from drill.cli.common import (
     print_json,
     stderr,
     stdout,
+    timeout_flag,
 )
 from drill.errors import UsageError
 
@@ -54,6 +55,13 @@ def burst(
     replicated: Replicated = False,
     job_bytes: JobBytes = None,
     job_readers: JobReaders = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            help="Seconds the whole burst may take before it ends as an error (storage that never answers).",
+        ),
+    ] = 3600.0,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -80,8 +88,11 @@ def burst(
     size = _size(job_bytes, parse_size)
     if job_readers is not None and job_readers < 1:
         raise UsageError(f"--job-readers must be at least 1, not {job_readers}")
-    uri = _checkpoint(root, checkpoint)
-    result = _sweep(uri, counts, cold=not warm, replicated=replicated, as_ranks=world is not None)
+    from drill.interrupts import deadline
+
+    with deadline(timeout_flag(timeout), f"drill burst of {root}"):  # its readers are stopped with it
+        uri = _checkpoint(root, checkpoint)
+        result = _sweep(uri, counts, cold=not warm, replicated=replicated, as_ranks=world is not None)
     if result is None:  # a rank other than 0: it read its share; rank 0 records and reports
         return None
     estimate = restart_estimate(result, job_bytes=size, job_readers=job_readers)

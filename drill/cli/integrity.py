@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 def seal(
     checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory to seal.")],
     force: Annotated[bool, typer.Option("--force", help="Replace a manifest that seals different content.")] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", help="Seconds sealing may take before it ends as an error (storage that never answers)."
+        ),
+    ] = 3600.0,
     key_file: KeyFileOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -45,11 +51,14 @@ def seal(
     """
     from drill.errors import IntegrityConflict
     from drill.integrity.manifest import SealConflict
+    from drill.interrupts import deadline
     from drill.units import human_bytes
     from drill.verifier import seal
 
+    timeout_flag(timeout)
     try:
-        result = seal(checkpoint, force=force, key=seal_key(key_file))
+        with deadline(timeout, f"drill seal {checkpoint}"):
+            result = seal(checkpoint, force=force, key=seal_key(key_file))
     except SealConflict as exc:
         raise IntegrityConflict(str(exc), hint=f"verify it first: drill verify {checkpoint}") from None
     m = result.manifest
