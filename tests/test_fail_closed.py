@@ -492,3 +492,30 @@ def test_every_command_that_reaches_storage_ends_at_its_timeout_on_a_silent_endp
         assert time.monotonic() - started < 60
     finally:
         silent.close()
+
+
+# -- a structural proof is as strict as the writer's own loader -----------------------------------
+def test_an_index_claiming_chunks_its_files_do_not_hold_fails_verify_as_it_fails_run(demo_run: Path) -> None:
+    """A ``.metadata`` claiming chunks with no storage entry (5 million of them) made ``verify``
+    exit 0 while ``run`` refused it: the structural proof asks what the loader asks."""
+    import pickle
+
+    import torch
+    import torch.distributed.checkpoint.metadata as md
+
+    from drill.safe_pickle import restricted_loads
+    from drill.verifier import verify_checkpoint
+
+    ckpt = sorted(demo_run.glob("step-*"), key=lambda p: int(p.name[5:]))[-1]
+    (ckpt / "drill-manifest.json").unlink()
+    meta = restricted_loads((ckpt / ".metadata").read_bytes())
+    fqn, tensor = next((k, v) for k, v in meta.state_dict_metadata.items() if hasattr(v, "chunks") and len(v.size) == 2)
+    rows, cols = tensor.size
+    tensor.chunks.extend(  # chunks no storage entry holds
+        md.ChunkStorageMetadata(offsets=torch.Size([r, 0]), sizes=torch.Size([1, cols])) for r in range(1, rows)
+    )
+    (ckpt / ".metadata").write_bytes(pickle.dumps(meta))
+    outcome = verify_checkpoint(str(ckpt))
+    assert outcome.status == "failed" and "metadata-implausible" in [f.code for f in outcome.result.errors], (
+        outcome.result.findings
+    )

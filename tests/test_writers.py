@@ -516,3 +516,37 @@ def test_a_tensor_claiming_more_than_its_pieces_is_implausible_never_allocated(
     assert code == 1 and ("metadata-implausible", "0/rng/rng_state") in [
         (f["code"], f["subject"]) for f in document["findings"]
     ], document["findings"]
+
+
+def _nan_everywhere(doc: dict) -> int:
+    """Every shape, offset and byte range of a torchsnapshot manifest as NaN; how many."""
+    n = 0
+
+    def walk(node):  # type: ignore[no-untyped-def]
+        nonlocal n
+        if isinstance(node, dict):
+            for key in ("shape", "offsets", "byte_range"):
+                if isinstance(node.get(key), list) and node[key]:
+                    node[key] = [float("nan")] + node[key][1:]
+                    n += 1
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc)
+    return n
+
+
+def test_a_torchsnapshot_manifest_with_a_nan_for_a_number_fails_the_drill(copy_of, sqlite_url: str) -> None:
+    """A ``.snapshot_metadata`` with a NaN shape was an internal ``TypeError`` (exit 5): every
+    number the manifest gives a tensor is held to what a tensor's is; damage, exit 1."""
+    _needs("torchsnapshot")
+    run, ckpt = copy_of("torchsnapshot")
+    path = ckpt / ".snapshot_metadata"
+    doc = json.loads(path.read_text())
+    assert _nan_everywhere(doc) > 0
+    path.write_text(json.dumps(doc))  # NaN: YAML reads JSON's NaN too
+    outcome = _drill(run, sqlite_url)
+    assert (outcome.status, outcome.exit_code) == ("failed", 1), (outcome.status, outcome.message)

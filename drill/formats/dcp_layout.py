@@ -112,6 +112,7 @@ def structure(
     """The structural proof of an unsealed DCP checkpoint read from its ``.metadata`` alone
     (``drill verify``): the one :func:`unsealed_structure` gives ``drill run``."""
     from drill.formats.base import one_line
+    from drill.formats.dcp_index import claimed_bytes
     from drill.formats.dcp_types import check_metadata, load_metadata
     from drill.integrity.reading import read_whole
     from drill.safe_pickle import with_classes
@@ -125,7 +126,27 @@ def structure(
         storage_data = metadata.storage_data or {}
     except Exception as exc:  # noqa: BLE001 - an unreadable index is the finding
         return unsealed_structure(storage, uri, sizes, None, f".metadata does not unpickle safely: {one_line(exc)}")
-    return unsealed_structure(storage, uri, sizes, storage_data)
+    findings, evidence = unsealed_structure(storage, uri, sizes, storage_data)
+    try:  # what the loader refuses before it allocates, the proof refuses too
+        claimed_bytes(metadata, dict(sizes))
+    except ValueError as exc:
+        findings.insert(0, implausible(str(exc)))
+    return findings, evidence
+
+
+def implausible(why: str) -> Finding:
+    """An index whose claims the files beside it cannot hold: the loader refuses it before it
+    allocates (``metadata-implausible``), and so does the structural proof."""
+    from drill.integrity.structure import NAME
+    from drill.findings import Severity
+
+    return Finding(
+        check=NAME,
+        code="metadata-implausible",
+        severity=Severity.ERROR,
+        subject=".metadata",
+        message=f".metadata claims what its files cannot hold: {why}",
+    )
 
 
 def unsealed_structure(

@@ -497,10 +497,20 @@ def _tensor(
                 return piece
             whole = piece  # a sharded tensor of unknown global shape: its first shard
             continue
+        if offsets is not None and _shape(offsets) is None:  # a NaN, a negative or a text for an offset
+            result.failures.append(
+                ItemFailure(
+                    key,
+                    tensor.get("location"),
+                    f"a piece's offsets {offsets!r:.60} are not a tensor's",
+                    code="entry-not-loaded",
+                )
+            )
+            return None
         if offsets is not None and len(offsets) == piece.dim():
             try:
                 whole[tuple(slice(o, o + s) for o, s in zip(offsets, piece.shape, strict=False))] = piece
-            except (RuntimeError, IndexError) as exc:
+            except (RuntimeError, IndexError, TypeError) as exc:
                 result.failures.append(
                     ItemFailure(
                         key,
@@ -525,9 +535,9 @@ def _raw(name: str, tensor: dict[str, Any], views: dict[str, Any], ctx: RestoreC
         return None
     if tensor.get("serializer") == "torch_save":
         return _object(name, path, views, ctx, result)
-    dtype, shape, span = _dtype(tensor.get("dtype")), tensor.get("shape"), tensor.get("byte_range")
-    begin, end = span if isinstance(span, list) and len(span) == 2 else (0, len(view))
-    if dtype is None or not isinstance(shape, list) or end > len(view) or begin < 0:
+    dtype, shape, span = _dtype(tensor.get("dtype")), _shape(tensor.get("shape")), tensor.get("byte_range")
+    begin, end = span if isinstance(span, list) and len(span) == 2 and _shape(span) is not None else (0, len(view))
+    if dtype is None or shape is None or end > len(view) or begin > end:
         result.failures.append(
             ItemFailure(
                 name,
@@ -542,7 +552,7 @@ def _raw(name: str, tensor: dict[str, Any], views: dict[str, Any], ctx: RestoreC
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
             raw = torch.frombuffer(view[begin:end], dtype=dtype) if end > begin else torch.empty(0, dtype=dtype)
         return raw.reshape(shape).to(ctx.device, copy=True)
-    except (RuntimeError, ValueError) as exc:
+    except (RuntimeError, ValueError, TypeError) as exc:
         result.failures.append(
             ItemFailure(
                 name,
