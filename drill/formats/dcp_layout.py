@@ -137,8 +137,8 @@ def structure(
 def implausible(why: str) -> Finding:
     """An index whose claims the files beside it cannot hold: the loader refuses it before it
     allocates (``metadata-implausible``), and so does the structural proof."""
-    from drill.integrity.structure import NAME
     from drill.findings import Severity
+    from drill.integrity.structure import NAME
 
     return Finding(
         check=NAME,
