@@ -4,7 +4,8 @@ the number of drills recorded, each beside a limit measured in the same run.
     python benchmarks/records.py [--drills 2000,20000,200000] [--json]
 
 For each size it builds one SQLite record database as drill writes it (its own migrations, its
-own sealing), from real drills of a demo run — one that passed with its replay, one that failed
+own sealing: a drill is one row, its checks and replayed steps one document on it), from real
+drills of a demo run — one that passed with its replay, one that failed
 on a flipped byte with its findings, one that ended in an error — cloned into varied records:
 24 runs, each with a model of its own (its own tensor inventory, so its evidence is its own), a
 checkpoint a day, drills spread over the last 365 days, one in twenty failed and one in a
@@ -43,7 +44,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-LAYOUT = 2
+LAYOUT = 4
 """Raised when the records built change: a cached database of another layout is rebuilt."""
 RUNS = 24
 FAILED_EVERY = 20
@@ -55,7 +56,7 @@ def templates(work: Path) -> dict[str, dict]:
     """Real drills' rows, by status: passed (with its replay), failed (a flipped byte), error."""
     from sqlalchemy import create_engine, select
 
-    from drill.records.models import Checkpoint, CheckRecord, Drill, ReplayStep
+    from drill.records.models import Checkpoint, Drill
 
     demo, db = work / "demo", f"sqlite:///{work}/template.db"
     subprocess.run(["drill", "demo", str(demo)], check=True, capture_output=True)
@@ -67,14 +68,20 @@ def templates(work: Path) -> dict[str, dict]:
     subprocess.run(["drill", "run", "--root", str(demo), "--db", db, "--no-replay"], capture_output=True)
     (demo / "run.json").write_text(json.dumps({"replay": {"entrypoint": "no_such_module:build"}}))
     subprocess.run(["drill", "run", "--root", str(demo), "--db", db, "--checkpoint", "step:90"], capture_output=True)
+    from sqlalchemy.orm import Session
+
+    from drill.records.rows import evidence_of
+
     engine = create_engine(db)
     out = {}
-    with engine.connect() as c:
+    with Session(engine) as c:
         for d in c.execute(select(Drill.__table__).order_by(Drill.id)).mappings():
+            drill = dict(d)
+            details = dict(drill["details"] or {})
+            details["checks"] = [{**k, "evidence": evidence_of(c, k["evidence"])} for k in details.get("checks", [])]
+            drill["details"] = details  # every evidence in full: stored again, as drill stores it, in the new database
             out.setdefault(d["status"], {
-                "drill": dict(d),
-                "checks": [dict(r) for r in c.execute(select(CheckRecord.__table__).where(CheckRecord.drill_id == d["id"]).order_by(CheckRecord.id)).mappings()],
-                "steps": [dict(r) for r in c.execute(select(ReplayStep.__table__).where(ReplayStep.drill_id == d["id"]).order_by(ReplayStep.id)).mappings()],
+                "drill": drill,
                 "checkpoint": dict(c.execute(select(Checkpoint.__table__).where(Checkpoint.id == d["checkpoint_id"])).mappings().one()),
             })  # fmt: skip
     engine.dispose()
@@ -98,6 +105,22 @@ def _model_of(run: int, evidence: dict) -> dict:
     return {**evidence, "inventory": inventory}
 
 
+def _details(details: dict, model: dict, rng: random.Random) -> dict:
+    """A drill's checks and replayed steps (its row's ``details``): the run's own model in its
+    keys evidence (stored once by its content, as drill stores it), every check's time and
+    every step's loss and grad norm drawn afresh."""
+    checks = [
+        {**c, "seconds": rng.uniform(0.001, 5), **({"evidence": model} if c["name"] == "keys" else {})}
+        for c in details["checks"]
+    ]
+    steps = [
+        {**r, "loss": r["loss"] * rng.uniform(0.9, 1.1) if isinstance(r.get("loss"), float) else r.get("loss"),
+         "grad_norm": rng.uniform(0.1, 10)}
+        for r in details.get("replay_steps") or []
+    ]  # fmt: skip
+    return {"checks": checks, "replay_steps": steps}
+
+
 def _drill(template: dict, drill_id: int, run: int, ckpt_id: int, started: datetime, rng: random.Random) -> dict:
     return {
         **template["drill"], "id": drill_id, "checkpoint_id": ckpt_id, "run_root": f"/ckpt/run-{run}",
@@ -116,19 +139,18 @@ def build(path: Path, drills: int, by_status: dict[str, dict]) -> None:
 
     from drill.records.audit import load_audit_key, seal_drills
     from drill.records.db import open_database
-    from drill.records.models import Checkpoint, CheckRecord, Drill, ReplayStep
+    from drill.records.models import Checkpoint, Drill
+    from drill.records.rows import stored_evidence
 
     database = open_database(f"sqlite:///{path}")
     now, rng = datetime.now(timezone.utc), random.Random(0)
-    models = {
-        (run, status): [
-            {**c, "evidence": _model_of(run, c["evidence"]) if c["name"] == "keys" else c["evidence"]}
-            for c in t["checks"]
-        ]
-        for run in range(RUNS)
-        for status, t in by_status.items()
-    }
     with database.sessions.begin() as s:
+        models = {  # each run's model, stored once (drill.records.rows.stored_evidence)
+            (run, status): stored_evidence(s, _model_of(run, keys[0]["evidence"]))
+            for run in range(RUNS)
+            for status, t in by_status.items()
+            if (keys := [c for c in t["drill"]["details"]["checks"] if c["name"] == "keys"])
+        }
         ckpts = []
         for run in range(RUNS):
             for day in range(DAYS):
@@ -139,7 +161,7 @@ def build(path: Path, drills: int, by_status: dict[str, dict]) -> None:
             c.pop("id")
         s.execute(insert(Checkpoint.__table__), ckpts)
         for first in range(0, drills, 5000):
-            d_rows, c_rows, r_rows = [], [], []
+            d_rows = []
             for i in range(first, min(drills, first + 5000)):
                 run = rng.randrange(RUNS)
                 started = now - timedelta(seconds=(drills - i) * DAYS * 86400 / drills)
@@ -153,19 +175,10 @@ def build(path: Path, drills: int, by_status: dict[str, dict]) -> None:
                     else "passed"
                 )
                 t = by_status[status]
-                d_rows.append(_drill(t, i + 1, run, run * DAYS + day + 1, started, rng))
-                c_rows += [
-                    {**c, "id": None, "drill_id": i + 1, "seconds": rng.uniform(0.001, 5)}
-                    for c in models[(run, status)]
-                ]
-                r_rows += [{**r, "id": None, "drill_id": i + 1, "loss": r["loss"] * rng.uniform(0.9, 1.1) if r["loss"] else r["loss"],
-                            "reference_loss": r["reference_loss"], "grad_norm": rng.uniform(0.1, 10)} for r in t["steps"]]  # fmt: skip
-            for r in (*c_rows, *r_rows):
-                r.pop("id")
+                row = _drill(t, i + 1, run, run * DAYS + day + 1, started, rng)
+                row["details"] = _details(t["drill"]["details"], models.get((run, status), {}), rng)
+                d_rows.append(row)
             s.execute(insert(Drill.__table__), d_rows)
-            s.execute(insert(CheckRecord.__table__), c_rows)
-            if r_rows:
-                s.execute(insert(ReplayStep.__table__), r_rows)
         seal_drills(s, list(range(1, drills + 1)), load_audit_key())
     database.close()
 

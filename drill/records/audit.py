@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -171,14 +171,14 @@ BATCH = 5000
 """Entries read per query: memory stays bounded whatever the log's length."""
 
 
-def _all_entries(s: Session) -> Iterator[Entry]:
-    """Every entry in order of seq, read :data:`BATCH` at a time through the driver's own
-    cursor (an entry whose seq is not a number still comes, last)."""
+def _all_rows(s: Session) -> Iterator[Any]:
+    """Every entry's row in order of seq, read :data:`BATCH` at a time through the driver's
+    own cursor (an entry whose seq is not a number still comes, last)."""
     cursor = s.connection().connection.cursor()
     try:
         cursor.execute(f"SELECT {_COLUMNS} FROM audit_log ORDER BY seq")
         while rows := cursor.fetchmany(BATCH):
-            yield from map(_entry, rows)
+            yield from rows
     finally:
         cursor.close()
 
@@ -204,19 +204,52 @@ def _hash(message: bytes) -> str:
 
 
 # -- content --------------------------------------------------------------------------------
-def record_digests(s: Session, drill_ids: Collection[int]) -> dict[int, str]:
+def record_digests(s: Session, drill_ids: Collection[int], refs: dict[int, list[str]] | None = None) -> dict[int, str]:
     """Drill id → its record's ``drill-audit/3`` content digest (:mod:`drill.records.content`),
-    read in this session's transaction: what sealing writes and verifying recomputes."""
+    read in this session's transaction: what sealing writes and verifying recomputes (with
+    ``refs``: each record's evidence documents, added to it)."""
     out: dict[int, str] = {}
     ids = sorted(drill_ids)
     s.flush()
     cursor = s.connection().connection.cursor()
     try:
         for i in range(0, len(ids), content.BATCH):
-            out.update(content.digests(cursor, s.get_bind().dialect.name, content.id_list(ids[i : i + content.BATCH])))
+            out.update(content.digests(cursor, s.get_bind().dialect.name, ids[i : i + content.BATCH], refs))
     finally:
         cursor.close()
     return out
+
+
+def broken_documents(s: Session, digests: Collection[str]) -> dict[str, str]:
+    """Of these evidence documents, the ones missing or not matching their name (the SHA-256 of
+    their body), and how."""
+    from drill.records.models import Document
+
+    wanted = sorted(set(digests))
+    found: dict[str, str] = {}
+    for i in range(0, len(wanted), 500):
+        query = select(Document.digest, Document.body).where(Document.digest.in_(wanted[i : i + 500]))
+        for digest, body in s.execute(query):
+            found[digest] = body
+    out = {}
+    for digest in wanted:
+        held = found.get(digest)
+        if held is None:
+            out[digest] = "missing: deleted"
+        elif hashlib.sha256(held.encode()).hexdigest() != digest:
+            out[digest] = "does not match its name: edited"
+    return out
+
+
+def _document_problems(s: Session, refs: Collection[str]) -> list[Finding]:
+    return [
+        _problem(
+            "record-edited",
+            f"evidence document {digest}",
+            f"evidence document {digest}, which records name, is {how} after it was recorded",
+        )
+        for digest, how in sorted(broken_documents(s, refs).items())
+    ]
 
 
 def _legacy_digests(s: Session, entries: dict[int, Entry]) -> dict[int, str]:
@@ -369,11 +402,15 @@ def verify_chain(
             ]
         )
     report = ChainReport(scope="every record" if records is None else f"the {len(records)} record(s) reported")
-    latest = _walk(s, report, key, keyed_from)
-    report.entries = s.scalar(select(func.count()).select_from(AuditEntry)) or 0
-    report.problems += _unsealed(s, latest, records)
-    wanted = latest if records is None else {i: latest[i] for i in records if i in latest}
-    report.problems += _record_problems(s, wanted, report, workers)
+    digests = _Digests(s, records, workers)  # recomputed by workers while the log is walked here
+    try:
+        latest = _walk(s, report, key, keyed_from)
+        report.entries = s.scalar(select(func.count()).select_from(AuditEntry)) or 0
+        report.problems += _unsealed(s, latest, records)
+        wanted = latest if records is None else {i: latest[i] for i in records if i in latest}
+        report.problems += _record_problems(s, wanted, report, digests)
+    finally:
+        digests.close()
     if head is not None:
         report.problems += _pinned_head_problems(s, head)
     return report
@@ -382,41 +419,69 @@ def verify_chain(
 def _walk(s: Session, report: ChainReport, key: bytes | None, keyed_from: int | None) -> dict[int, Entry]:
     """Every entry in order: its link to the one before, its hash, its HMAC and what it
     supersedes (problems go to ``report``, the last readable entry is its head). Returns each
-    drill's latest entry. The common entry — in order, linked, its own hash, never a second
-    one for its record — costs one hash and no call; anything else is looked at closely."""
+    drill's latest entry. The common entry — in order, linked, its own hash, the first for its
+    record, written as drill writes it — costs one hash and no more; anything else is looked
+    at closely (:func:`_examined`)."""
     latest: dict[int, Entry] = {}
-    prev_hash, prev_seq, newest, head = GENESIS, 0, 0, None
-    sha256 = hashlib.sha256
-    for e in _all_entries(s):
-        if e.unreadable is not None:
-            report.problems.append(
-                _problem(
-                    "entry-edited",
-                    f"entry {e.seq}",
-                    f"{e.where()} holds a value drill cannot read ({e.unreadable}): the entry was edited",
-                )
-            )
-        elif (
-            e.seq == prev_seq + 1
-            and e.prev_hash == prev_hash
-            and e.format == VERSION == newest
-            and e.closed_by in CLOSERS
-            and e.supersedes is None
-            and e.drill_id not in latest
+    state: dict[str, Any] = {"prev_hash": GENESIS, "prev_seq": 0, "newest": 0}
+    head: Entry | None = None
+    sha256, current = hashlib.sha256, VERSION
+    for row in _all_rows(s):
+        seq, drill_id, digest, prev, hash_, mac, kid, sealed, closed, supersedes, version = row
+        if (
+            version == current == state["newest"]
             and key is None
-            and sha256(e.message()).hexdigest() == e.hash
+            and supersedes is None
+            and type(seq) is int
+            and seq == state["prev_seq"] + 1
+            and prev == state["prev_hash"]
+            and type(drill_id) is int
+            and drill_id not in latest
+            and type(digest) is str
+            and closed in CLOSERS
+            and type(sealed) is str
+            and len(sealed) == 26
         ):
+            iso = _iso(sealed)
+            if sha256(_message(seq, drill_id, digest, iso, prev, closed, None, current)).hexdigest() == hash_:
+                head = latest[drill_id] = Entry(
+                    seq, drill_id, digest, prev, hash_, mac, kid, iso, closed, None, current
+                )
+                state["prev_hash"], state["prev_seq"] = hash_, seq
+                continue
+        e = _entry(row)
+        if _examined(e, latest, state, report, key, keyed_from):
             head = e
-        else:
-            report.problems += _link_problems(e, prev_hash, prev_seq, key, report, keyed_from)
-            report.problems += _reseal_problems(e, latest.get(e.drill_id), newest)
-            newest = max(newest, e.format)
-            head = e
-        prev_hash, prev_seq = e.hash, e.seq
-        latest[e.drill_id] = e
     if head is not None:
         report.head = ChainHead(head.seq, head.hash, head.drill_id, _time(head.sealed_at))
     return latest
+
+
+def _examined(
+    e: Entry,
+    latest: dict[int, Entry],
+    state: dict[str, Any],
+    report: ChainReport,
+    key: bytes | None,
+    keyed_from: int | None,
+) -> bool:
+    """One entry checked in full (problems go to ``report``); whether it is readable."""
+    readable = e.unreadable is None
+    if not readable:
+        report.problems.append(
+            _problem(
+                "entry-edited",
+                f"entry {e.seq}",
+                f"{e.where()} holds a value drill cannot read ({e.unreadable}): the entry was edited",
+            )
+        )
+    else:
+        report.problems += _link_problems(e, state["prev_hash"], state["prev_seq"], key, report, keyed_from)
+        report.problems += _reseal_problems(e, latest.get(e.drill_id), state["newest"])
+        state["newest"] = max(state["newest"], e.format)
+    state["prev_hash"], state["prev_seq"] = e.hash, e.seq
+    latest[e.drill_id] = e
+    return readable
 
 
 def _pinned_head_problems(s: Session, head: str) -> list[Finding]:
@@ -547,45 +612,33 @@ def _unsealed(s: Session, latest: dict[int, Entry], records: Collection[int] | N
     """Closed records the chain does not hold: inserted or closed outside drill — whatever
     drill version the row claims, whatever its id."""
     d = Drill.__table__
-    q = select(d.c.id).where(d.c.status != DrillStatus.RUNNING.value).order_by(d.c.id)
-    out = []
-    ids = s.execute(q).scalars() if records is None else sorted(records)
-    closed = None if records is None else set(s.execute(q.where(d.c.id.in_(list(records)))).scalars())
-    for drill_id in ids:
-        if drill_id not in latest and (closed is None or drill_id in closed):
-            out.append(
-                _problem(
-                    "record-unsealed",
-                    f"drill #{drill_id}",
-                    f"drill #{drill_id} is closed but not in the chain: inserted or closed outside drill",
-                )
-            )
-    return out
+    q = select(d.c.id).where(d.c.status != DrillStatus.RUNNING.value)
+    if records is not None:
+        q = q.where(d.c.id.in_(list(records)))
+    closed = set(s.execute(q).scalars())
+    return [
+        _problem(
+            "record-unsealed",
+            f"drill #{drill_id}",
+            f"drill #{drill_id} is closed but not in the chain: inserted or closed outside drill",
+        )
+        for drill_id in sorted(closed - latest.keys())
+    ]
 
 
-PARALLEL_FROM = 4000
-"""Records from which a pass recomputes their digests in several processes."""
-
-
-def _record_problems(s: Session, latest: dict[int, Entry], report: ChainReport, workers: int | None) -> list[Finding]:
+def _record_problems(s: Session, latest: dict[int, Entry], report: ChainReport, digests: _Digests) -> list[Finding]:
     """Each record against its latest entry (the ones that are themselves readable)."""
     current = {i: e for i, e in latest.items() if e.unreadable is None and e.format == VERSION}
     older = {i: e for i, e in latest.items() if e.unreadable is None and e.format < VERSION}
-    digests = _parallel_digests(s, current, workers) if len(current) >= PARALLEL_FROM else _mismatches(s, current)
-    digests.update(_legacy_mismatches(s, older))
+    mismatched = digests.mismatches(s, current)
+    mismatched.update(_legacy_mismatches(s, older))
     out = []
-    for drill_id in sorted(digests):
+    for drill_id in sorted(mismatched):
         still = _recheck(s, drill_id, latest[drill_id])  # a record superseded while the pass ran is not an edit
         if still is not None:
             out.append(_record_finding(drill_id, *still))
     report.records = len(current) + len(older) - len(out)
-    return out
-
-
-def _mismatches(s: Session, entries: dict[int, Entry]) -> dict[int, str | None]:
-    """Drill id → what its record digests to now (None: no record), for those that differ from their entry."""
-    got = record_digests(s, entries)
-    return {i: got.get(i) for i, e in entries.items() if got.get(i) != e.content_sha256}
+    return out + _document_problems(s, digests.refs)
 
 
 def _legacy_mismatches(s: Session, entries: dict[int, Entry]) -> dict[int, str | None]:
@@ -593,37 +646,66 @@ def _legacy_mismatches(s: Session, entries: dict[int, Entry]) -> dict[int, str |
     return {i: got.get(i) for i, e in entries.items() if got.get(i) != e.content_sha256}
 
 
+PARALLEL_FROM = 4000
+"""Records from which a pass recomputes their digests in several processes."""
+
 _FORKED: dict[str, Any] = {}
-"""What a forked worker of :func:`_parallel_digests` inherits: the engine and the entries."""
+"""What a forked worker of :class:`_Digests` inherits: the engine."""
 
 
-def _parallel_digests(s: Session, entries: dict[int, Entry], workers: int | None) -> dict[int, str | None]:
-    """:func:`_mismatches` over many records, in ``workers`` forked processes, each with its
-    own connection, each a share of the batches; in this process where it cannot fork."""
-    import multiprocessing
-    import os
+class _Digests:
+    """The records' digests, recomputed — for many records, by forked workers (each with its
+    own connection, each a share of the batches) started before the log is walked, so the two
+    run at once; for a few, or where this process cannot fork, here, when asked."""
 
-    n = workers or min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
-    ids = sorted(entries)
-    chunks = [ids[i : i + content.BATCH] for i in range(0, len(ids), content.BATCH)]
-    if n <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return _mismatches(s, entries)
-    _FORKED.update(engine=s.get_bind(), entries=entries)
-    pool = multiprocessing.get_context("fork").Pool(n)
-    try:
-        out: dict[int, str | None] = {}
-        for part in pool.imap_unordered(_worker, chunks):
-            out.update(part)
-        pool.close()
-        pool.join()
-        return out
-    finally:
-        pool.terminate()
+    def __init__(self, s: Session, records: Collection[int] | None, workers: int | None) -> None:
+        import multiprocessing
+        import os
+
+        self.refs: set[str] = set()
+        self.pool: Any = None
+        n = workers or min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
+        if records is not None:
+            ids = sorted(records)
+            chunks: list[Sequence[int]] = [ids[i : i + content.BATCH] for i in range(0, len(ids), content.BATCH)]
+        else:  # every drill: ranges of ids (a range holds whichever drills exist in it)
+            low, high = s.execute(select(func.min(Drill.id), func.max(Drill.id))).one()
+            span = range(low or 0, (high or -1) + 1)
+            chunks = [span[i : i + content.BATCH] for i in range(0, len(span), content.BATCH)]
+        if (
+            len(chunks) * content.BATCH < PARALLEL_FROM
+            or n <= 1
+            or "fork" not in multiprocessing.get_all_start_methods()
+        ):
+            return
+        _FORKED["engine"] = s.get_bind()
+        self.pool = multiprocessing.get_context("fork").Pool(n)
+        self.pending = self.pool.imap_unordered(_worker, chunks)
+
+    def mismatches(self, s: Session, entries: dict[int, Entry]) -> dict[int, str | None]:
+        """Drill id → what its record digests to now (None: no record), for those of ``entries``
+        that differ from their entry."""
+        if self.pool is None:
+            named: dict[int, list[str]] = {}
+            got = record_digests(s, entries, named)
+            self.refs.update(r for refs in named.values() for r in refs)
+        else:
+            got = {}
+            for part, refs in self.pending:
+                got.update(part)
+                self.refs.update(refs)
+            self.pool.close()
+            self.pool.join()
+        return {i: got.get(i) for i, e in entries.items() if got.get(i) != e.content_sha256}
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
         _FORKED.clear()
 
 
-def _worker(ids: list[int]) -> dict[int, str | None]:
-    engine, entries = _FORKED["engine"], _FORKED["entries"]
+def _worker(ids: Sequence[int]) -> tuple[dict[int, str], set[str]]:
+    engine = _FORKED["engine"]
     connection = _FORKED.get("connection")
     if connection is None:
         from multiprocessing.util import Finalize
@@ -632,12 +714,13 @@ def _worker(ids: list[int]) -> dict[int, str | None]:
         connection = _FORKED["connection"] = engine.raw_connection()
         Finalize(None, connection.close, exitpriority=10)  # closed as the worker leaves
     cursor = connection.cursor()
+    named: dict[int, list[str]] = {}
     try:
-        got = content.digests(cursor, engine.dialect.name, content.id_list(ids))
+        got = content.digests(cursor, engine.dialect.name, ids, named)
         connection.rollback()  # end the read: a long pass holds no snapshot open
     finally:
         cursor.close()
-    return {i: got.get(i) for i in ids if got.get(i) != entries[i].content_sha256}
+    return got, {r for refs in named.values() for r in refs}
 
 
 def _recheck(s: Session, drill_id: int, seen: Entry) -> tuple[Entry, str | None] | None:
@@ -697,7 +780,9 @@ def attest(s: Session, drill_ids: Collection[int], key: bytes | None) -> dict[in
             latest[e.drill_id] = e
     following = _following(s, latest.values())
     current = {i: e for i, e in latest.items() if e.unreadable is None}
-    digests = record_digests(s, [i for i, e in current.items() if e.format == VERSION])
+    named: dict[int, list[str]] = {}
+    digests = record_digests(s, [i for i, e in current.items() if e.format == VERSION], named)
+    bad = broken_documents(s, [r for refs in named.values() for r in refs])
     digests.update(_legacy_digests(s, {i: e for i, e in current.items() if e.format < VERSION}))
     out = {}
     for drill_id in ids:
@@ -712,6 +797,14 @@ def attest(s: Session, drill_ids: Collection[int], key: bytes | None) -> dict[in
             )
         else:
             out[drill_id] = _seal_of(found, digests.get(drill_id), following.get(found.seq), key)
+            broken = [d for d in named.get(drill_id, []) if d in bad]
+            if broken and not out[drill_id].broken:
+                out[drill_id] = RecordSeal(
+                    "broken",
+                    "record-edited",
+                    f"drill #{drill_id}'s evidence document {broken[0]} is {bad[broken[0]]} after it was recorded",
+                    found.seq,
+                )
     return out
 
 
@@ -847,6 +940,7 @@ __all__ = [
     "chain_head",
     "last_pass",
     "load_audit_key",
+    "broken_documents",
     "record_digests",
     "record_pass",
     "seal_drill",

@@ -26,10 +26,12 @@ few seconds: the Python cost per row is one fetch and one hash update.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import re
 import struct
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -64,7 +66,7 @@ DRILL = Part(
         ("drill_version", "text"), ("torch_version", "text"), ("sample", "text"), ("evidence_level", "text"),
         ("ttfs_seconds", "float"), ("replay_verdict", "text"), ("replay_reason", "long"), ("policy", "text"),
         ("selection", "long"), ("slo_breaches", "long"), ("distributed", "long"), ("page_cache", "long"),
-        ("job_id", "text"), ("options", "long"),
+        ("job_id", "text"), ("options", "long"), ("details", "long"),
     ),
 )  # fmt: skip
 CHECKS = Part(
@@ -126,6 +128,7 @@ def _dialect(name: str) -> type[_SQLite] | type[_PostgreSQL]:
     raise ValueError(f"records on {name} cannot be sealed: SQLite and PostgreSQL only")
 
 
+@functools.cache
 def _texts(part: Part) -> list[tuple[str, str]]:
     return [(c, k) for c, k in part.columns if k in ("text", "long", "time")]
 
@@ -179,11 +182,18 @@ UNREADABLE = "unreadable"
 (a text where an integer was): edited outside drill."""
 
 
-def digests(cursor: Any, dialect: str, where: str) -> dict[int, str]:
-    """Drill id → the SHA-256 (hex) of its record's content, for the drills ``where`` selects
-    (see :func:`queries`), read through the DB-API ``cursor``; :data:`UNREADABLE` for a record
+REF = re.compile(rb'"\$document":\s*"([0-9a-f]{64})"')
+"""A :class:`~drill.records.models.Document` a record's ``details`` names (sealed with the
+record: the document itself is verified by its name, the SHA-256 of its body)."""
+
+
+def digests(cursor: Any, dialect: str, ids: Sequence[int], refs: dict[int, list[str]] | None = None) -> dict[int, str]:
+    """Drill id → the SHA-256 (hex) of its record's content, for the drills ``ids`` (sorted),
+    read through the DB-API ``cursor``; :data:`UNREADABLE` for a record
     holding a value of the wrong type. A drill without a row has none. All of their rows are
     read at once: give it a few hundred drills at a time.
+
+    With ``refs``, each drill's evidence documents (:data:`REF`) are added to it.
 
     A record reads as :data:`TAG`, then per part its tag, its row count, every row's
     fixed-size head (:func:`head_format`) and every row's texts: the heads say how long each
@@ -191,11 +201,17 @@ def digests(cursor: Any, dialect: str, where: str) -> dict[int, str]:
     column at a time (``zip``, ``map``, one ``struct`` pack per part): no Python per row."""
     pieces: dict[int, list[bytes]] = {}
     unreadable: set[int] = set()
+    where, params = _where(dialect, ids)
     for part, sql in queries(dialect, where):
-        cursor.execute(sql)
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
         if rows:
             _add(part, rows, pieces, unreadable)
+            if refs is not None and part is DRILL:
+                for row in rows:  # the drill's details: its last text
+                    found = REF.findall(row[1 + len(_texts(DRILL))])
+                    if found:
+                        refs[row[0]] = [r.decode() for r in found]
     return {i: UNREADABLE if i in unreadable else hashlib.sha256(b"".join(p)).hexdigest() for i, p in pieces.items()}
 
 
@@ -237,21 +253,21 @@ def _head(fmt: str, row: Any, n: int, unreadable: set[int]) -> bytes:
 _COUNT = struct.Struct("<q").pack
 
 
-def id_range(low: int, high: int) -> str:
-    """A ``where`` for :func:`digests`: the drills with ``low <= id <= high``."""
-    return f"{{id}} BETWEEN {int(low)} AND {int(high)}"
-
-
-def id_list(ids: Iterable[int]) -> str:
-    """A ``where`` for :func:`digests`: exactly these drills."""
+def _where(dialect: str, ids: Sequence[int]) -> tuple[str, tuple[int, ...]]:
+    """The condition selecting exactly ``ids`` (sorted): a range with parameters where they
+    run unbroken (one statement the driver prepares once), else the list itself."""
+    if ids and ids[-1] - ids[0] + 1 == len(ids):
+        mark = "?" if dialect == "sqlite" else "%s"
+        return f"{{id}} BETWEEN {mark} AND {mark}", (int(ids[0]), int(ids[-1]))
     listed = ",".join(str(int(i)) for i in ids) or "NULL"
-    return f"{{id}} IN ({listed})"
+    return f"{{id}} IN ({listed})", ()
 
 
 __all__ = [
     "BATCH",
     "CHECKS",
     "DRILL",
+    "REF",
     "NOT_SEALED",
     "PARTS",
     "STEPS",
@@ -259,7 +275,5 @@ __all__ = [
     "UNREADABLE",
     "Part",
     "digests",
-    "id_list",
-    "id_range",
     "queries",
 ]

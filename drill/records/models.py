@@ -170,6 +170,11 @@ class Drill(Base):
     options: Mapped[dict[str, Any] | None]
     """How it was asked for: the ``drill run`` flags that repeat it, its policy file, the parts it
     accepted as missing (see :meth:`~drill.pipeline.request.DrillRequest.options`)."""
+    details: Mapped[dict[str, Any] | None]
+    """Its checks and replayed steps, as one document — ``{"checks": [CheckResult.to_dict()],
+    "replay_steps": [...]}`` — on the drill's own row: a record is one row, read and sealed as one
+    (migration 0014). NULL on drills recorded before it, whose checks and steps are rows of
+    ``check_results`` and ``replay_steps``."""
 
     checkpoint: Mapped[Checkpoint | None] = relationship(back_populates="drills")
     checks: Mapped[list[CheckRecord]] = relationship(
@@ -191,6 +196,17 @@ class CheckRecord(Base):
     seconds: Mapped[float] = mapped_column(Float)
 
     drill: Mapped[Drill] = relationship(back_populates="checks")
+
+
+class Document(Base):
+    """A check's evidence, stored once by its content (``details`` names it ``{"$document":
+    SHA-256}``): the same inventory a run's every nightly drill records is one row, not one a
+    drill. Self-verifying: its key is the SHA-256 of its body (migration 0014)."""
+
+    __tablename__ = "documents"
+
+    digest: Mapped[str] = mapped_column(Str(64), primary_key=True)
+    body: Mapped[str] = mapped_column(LongText)
 
 
 class FileVerification(Base):

@@ -1,27 +1,31 @@
-"""A :class:`~drill.pipeline.outcome.DrillOutcome` onto its rows, and back.
+"""A :class:`~drill.pipeline.outcome.DrillOutcome` onto its row, and back.
+
+A drill is one row: its columns, and its checks and replayed steps as one document
+(``details``, migration 0014) — read and sealed as one. Drills recorded before it keep their
+checks and steps as rows of ``check_results`` and ``replay_steps``, read as they were written.
 
 Numbers that JSON and the databases disagree about are normalized on the way in: NaN and
-±Inf in evidence become the strings ``"NaN"``/``"Infinity"``/``"-Infinity"`` (PostgreSQL's
-json rejects them), and a non-finite replay value is stored as NULL in its float column with
-its text in ``nonfinite`` (SQLite turns NaN into NULL, which a NOT NULL column rejects).
+±Inf in evidence and replayed steps become the strings ``"NaN"``/``"Infinity"``/``"-Infinity"``
+(PostgreSQL's json rejects them).
 """
 
 from __future__ import annotations
 
-import math
+import hashlib
+import json
 from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, object_session, selectinload
 
+from drill import safe_json
 from drill.errors import ExitCode
 from drill.findings import CheckResult, jsonable
 from drill.pipeline.outcome import CheckpointInfo, DrillOutcome, ReplaySummary, Timings
-from drill.records.models import Alert, Checkpoint, CheckRecord, Drill, ReplayStep
+from drill.records.models import Alert, Checkpoint, CheckRecord, Document, Drill, ReplayStep
 from drill.verdict import DrillStatus, exit_code_for
 
-_FLOATS = ("reference_loss", "loss", "reference_grad_norm", "grad_norm")
 _TIMINGS = ("restore", "discover", "plan", "read", "load", "checks", "replay", "ttfs")
 
 
@@ -57,39 +61,6 @@ def checkpoint_row(s: Session, run_root: str, info: Any) -> Checkpoint:
     return ckpt
 
 
-def check_row(drill_id: int, result: CheckResult) -> CheckRecord:
-    doc = result.to_dict()
-    evidence = {**doc["evidence"], "findings": doc["findings"]}
-    return CheckRecord(
-        drill_id=drill_id,
-        name=result.name,
-        status=doc["status"],
-        summary=result.summary,
-        evidence=evidence,
-        seconds=result.seconds,
-    )
-
-
-def replay_rows(drill_id: int, steps: list[dict[str, Any]]) -> list[ReplayStep]:
-    rows = []
-    for step in steps:
-        values = dict(step)
-        nonfinite = {}
-        for key in _FLOATS:
-            v = values.get(key)
-            if isinstance(v, str) or (isinstance(v, float) and not math.isfinite(v)):
-                nonfinite[key] = jsonable(v)
-                values[key] = None
-        rows.append(
-            ReplayStep(
-                drill_id=drill_id,
-                nonfinite=nonfinite or None,
-                **{k: values.get(k) for k in ("step", "batch", "reference_batch", "matches", *_FLOATS)},
-            )
-        )
-    return rows
-
-
 def write_outcome(s: Session, d: Drill, o: DrillOutcome) -> None:
     """Everything the outcome says, onto the drill's row and its child rows (idempotent)."""
     d.status, d.exit_code, d.message, d.error = o.status.value, int(o.exit_code), o.message, o.error
@@ -106,10 +77,55 @@ def write_outcome(s: Session, d: Drill, o: DrillOutcome) -> None:
     d.replay_reason = o.replay.reason if o.replay else None
     if o.checkpoint is not None:
         d.checkpoint_id = checkpoint_row(s, d.run_root, o.checkpoint).id
-    s.execute(delete(CheckRecord).where(CheckRecord.drill_id == d.id))
+    s.execute(delete(CheckRecord).where(CheckRecord.drill_id == d.id))  # a drill recorded before 0014, closed now
     s.execute(delete(ReplayStep).where(ReplayStep.drill_id == d.id))
-    s.add_all(check_row(d.id, c) for c in o.checks)
-    s.add_all(replay_rows(d.id, o.replay.steps if o.replay else []))
+    d.details = details_of(s, o.checks, o.replay.steps if o.replay else [])
+
+
+DOCUMENT_FROM = 2048
+"""Bytes of a check's evidence from which it is stored once by its content (:class:`Document`)."""
+REF = "$document"
+"""The key of the evidence that names a :class:`Document` instead of holding it."""
+
+
+def details_of(s: Session, checks: list[CheckResult], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A drill's checks and replayed steps as the one document its row holds (:attr:`Drill.details`);
+    a large evidence (a model's tensor inventory: the same every night) stored once by its content."""
+    out = []
+    for check in checks:
+        doc = check.to_dict()
+        doc["evidence"] = stored_evidence(s, doc["evidence"])
+        out.append(doc)
+    return {"checks": out, "replay_steps": [jsonable(step) for step in steps]}
+
+
+def stored_evidence(s: Session, evidence: dict[str, Any]) -> dict[str, Any]:
+    body = json.dumps(evidence, sort_keys=True, separators=(",", ":"))
+    if len(body) < DOCUMENT_FROM:
+        return evidence
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    insert = postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert
+    s.execute(insert(Document).values(digest=digest, body=body).on_conflict_do_nothing(index_elements=["digest"]))
+    return {REF: digest}
+
+
+def evidence_of(s: Session | None, evidence: dict[str, Any]) -> dict[str, Any]:
+    """A check's evidence as recorded: the :class:`Document` it names read back (a document
+    missing or not matching its name is evidence of that, never a crash — the record's seal
+    says it is broken: :func:`drill.records.audit.attest`)."""
+    digest = evidence.get(REF) if len(evidence) == 1 else None
+    if not isinstance(digest, str):
+        return evidence
+    body = s.scalar(select(Document.body).where(Document.digest == digest)) if s is not None else None
+    if body is None or hashlib.sha256(body.encode()).hexdigest() != digest:
+        return {"unreadable": f"evidence document {digest} is missing or does not match its name"}
+    try:
+        doc = safe_json.loads(body)
+    except ValueError:
+        return {"unreadable": f"evidence document {digest} is not JSON"}
+    return doc if isinstance(doc, dict) else {"unreadable": f"evidence document {digest} is not an object"}
 
 
 def outcome_loads(*, with_checks: bool) -> list[Any]:
@@ -153,7 +169,7 @@ def outcome_from_row(d: Drill, *, with_checks: bool) -> DrillOutcome:
         sample=d.sample,
         replay=_replay(d, with_checks),
         slo_breaches=dict(d.slo_breaches or {}),
-        checks=[_check(c) for c in d.checks] if with_checks else [],
+        checks=_checks(d) if with_checks else [],
         error=d.error,
         versions={"drill": d.drill_version, "torch": d.torch_version},
         distributed=dict(d.distributed) if d.distributed else None,
@@ -173,11 +189,23 @@ def outcome_from_row(d: Drill, *, with_checks: bool) -> DrillOutcome:
     )
 
 
+def _checks(d: Drill) -> list[CheckResult]:
+    if d.details is not None:
+        s = object_session(d)
+        return [
+            CheckResult.from_dict({**c, "evidence": evidence_of(s, dict(c.get("evidence") or {}))})
+            for c in d.details.get("checks") or []
+        ]
+    return [_check(c) for c in d.checks]  # a drill recorded before migration 0014
+
+
 def _replay(d: Drill, with_steps: bool) -> ReplaySummary | None:
     if d.replay_verdict is None:
         return None
-    steps = []
-    if with_steps:
+    steps: list[dict[str, Any]] = []
+    if with_steps and d.details is not None:
+        steps = [dict(step) for step in d.details.get("replay_steps") or []]
+    elif with_steps:
         for r in d.replay_steps:
             row = {
                 k: getattr(r, k)
@@ -224,4 +252,13 @@ def _aware(t: datetime) -> datetime:
     return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
 
 
-__all__ = ["Alert", "check_row", "outcome_from_row", "outcome_loads", "replay_rows", "write_outcome"]
+__all__ = [
+    "REF",
+    "Alert",
+    "details_of",
+    "evidence_of",
+    "stored_evidence",
+    "outcome_from_row",
+    "outcome_loads",
+    "write_outcome",
+]

@@ -33,11 +33,10 @@ from drill.records.ledger import LedgerMixin
 from drill.records.models import Alert, Checkpoint, CheckRecord, Drill, ReplayStep
 from drill.records.reporting import ReportingMixin
 from drill.records.rows import (
-    check_row,
     checkpoint_row,
+    details_of,
     outcome_from_row,
     outcome_loads,
-    replay_rows,
     utcnow,
     write_outcome,
 )
@@ -151,9 +150,9 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
             return ckpt.id
 
     def add_checks(self, drill_id: int, results: list[CheckResult]) -> None:
+        """The checks of a drill still running (a crash after them leaves them on the record)."""
         with self._session() as s:
-            for r in results:
-                s.add(check_row(drill_id, r))
+            s.get_one(Drill, drill_id).details = details_of(s, results, [])
 
     def finish_drill(self, outcome: DrillOutcome, *, closed_by: str = "drill") -> None:
         """Write the whole outcome onto its row: verdict, timings, every check, the replay."""
@@ -391,4 +390,4 @@ def process_alive(pid: int, started: int | None) -> bool:
     return started is None or now is None or now == started
 
 
-__all__ = ["ORPHAN_REASON", "Records", "aware", "process_alive", "process_start", "replay_rows", "utcnow"]
+__all__ = ["ORPHAN_REASON", "Records", "aware", "process_alive", "process_start", "utcnow"]
