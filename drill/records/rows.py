@@ -112,12 +112,20 @@ def stored_evidence(s: Session, evidence: dict[str, Any]) -> dict[str, Any]:
 
 
 def evidence_of(s: Session | None, evidence: dict[str, Any]) -> dict[str, Any]:
-    """A check's evidence as recorded: the :class:`Document` it names read back (a document
-    missing or not matching its name is evidence of that, never a crash — the record's seal
-    says it is broken: :func:`drill.records.audit.attest`)."""
+    """A check's evidence as recorded: the :class:`Document` it names read back, once per
+    session however many records name it (a document missing or not matching its name is
+    evidence of that, never a crash — the record's seal says it is broken:
+    :func:`drill.records.audit.attest`)."""
     digest = evidence.get(REF) if len(evidence) == 1 else None
     if not isinstance(digest, str):
         return evidence
+    read: dict[str, dict[str, Any]] = s.info.setdefault("documents", {}) if s is not None else {}
+    if digest not in read:
+        read[digest] = _document(s, digest)
+    return dict(read[digest])
+
+
+def _document(s: Session | None, digest: str) -> dict[str, Any]:
     body = s.scalar(select(Document.body).where(Document.digest == digest)) if s is not None else None
     if body is None or hashlib.sha256(body.encode()).hexdigest() != digest:
         return {"unreadable": f"evidence document {digest} is missing or does not match its name"}

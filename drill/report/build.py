@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from sqlalchemy import func, select
+
 from drill.claims import Retained, coverage, good_enough, proof_of
 from drill.errors import DrillError
-from drill.findings import Severity
+from drill.findings import Finding, Severity
 from drill.goodput import GoodputError, measured_restart, table
 from drill.pipeline.outcome import DrillOutcome
 from drill.records.reporting import DrillBrief, KnownCheckpoint, Verified
@@ -91,19 +93,34 @@ def _empty_chain() -> dict[str, Any]:
 
 
 def _chain(database: Any, rests_on: set[int], verify: bool) -> dict[str, Any]:
-    """The audit log as this report rests on it: every link and entry walked and the digest of
-    every record it reports recomputed (``verify``), and the last full pass of ``drill audit
-    verify``, with its time. A report on a year of records stays quick: only the records it
-    reports are recomputed; the full pass is what ``drill audit verify`` is for."""
+    """The audit log as this report rests on it: every record it reports (the drills in its
+    window, each checkpoint's latest) checked against its entry — the entry's hash and HMAC,
+    its link to the next, the record's digest (``verify``; :func:`~drill.records.audit.attest`)
+    — beside the last full pass of ``drill audit verify`` and its time. A report on a year of
+    records stays quick: the full pass is ``drill audit verify``'s."""
     from drill.api import audit_key
-    from drill.records.audit import ChainReport, chain_head, last_pass, verify_chain
+    from drill.records.audit import ChainReport, attest, chain_head, last_pass
+    from drill.records.models import AuditEntry
 
     key = audit_key()
     with database.sessions.begin() as s:
+        chain = ChainReport(scope="none (the last full pass is reported)", head=chain_head(s))
+        chain.entries = s.scalar(select(func.count()).select_from(AuditEntry)) or 0
         if verify:
-            chain = verify_chain(s, key=key, records=rests_on)
-        else:
-            chain = ChainReport(scope="none (the last full pass is reported)", head=chain_head(s))
+            chain.scope = f"the {len(rests_on)} record(s) reported"
+            seals = attest(s, rests_on, key)
+            chain.problems = [
+                Finding(
+                    check="audit",
+                    code=seal.code or "record-edited",
+                    severity=Severity.ERROR,
+                    subject=f"drill #{i}",
+                    message=seal.message or "",
+                )
+                for i, seal in sorted(seals.items())
+                if seal.broken
+            ]
+            chain.records = sum(1 for seal in seals.values() if seal.state == "intact")
         done = last_pass(s, key)
     chain.last_full = done.to_dict() if done is not None else None
     return chain.to_dict()
