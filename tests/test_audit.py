@@ -284,7 +284,7 @@ def test_reports_and_metrics_say_when_the_chain_is_broken(demo_run: Path, sqlite
     doc = json.loads(invoke(CliRunner(), "report", "--db", sqlite_url, "-f", "json").stdout)
     assert not doc["chain"]["intact"] and doc["chain"]["problems"][0]["code"] == "record-edited"
     html = invoke(CliRunner(), "report", "--db", sqlite_url, "-f", "html").stdout
-    assert "Audit chain NOT INTACT" in html and "drill #1 differs from the record sealed in entry 1" in html
+    assert "Audit chain NOT INTACT" in html and "drill #1 fails its seal (entry 1)" in html
     prom = tmp_path / "drill.prom"
     invoke(CliRunner(), "metrics", "--db", sqlite_url, "--textfile", str(prom))
     assert "drill_audit_chain_intact 0.0" in prom.read_text()
