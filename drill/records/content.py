@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 import struct
 from collections import Counter
 from collections.abc import Sequence
@@ -182,9 +181,21 @@ UNREADABLE = "unreadable"
 (a text where an integer was): edited outside drill."""
 
 
-REF = re.compile(rb'"\$document":\s*"([0-9a-f]{64})"')
-"""A :class:`~drill.records.models.Document` a record's ``details`` names (sealed with the
-record: the document itself is verified by its name, the SHA-256 of its body)."""
+_NAMES = b'"$document"'
+
+
+def documents_named(details: bytes) -> list[str]:
+    """The :class:`~drill.records.models.Document` s a record's ``details`` names (``{"$document":
+    SHA-256}``: sealed with the record; each document is verified by its name, the SHA-256 of
+    its body). Found without parsing the JSON: a record is read, not decoded."""
+    out = []
+    at = details.find(_NAMES)
+    while at >= 0:
+        start = details.find(b'"', at + len(_NAMES)) + 1
+        if start > 0:
+            out.append(details[start : start + 64].decode("ascii", "replace"))
+        at = details.find(_NAMES, at + len(_NAMES))
+    return out
 
 
 def digests(cursor: Any, dialect: str, ids: Sequence[int], refs: dict[int, list[str]] | None = None) -> dict[int, str]:
@@ -193,7 +204,7 @@ def digests(cursor: Any, dialect: str, ids: Sequence[int], refs: dict[int, list[
     holding a value of the wrong type. A drill without a row has none. All of their rows are
     read at once: give it a few hundred drills at a time.
 
-    With ``refs``, each drill's evidence documents (:data:`REF`) are added to it.
+    With ``refs``, each drill's evidence documents (:func:`documents_named`) are added to it.
 
     A record reads as :data:`TAG`, then per part its tag, its row count, every row's
     fixed-size head (:func:`head_format`) and every row's texts: the heads say how long each
@@ -208,10 +219,11 @@ def digests(cursor: Any, dialect: str, ids: Sequence[int], refs: dict[int, list[
         if rows:
             _add(part, rows, pieces, unreadable)
             if refs is not None and part is DRILL:
-                for row in rows:  # the drill's details: its last text
-                    found = REF.findall(row[1 + len(_texts(DRILL))])
+                column = 1 + len(_texts(DRILL))  # the drill's details: its last text
+                for row in rows:
+                    found = documents_named(row[column])
                     if found:
-                        refs[row[0]] = [r.decode() for r in found]
+                        refs[row[0]] = found
     return {i: UNREADABLE if i in unreadable else hashlib.sha256(b"".join(p)).hexdigest() for i, p in pieces.items()}
 
 
@@ -267,7 +279,7 @@ __all__ = [
     "BATCH",
     "CHECKS",
     "DRILL",
-    "REF",
+    "documents_named",
     "NOT_SEALED",
     "PARTS",
     "STEPS",
