@@ -115,6 +115,20 @@ class Entry:
         return f"entry {self.seq} (drill #{self.drill_id})"
 
 
+Seen = tuple[int, str, str]
+"""What the walk keeps of an entry read on its fast path (in order, linked, its own hash, the
+first of its record, the current format): its seq, its record's digest, who closed it — not
+the entry (200,000 entries are 120 MB as objects, 50 as these)."""
+
+
+def _as_entry(drill_id: int, seen: Entry | Seen) -> Entry:
+    """An entry the walk kept, as an :class:`Entry` (the fields the checks after the walk ask)."""
+    if isinstance(seen, Entry):
+        return seen
+    seq, digest, closed_by = seen
+    return Entry(seq, drill_id, digest, "", "", None, None, None, closed_by, None, VERSION)
+
+
 _COLUMNS = "seq, drill_id, content_sha256, prev_hash, hash, mac, key_id, sealed_at, closed_by, supersedes, version"
 
 
@@ -416,15 +430,16 @@ def verify_chain(
     return report
 
 
-def _walk(s: Session, report: ChainReport, key: bytes | None, keyed_from: int | None) -> dict[int, Entry]:
+def _walk(s: Session, report: ChainReport, key: bytes | None, keyed_from: int | None) -> dict[int, Entry | Seen]:
     """Every entry in order: its link to the one before, its hash, its HMAC and what it
     supersedes (problems go to ``report``, the last readable entry is its head). Returns each
     drill's latest entry. The common entry — in order, linked, its own hash, the first for its
     record, written as drill writes it — costs one hash and no more; anything else is looked
     at closely (:func:`_examined`)."""
-    latest: dict[int, Entry] = {}
+    latest: dict[int, Entry | Seen] = {}
     state: dict[str, Any] = {"prev_hash": GENESIS, "prev_seq": 0, "newest": 0}
     head: Entry | None = None
+    last: tuple[Any, ...] | None = None
     sha256, current = hashlib.sha256, VERSION
     for row in _all_rows(s):
         seq, drill_id, digest, prev, hash_, mac, kid, sealed, closed, supersedes, version = row
@@ -444,14 +459,15 @@ def _walk(s: Session, report: ChainReport, key: bytes | None, keyed_from: int | 
         ):
             iso = _iso(sealed)
             if sha256(_message(seq, drill_id, digest, iso, prev, closed, None, current)).hexdigest() == hash_:
-                head = latest[drill_id] = Entry(
-                    seq, drill_id, digest, prev, hash_, mac, kid, iso, closed, None, current
-                )
+                latest[drill_id] = (seq, digest, closed)
+                last, head = row, None
                 state["prev_hash"], state["prev_seq"] = hash_, seq
                 continue
         e = _entry(row)
         if _examined(e, latest, state, report, key, keyed_from):
-            head = e
+            head, last = e, None
+    if head is None and last is not None:
+        head = _entry(last)
     if head is not None:
         report.head = ChainHead(head.seq, head.hash, head.drill_id, _time(head.sealed_at))
     return latest
@@ -459,7 +475,7 @@ def _walk(s: Session, report: ChainReport, key: bytes | None, keyed_from: int | 
 
 def _examined(
     e: Entry,
-    latest: dict[int, Entry],
+    latest: dict[int, Entry | Seen],
     state: dict[str, Any],
     report: ChainReport,
     key: bytes | None,
@@ -477,7 +493,10 @@ def _examined(
         )
     else:
         report.problems += _link_problems(e, state["prev_hash"], state["prev_seq"], key, report, keyed_from)
-        report.problems += _reseal_problems(e, latest.get(e.drill_id), state["newest"])
+        before = latest.get(e.drill_id)
+        report.problems += _reseal_problems(
+            e, None if before is None else _as_entry(e.drill_id, before), state["newest"]
+        )
         state["newest"] = max(state["newest"], e.format)
     state["prev_hash"], state["prev_seq"] = e.hash, e.seq
     latest[e.drill_id] = e
@@ -608,7 +627,7 @@ def _reseal_problems(e: Entry, before: Entry | None, newest: int) -> list[Findin
     return []
 
 
-def _unsealed(s: Session, latest: dict[int, Entry], records: Collection[int] | None) -> list[Finding]:
+def _unsealed(s: Session, latest: dict[int, Entry | Seen], records: Collection[int] | None) -> list[Finding]:
     """Closed records the chain does not hold: inserted or closed outside drill — whatever
     drill version the row claims, whatever its id."""
     d = Drill.__table__
@@ -626,15 +645,24 @@ def _unsealed(s: Session, latest: dict[int, Entry], records: Collection[int] | N
     ]
 
 
-def _record_problems(s: Session, latest: dict[int, Entry], report: ChainReport, digests: _Digests) -> list[Finding]:
+def _record_problems(
+    s: Session, latest: dict[int, Entry | Seen], report: ChainReport, digests: _Digests
+) -> list[Finding]:
     """Each record against its latest entry (the ones that are themselves readable)."""
-    current = {i: e for i, e in latest.items() if e.unreadable is None and e.format == VERSION}
-    older = {i: e for i, e in latest.items() if e.unreadable is None and e.format < VERSION}
+    current: dict[int, str] = {}
+    older: dict[int, Entry] = {}
+    for i, seen in latest.items():
+        if not isinstance(seen, Entry):
+            current[i] = seen[1]
+        elif seen.unreadable is None and seen.format == VERSION:
+            current[i] = seen.content_sha256
+        elif seen.unreadable is None:
+            older[i] = seen
     mismatched = digests.mismatches(s, current)
     mismatched.update(_legacy_mismatches(s, older))
     out = []
     for drill_id in sorted(mismatched):
-        still = _recheck(s, drill_id, latest[drill_id])  # a record superseded while the pass ran is not an edit
+        still = _recheck(s, drill_id, _as_entry(drill_id, latest[drill_id]))  # superseded while the pass ran: no edit
         if still is not None:
             out.append(_record_finding(drill_id, *still))
     report.records = len(current) + len(older) - len(out)
@@ -682,9 +710,9 @@ class _Digests:
         self.pool = multiprocessing.get_context("fork").Pool(n)
         self.pending = self.pool.imap_unordered(_worker, chunks)
 
-    def mismatches(self, s: Session, entries: dict[int, Entry]) -> dict[int, str | None]:
+    def mismatches(self, s: Session, entries: dict[int, str]) -> dict[int, str | None]:
         """Drill id → what its record digests to now (None: no record), for those of ``entries``
-        that differ from their entry."""
+        (drill id → the digest its entry sealed) that differ from it."""
         if self.pool is None:
             named: dict[int, list[str]] = {}
             got = record_digests(s, entries, named)
@@ -696,7 +724,7 @@ class _Digests:
                 self.refs.update(refs)
             self.pool.close()
             self.pool.join()
-        return {i: got.get(i) for i, e in entries.items() if got.get(i) != e.content_sha256}
+        return {i: got.get(i) for i, sealed in entries.items() if got.get(i) != sealed}
 
     def close(self) -> None:
         if self.pool is not None:
