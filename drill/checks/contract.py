@@ -434,11 +434,8 @@ def _always_saved(entries: Mapping[str, Any]) -> tuple[str, ...] | None:
     return None
 
 
-def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], dict[str, Any]]:
-    rng = _part(state, parts.RNG)
-    if not rng:
-        return [], {}
-    findings: list[Finding] = []
+def _by_rank(rng: Mapping[str, Any]) -> dict[int | None, dict[str, Any]]:
+    """The RNG part's entries by the rank that saved them (``rank_N.…``; None: not per rank)."""
     per_rank: dict[int | None, dict[str, Any]] = {}
     for key, value in rng.items():
         head, _, rest = key.partition(".")
@@ -447,6 +444,15 @@ def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], 
             per_rank.setdefault(int(m.group(1)), {})[rest] = value
         else:
             per_rank.setdefault(None, {})[key] = value
+    return per_rank
+
+
+def check_rng(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], dict[str, Any]]:
+    rng = _part(state, parts.RNG)
+    if not rng:
+        return [], {}
+    findings: list[Finding] = []
+    per_rank = _by_rank(rng)
     evidence: dict[str, Any] = {"ranks": {}}
     cuda_ranks = set()
     for rank, entries in sorted(per_rank.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
