@@ -402,6 +402,13 @@ CODES: dict[str, Code] = _codes(
         "fix the optimizer's param groups",
     ),
     (
+        "param-never-updated",
+        (INFO,),
+        "contract",
+        "Parameters in the param groups have no optimizer state at all while others have: never updated, as frozen parameters are (a LoRA run's base weights).",
+        "nothing, if the run freezes them; a parameter with part of its state is optimizer-slot-missing",
+    ),
+    (
         "param-not-optimized",
         (WARN,),
         "contract",

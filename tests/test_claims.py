@@ -161,3 +161,22 @@ def test_a_bare_rng_state_in_a_torch_save_file_is_the_torch_generator(tmp_path: 
     assert contract is not None and "RNG" in contract.summary and "not checked: RNG" not in contract.summary
     assert all(f.severity.value == "warning" for f in outcome.findings if f.code == "rng-generator-missing")
     assert outcome.status.value == "passed", outcome.message
+
+
+def test_parameters_never_updated_are_frozen_not_damaged(demo_run: Path, sqlite_url: str) -> None:
+    """A LoRA run's base weights sit in the param groups with no optimizer state at all: never
+    updated, as frozen parameters are — a note, not 63 false ``optimizer-slot-missing`` errors.
+    A parameter with part of its state is still damage."""
+    from tests.test_formats import rewrite_dcp
+
+    rewrite_dcp(
+        demo_run / "step-30", lambda s: [s.pop(k) for k in [k for k in s if k.startswith("optimizer.state.blocks.0.")]]
+    )
+    outcome = drill(demo_run, sqlite_url)
+    contract = outcome.check("contract")
+    assert outcome.status == "passed", [f.to_dict() for f in outcome.findings]
+    (note,) = [f for f in contract.findings if f.code == "param-never-updated"]
+    assert note.severity.value == "info" and "blocks.0." in note.message
+    rewrite_dcp(demo_run / "step-30", lambda s: s.pop("optimizer.state.head.weight.exp_avg"))
+    outcome = drill(demo_run, sqlite_url)
+    assert outcome.status == "failed" and "optimizer-slot-missing" in [f.code for f in outcome.findings]

@@ -95,6 +95,32 @@ def _missing_slots(opt: Mapping[str, Any], param: str, label: str, slots: tuple[
     ]
 
 
+def _stateless(opt: Mapping[str, Any], members: list[Any]) -> set[str]:
+    """The grouped parameters with no optimizer state at all, when others have some: never
+    updated — frozen (a LoRA run's base weights sit in the groups, only the adapters step) —
+    not damaged. (A parameter with part of its state is damage: its missing slots are named.)"""
+    have = {k[6:].rsplit(".", 1)[0] for k in opt if k.startswith("state.") and k.count(".") >= 2}  # state.<param>.<slot>
+    if not have:
+        return set()
+    return {str(p) for p in members if str(p) not in have}
+
+
+def _frozen_note(frozen: set[str]) -> list[Finding]:
+    if not frozen:
+        return []
+    named = ", ".join(sorted(frozen)[:5]) + (f" and {len(frozen) - 5} more" if len(frozen) > 5 else "")
+    return [
+        _f(
+            "param-never-updated",
+            "optimizer.state",
+            f"{len(frozen)} parameter(s) in the param groups have no optimizer state at all: never updated, as frozen "
+            f"parameters are (a LoRA run's base weights), not damaged: {named}",
+            severity=Severity.INFO,
+            actual=len(frozen),
+        )
+    ]
+
+
 def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Finding], dict[str, Any]]:
     opt = _part(state, parts.OPTIMIZER)
     model = {k: v for k, v in _part(state, parts.MODEL).items() if isinstance(v, torch.Tensor)}
@@ -119,10 +145,15 @@ def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Find
         named = sorted(optimizer_params({f"{parts.OPTIMIZER}.{k}" for k in opt}))
         members = list(dict.fromkeys([p for p in grouped if isinstance(p, str)] + named))
     slots = _adam_slots(opt)
-    findings += (_slots_by_name if by_name else _slots_by_index)(opt, model, members, slots)
+    frozen = _stateless(opt, members)
+    findings += _frozen_note(frozen)
+    findings += (_slots_by_name if by_name else _slots_by_index)(opt, model, members, slots, frozen)
     if not by_name:
         findings += _unoptimized_by_count(model, members)
-    return findings, {"params_checked": len(members), "slots": list(slots), "keyed_by": "name" if by_name else "index"}
+    return findings, {
+        "params_checked": len(members), "params_frozen": len(frozen), "slots": list(slots),
+        "keyed_by": "name" if by_name else "index",
+    }  # fmt: skip
 
 
 _PARTITION = re.compile(r"^partitions\.rank_(\d+)\.(\d+)\.([^.]+)\Z")
@@ -274,11 +305,15 @@ def _unoptimized_by_count(model: Mapping[str, torch.Tensor], members: list[Any])
 
 
 def _slots_by_name(
-    opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], members: list[Any], slots: tuple[str, ...]
+    opt: Mapping[str, Any],
+    model: Mapping[str, torch.Tensor],
+    members: list[Any],
+    slots: tuple[str, ...],
+    frozen: set[str],
 ) -> list[Finding]:
     """Optimizer state keyed by parameter name (DCP): each slot against its parameter."""
     findings: list[Finding] = []
-    for fqn in members:
+    for fqn in (m for m in members if str(m) not in frozen):
         findings += _missing_slots(opt, str(fqn), f"parameter {fqn}", slots)
         param = model.get(fqn)
         for slot in slots:
@@ -311,12 +346,16 @@ def _slots_by_name(
 
 
 def _slots_by_index(
-    opt: Mapping[str, Any], model: Mapping[str, torch.Tensor], members: list[Any], slots: tuple[str, ...]
+    opt: Mapping[str, Any],
+    model: Mapping[str, torch.Tensor],
+    members: list[Any],
+    slots: tuple[str, ...],
+    frozen: set[str],
 ) -> list[Finding]:
     """torch.optim's own index-keyed state: slots present, and moments shaped like some parameter."""
     findings: list[Finding] = []
     shapes = Counter(tuple(t.shape) for t in model.values() if t.is_floating_point())
-    for idx in members:
+    for idx in (m for m in members if str(m) not in frozen):
         findings += _missing_slots(opt, str(idx), f"parameter #{idx}", slots)
         moment = opt.get(f"state.{idx}.exp_avg")
         if not isinstance(moment, torch.Tensor) or not model:
