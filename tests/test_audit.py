@@ -202,9 +202,9 @@ def _rewrite_chain(url: str) -> None:
 
 
 def _message(e) -> bytes:  # type: ignore[no-untyped-def]
-    from drill.records import audit
-
     from datetime import timezone
+
+    from drill.records import audit
 
     return audit._message(
         e.seq, e.drill_id, e.content_sha256, e.sealed_at.astimezone(timezone.utc).isoformat(), e.prev_hash,

@@ -315,10 +315,10 @@ def test_a_postgresql_link_that_stops_answering_mid_drill_spools_the_verdict_and
             if name.startswith("checks"):
                 proxy.frozen.set()
 
+    import time
+
     from drill.records.db import open_database
     from drill.records.recorder import DatabaseRecorder
-
-    import time
 
     try:
         started = time.monotonic()
@@ -327,7 +327,9 @@ def test_a_postgresql_link_that_stops_answering_mid_drill_spools_the_verdict_and
         assert outcome.status == "passed" and outcome.record_problem is not None, outcome.record_problem
         assert "kept in" in outcome.record_problem, outcome.record_problem  # the verdict spooled
         # (why the last write failed: the transaction cut, or a new connection's own timeout)
-        assert any(why in outcome.record_problem for why in ("stopped answering", "timeout expired")), outcome.record_problem
+        assert any(why in outcome.record_problem for why in ("stopped answering", "timeout expired")), (
+            outcome.record_problem
+        )
         assert len(list(private_spool.glob("*.json"))) == 1
         proxy.frozen.clear()  # the link answers again: the verdict is delivered, once
         db = open_database(url)

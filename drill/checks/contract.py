@@ -99,7 +99,9 @@ def _stateless(opt: Mapping[str, Any], members: list[Any]) -> set[str]:
     """The grouped parameters with no optimizer state at all, when others have some: never
     updated — frozen (a LoRA run's base weights sit in the groups, only the adapters step) —
     not damaged. (A parameter with part of its state is damage: its missing slots are named.)"""
-    have = {k[6:].rsplit(".", 1)[0] for k in opt if k.startswith("state.") and k.count(".") >= 2}  # state.<param>.<slot>
+    have = {
+        k[6:].rsplit(".", 1)[0] for k in opt if k.startswith("state.") and k.count(".") >= 2
+    }  # state.<param>.<slot>
     if not have:
         return set()
     return {str(p) for p in members if str(p) not in have}
