@@ -555,3 +555,51 @@ def test_a_broken_pickle_yields_what_it_named_before_the_break(tmp_path: Path) -
     data = pickle.dumps([_Payload(tmp_path / "pwned"), list(range(100))], protocol=2)
     assert code_named(data[: len(data) // 2]) and code_named(b"\x80\x05garbage") == []
     assert not (tmp_path / "pwned").exists()
+
+
+def test_the_plain_values_every_load_admits_are_data() -> None:
+    """Each class in ``INERT_VALUES`` builds a value from its arguments; none of them is code."""
+    import numpy  # noqa: F401
+
+    from drill.formats.safeload import INERT_VALUES
+    from drill.safe_pickle import names_code
+
+    for dotted in INERT_VALUES:
+        module, name = dotted.rsplit(".", 1)
+        assert not names_code(module, name), dotted
+
+
+def test_a_trainers_plain_values_load_and_anything_else_stays_refused() -> None:
+    import collections
+    import datetime
+    import decimal
+    import uuid
+
+    import numpy as np
+
+    from drill.formats.safeload import UnsafePickle, load_torch
+
+    state = {
+        "saved_at": datetime.datetime(2026, 12, 7, 3, 0, tzinfo=datetime.timezone.utc),
+        "wall": datetime.timedelta(seconds=90),
+        "torch_version": torch.__version__,
+        "run_id": uuid.UUID(int=7),
+        "lr": decimal.Decimal("0.0003"),
+        "data_dir": Path("/data/shards"),
+        "order": collections.OrderedDict(a=1),
+        "seen": collections.Counter(a=2),
+        "rng": np.random.get_state(),
+        "weight": torch.ones(2),
+    }
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    loaded = load_torch(memoryview(buffer.getvalue()))
+    assert loaded["saved_at"] == state["saved_at"] and loaded["run_id"] == state["run_id"]
+    assert loaded["data_dir"] == Path("/data/shards") and loaded["seen"]["a"] == 2
+    assert str(loaded["torch_version"]) == str(torch.__version__)
+    assert (loaded["rng"][1] == state["rng"][1]).all()
+
+    buffer = io.BytesIO()
+    torch.save({"hook": _Holder(1)}, buffer)
+    with pytest.raises(UnsafePickle, match="_Holder"):
+        load_torch(memoryview(buffer.getvalue()))
