@@ -12,10 +12,16 @@ from dataclasses import dataclass, field
 
 SINGLE_FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".tar")
 
-# torchtitan writes step-N; other trainers use checkpoint-N, iter_N, global_stepN.
-_STEP_DIR = re.compile(r"^(?:step|checkpoint|iter|global_step)[-_]?(\d+)\Z", re.ASCII)
-# Single files: Lightning's "epoch=0-step=400.ckpt", "step_400.pt", "iter-400.pt".
-_STEP_FILE = re.compile(r"(?:^|[-_])(?:step|iter|global_step)[=_-]?(\d+)(?:\.|$)", re.ASCII)
+# How writers name a save by its step: torchtitan's step-N, the Trainer's checkpoint-N, Megatron's
+# iter_0000800, DeepSpeed's global_stepN, ckpt_000008, Composer's ep1-ba8(-rank0), Lightning's
+# epoch=1-step=8.
+_STEP_NAMES = (
+    re.compile(r"^(?:step|checkpoint|ckpt|iter|iteration|global_step)[-_=]?(\d+)\Z", re.ASCII),
+    re.compile(r"^ep\d+-ba(\d+)(?:-rank\d+)?\Z", re.ASCII),
+    re.compile(r"(?:^|[-_])step=(\d+)\Z", re.ASCII),
+)
+# Single files also carry it inside a longer name: "model_step_400.pt", "run-iter-400.pt".
+_STEP_FILE = re.compile(r"(?:^|[-_])(?:step|iter|global_step)[=_-]?(\d+)\Z", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +62,20 @@ class Discovery:
 
 
 def step_of(name: str) -> int | None:
-    """The step a save's name carries (``step-40``, ``iter_0000040``, ``epoch=0-step=40.ckpt``)."""
-    m = _STEP_DIR.match(name)
-    if m:
-        return int(m.group(1))
-    m = _STEP_FILE.search(name)
-    return int(m.group(1)) if m and name.endswith(SINGLE_FILE_SUFFIXES) else None
+    """The step a save's name carries (``step-40``, ``iter_0000040``, ``ckpt_000040``,
+    ``ep1-ba40-rank0.pt``, ``epoch=0-step=40.ckpt`` — a file or a directory so named)."""
+    is_file = name.endswith(SINGLE_FILE_SUFFIXES)
+    stem = name.rsplit(".", 1)[0] if is_file else name
+    for pattern in _STEP_NAMES:
+        m = pattern.search(stem)
+        if m:
+            return int(m.group(1))
+    m = _STEP_FILE.search(stem)
+    return int(m.group(1)) if m and is_file else None
 
 
 def looks_like_checkpoint_name(name: str) -> bool:
-    return _STEP_DIR.match(name) is not None
+    return any(p.search(name) for p in _STEP_NAMES)
 
 
 __all__ = [

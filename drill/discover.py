@@ -73,11 +73,31 @@ def discover(storage: Storage, root: str) -> Discovery:
         if isinstance(itself, IncompleteSave):
             found.incomplete.append(itself)
     found.checkpoints += [c for e in entries if (c := formats.recognize_file(e)) is not None]
+    _unfinished_among_known(found)
     found.exports = sorted({name for fmt in formats.registered() for name in fmt.exports(entries)})
     # Oldest first: by step, and by time for files that carry no step in their name.
     found.checkpoints.sort(key=lambda c: (c.step if c.step is not None else -1, c.mtime, c.name))
     found.incomplete.sort(key=lambda c: (c.step if c.step is not None else -1, c.name))
     return found
+
+
+def _unfinished_among_known(found: Discovery) -> None:
+    """In a run whose saves a format knows, a step directory only the fallback would claim (a
+    lone ``model.safetensors``, no commit marker) is that writer's unfinished save, not a
+    checkpoint of some other writer."""
+    fallback = [c for c in found.checkpoints if formats.get(c.format).fallback]
+    if not fallback or len(fallback) == len(found.checkpoints):
+        return
+    found.checkpoints = [c for c in found.checkpoints if c not in fallback]
+    found.incomplete += [
+        IncompleteSave(
+            c.uri,
+            c.name,
+            c.step,
+            f"no commit marker of any format drill knows ({formats.markers()}), which the run's other saves have: the save never finished",
+        )
+        for c in fallback
+    ]
 
 
 def _add_dir(storage: Storage, entry: Entry, found: Discovery) -> None:

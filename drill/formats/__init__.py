@@ -32,6 +32,7 @@ _REGISTRY = {
     "dcp": "drill.formats.dcp:DCP",
     "torch-save": "drill.formats.torch_save:TorchSave",
     "lightning": "drill.formats.torch_save:Lightning",
+    "unknown": "drill.formats.unknown:UnknownWriter",  # last: what no format above claims
 }
 FORMATS = ("auto", *_REGISTRY)
 """What ``--format`` and a policy's ``checkpoints.format`` accept."""

@@ -77,6 +77,9 @@ class Format(ABC):
     reader; otherwise only an entrypoint that defines ``restore(path)`` can replay it."""
     restores_across_ranks: bool = False
     """A distributed drill splits its files among the ranks; otherwise rank 0 restores it all."""
+    fallback: bool = False
+    """It claims what no other format does (a writer drill was not taught): in a run whose
+    other saves a format knows, what it claims is their writer's unfinished save instead."""
 
     def recognize(
         self, storage: Storage, uri: str, name: str, entries: Listing

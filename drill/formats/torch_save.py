@@ -14,6 +14,7 @@ from typing import Any
 from drill import parts
 from drill.checkpoints import SINGLE_FILE_SUFFIXES, CheckpointRef, step_of
 from drill.formats.base import Format, RestoreContext, Structure, check_budget, read_file, tally
+from drill.formats import state_view
 from drill.formats.canonical import Layout, flatten, inventory
 from drill.integrity.structure import zip_structure
 from drill.restore import ItemFailure, RestoreResult
@@ -101,7 +102,11 @@ def canonicalize(obj: Any) -> tuple[dict[str, Any], Layout]:
     if isinstance(obj, dict) and any(k in obj for k in LIGHTNING_MARKERS):
         return canonicalize_lightning(obj)
     if isinstance(obj, dict):
-        return canonicalize_dict(obj)
+        state, layout = canonicalize_dict(obj)
+        if any(k.startswith(parts.MODEL + ".") for k in state):
+            return state, layout
+        # No key drill knows names the weights: a writer of its own, its state found by shape.
+        return state_view.view(obj, format="torch-save")
     other = Layout(
         format="torch-save",
         required=(parts.MODEL,),
@@ -154,7 +159,11 @@ class TorchSave(Format):
             result.load_seconds += time.perf_counter() - started
         if obj is None:
             return result
-        state, layout = self.canonicalize(obj)
+        try:
+            state, layout = self.canonicalize(obj)
+        except state_view.Unbounded as exc:
+            result.metadata_error = f"{name} was not read: {exc}"
+            return result
         result.format = layout.format
         if ref.step is not None:
             layout.step_counters["file name"] = ref.step
