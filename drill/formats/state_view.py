@@ -100,9 +100,7 @@ def generator_of(value: Any) -> str | None:
             return "torch"
         return None
     if isinstance(value, (list, tuple)) and value:
-        if all(
-            isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.numel() == CUDA_STATE_BYTES for v in value
-        ):
+        if all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.numel() == CUDA_STATE_BYTES for v in value):
             return "cuda"
         if value[0] == "MT19937" and len(value) >= 3:
             return "numpy"

@@ -13,8 +13,8 @@ from typing import Any
 
 from drill import parts
 from drill.checkpoints import SINGLE_FILE_SUFFIXES, CheckpointRef, step_of
-from drill.formats.base import Format, RestoreContext, Structure, check_budget, read_file, tally
 from drill.formats import state_view
+from drill.formats.base import Format, RestoreContext, Structure, check_budget, read_file, tally
 from drill.formats.canonical import Layout, flatten, inventory
 from drill.integrity.structure import zip_structure
 from drill.restore import ItemFailure, RestoreResult

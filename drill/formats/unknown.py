@@ -53,7 +53,10 @@ class UnknownWriter(Format):
         temp = sorted(e.name for e in entries.suffixed(*TEMP_SUFFIXES))
         if temp:
             return IncompleteSave(
-                uri, name, step, f"{temp[0]} is a file its writer had not finished (renamed when done): the save never finished"
+                uri,
+                name,
+                step,
+                f"{temp[0]} is a file its writer had not finished (renamed when done): the save never finished",
             )
         return CheckpointRef(uri=uri, name=name, step=step, format=self.name, mtime=max(e.mtime for e in state))
 
@@ -103,7 +106,9 @@ def members(sizes: dict[str, int]) -> list[Member]:
 def _by_stem(loaded: dict[str, Any]) -> dict[str, Any]:
     """What each file held, under its name without the suffix (unless two files share one)."""
     stems = [p.rsplit(".", 1)[0] for p in loaded]
-    return {stem if stems.count(stem) == 1 else path: obj for stem, (path, obj) in zip(stems, loaded.items(), strict=True)}
+    return {
+        stem if stems.count(stem) == 1 else path: obj for stem, (path, obj) in zip(stems, loaded.items(), strict=True)
+    }
 
 
 __all__ = ["UnknownWriter", "members"]
