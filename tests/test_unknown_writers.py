@@ -207,3 +207,12 @@ def test_a_state_nested_past_the_bound_is_refused() -> None:
 )  # fmt: skip
 def test_steps_are_read_from_names_however_a_writer_writes_them(name: str, step: int | None) -> None:
     assert step_of(name) == step
+
+
+def test_a_file_an_unknown_writers_other_saves_hold_is_missing_from_this_one(tmp_path: Path, sqlite_url: str) -> None:
+    _directory_of_files(tmp_path / "run", "ckpt_000003")
+    newer = _directory_of_files(tmp_path / "run", "ckpt_000004", steps=4)
+    (newer / "rng.pt").unlink()
+    outcome = drill(tmp_path / "run", sqlite_url)
+    assert outcome.checkpoint is not None and outcome.checkpoint.name == "ckpt_000004"
+    assert outcome.status == "failed" and ("file-missing", "rng.pt") in _errors(outcome), _errors(outcome)

@@ -550,3 +550,22 @@ def test_a_torchsnapshot_manifest_with_a_nan_for_a_number_fails_the_drill(copy_o
     path.write_text(json.dumps(doc))  # NaN: YAML reads JSON's NaN too
     outcome = _drill(run, sqlite_url)
     assert (outcome.status, outcome.exit_code) == ("failed", 1), (outcome.status, outcome.message)
+
+
+@pytest.mark.parametrize(
+    ("kind", "removed"), [("accelerate", "dl_state_dict.bin"), ("accelerate", "custom_checkpoint_0.pkl")]
+)
+def test_a_file_the_runs_other_saves_hold_is_missing_from_this_one(
+    copy_of, kind: str, removed: str, sqlite_url: str
+) -> None:
+    """accelerate's ``load_state`` skips a missing ``dl_state_dict.bin`` and restarts the epoch
+    silently; one save alone cannot say its loader was stateful, the run's other saves can."""
+    run, ckpt = copy_of(kind)
+    newer = Path(shutil.copytree(ckpt, ckpt.with_name(re.sub(r"\d+$", "1", ckpt.name))))
+    (newer / removed).unlink()
+    outcome = _drill(run, sqlite_url)
+    assert outcome.checkpoint is not None and outcome.checkpoint.name == newer.name
+    assert outcome.status == "failed" and ("files", "file-missing", removed) in _errors(outcome), _errors(outcome)
+    shutil.copy(ckpt / removed, newer / removed)
+    (newer / "notes.txt").write_text("not state")  # what the writer does not write every time is not asked for
+    assert _drill(run, sqlite_url).status == "passed"

@@ -36,6 +36,7 @@ def check_files(inputs: CheckInputs) -> CheckResult:
         _layout_missing(name, why) for name, why in (restore.layout.missing_files if restore.layout else {}).items()
     ]
     findings += [replace(f, check=NAME) for f in formats.get(restore.format).missing_files(listed, restore)]
+    findings += _missing_beside_peers(inputs, listed, {str(f.subject) for f in findings})
     infra = [f for f in restore.files if f.error_kind in INFRASTRUCTURE]
     ok = [f for f in restore.files if f.error_kind is None]
     read = {f.relative_path for f in restore.files}
@@ -92,6 +93,39 @@ def _changed(files: list[Any], listed: dict[str, int]) -> list[Finding]:
         )
         for f in files
         if f.error_kind is None and f.size is not None and listed.get(f.relative_path, f.size) != f.size
+    ]
+
+
+PEERS = 2
+"""How many of the run's saves of the same format a checkpoint's files are compared with: the nearest."""
+
+
+def _missing_beside_peers(inputs: CheckInputs, listed: dict[str, int], named: set[str]) -> list[Finding]:
+    """Files its writer writes on every save (:meth:`~drill.formats.base.Format.every_save`)
+    that the run's neighbouring saves hold and this one lacks."""
+    ref, found = inputs.ref, inputs.discovery
+    if ref is None or found is None or not listed:
+        return []
+    fmt = formats.get(ref.format)
+    same = [c for c in found.checkpoints if c.format == ref.format]
+    if ref not in same:
+        return []
+    here = same.index(ref)
+    nearest = sorted((j for j in range(len(same)) if j != here), key=lambda j: (abs(j - here), j))[:PEERS]
+    peers, held = [], None
+    for peer in (same[j] for j in nearest):
+        try:
+            names = {e.name for e in inputs.storage.list(peer.uri) if e.is_file and fmt.every_save(e.name)}
+        except OSError:
+            continue  # a neighbour that cannot be listed proves nothing either way
+        peers.append(peer.name)
+        held = names if held is None else held & names
+    top = {p for p in listed if "/" not in p}
+    return [
+        _layout_missing(
+            name, f"the run's other saves ({', '.join(peers)}) hold it and its writer writes it on every save"
+        )
+        for name in sorted((held or set()) - top - named)
     ]
 
 

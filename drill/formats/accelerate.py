@@ -96,6 +96,11 @@ class Accelerate(Format):
         assert rng is not None  # rank 0's RNG state is among ``ranks``
         return CheckpointRef(uri=uri, name=name, step=step, format=self.name, mtime=rng.mtime)
 
+    def every_save(self, name: str) -> bool:
+        """Each process's RNG file, every model, optimizer, scheduler, sampler and loader file,
+        every registered object: ``save_state`` writes the same set each time."""
+        return bool(_RNG.match(name) or _NUMBERED.match(name) or _CUSTOM.match(name))
+
     def pointers(
         self, storage: Storage, root: str, entries: dict[str, Entry], found: Discovery
     ) -> list[tuple[str, str]]:

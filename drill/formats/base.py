@@ -117,6 +117,13 @@ class Format(ABC):
         it (``sizes``: its files as listed); None when the format has none."""
         return None
 
+    def every_save(self, name: str) -> bool:
+        """Whether its writer writes the file ``name`` (at a checkpoint's top) on every save of a
+        run once it has written it in one: absent from this save while the run's other saves
+        hold it, it is damage (accelerate's ``dl_state_dict.bin``, whose own ``load_state``
+        skips it silently), never a configuration that saves no such state."""
+        return False
+
     def writers(self, sizes: dict[str, int]) -> list[int]:
         """The ranks that wrote the checkpoint, where its file names say (empty: they do not)."""
         return []

@@ -107,6 +107,10 @@ class HFTrainer(Format):
             )
         return None
 
+    def every_save(self, name: str) -> bool:
+        """Its optimizer, scheduler and every process's RNG file: the Trainer writes them on every save."""
+        return name in RESUME_FILES or _RNG.match(name) is not None
+
     def is_export(self, ref: CheckpointRef, entries: list[Entry]) -> bool:
         """trainer_state.json but no step in the name and none of the files a resume reads:
         ``save_model``/``save_state`` output."""

@@ -60,6 +60,11 @@ class UnknownWriter(Format):
             )
         return CheckpointRef(uri=uri, name=name, step=step, format=self.name, mtime=max(e.mtime for e in state))
 
+    def every_save(self, name: str) -> bool:
+        """Every state and JSON file: nothing else says which files the writer writes, so what
+        its other saves hold is what it writes."""
+        return name.endswith((*STATE_SUFFIXES, ".json"))
+
     def structure(
         self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
     ) -> Structure | None:
