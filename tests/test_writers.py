@@ -75,7 +75,7 @@ class Writer:
 def _drop_first_slot(obj: dict) -> None:
     """``exp_avg`` of the first parameter of a torch.optim state dict (or of one nested under ``optimizer``)."""
     opt = obj["optimizer"] if "optimizer" in obj else obj
-    del opt["state"][0]["exp_avg"]
+    del opt["state"][min(opt["state"])]["exp_avg"]  # the first parameter with state (a LoRA run's base is frozen)
 
 
 def _latest_ahead(run: Path, ckpt: Path) -> None:
@@ -107,6 +107,8 @@ WRITERS = {
     "torchsnapshot": Writer("", "step-3", "torchsnapshot", "batched/*", (".snapshot_metadata", _drop_snapshot_slot), pickled="0/optim/param_groups/0/betas"),
     "torchtune": Writer("output", "epoch_1", "torchtune", "model-*.safetensors", ("../recipe_state/recipe_state.pt", _rewrite(_drop_first_slot)), rng="../recipe_state/recipe_state.pt",
                         ahead=(_half_written_next("*.index.json"), "pointer-incomplete", "torchtune's resume_from_checkpoint"), never_saved=frozenset({"rng", "lr_scheduler"}), verify_sees_slot=False, pickled="../recipe_state/recipe_state.pt"),
+    "torchtune-lora": Writer("output", "epoch_1", "torchtune", "adapter_model.pt", ("../recipe_state/recipe_state.pt", _rewrite(_drop_first_slot)), rng="../recipe_state/recipe_state.pt",
+                             ahead=(_half_written_next("*.index.json"), "pointer-incomplete", "torchtune's resume_from_checkpoint"), never_saved=frozenset({"rng", "lr_scheduler"}), verify_sees_slot=False, pickled="../recipe_state/recipe_state.pt"),
     "dcp-app": Writer("", "step-3", "dcp", "__0_0.distcp", None),
     "dcp-hf": Writer("", "step-3", "safetensors", "model-00001-of-00001.safetensors", None, never_saved=frozenset({"optimizer", "lr_scheduler", "dataloader", "rng", "train_state"})),
 }  # fmt: skip
@@ -569,3 +571,16 @@ def test_a_file_the_runs_other_saves_hold_is_missing_from_this_one(
     shutil.copy(ckpt / removed, newer / removed)
     (newer / "notes.txt").write_text("not state")  # what the writer does not write every time is not asked for
     assert _drill(run, sqlite_url).status == "passed"
+
+
+@pytest.mark.parametrize("kind", ["torchtune", "torchtune-lora"])
+@pytest.mark.parametrize("part", ["dataloader", "optimizer"])
+def test_a_recipe_state_without_a_part_the_recipe_always_saves_fails_naming_it(
+    copy_of, kind: str, part: str, sqlite_url: str
+) -> None:
+    """torchtune resumed a recipe state with its loader removed and said nothing: the part is
+    required, and an absent one is never read as an empty one."""
+    run, ckpt = copy_of(kind)
+    _rewrite(lambda obj: obj.pop(part))(ckpt / "../recipe_state/recipe_state.pt")
+    outcome = _drill(run, sqlite_url)
+    assert outcome.status == "failed" and ("keys", "part-missing", part) in _errors(outcome), _errors(outcome)

@@ -32,6 +32,9 @@ class Layout:
     """For ``flat``: the elements of each parameter group, which the ranks' partitions must cover."""
     step_counters: dict[str, int] = field(default_factory=dict)
     """Source → step value, from places other than the state (file names, JSON)."""
+    train_counters: tuple[str, ...] = ("step",)
+    """What its train state counts in, without which a resume does not know where it is
+    (torchtune's recipes count epochs and rebuild the step)."""
     scheduler_per_step: bool = True
     """Whether the LR scheduler steps once per optimizer step (so its counter must agree)."""
     rank_files: dict[str, list[int]] = field(default_factory=dict)

@@ -22,7 +22,7 @@ from drill import parts
 from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave
 from drill.findings import Finding, Severity
 from drill.formats.base import RestoreContext, Structure
-from drill.formats.bundle import INERT, Member
+from drill.formats.bundle import INERT, JSON, SAFETENSORS, TORCH, Member
 from drill.formats.safetensors_dir import SafetensorsDir
 from drill.restore import RestoreResult
 from drill.storage import Entry, Listing, Storage
@@ -38,6 +38,12 @@ NEVER_SAVED = {
 RECIPE_NEEDED = (
     "torchtune keeps the optimizer, seed, epochs run and data loader there; resume_from_checkpoint fails without it"
 )
+ADAPTER = "adapter_model.pt"
+"""The LoRA recipes' adapter weights in torchtune's names: what ``resume_from_checkpoint`` loads."""
+ADAPTER_FILES = {ADAPTER: TORCH, "adapter_model.bin": TORCH, "adapter_model.safetensors": SAFETENSORS,
+                 "adapter_config.json": JSON}  # fmt: skip
+"""What a LoRA recipe saves beside the merged weights (the PEFT copies are for inference)."""
+ADAPTER_NEEDED = "torchtune's LoRA resume loads the adapter weights from it; the merged weights cannot be split back"
 
 
 class TorchTune(SafetensorsDir):
@@ -81,14 +87,28 @@ class TorchTune(SafetensorsDir):
             else []
         )
 
+    def every_save(self, name: str) -> bool:
+        """The weights, their index and a LoRA recipe's adapter files: written at every epoch."""
+        return name in ADAPTER_FILES or name.endswith(".safetensors") or name.endswith(".index.json")
+
+    def members(self, sizes: dict[str, int]) -> list[Member]:
+        weights = [m for m in super().members(sizes) if m.path not in ADAPTER_FILES]
+        return weights + [Member(p, kind, sizes[p]) for p, kind in ADAPTER_FILES.items() if p in sizes]
+
     def structure(
         self, storage: Storage, uri: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
     ) -> Structure | None:
+        from drill.formats import bundle
         from drill.formats.bundle import file_structure
         from drill.formats.inert import load_inert
         from drill.integrity.reading import read_whole
 
         findings, evidence = super().structure(storage, uri, sizes, allow_classes) or ([], {})
+        adapters = [
+            Member(p, kind, sizes[p]) for p, kind in ADAPTER_FILES.items() if p in sizes and kind != SAFETENSORS
+        ]
+        findings += (bundle.structure(storage, uri, sizes, adapters) or ([], {}))[0]
+        findings += [_adapter_missing()] if _adapter_lost(sizes) else []
         recipe = _recipe_uri(storage, uri)
         try:
             view = read_whole(storage, recipe, storage.stat(recipe).size, hash=False).view
@@ -112,6 +132,7 @@ class TorchTune(SafetensorsDir):
             never_saved=dict(NEVER_SAVED),
             optimizer_keys="index",
             scheduler_per_step=False,
+            train_counters=("epoch",),
             recognized=f"torchtune recipe checkpoint: {ref.name}'s weights with {RECIPE_PATH}",
             save_hint="torchtune saves it in recipe_state.pt while epochs remain: was the file deleted, or the run saved with intermediate checkpoints off?",
         )
@@ -128,7 +149,12 @@ class TorchTune(SafetensorsDir):
         from drill.formats.base import read_file
         from drill.formats.bundle import file_structure, load_member
 
-        state = super().canonical(loaded, sizes, result, storage, ref, ctx)
+        state = super().canonical(
+            {p: v for p, v in loaded.items() if p not in ADAPTER_FILES}, sizes, result, storage, ref, ctx
+        )
+        _adapters(loaded, state)
+        if _adapter_lost(sizes):
+            result.layout.missing_files[ADAPTER] = ADAPTER_NEEDED
         view = read_file(storage, _run_dir(ref.uri), RECIPE_STATE, None, ctx, result)
         record = result.files[-1]
         record.relative_path = RECIPE_PATH
@@ -164,17 +190,43 @@ class TorchTune(SafetensorsDir):
             return
         if not isinstance(recipe, dict):
             return
-        flatten(plain(recipe.get("optimizer") or {}), parts.OPTIMIZER, state)
-        flatten(plain(recipe.get("dataloader") or {}), parts.DATALOADER, state)
+        # A part the recipe state lacks stays absent (a required part missing), never an empty one.
+        for key, part in (("optimizer", parts.OPTIMIZER), ("dataloader", parts.DATALOADER)):
+            if recipe.get(key):
+                flatten(plain(recipe[key]), part, state)
         epochs_run = recipe.get("epochs_run")
-        state[f"{parts.DATALOADER}.seed"] = recipe.get("seed")
-        state[f"{parts.DATALOADER}.epoch"] = epochs_run
+        if recipe.get("dataloader"):
+            state[f"{parts.DATALOADER}.seed"] = recipe.get("seed")
+            state[f"{parts.DATALOADER}.epoch"] = epochs_run
+        # Epochs are its counter: the global step is rebuilt from the loader's length, gradient
+        # accumulation and max_steps_per_epoch on resume, none of which the state says whole.
         state[f"{parts.TRAIN_STATE}.epoch"] = epochs_run
-        per_epoch = _steps_per_epoch(recipe)
-        if isinstance(epochs_run, int) and per_epoch is not None:
-            state[f"{parts.TRAIN_STATE}.step"] = epochs_run * per_epoch  # the recipe's global_step on resume
-        for key in ("total_epochs", "max_steps_per_epoch"):
+        for key in ("seed", "total_epochs", "max_steps_per_epoch"):
             state[f"{parts.EXTRA}.{key}"] = recipe.get(key)
+
+
+def _adapter_lost(sizes: dict[str, int]) -> bool:
+    """A LoRA save (its other adapter files are there) without the adapter weights its resume loads."""
+    return ADAPTER not in sizes and any(p in sizes for p in ADAPTER_FILES)
+
+
+def _adapter_missing() -> Finding:
+    return Finding(
+        check="integrity", code="file-missing", severity=Severity.ERROR, subject=ADAPTER,
+        message=f"{ADAPTER} is missing: {ADAPTER_NEEDED}",
+    )  # fmt: skip
+
+
+def _adapters(loaded: dict[str, Any], state: dict[str, Any]) -> None:
+    """The adapter in torchtune's names is part of the model (what the optimizer's LoRA
+    parameters are); PEFT's copy and the config are kept beside it."""
+    from drill.formats.canonical import flatten
+
+    if isinstance(adapter := loaded.get(ADAPTER), dict):
+        flatten(adapter, parts.MODEL, state)
+    for path in ADAPTER_FILES:
+        if path != ADAPTER and path in loaded:
+            flatten(loaded[path], f"{parts.EXTRA}.{path.rsplit('.', 1)[0]}", state)
 
 
 def _epoch(uri: str) -> int:
@@ -231,16 +283,6 @@ def _match(epoch: int, recipe: Any, saved: set[int]) -> tuple[str, str]:
         f"{RECIPE_PATH} is older than these weights: it was saved after epoch {run - 1} (epochs_run={run}), the weights after epoch {epoch}; "
         f"a resume would pair epoch_{epoch}'s weights with an older optimizer and data position and train epoch(s) again"
     )
-
-
-def _steps_per_epoch(recipe: dict[str, Any]) -> int | None:
-    """Batches an epoch took (the loader's count at the epoch's end), capped as the recipe caps it."""
-    loader = recipe.get("dataloader")
-    yielded = loader.get("_num_yielded") if isinstance(loader, dict) else None
-    if not isinstance(yielded, int) or not (isinstance(loader, dict) and loader.get("_iterator_finished")):
-        return None
-    cap = recipe.get("max_steps_per_epoch")
-    return min(yielded, cap) if isinstance(cap, int) else yielded
 
 
 _CODES = {"stale": "recipe-state-stale", "ahead": "recipe-state-ahead"}

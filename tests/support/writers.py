@@ -36,6 +36,7 @@ RANKS = {
     "accelerate-fsdp": 2,
     "torchsnapshot": 1,
     "torchtune": 1,
+    "torchtune-lora": 1,
     "dcp-app": 1,
     "dcp-hf": 1,
 }
@@ -268,10 +269,13 @@ def torchsnapshot(out: Path) -> None:
 TUNE = {"vocab_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "embed_dim": 32, "max_seq_len": 16}
 
 
-def torchtune(out: Path, epochs_saved: int = 2) -> None:
+def torchtune(out: Path, epochs_saved: int = 2, lora: bool = False) -> None:
     """``full_finetune_single_device``'s training state saved as the recipe saves it: the model
     through torchtune's HF checkpointer after every epoch, with the recipe state (optimizer,
-    seed, epochs run, the stateful loader) while epochs remain."""
+    seed, epochs run, the stateful loader) while epochs remain. ``lora``: as
+    ``lora_finetune_single_device`` saves it — LoRA on q/v projections, base weights frozen,
+    the optimizer over every parameter (state only for the adapters), the merged weights, the
+    adapter (``adapter_model.pt``, PEFT's ``adapter_model.safetensors``) and its config."""
     import json
 
     import torch
@@ -280,7 +284,8 @@ def torchtune(out: Path, epochs_saved: int = 2) -> None:
     from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
     from torchtune import training
     from torchtune.models import convert_weights
-    from torchtune.models.llama3 import llama3
+    from torchtune.models.llama3 import llama3, lora_llama3
+    from torchtune.modules import peft
     from torchtune.training.checkpointing import FullModelHFCheckpointer
 
     torch.manual_seed(0)
@@ -304,7 +309,12 @@ def torchtune(out: Path, epochs_saved: int = 2) -> None:
         model_type="LLAMA3",
         output_dir=str(out / "output"),
     )
-    model.load_state_dict(ckpt.load_checkpoint()[training.MODEL_KEY])
+    if lora:
+        model = lora_llama3(lora_attn_modules=["q_proj", "v_proj"], lora_rank=4, lora_alpha=8.0, **TUNE)
+        model.load_state_dict(ckpt.load_checkpoint()[training.MODEL_KEY], strict=False)
+        peft.set_trainable_params(model, peft.get_adapter_params(model))
+    else:
+        model.load_state_dict(ckpt.load_checkpoint()[training.MODEL_KEY])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tokens = torch.randint(0, TUNE["vocab_size"], (24, TUNE["max_seq_len"]), generator=torch.Generator().manual_seed(5))
     sampler = StatefulDistributedSampler(tokens, num_replicas=1, rank=0, shuffle=True, seed=11)
@@ -320,11 +330,31 @@ def torchtune(out: Path, epochs_saved: int = 2) -> None:
             loss.backward()
             opt.step()
             opt.zero_grad()
-        state = {training.MODEL_KEY: model.state_dict()}
+        state = _tune_weights(model, lora)
         if epoch + 1 < total_epochs:  # the recipe's save_checkpoint: recipe state while epochs remain
             state.update({training.SEED_KEY: 11, training.EPOCHS_KEY: epoch + 1, training.TOTAL_EPOCHS_KEY: total_epochs,
                           training.MAX_STEPS_KEY: None, training.DATALOADER_KEY: loader.state_dict(), training.OPT_KEY: opt.state_dict()})  # fmt: skip
         ckpt.save_checkpoint(state, epoch=epoch, intermediate_checkpoint=epoch + 1 < total_epochs)
+
+
+def _tune_weights(model: Any, lora: bool) -> dict[str, Any]:
+    """What a torchtune recipe hands its checkpointer as weights (LoRA: merged, the adapter and its config)."""
+    from torchtune import training
+    from torchtune.modules import peft
+
+    if not lora:
+        return {training.MODEL_KEY: model.state_dict()}
+    state = {k: v.cpu() for k, v in model.state_dict().items()}
+    return {
+        training.ADAPTER_KEY: peft.get_adapter_state_dict(state),
+        training.MODEL_KEY: peft.get_merged_lora_ckpt(dict(state), rank=4, alpha=8.0),
+        training.ADAPTER_CONFIG: {
+            "r": 4,
+            "lora_alpha": 8.0,
+            "target_modules": ["q_proj", "v_proj"],
+            "peft_type": "LORA",
+        },
+    }
 
 
 # -- DCP's own variants ------------------------------------------------------------------------
@@ -382,8 +412,8 @@ def main(kind: str, out: Path) -> None:
         accelerate(out, fsdp=kind.endswith("fsdp"))
     elif kind == "torchsnapshot":
         torchsnapshot(out)
-    elif kind == "torchtune":
-        torchtune(out)
+    elif kind in ("torchtune", "torchtune-lora"):
+        torchtune(out, lora=kind.endswith("lora"))
     elif kind == "dcp-app":
         dcp_app(out)
     elif kind == "dcp-hf":
