@@ -58,6 +58,8 @@ def discover(storage: Storage, root: str) -> Discovery:
         found.checkpoints.append(claimed)
         return found
     for entry in entries:
+        if is_link_pointer(entry):
+            continue  # a resume pointer (checks.resume judges it), not a save of its own
         if entry.is_dir:
             _add_dir(storage, entry, found)
         elif entry.kind in (EntryKind.DANGLING, EntryKind.LOOP) and step_of(entry.name) is not None:
@@ -72,13 +74,21 @@ def discover(storage: Storage, root: str) -> Discovery:
         itself = inspect_dir(storage, root, root_entry.name, entries)
         if isinstance(itself, IncompleteSave):
             found.incomplete.append(itself)
-    found.checkpoints += [c for e in entries if (c := formats.recognize_file(e)) is not None]
+    found.checkpoints += [c for e in entries if not is_link_pointer(e) and (c := formats.recognize_file(e)) is not None]
     _unfinished_among_known(found)
     found.exports = sorted({name for fmt in formats.registered() for name in fmt.exports(entries)})
     # Oldest first: by step, and by time for files that carry no step in their name.
     found.checkpoints.sort(key=lambda c: (c.step if c.step is not None else -1, c.mtime, c.name))
     found.incomplete.sort(key=lambda c: (c.step if c.step is not None else -1, c.name))
     return found
+
+
+def is_link_pointer(entry: Entry) -> bool:
+    """A symlink at the run's top that is a resume pointer (``latest -> step-8``, Composer's
+    ``latest-rank0.pt``): not named by a step — a save stored through a link is a save — and
+    not naming itself."""
+    target = (entry.link_target or "").rstrip("/").rsplit("/", 1)[-1]
+    return bool(target) and target != entry.name and step_of(entry.name) is None
 
 
 def _unfinished_among_known(found: Discovery) -> None:
@@ -141,4 +151,14 @@ def classify(storage: Storage, uri: str) -> PathKind:
     return PathKind("directory" if storage.list(uri) else "empty")
 
 
-__all__ = ["CheckpointRef", "Discovery", "IncompleteSave", "PathKind", "classify", "discover", "inspect_dir", "step_of"]
+__all__ = [
+    "CheckpointRef",
+    "Discovery",
+    "IncompleteSave",
+    "PathKind",
+    "classify",
+    "discover",
+    "inspect_dir",
+    "is_link_pointer",
+    "step_of",
+]

@@ -14,14 +14,17 @@ from typing import Any
 from drill import formats
 from drill.checkpoints import CheckpointRef, Discovery, IncompleteSave, step_of
 from drill.checks import CheckInputs
+from drill.discover import is_link_pointer
 from drill.findings import CheckResult, Finding, Severity, not_run
 from drill.formats.base import read_pointer
 from drill.storage import Entry, Storage
 from drill.units import decimal
 
 NAME = "resume"
-GENERIC_POINTERS = ("latest", "latest.txt")
-"""Pointer files many trainers and scripts write beside their checkpoints (DeepSpeed's ``latest``)."""
+GENERIC_POINTERS = ("latest", "latest.txt", "latest.json", "latest_checkpoint", "last_checkpoint")
+"""Pointer files many trainers and scripts write beside their checkpoints (DeepSpeed's ``latest``);
+besides them, every symlink at the run's top not named by a step is a pointer (Composer's
+``latest-rank0.pt``, Lightning's ``last.ckpt`` link, a ``latest -> step-8`` directory link)."""
 
 
 def _f(code: str, subject: str, message: str, severity: Severity = Severity.ERROR, **kw: Any) -> Finding:
@@ -101,8 +104,9 @@ def _pointers(
 ) -> list[tuple[str, str]]:
     """(who follows it, target) for every resume pointer in the run root that names something:
     the generic ``latest`` files, then each format's own."""
-    out = [(name, target) for name in GENERIC_POINTERS if (target := read_pointer(storage, root, here.get(name)))]
-    return out + formats.pointers(storage, root, here, found or Discovery(root=root))
+    named = [*GENERIC_POINTERS, *sorted(n for n, e in here.items() if is_link_pointer(e) and n not in GENERIC_POINTERS)]
+    out = [(name, target) for name in named if (target := read_pointer(storage, root, here.get(name)))]
+    return out + [p for p in formats.pointers(storage, root, here, found or Discovery(root=root)) if p not in out]
 
 
 def _newest_name(discovery: Discovery) -> str | None:

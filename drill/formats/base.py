@@ -207,19 +207,42 @@ def nested_structure(
     return named, {subdir: evidence}
 
 
+POINTER_FIELDS = ("latest", "latest_checkpoint", "last_checkpoint", "checkpoint", "path", "name", "step", "iteration")
+"""Fields of a JSON pointer file that name the checkpoint it points at, the most telling first."""
+
+
 def read_pointer(storage: Storage, root: str, entry: Entry | None) -> str | None:
-    """The checkpoint name a pointer file or symlink at the run's top names (None: absent or unreadable)."""
+    """The checkpoint name a pointer at the run's top names (None: absent or unreadable): a
+    symlink's target, a text file's first line, or a JSON file's field naming it (a path's
+    last component; a number is a step)."""
     if entry is None:
         return None
     if entry.link_target is not None:
-        return entry.link_target.rstrip("/").rsplit("/", 1)[-1]
+        return entry.link_target.rstrip("/").rsplit("/", 1)[-1] or None
     if not entry.is_file:
         return None
     try:
         with storage.open(storage.child(root, entry.name)) as f:
-            return f.read(4096).decode("utf-8", "replace").strip() or None
+            text = f.read(4096).decode("utf-8", "replace").strip()
     except OSError:
         return None
+    return _pointer_text(text)
+
+
+def _pointer_text(text: str) -> str | None:
+    if text.startswith("{"):
+        from drill import safe_json
+
+        try:
+            doc = safe_json.loads(text.encode())
+        except ValueError:
+            return text.splitlines()[0][:200]  # named as written: not a checkpoint here
+        value = next((doc[k] for k in POINTER_FIELDS if isinstance(doc, dict) and k in doc), None)
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            return None
+        return str(value).rstrip("/").rsplit("/", 1)[-1] or None
+    line = text.splitlines()[0].strip() if text else ""
+    return line.rstrip("/").rsplit("/", 1)[-1] or None
 
 
 def read_file(
