@@ -180,3 +180,16 @@ def test_parameters_never_updated_are_frozen_not_damaged(demo_run: Path, sqlite_
     rewrite_dcp(demo_run / "step-30", lambda s: s.pop("optimizer.state.head.weight.exp_avg"))
     outcome = drill(demo_run, sqlite_url)
     assert outcome.status == "failed" and "optimizer-slot-missing" in [f.code for f in outcome.findings]
+
+
+def test_one_parameter_without_state_beside_its_modules_others_lost_it(demo_run: Path, sqlite_url: str) -> None:
+    """Freezing is done module by module: ``blocks.1.attn.qkv.weight`` with no state while
+    ``blocks.1.attn.qkv.bias`` has its moments is a lost state, every slot named — not frozen."""
+    from tests.test_formats import rewrite_dcp
+
+    prefix = "optimizer.state.blocks.1.attn.qkv.weight."
+    rewrite_dcp(demo_run / "step-30", lambda s: [s.pop(k) for k in [k for k in s if k.startswith(prefix)]])
+    outcome = drill(demo_run, sqlite_url)
+    missing = {f.subject for f in outcome.findings if f.code == "optimizer-slot-missing"}
+    assert outcome.status == "failed" and f"{prefix}exp_avg" in missing and f"{prefix}exp_avg_sq" in missing
+    assert "param-never-updated" not in [f.code for f in outcome.findings]

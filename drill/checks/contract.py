@@ -95,16 +95,26 @@ def _missing_slots(opt: Mapping[str, Any], param: str, label: str, slots: tuple[
     ]
 
 
-def _stateless(opt: Mapping[str, Any], members: list[Any]) -> set[str]:
+def _stateless(opt: Mapping[str, Any], members: list[Any], by_name: bool) -> set[str]:
     """The grouped parameters with no optimizer state at all, when others have some: never
     updated — frozen (a LoRA run's base weights sit in the groups, only the adapters step) —
-    not damaged. (A parameter with part of its state is damage: its missing slots are named.)"""
+    not damaged. Freezing is done module by module: a named parameter whose module's other
+    parameters have state (``0.weight`` without, ``0.bias`` with) lost its state, and its
+    missing slots are named, as are those of a parameter with part of its state."""
     have = {
         k[6:].rsplit(".", 1)[0] for k in opt if k.startswith("state.") and k.count(".") >= 2
     }  # state.<param>.<slot>
     if not have:
         return set()
-    return {str(p) for p in members if str(p) not in have}
+    stateless = {str(p) for p in members if str(p) not in have}
+    if not by_name:
+        return stateless
+    stepping = {_module_of(p) for p in have}
+    return {p for p in stateless if _module_of(p) not in stepping}
+
+
+def _module_of(param: str) -> str:
+    return param.rsplit(".", 1)[0] if "." in param else ""
 
 
 def _frozen_note(frozen: set[str]) -> list[Finding]:
@@ -147,7 +157,7 @@ def check_optimizer(state: Mapping[str, Any], layout: Layout) -> tuple[list[Find
         named = sorted(optimizer_params({f"{parts.OPTIMIZER}.{k}" for k in opt}))
         members = list(dict.fromkeys([p for p in grouped if isinstance(p, str)] + named))
     slots = _adam_slots(opt)
-    frozen = _stateless(opt, members)
+    frozen = _stateless(opt, members, by_name)
     findings += _frozen_note(frozen)
     findings += (_slots_by_name if by_name else _slots_by_index)(opt, model, members, slots, frozen)
     if not by_name:

@@ -37,6 +37,8 @@ RANKS = {
     "torchsnapshot": 1,
     "torchtune": 1,
     "torchtune-lora": 1,
+    "composer": 1,
+    "composer-sharded": 2,
     "dcp-app": 1,
     "dcp-hf": 1,
 }
@@ -46,6 +48,7 @@ NEEDS = {
     "accelerate": "accelerate",
     "torchsnapshot": "torchsnapshot",
     "torchtune": "torchtune",
+    "composer": "composer",
 }
 """Writer prefix → the module it needs (its tests skip where it does not install)."""
 
@@ -357,6 +360,59 @@ def _tune_weights(model: Any, lora: bool) -> dict[str, Any]:
     }
 
 
+# -- MosaicML Composer ------------------------------------------------------------------------
+def _composer_import() -> Any:
+    """Composer imports torchvision, whose registry wheels are CUDA builds that register fake
+    kernels for two operators they never define on a CPU torch: define them (../shared/ENGINES.md)."""
+    import torch
+
+    try:
+        torch.ops.torchvision.nms  # noqa: B018 - defined by a working torchvision
+    except (AttributeError, RuntimeError):
+        lib = torch.library.Library("torchvision", "DEF")  # noqa: TOR901 - kept alive below
+        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        _composer_import.lib = lib  # type: ignore[attr-defined]
+    import composer
+
+    return composer
+
+
+def composer(out: Path, sharded: bool) -> None:
+    """Composer's ``Trainer`` saving every 4 batches over 2 epochs of 8 (``ep{e}-ba{b}-rank{r}.pt``
+    and the ``latest-rank{r}.pt`` link autoresume follows); ``sharded``: FSDP2 with a sharded
+    state dict on 2 ranks (``ep{e}-ba{b}/`` DCP directories)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    _composer_import()
+    from composer import Trainer
+    from composer.models import ComposerClassifier
+
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    os.environ.update(LOCAL_WORLD_SIZE=str(world), NODE_RANK="0", MASTER_ADDR="127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", os.environ.get("WRITER_PORT", "29511"))
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    g = torch.Generator().manual_seed(3)
+    data = TensorDataset(torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g))
+    sampler = torch.utils.data.DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=5)
+    loader = DataLoader(data, batch_size=8 // world, sampler=sampler)
+    kwargs: dict[str, Any] = {}
+    if sharded:
+        from composer.utils.parallelism import FSDP2Config
+
+        kwargs["parallelism_config"] = {"fsdp": FSDP2Config(state_dict_type="sharded")}
+        kwargs["save_filename"] = "ep{epoch}-ba{batch}"
+        kwargs["save_latest_filename"] = "latest"
+    model = ComposerClassifier(net, num_classes=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    Trainer(
+        model=model, train_dataloader=loader, max_duration="2ep", optimizers=opt,
+        schedulers=torch.optim.lr_scheduler.StepLR(opt, 4), save_folder=str(out), save_interval="4ba",
+        device="cpu", seed=7, progress_bar=False, log_to_console=False, loggers=[], **kwargs,
+    ).fit()  # fmt: skip
+
+
 # -- DCP's own variants ------------------------------------------------------------------------
 class AppState:
     """The DCP tutorial's ``Stateful`` wrapping model and optimizer (``{"app": AppState(...)}``)."""
@@ -414,6 +470,8 @@ def main(kind: str, out: Path) -> None:
         torchsnapshot(out)
     elif kind in ("torchtune", "torchtune-lora"):
         torchtune(out, lora=kind.endswith("lora"))
+    elif kind in ("composer", "composer-sharded"):
+        composer(out, sharded=kind.endswith("sharded"))
     elif kind == "dcp-app":
         dcp_app(out)
     elif kind == "dcp-hf":
