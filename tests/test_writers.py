@@ -5,7 +5,6 @@ the data each fail, naming the file or part, in ``drill run`` and ``drill verify
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -115,9 +114,9 @@ WRITERS = {
 
 
 def _needs(kind: str) -> None:
-    module = writers.NEEDS[kind.split("-")[0]] if kind.split("-")[0] in writers.NEEDS else None
-    if module is not None and importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed: no real checkpoint of it to drill")
+    why = writers.missing(kind)
+    if why is not None:
+        pytest.skip(why)
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ from drill.formats.dcp_index import claimed_bytes, file_sizes, inventory, saved_
 from drill.formats.dcp_layout import apply_layout
 from drill.formats.dcp_names import DCP_METADATA
 from drill.formats.dcp_types import check_metadata, element_size, is_byte_io, load_metadata, narrow, read_items
-from drill.formats.safeload import load_failure, numpy_arrays
+from drill.formats.safeload import inert_values, load_failure
 from drill.integrity.hashing import ChunkHasher, crc32
 from drill.integrity.reading import (
     ATTEMPTS,
@@ -75,10 +75,11 @@ class MetadataUnreadable(Exception):
 
 
 def load_value(value: io.BytesIO, fqn: str, failures: list[ItemFailure]) -> tuple[bool, Any]:
-    """A pickled DCP value, loaded with ``weights_only=True``; (False, None) and a recorded
-    failure when it will not deserialize."""
+    """A pickled DCP value, loaded with ``weights_only=True`` admitting the plain values every
+    load admits (:data:`~drill.formats.safeload.INERT_VALUES`: a timestamp's ``timedelta``, numpy
+    RNG arrays); (False, None) and a recorded failure when it will not deserialize."""
     try:
-        with torch.serialization.safe_globals(numpy_arrays()):  # RNG states hold numpy arrays: data, not code
+        with torch.serialization.safe_globals(inert_values()):
             return True, bounded(torch.load(value, weights_only=True), value.getbuffer().nbytes)
     except Exception as exc:  # noqa: BLE001 - any failure is evidence, not a crash
         code, reason = load_failure(exc)

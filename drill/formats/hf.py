@@ -108,8 +108,9 @@ class HFTrainer(Format):
         return None
 
     def every_save(self, name: str) -> bool:
-        """Its optimizer, scheduler and every process's RNG file: the Trainer writes them on every save."""
-        return name in RESUME_FILES or _RNG.match(name) is not None
+        """Its optimizer and scheduler (its RNG files are named by the world size, which a resume
+        may change: the format checks them rank by rank)."""
+        return name in ("optimizer.pt", "scheduler.pt")
 
     def is_export(self, ref: CheckpointRef, entries: list[Entry]) -> bool:
         """trainer_state.json but no step in the name and none of the files a resume reads:

@@ -140,9 +140,9 @@ def load_failure(exc: BaseException) -> tuple[str, str]:
     return "entry-not-loaded", f"the bytes do not unpickle ({why}): damaged or truncated"
 
 
-def numpy_arrays() -> list[Any]:
-    """The numpy globals an RNG state's arrays need, for ``torch.serialization.safe_globals``."""
-    return resolve_globals(NUMPY_ARRAYS)
+def inert_values() -> list[Any]:
+    """:data:`INERT_VALUES`, resolved, for ``torch.serialization.safe_globals``: what every load admits."""
+    return resolve_globals(INERT_VALUES)
 
 
 def resolve_globals(names: Iterable[str]) -> list[Any]:

@@ -51,6 +51,26 @@ NEEDS = {
     "composer": "composer",
 }
 """Writer prefix → the module it needs (its tests skip where it does not install)."""
+APART = Path(__file__).resolve().parents[2] / ".writers"
+"""Where trainers whose pins exclude this torch are installed, seen by their writer processes
+only (tests/writers-no-deps.txt)."""
+INSTALLED_APART = ("composer",)
+
+
+def missing(kind: str) -> str | None:
+    """Why the library a ``kind`` writer needs is not here (None: it is)."""
+    import importlib.util
+
+    prefix = kind.split("-")[0]
+    module = NEEDS.get(prefix)
+    if module is None:
+        return None
+    if prefix in INSTALLED_APART:
+        found = (APART / module).is_dir()
+        how = f"install it apart: pip install --no-deps --target {APART.name} -r tests/writers-no-deps.txt"
+    else:
+        found, how = importlib.util.find_spec(module) is not None, "it does not install here"
+    return None if found else f"{module} is not installed ({how}): no real checkpoint of it to drill"
 
 
 def spawn(kind: str, out: Path, timeout: float = 600) -> Path:
@@ -65,7 +85,10 @@ def spawn(kind: str, out: Path, timeout: float = 600) -> Path:
             "DS_ACCELERATOR": "cpu",
             "CUDA_VISIBLE_DEVICES": "",
             "HF_HUB_OFFLINE": "1",
+            "WRITER_PORT": str(_free_port()),
         }
+        if kind.split("-")[0] in INSTALLED_APART:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(APART), env.get("PYTHONPATH")]))
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "tests.support.writers", kind, str(out)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
@@ -77,6 +100,14 @@ def spawn(kind: str, out: Path, timeout: float = 600) -> Path:
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{kind} writer failed: {outs[0][-3000:]} {outs[-1][-1500:]}")
     return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _model() -> Any:
