@@ -81,6 +81,16 @@ def _latest_ahead(run: Path, ckpt: Path) -> None:
     (run / "latest").write_text("global_step9")
 
 
+def _link_ahead(link: str, target: str) -> Callable[[Path, Path], None]:
+    """The writer's resume link (Composer's ``latest``) pointed at a save never written."""
+
+    def write(run: Path, ckpt: Path) -> None:
+        (run / link).unlink()
+        os.symlink(target, run / link)
+
+    return write
+
+
 def _half_written_next(marker: str) -> Callable[[Path, Path], None]:
     """A newer save the library's auto-resume would take, cut before its commit (``marker``)."""
 
@@ -108,6 +118,7 @@ WRITERS = {
                         ahead=(_half_written_next("*.index.json"), "pointer-incomplete", "torchtune's resume_from_checkpoint"), never_saved=frozenset({"rng", "lr_scheduler"}), verify_sees_slot=False, pickled="../recipe_state/recipe_state.pt"),
     "torchtune-lora": Writer("output", "epoch_1", "torchtune", "adapter_model.pt", ("../recipe_state/recipe_state.pt", _rewrite(_drop_first_slot)), rng="../recipe_state/recipe_state.pt",
                              ahead=(_half_written_next("*.index.json"), "pointer-incomplete", "torchtune's resume_from_checkpoint"), never_saved=frozenset({"rng", "lr_scheduler"}), verify_sees_slot=False, pickled="../recipe_state/recipe_state.pt"),
+    "composer-sharded": Writer("", "ep1-ba16", "dcp", "__1_0.distcp", None, ahead=(_link_ahead("latest", "ep2-ba24"), "pointer-ahead", "latest")),
     "dcp-app": Writer("", "step-3", "dcp", "__0_0.distcp", None),
     "dcp-hf": Writer("", "step-3", "safetensors", "model-00001-of-00001.safetensors", None, never_saved=frozenset({"optimizer", "lr_scheduler", "dataloader", "rng", "train_state"})),
 }  # fmt: skip
@@ -137,7 +148,7 @@ def copy_of(written, tmp_path: Path):
     def get(kind: str) -> tuple[Path, Path]:
         """(run root, checkpoint) of a private copy."""
         w = WRITERS[kind]
-        run = Path(shutil.copytree(written(kind), tmp_path / kind)) / w.root
+        run = Path(shutil.copytree(written(kind), tmp_path / kind, symlinks=True)) / w.root
         return run, run / w.checkpoint
 
     return get
@@ -583,3 +594,87 @@ def test_a_recipe_state_without_a_part_the_recipe_always_saves_fails_naming_it(
     _rewrite(lambda obj: obj.pop(part))(ckpt / "../recipe_state/recipe_state.pt")
     outcome = _drill(run, sqlite_url)
     assert outcome.status == "failed" and ("keys", "part-missing", part) in _errors(outcome), _errors(outcome)
+
+
+# -- Composer's monolithic checkpoints: one torch.save file per save, and the link autoresume follows
+COMPOSER_NEWEST = "ep1-ba16-rank0.pt"
+
+
+def _flip_in_a_tensor(path: Path) -> None:
+    """One bit of the first tensor's bytes (inside a record its CRC-32 covers)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename)
+    data = bytearray(path.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start + info.compress_size // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+COMPOSER_DAMAGE = {
+    "flip": (_flip_in_a_tensor, ("integrity", "crc-mismatch", COMPOSER_NEWEST), True),
+    "truncate": (lambda p: os.truncate(p, p.stat().st_size // 2), ("integrity", "zip-corrupt", COMPOSER_NEWEST), True),
+    "slot": (_rewrite(lambda o: o["state"]["optimizers"]["AdamW"]["state"].pop("module.0.weight")),
+             ("contract", "optimizer-slot-missing", "optimizer.state.module.0.weight.exp_avg"), False),
+    "rng": (_rewrite(lambda o: o.pop("rng")), ("keys", "part-missing", "rng"), False),
+    "rng-rank": (_rewrite(lambda o: o["rng"][0].pop("numpy")), ("contract", "rng-generator-missing", "rng.rank_0"), False),
+    "loader": (_rewrite(lambda o: o["state"].pop("dataset_state")), ("keys", "part-incomplete", "dataloader.dataset_state"), False),
+    "timestamp": (_rewrite(lambda o: o["state"].pop("timestamp")), ("keys", "part-missing", "train_state"), False),
+}  # fmt: skip
+
+
+@pytest.fixture
+def composer_run(written, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(written("composer"), tmp_path / "composer", symlinks=True))
+
+
+def test_a_clean_composer_checkpoint_passes_and_its_link_is_a_pointer(composer_run: Path, sqlite_url: str) -> None:
+    outcome = _drill(composer_run, sqlite_url)
+    assert outcome.status == "passed", _errors(outcome)
+    assert outcome.checkpoint is not None and (outcome.checkpoint.name, outcome.checkpoint.format) == (
+        COMPOSER_NEWEST,
+        "composer",
+    )
+    assert outcome.checkpoint.step == 16 and "latest-rank0.pt" not in [c.name for c in _listed(composer_run)]
+    assert verify_checkpoint(str(composer_run / COMPOSER_NEWEST)).status == "passed"
+    renamed = composer_run / "final.pt"  # known by its shape whatever its name
+    shutil.copy(composer_run / COMPOSER_NEWEST, renamed)
+    outcome = _drill(renamed, sqlite_url)
+    assert outcome.status == "passed" and outcome.check("keys").evidence["format"] == "composer", _errors(outcome)
+
+
+def _listed(run: Path) -> list:
+    from drill.discover import discover
+    from drill.storage import LocalStorage
+
+    return discover(LocalStorage(), str(run)).checkpoints
+
+
+@pytest.mark.parametrize("damage", COMPOSER_DAMAGE)
+def test_damage_to_a_composer_checkpoint_fails_naming_it(composer_run: Path, damage: str, sqlite_url: str) -> None:
+    edit, finding, in_verify = COMPOSER_DAMAGE[damage]
+    edit(composer_run / COMPOSER_NEWEST)
+    outcome = _drill(composer_run, sqlite_url)
+    assert outcome.status == "failed" and outcome.exit_code == 1, _errors(outcome)
+    assert finding in _errors(outcome), _errors(outcome)
+    if in_verify:
+        verified = verify_checkpoint(str(composer_run / COMPOSER_NEWEST))
+        assert verified.status == "failed" and any(f.code == finding[1] for f in verified.result.findings)
+
+
+@pytest.mark.parametrize(
+    ("how", "code"), [("ahead", "pointer-ahead"), ("dangling", "pointer-dangling"), ("deleted", "pointer-ahead")]
+)
+def test_composers_latest_link_dangling_or_ahead_fails(
+    composer_run: Path, how: str, code: str, sqlite_url: str
+) -> None:
+    """Composer's autoresume restarts from batch 0 when its link dangles: drill names the link."""
+    link = composer_run / "latest-rank0.pt"
+    if how == "deleted":
+        (composer_run / COMPOSER_NEWEST).unlink()  # the link now names a save that is gone
+    else:
+        link.unlink()
+        os.symlink("ep2-ba24-rank0.pt" if how == "ahead" else "checkpoint-final.pt", link)
+    outcome = _drill(composer_run, sqlite_url)
+    assert outcome.status == "failed" and ("resume", code, "latest-rank0.pt") in _errors(outcome), _errors(outcome)

@@ -18,8 +18,8 @@ def _part_shape(layout) -> dict[str, tuple[str, ...]]:  # type: ignore[no-untype
     """Sub-keys without which a part cannot be loaded back into its object (a flat-partitioned
     optimizer keeps its state as partitions, not per parameter)."""
     flat = layout is not None and layout.optimizer_keys == "flat"
-    counters = layout.train_counters if layout is not None else ("step",)
-    return {parts.OPTIMIZER: ("partitions" if flat else "state", "param_groups"), parts.TRAIN_STATE: counters}
+    held = layout.must_hold if layout is not None else {parts.TRAIN_STATE: ("step",)}
+    return {parts.OPTIMIZER: ("partitions" if flat else "state", "param_groups"), **held}
 
 
 def check_keys(inputs: CheckInputs) -> CheckResult:

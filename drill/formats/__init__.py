@@ -30,6 +30,7 @@ _REGISTRY = {
     "torchtune": "drill.formats.torchtune:TorchTune",
     "safetensors": "drill.formats.safetensors_dir:SafetensorsDir",
     "dcp": "drill.formats.dcp:DCP",
+    "composer": "drill.formats.composer:Composer",
     "torch-save": "drill.formats.torch_save:TorchSave",
     "lightning": "drill.formats.torch_save:Lightning",
     "unknown": "drill.formats.unknown:UnknownWriter",  # last: what no format above claims

@@ -32,9 +32,10 @@ class Layout:
     """For ``flat``: the elements of each parameter group, which the ranks' partitions must cover."""
     step_counters: dict[str, int] = field(default_factory=dict)
     """Source → step value, from places other than the state (file names, JSON)."""
-    train_counters: tuple[str, ...] = ("step",)
-    """What its train state counts in, without which a resume does not know where it is
-    (torchtune's recipes count epochs and rebuild the step)."""
+    must_hold: dict[str, tuple[str, ...]] = field(default_factory=lambda: {"train_state": ("step",)})
+    """Part → the entries its writer always saves in it, each absent one damage when the part is
+    there (``train_state.step``; torchtune's recipes count epochs and rebuild the step;
+    Composer's loader state is its ``dataset_state`` and seed)."""
     scheduler_per_step: bool = True
     """Whether the LR scheduler steps once per optimizer step (so its counter must agree)."""
     rank_files: dict[str, list[int]] = field(default_factory=dict)

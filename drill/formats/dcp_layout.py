@@ -104,6 +104,8 @@ def _describe(result: RestoreResult, rec: Recognized, names: set[str]) -> None:
     )
     layout.side_files = tuple(rec.side_files)
     layout.missing_files = {n: SIDE_FILES[n] for n in rec.side_files if n not in names}
+    if rec.facts is not None:
+        rec.facts(layout)
 
 
 def structure(

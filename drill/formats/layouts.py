@@ -80,11 +80,22 @@ class Recognized:
     """The parts a resume of this layout cannot do without (None: every canonical part)."""
     items: Callable[[str, Any], Iterator[tuple[str, Any]]] = field(default=lambda key, value: iter([(key, value)]))
     """How one raw entry becomes canonical (key, value) pairs in this layout."""
+    facts: Callable[[Any], Any] | None = None
+    """What the writer's format module says of its layout beyond these fields (applied last)."""
 
 
 def recognize(keys: set[str], names: set[str], dirname: str) -> Recognized:
     """The layout of a DCP checkpoint from its keys (empty when ``.metadata`` is unreadable), the
     names of its files and its directory's name."""
+    from drill.formats import composer
+
+    if composer.is_composer_keys(keys):
+        return Recognized(
+            "Composer FSDP sharded",
+            "Composer's state.{model, optimizers, timestamp} and per-rank rng, flattened by dcp.save",
+            items=composer.items,
+            facts=composer.layout_facts,
+        )
     if _megatron_like(keys, names, dirname):
         return Recognized(
             "Megatron torch_dist",

@@ -101,6 +101,10 @@ def canonicalize(obj: Any) -> tuple[dict[str, Any], Layout]:
         return state, bare
     if isinstance(obj, dict) and any(k in obj for k in LIGHTNING_MARKERS):
         return canonicalize_lightning(obj)
+    from drill.formats import composer
+
+    if composer.is_composer(obj):  # renamed from ep{e}-ba{b}-rank{r}.pt: known by its shape
+        return composer.canonicalize(obj)
     if isinstance(obj, dict):
         state, layout = canonicalize_dict(obj)
         if any(k.startswith(parts.MODEL + ".") for k in state):

@@ -132,7 +132,7 @@ class TorchTune(SafetensorsDir):
             never_saved=dict(NEVER_SAVED),
             optimizer_keys="index",
             scheduler_per_step=False,
-            train_counters=("epoch",),
+            must_hold={parts.TRAIN_STATE: ("epoch",)},
             recognized=f"torchtune recipe checkpoint: {ref.name}'s weights with {RECIPE_PATH}",
             save_hint="torchtune saves it in recipe_state.pt while epochs remain: was the file deleted, or the run saved with intermediate checkpoints off?",
         )
