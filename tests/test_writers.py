@@ -118,6 +118,8 @@ WRITERS = {
                         ahead=(_half_written_next("*.index.json"), "pointer-incomplete", "torchtune's resume_from_checkpoint"), never_saved=frozenset({"rng", "lr_scheduler"}), verify_sees_slot=False, pickled="../recipe_state/recipe_state.pt"),
     "torchtune-lora": Writer("output", "epoch_1", "torchtune", "adapter_model.pt", ("../recipe_state/recipe_state.pt", _rewrite(_drop_first_slot)), rng="../recipe_state/recipe_state.pt",
                              ahead=(_half_written_next("*.index.json"), "pointer-incomplete", "torchtune's resume_from_checkpoint"), never_saved=frozenset({"rng", "lr_scheduler"}), verify_sees_slot=False, pickled="../recipe_state/recipe_state.pt"),
+    "lightning-deepspeed": Writer("", "epoch=1-step=8.ckpt", "lightning-deepspeed", "checkpoint/zero_pp_rank_1_mp_rank_00_optim_states.pt", ("checkpoint/zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)),
+                                  ahead=(_link_ahead("last.ckpt", "epoch=2-step=12.ckpt"), "pointer-ahead", "last.ckpt"), never_saved=frozenset({"rng"}), pickled="checkpoint/mp_rank_00_model_states.pt"),
     "composer-sharded": Writer("", "ep1-ba16", "dcp", "__1_0.distcp", None, ahead=(_link_ahead("latest", "ep2-ba24"), "pointer-ahead", "latest")),
     "dcp-app": Writer("", "step-3", "dcp", "__0_0.distcp", None),
     "dcp-hf": Writer("", "step-3", "safetensors", "model-00001-of-00001.safetensors", None, never_saved=frozenset({"optimizer", "lr_scheduler", "dataloader", "rng", "train_state"})),
@@ -678,3 +680,20 @@ def test_composers_latest_link_dangling_or_ahead_fails(
         os.symlink("ep2-ba24-rank0.pt" if how == "ahead" else "checkpoint-final.pt", link)
     outcome = _drill(composer_run, sqlite_url)
     assert outcome.status == "failed" and ("resume", code, "latest-rank0.pt") in _errors(outcome), _errors(outcome)
+
+
+@pytest.mark.parametrize(("removed", "part"), [("loops", "dataloader"), ("lr_schedulers", None)])
+def test_lightnings_state_inside_deepspeeds_checkpoint_is_checked(
+    copy_of, removed: str, part: str | None, sqlite_url: str
+) -> None:
+    """Lightning with DeepSpeed restarts at step 0 when its loops are missing: they travel in
+    DeepSpeed's client state, and drill reads them there (a scheduler is recommended: a warning)."""
+    run, ckpt = copy_of("lightning-deepspeed")
+    _rewrite(lambda obj: obj.pop(removed))(ckpt / "checkpoint" / "mp_rank_00_model_states.pt")
+    outcome = _drill(run, sqlite_url)
+    if part is None:
+        assert outcome.status == "passed" and "lr_scheduler" in [
+            f.subject for f in outcome.findings if f.code == "part-missing"
+        ]
+        return
+    assert outcome.status == "failed" and ("keys", "part-missing", part) in _errors(outcome), _errors(outcome)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 _REGISTRY = {
     "hf-trainer": "drill.formats.hf:HFTrainer",
+    "lightning-deepspeed": "drill.formats.lightning_deepspeed:LightningDeepSpeed",
     "deepspeed": "drill.formats.deepspeed:DeepSpeed",
     "accelerate": "drill.formats.accelerate:Accelerate",
     "torchsnapshot": "drill.formats.torchsnapshot:TorchSnapshot",

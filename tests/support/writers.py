@@ -37,6 +37,7 @@ RANKS = {
     "torchsnapshot": 1,
     "torchtune": 1,
     "torchtune-lora": 1,
+    "lightning-deepspeed": 2,
     "composer": 1,
     "composer-sharded": 2,
     "dcp-app": 1,
@@ -49,6 +50,7 @@ NEEDS = {
     "torchsnapshot": "torchsnapshot",
     "torchtune": "torchtune",
     "composer": "composer",
+    "lightning": "deepspeed",
 }
 """Writer prefix → the module it needs (its tests skip where it does not install)."""
 APART = Path(__file__).resolve().parents[2] / ".writers"
@@ -391,6 +393,68 @@ def _tune_weights(model: Any, lora: bool) -> dict[str, Any]:
     }
 
 
+# -- Lightning with DeepSpeed ------------------------------------------------------------------
+def lightning_deepspeed(out: Path) -> None:
+    """Lightning's ``Trainer`` with its ``DeepSpeedStrategy`` (ZeRO-2, 2 ranks), checkpointing
+    every 4 steps over 2 epochs: ``epoch=E-step=S.ckpt/`` directories holding DeepSpeed's
+    checkpoint (tag ``checkpoint``) with Lightning's loops, schedulers and counters in its client
+    state, and a ``last.ckpt`` link. Lightning's strategy is CUDA-only in three checks; the
+    subclass below passes them on CPU (../shared/ENGINES.md), its save code untouched."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.fabric.utilities.seed import reset_seed
+    from torch.utils.data import DataLoader, TensorDataset
+
+    _no_shm_build()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["WRITER_PORT"], NODE_RANK="0")
+
+    class CPUDeepSpeed(DeepSpeedStrategy):
+        def setup_environment(self) -> None:
+            DDPStrategy.setup_environment(self)  # DeepSpeedStrategy's refuses a CPU accelerator first
+
+        def setup_distributed(self) -> None:
+            import deepspeed as ds
+
+            reset_seed()
+            self.set_world_ranks()
+            self._process_group_backend = "gloo"
+            ds.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, init_method=os.environ["WRITER_INIT"],
+                                rank=self.global_rank, world_size=self.world_size)  # fmt: skip
+
+        @property
+        def root_device(self) -> torch.device:
+            return torch.device("cpu", 0)  # deepspeed.initialize is given its index
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _model()
+
+        def training_step(self, batch: Any, _: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.AdamW(self.parameters(), lr=1e-3)
+            return {
+                "optimizer": opt,
+                "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 2), "interval": "step"},
+            }
+
+    g = torch.Generator().manual_seed(2)
+    data = TensorDataset(torch.randn(32, 8, generator=g), torch.randn(32, 4, generator=g))
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy=CPUDeepSpeed(stage=2), max_epochs=2, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(out),
+        callbacks=[ModelCheckpoint(dirpath=str(out), every_n_train_steps=4, save_top_k=-1, save_last="link")],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    trainer.fit(Module(), DataLoader(data, batch_size=4, shuffle=True))
+
+
 # -- MosaicML Composer ------------------------------------------------------------------------
 def _composer_import() -> Any:
     """Composer imports torchvision, whose registry wheels are CUDA builds that register fake
@@ -501,6 +565,8 @@ def main(kind: str, out: Path) -> None:
         torchsnapshot(out)
     elif kind in ("torchtune", "torchtune-lora"):
         torchtune(out, lora=kind.endswith("lora"))
+    elif kind == "lightning-deepspeed":
+        lightning_deepspeed(out)
     elif kind in ("composer", "composer-sharded"):
         composer(out, sharded=kind.endswith("sharded"))
     elif kind == "dcp-app":
