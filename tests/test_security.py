@@ -603,3 +603,45 @@ def test_a_trainers_plain_values_load_and_anything_else_stays_refused() -> None:
     torch.save({"hook": _Holder(1)}, buffer)
     with pytest.raises(UnsafePickle, match="_Holder"):
         load_torch(memoryview(buffer.getvalue()))
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_refused_side_value_is_a_finding_and_the_rest_is_still_checked(tmp_path: Path, sqlite_url: str) -> None:
+    """A class outside the allow-list (a trainer's ``argparse.Namespace`` of arguments) is
+    ``unsafe-pickle`` naming it and the file — and everything else in the file is still read
+    (the class an inert stand-in, nothing constructed) and checked. Code is refused whole."""
+    import argparse
+
+    from tests.conftest import drill
+
+    net = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(net.parameters())
+    net(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    run = tmp_path / "run"
+    run.mkdir()
+    base = {"model": net.state_dict(), "optimizer": opt.state_dict(), "step": 1}
+    torch.save({**base, "args": argparse.Namespace(lr=0.1)}, run / "step_1.pt")
+    outcome = drill(run, sqlite_url)
+    refused = [f for f in outcome.findings if f.code == "unsafe-pickle"]
+    assert outcome.status == "failed" and refused and "argparse.Namespace" in refused[0].message
+    assert refused[0].subject is not None and "step_1.pt" in refused[0].subject
+    keys = outcome.check("keys")
+    assert keys is not None and keys.evidence["parts"].get("model") == 2 and keys.evidence["parts"].get("optimizer")
+    # Damage beside the refused value is still found.
+    del base["optimizer"]["state"][0]["exp_avg"]
+    torch.save({**base, "args": argparse.Namespace(lr=0.1)}, run / "step_1.pt")
+    codes = [f.code for f in drill(run, sqlite_url).findings]
+    assert "unsafe-pickle" in codes and "optimizer-slot-missing" in codes
+    marker = tmp_path / "ran"
+    torch.save({**base, "hook": _Payload(marker)}, run / "step_1.pt")
+    outcome = drill(run, sqlite_url)
+    assert outcome.status == "failed" and not marker.exists()
+    assert outcome.check("keys") is None or outcome.check("keys").skipped

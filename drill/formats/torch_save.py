@@ -14,7 +14,7 @@ from typing import Any
 from drill import parts
 from drill.checkpoints import SINGLE_FILE_SUFFIXES, CheckpointRef, step_of
 from drill.formats import state_view
-from drill.formats.base import Format, RestoreContext, Structure, check_budget, read_file, tally
+from drill.formats.base import Format, RestoreContext, Structure, check_budget, one_line, read_file, tally
 from drill.formats.canonical import Layout, flatten, inventory
 from drill.integrity.structure import zip_structure
 from drill.restore import ItemFailure, RestoreResult
@@ -192,13 +192,35 @@ class TorchSave(Format):
         try:
             return load_torch(view, ctx.allow_classes, map_location=ctx.device)
         except UnsafePickle as exc:
-            result.failures.append(ItemFailure(name, name, exc.reason, code="unsafe-pickle"))
-            result.metadata_error = f"{name} was not loaded: it names {exc}"
+            if exc.code:  # code the trainer's own load would run: nothing of it is read
+                result.failures.append(ItemFailure(name, name, exc.reason, code="unsafe-pickle"))
+                result.metadata_error = f"{name} was not loaded: it names {exc}"
+                return None
+            obj = TorchSave._rest(view, ctx, name, result)
+            rest = (
+                "; the rest of the file was read with it as an inert stand-in, and checked" if obj is not None else ""
+            )
+            result.failures.append(ItemFailure(name, name, exc.reason + rest, code="unsafe-pickle"))
+            return obj
         except Exception as exc:  # noqa: BLE001 - a damaged file is evidence
             code, why = load_failure(exc)
             result.metadata_error = f"{name} does not load: {why}"
             result.metadata_code = code if code == "pickle-bomb" else result.metadata_code
         return None
+
+    @staticmethod
+    def _rest(view: memoryview, ctx: RestoreContext, name: str, result: RestoreResult) -> Any:
+        """A class outside the allow-list is a finding, not the end of the drill: the rest of
+        the file is read with every class it names an inert stand-in (nothing constructed), and
+        checked."""
+        from drill.formats.inert import load_inert, plain
+
+        try:
+            obj, _ = load_inert(view, map_location=ctx.device)
+        except Exception as exc:  # noqa: BLE001 - refused already; what else is wrong is evidence
+            result.metadata_error = f"{name} was not loaded: {one_line(exc)}"
+            return None
+        return plain(obj)
 
 
 class Lightning(TorchSave):
