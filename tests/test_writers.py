@@ -697,3 +697,17 @@ def test_lightnings_state_inside_deepspeeds_checkpoint_is_checked(
         ]
         return
     assert outcome.status == "failed" and ("keys", "part-missing", part) in _errors(outcome), _errors(outcome)
+
+
+def test_a_torchsnapshot_without_its_rng_state_fails_naming_it(copy_of, sqlite_url: str) -> None:
+    """The RNG entry cut from the manifest was read as "this run never saved it" (exit 0)."""
+    run, ckpt = copy_of("torchsnapshot")
+    path = ckpt / ".snapshot_metadata"
+    doc = json.loads(path.read_text())
+    cut = [k for k in doc["manifest"] if k.split("/")[1:2] == ["rng"]]
+    assert cut, sorted(doc["manifest"])
+    for key in cut:
+        del doc["manifest"][key]
+    path.write_text(json.dumps(doc))
+    outcome = _drill(run, sqlite_url)
+    assert outcome.status == "failed" and ("keys", "part-missing", "rng") in _errors(outcome), _errors(outcome)

@@ -355,12 +355,15 @@ def _canonical_layout(ref: CheckpointRef) -> Any:
 
     layout = Layout(
         format="torchsnapshot",
-        required=(parts.MODEL, parts.OPTIMIZER),
-        recommended=(parts.TRAIN_STATE, parts.RNG, parts.LR_SCHEDULER, parts.DATALOADER),
+        # Its RNGState is how a torchsnapshot run resumes its generators: an absent one is damage
+        # or a run that cannot resume bit for bit, never read as "this run never saved it".
+        required=(parts.MODEL, parts.OPTIMIZER, parts.RNG),
+        recommended=(parts.TRAIN_STATE, parts.LR_SCHEDULER, parts.DATALOADER),
         optimizer_keys="index",
         rng_generators=("torch CPU",),
         recognized="torchsnapshot: an app state's entries located by .snapshot_metadata",
-        save_hint="put it in the app_state passed to Snapshot.take (a Stateful: its state_dict() is saved)",
+        save_hint="put it in the app_state passed to Snapshot.take (a Stateful: its state_dict() is saved; "
+        "torchsnapshot.RNGState() for the generators), or pass --allow-missing rng for a run that saves none",
     )
     if ref.step is not None:
         layout.step_counters["directory name"] = ref.step
