@@ -120,7 +120,7 @@ WRITERS = {
                              ahead=(_half_written_next("*.index.json"), "pointer-incomplete", "torchtune's resume_from_checkpoint"), never_saved=frozenset({"rng", "lr_scheduler"}), verify_sees_slot=False, pickled="../recipe_state/recipe_state.pt"),
     "lightning-deepspeed": Writer("", "epoch=1-step=8.ckpt", "lightning-deepspeed", "checkpoint/zero_pp_rank_1_mp_rank_00_optim_states.pt", ("checkpoint/zero_pp_rank_0_mp_rank_00_optim_states.pt", _rewrite(_drop_ds_slot)),
                                   ahead=(_link_ahead("last.ckpt", "epoch=2-step=12.ckpt"), "pointer-ahead", "last.ckpt"), never_saved=frozenset({"rng"}), pickled="checkpoint/mp_rank_00_model_states.pt"),
-    "composer-sharded": Writer("", "ep1-ba16", "dcp", "__1_0.distcp", None, ahead=(_link_ahead("latest", "ep2-ba24"), "pointer-ahead", "latest")),
+    "composer-sharded": Writer("", "ep1-ba16", "dcp", "__1_0.distcp", None, ahead=(_link_ahead("latest-rank0.pt", "ep2-ba24"), "pointer-ahead", "latest-rank0.pt")),
     "dcp-app": Writer("", "step-3", "dcp", "__0_0.distcp", None),
     "dcp-hf": Writer("", "step-3", "safetensors", "model-00001-of-00001.safetensors", None, never_saved=frozenset({"optimizer", "lr_scheduler", "dataloader", "rng", "train_state"})),
 }  # fmt: skip

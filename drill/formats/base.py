@@ -117,6 +117,12 @@ class Format(ABC):
         it (``sizes``: its files as listed); None when the format has none."""
         return None
 
+    def view_of(self, obj: Any) -> tuple[dict[str, Any], Any] | None:
+        """The canonical view and layout of an object loaded from a ``torch.save`` file, when
+        this format knows it by its shape whatever the file is called (Composer's ``state``
+        beside ``rng``); None when it is not this format's."""
+        return None
+
     def every_save(self, name: str) -> bool:
         """Whether its writer writes the file ``name`` (at a checkpoint's top) on every save of a
         run once it has written it in one: absent from this save while the run's other saves

@@ -13,7 +13,7 @@ Monolithic: ``ep{epoch}-ba{batch}-rank{rank}.pt`` (rank 0's), a ``torch.save`` a
 Sharded (FSDP with ``state_dict_type="sharded"``): an ``ep{epoch}-ba{batch}/`` DCP directory
 whose keys are the same paths flattened (``state.model.…``, ``rng.0.python``) — read by the
 DCP format with this module's :func:`items`. Autoresume follows ``latest-rank{rank}.pt`` (a
-symlink; ``latest`` for a sharded run), judged like every pointer (:mod:`drill.checks.resume`).
+symlink, to the directory for a sharded run), judged like every pointer (:mod:`drill.checks.resume`).
 """
 
 from __future__ import annotations
@@ -124,7 +124,9 @@ class Composer(TorchSave):
 
     name = "composer"
     label = "MosaicML Composer (ep{e}-ba{b}-rank{r}.pt, FSDP sharded ep{e}-ba{b}/)"
-    canonicalize = staticmethod(lambda obj: canonicalize(obj) if is_composer(obj) else TorchSave.canonicalize(obj))
+
+    def view_of(self, obj: Any) -> tuple[dict[str, Any], Layout] | None:
+        return canonicalize(obj) if is_composer(obj) else None
 
     def recognize_file(self, entry: Entry) -> CheckpointRef | None:
         if not (entry.is_file and _FILE.match(entry.name) and entry.size > 0):

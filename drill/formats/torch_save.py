@@ -101,10 +101,12 @@ def canonicalize(obj: Any) -> tuple[dict[str, Any], Layout]:
         return state, bare
     if isinstance(obj, dict) and any(k in obj for k in LIGHTNING_MARKERS):
         return canonicalize_lightning(obj)
-    from drill.formats import composer
+    from drill import formats
 
-    if composer.is_composer(obj):  # renamed from ep{e}-ba{b}-rank{r}.pt: known by its shape
-        return composer.canonicalize(obj)
+    for fmt in formats.registered():  # a writer's file renamed: known by its shape
+        view = fmt.view_of(obj)
+        if view is not None:
+            return view
     if isinstance(obj, dict):
         state, layout = canonicalize_dict(obj)
         if any(k.startswith(parts.MODEL + ".") for k in state):

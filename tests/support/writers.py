@@ -498,7 +498,8 @@ def composer(out: Path, sharded: bool) -> None:
 
         kwargs["parallelism_config"] = {"fsdp": FSDP2Config(state_dict_type="sharded")}
         kwargs["save_filename"] = "ep{epoch}-ba{batch}"
-        kwargs["save_latest_filename"] = "latest"
+        # The link keeps its default per-rank name: with one name for all ranks, every rank
+        # removes it and only rank 0 makes it again, so whether it survives is a race.
     model = ComposerClassifier(net, num_classes=3)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     Trainer(
