@@ -402,10 +402,9 @@ def lightning_deepspeed(out: Path) -> None:
     subclass below passes them on CPU (../shared/ENGINES.md), its save code untouched."""
     import lightning.pytorch as pl
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.strategies import DeepSpeedStrategy
-    from lightning.pytorch.strategies import DDPStrategy
     from lightning.fabric.utilities.seed import reset_seed
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
     from torch.utils.data import DataLoader, TensorDataset
 
     _no_shm_build()
