@@ -711,3 +711,15 @@ def test_a_torchsnapshot_without_its_rng_state_fails_naming_it(copy_of, sqlite_u
     path.write_text(json.dumps(doc))
     outcome = _drill(run, sqlite_url)
     assert outcome.status == "failed" and ("keys", "part-missing", "rng") in _errors(outcome), _errors(outcome)
+
+
+def test_lightnings_deepspeed_checkpoint_drilled_one_level_down_is_still_lightnings(copy_of, sqlite_url: str) -> None:
+    """``--root epoch=1-step=8.ckpt/checkpoint``: a DeepSpeed checkpoint whose client state is
+    Lightning's — its loops read and required there too."""
+    run, ckpt = copy_of("lightning-deepspeed")
+    inner = ckpt / "checkpoint"
+    outcome = _drill(inner, sqlite_url)
+    assert outcome.status == "passed" and outcome.check("keys").evidence["parts"].get("dataloader"), _errors(outcome)
+    _rewrite(lambda obj: obj.pop("loops"))(inner / "mp_rank_00_model_states.pt")
+    outcome = _drill(inner, sqlite_url)
+    assert outcome.status == "failed" and ("keys", "part-missing", "dataloader") in _errors(outcome), _errors(outcome)

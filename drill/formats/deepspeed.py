@@ -157,6 +157,11 @@ class DeepSpeed(Format):
         restore_members(
             storage, ref.uri, members, ctx, result, lambda loaded: _canonical(loaded, models, optims, result)
         )
+        from drill.formats import lightning_deepspeed as lightning
+
+        if lightning.holds_lightning(result.state):  # Lightning's strategy wrote it: its loops are read too
+            result.state = lightning.lightning_view(result.state)
+            lightning.lightning_layout(result.layout, self.name)
         return result
 
 

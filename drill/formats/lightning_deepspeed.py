@@ -57,6 +57,30 @@ def lightning_view(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def holds_lightning(state: dict[str, Any]) -> bool:
+    """Whether a DeepSpeed checkpoint's client state is Lightning's (drilled one level down,
+    ``epoch=1-step=8.ckpt/checkpoint/`` is still Lightning's checkpoint)."""
+    return f"{CLIENT}pytorch-lightning_version" in state
+
+
+def lightning_layout(layout: Any, name: str) -> Any:
+    """What Lightning's strategy says of a DeepSpeed checkpoint's layout: its loops are required."""
+    layout.format = name
+    layout.required = (parts.MODEL, parts.OPTIMIZER, parts.TRAIN_STATE, parts.DATALOADER)
+    layout.recommended = (parts.LR_SCHEDULER,)
+    layout.never_saved = {
+        parts.RNG: "Lightning does not checkpoint RNG state (seed_everything seeds a resumed run afresh)"
+    }
+    layout.scheduler_per_step = False  # Lightning steps schedulers per epoch unless configured per step
+    layout.loader_shuffles = None
+    layout.must_hold = {parts.TRAIN_STATE: ("step",), parts.DATALOADER: ("epoch_loop.batch_progress",)}
+    layout.recognized = (
+        "Lightning's DeepSpeed strategy: DeepSpeed's checkpoint with Lightning's loops in its client state"
+    )
+    layout.save_hint = LOOPS_NEEDED
+    return layout
+
+
 class LightningDeepSpeed(Format):
     """``epoch=E-step=S.ckpt/`` directories of Lightning's DeepSpeed strategy (see the module's docstring)."""
 
@@ -110,19 +134,7 @@ class LightningDeepSpeed(Format):
         layout = sub.layout
         if layout is not None:
             layout.missing_files = {f"{TAG}/{n}": why for n, why in layout.missing_files.items()}
-            layout.format = self.name
-            layout.required = (parts.MODEL, parts.OPTIMIZER, parts.TRAIN_STATE, parts.DATALOADER)
-            layout.recommended = (parts.LR_SCHEDULER,)
-            layout.never_saved = {
-                parts.RNG: "Lightning does not checkpoint RNG state (seed_everything seeds a resumed run afresh)"
-            }
-            layout.scheduler_per_step = False  # Lightning steps schedulers per epoch unless configured per step
-            layout.loader_shuffles = None
-            layout.must_hold = {parts.TRAIN_STATE: ("step",), parts.DATALOADER: ("epoch_loop.batch_progress",)}
-            layout.recognized = (
-                f"Lightning's DeepSpeed strategy: DeepSpeed's {TAG}/ with Lightning's loops in its client state"
-            )
-            layout.save_hint = LOOPS_NEEDED
+            lightning_layout(layout, self.name)
             if ref.step is not None:
                 layout.step_counters["directory name"] = ref.step
         result.layout = layout
@@ -132,4 +144,4 @@ class LightningDeepSpeed(Format):
         return result
 
 
-__all__ = ["LightningDeepSpeed", "lightning_view"]
+__all__ = ["LightningDeepSpeed", "holds_lightning", "lightning_layout", "lightning_view"]
