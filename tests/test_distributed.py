@@ -487,7 +487,15 @@ def test_the_slurm_script_holds_the_allocation_and_no_password(
     assert res.exit_code == 2 and "allocation.rendezvous: required for more than one node" in res.stderr
 
 
-K8S_VERSIONS = ("1.28.0", "1.30.0", "1.33.0")
+def _k8s_versions() -> tuple[str, ...]:
+    """Every API schema from the minimum drill claims (``MIN_VERSION``) to 1.37."""
+    from drill.launch.k8s import MIN_VERSION
+
+    low = int(MIN_VERSION.split(".")[1])
+    return tuple(f"1.{minor}.0" for minor in range(low, 38))
+
+
+K8S_VERSIONS = _k8s_versions()
 
 
 def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_path: Path) -> None:
@@ -548,6 +556,8 @@ def test_the_kubernetes_manifests_run_on_a_real_cluster(sharded_run: Path, tmp_p
         "requests": {"cpu": "8", "memory": "65536Mi"},
         "limits": {"memory": "65536Mi", "nvidia.com/gpu": "8"},
     }
+    # pods asking for GPUs tolerate the taint GPU pools carry, or they would never schedule there
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert (
         "--node-rank=$(JOB_COMPLETION_INDEX)" in container["command"]
         and f"--master-addr=$(JOB_NAME)-0.{service['metadata']['name']}" in container["command"]
@@ -933,3 +943,52 @@ def test_a_large_job_on_a_file_rendezvous_beats_less_often(tmp_path: Path, monke
             assert (ctx.heartbeat.interval, ctx.lost_after, ctx.watch.lost_after) == (interval, lost, lost)
         finally:
             ctx.close()
+
+
+def test_kubernetes_pods_land_on_the_gpu_pool_the_policy_names(sharded_run: Path, tmp_path: Path) -> None:
+    """Node selector, tolerations and the GPU resource come from the policy, validated to the
+    API's grammar before anything is rendered; the rendered pods validate on every supported version."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from tests.conftest import invoke
+
+    kv = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate is not installed (pip install '.[dev]')"
+    )
+    base = "  launcher: k8s\n  gpus_per_node: 4\n  image: registry.internal/drill:0.3\n  volume_claim: checkpoints\n"
+    pool = (
+        base
+        + "  gpu_resource: amd.com/gpu\n  node_selector: {pool.example.com/name: mi300x, kubernetes.io/arch: amd64}\n"
+        "  tolerations:\n    - {key: dedicated, operator: Equal, value: training, effect: NoSchedule}\n"
+        "    - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 60}\n"
+    )
+    res = invoke(CliRunner(), "submit", "--policy", str(_policy(tmp_path, sharded_run, pool, name="pool")))
+    assert res.exit_code == 0, res.stderr
+    job = list(yaml.safe_load_all(res.stdout))[2]
+    for version in K8S_VERSIONS:
+        kv.validate(job, version, strict=True)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool.example.com/name": "mi300x", "kubernetes.io/arch": "amd64"}
+    assert pod["tolerations"][-1] == {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert (
+        pod["tolerations"][0]["value"] == "training"
+        and pod["containers"][0]["resources"]["limits"]["amd.com/gpu"] == "4"
+    )
+    everything = base + "  tolerations: [{operator: Exists}]\n"  # tolerates every taint: nothing added
+    res = invoke(CliRunner(), "submit", "--policy", str(_policy(tmp_path, sharded_run, everything, name="all")))
+    assert list(yaml.safe_load_all(res.stdout))[2]["spec"]["template"]["spec"]["tolerations"] == [
+        {"operator": "Exists"}
+    ]
+    for bad, why in (
+        ("  node_selector: {'bad key!': x}\n", "allocation.node_selector: 'bad key!'"),
+        ("  node_selector: {zone: 'has space'}\n", "is not a label value"),
+        ("  tolerations: [{key: gpu, effect: NoSchedul}]\n", "effect 'NoSchedul'"),
+        ("  tolerations: [{key: gpu, operator: Exists, value: x}]\n", "none with operator Exists"),
+        ("  tolerations: [{key: gpu, tolerationSeconds: 5}]\n", "with effect NoExecute only"),
+        ("  tolerations: [{key: gpu, colour: red}]\n", "unknown field 'colour'"),
+        ("  tolerations: [{value: x}]\n", "empty only with operator Exists"),
+        ("  gpu_resource: gpu\n", "an extended resource name"),
+    ):
+        res = invoke(CliRunner(), "policy", "check", str(_policy(tmp_path, sharded_run, base + bad, name="bad")))
+        assert res.exit_code == 2 and why in res.stderr, (bad, res.stderr)

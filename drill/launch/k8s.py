@@ -31,6 +31,9 @@ from drill.launch.slurm import time_limit_minutes
 from drill.policy.model import Policy
 
 PORT = 29500
+MIN_VERSION = "1.27"
+"""The oldest Kubernetes the manifests are for: Indexed Jobs are GA from 1.24, a CronJob's
+``timeZone`` from 1.27 (the tests validate against every schema from here on)."""
 POLICY_DIR = "/etc/drill"
 
 
@@ -138,7 +141,7 @@ def _pod(policy: Policy, name: str) -> dict[str, Any]:
         container["volumeMounts"].append(
             {"name": "checkpoints", "mountPath": policy.checkpoints.root, "readOnly": True}
         )
-    return {
+    pod: dict[str, Any] = {
         "subdomain": name,
         "restartPolicy": "Never",
         "activeDeadlineSeconds": time_limit_minutes(policy) * 60,  # from the pod's start: time pending does not count
@@ -151,6 +154,22 @@ def _pod(policy: Policy, name: str) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes,
     }
+    if a.node_selector:
+        pod["nodeSelector"] = dict(a.node_selector)
+    tolerations = _tolerations(a)
+    if tolerations:
+        pod["tolerations"] = tolerations
+    return pod
+
+
+def _tolerations(a: Any) -> list[dict[str, Any]]:
+    """The policy's tolerations, and — for pods asking for GPUs — the ``<gpu_resource>:NoSchedule``
+    taint GPU pools carry, unless the policy already says how to tolerate it."""
+    out = [dict(t) for t in a.tolerations]
+    covered = any(t.get("key") == a.gpu_resource or (not t.get("key") and t.get("operator") == "Exists") for t in out)
+    if a.gpus_per_node and not covered:
+        out.append({"key": a.gpu_resource, "operator": "Exists", "effect": "NoSchedule"})
+    return out
 
 
 def _env(a: Any) -> list[dict[str, Any]]:
@@ -167,7 +186,7 @@ def _resources(policy: Policy) -> dict[str, Any]:
     cpu = f"{a.cpu if a.cpu is not None else a.ranks_per_node:g}"
     resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
     if a.gpus_per_node:
-        resources["limits"]["nvidia.com/gpu"] = str(a.gpus_per_node)  # a quantity: a string
+        resources["limits"][a.gpu_resource] = str(a.gpus_per_node)  # a quantity: a string
     return resources
 
 
@@ -206,4 +225,4 @@ def render(policy: Policy, *, cron: bool = False, suffix: str | None = None) -> 
     return render_docs(manifests(policy, cron=cron, suffix=suffix))
 
 
-__all__ = ["PORT", "base_name", "manifests", "pod_of", "render", "render_docs", "warnings_for"]
+__all__ = ["MIN_VERSION", "PORT", "base_name", "manifests", "pod_of", "render", "render_docs", "warnings_for"]

@@ -64,6 +64,12 @@ def _mapping_value(value: Any) -> dict[str, Any]:
     return {str(k): v for k, v in value.items()}
 
 
+def _mapping_list(value: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ValueError("expected a list of mappings")
+    return tuple({str(k): v for k, v in item.items()} for item in value)
+
+
 def _str_list(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError("expected a list of strings")
@@ -117,6 +123,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "launcher": STR, "nodes": INT, "ranks_per_node": INT, "gpus_per_node": INT, "partition": STR, "account": STR,
         "time_limit": _duration, "queue_timeout": _duration, "rendezvous": STR, "log_dir": STR, "sbatch_args": _str_list, "image": STR, "namespace": STR,
         "volume_claim": STR, "host_path": STR, "s3_secret": STR, "database_secret": STR, "cpu": NUM, "memory": _size, "run_as_user": INT,
+        "node_selector": _mapping_value, "tolerations": _mapping_list, "gpu_resource": STR,
     },
 }  # fmt: skip
 

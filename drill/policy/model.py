@@ -31,6 +31,39 @@ SLURM_NAMES = re.compile(r"[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*")
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+QUALIFIED = re.compile(
+    r"(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+"""A Kubernetes label key or resource name: an optional DNS-subdomain prefix and ``/``, a name of at most 63."""
+LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+EXTENDED_RESOURCE = re.compile(r"[a-z0-9.-]+\.[a-z0-9-]+/.+")
+"""Extended resources are named within a domain (``nvidia.com/gpu``)."""
+TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _toleration_problem(tol: Any) -> str | None:
+    """What the API would refuse in one toleration (None: nothing)."""
+    if not isinstance(tol, dict) or not tol:
+        return "a mapping of key, operator, value, effect, tolerationSeconds"
+    unknown = sorted(set(map(str, tol)) - TOLERATION_KEYS)
+    if unknown:
+        return f"unknown field {unknown[0]!r} (expected {', '.join(sorted(TOLERATION_KEYS))})"
+    operator = tol.get("operator", "Equal")
+    if operator not in ("Equal", "Exists"):
+        return f"operator {operator!r}: Equal or Exists"
+    key, value = tol.get("key", ""), tol.get("value", "")
+    if not isinstance(key, str) or (key and not QUALIFIED.fullmatch(key)) or (not key and operator != "Exists"):
+        return f"key {key!r}: a taint key ([prefix/]name); empty only with operator Exists"
+    if not isinstance(value, str) or not LABEL_VALUE.fullmatch(value) or (value and operator == "Exists"):
+        return f"value {value!r}: a label value, and none with operator Exists"
+    effect = tol.get("effect", "")
+    if effect and effect not in TAINT_EFFECTS:
+        return f"effect {effect!r}: one of {', '.join(TAINT_EFFECTS)}"
+    seconds = tol.get("tolerationSeconds")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int) or effect != "NoExecute"):
+        return "tolerationSeconds: a whole number of seconds, with effect NoExecute only"
+    return None
 
 
 class FieldError(ValueError):
@@ -288,6 +321,14 @@ class Allocation:
     """Kubernetes: memory each pod requests and is limited to; default ``limits.memory``, else 4 GiB."""
     run_as_user: int = 1000
     """Kubernetes: the non-root user the pods run as."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """Kubernetes: node labels the pods must land on (``{nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}``)."""
+    tolerations: tuple[dict[str, Any], ...] = ()
+    """Kubernetes: taints the pods tolerate (``key``, ``operator``, ``value``, ``effect``,
+    ``tolerationSeconds``), as the API spells them; pods asking for GPUs also tolerate
+    ``<gpu_resource>:NoSchedule``, the taint GPU pools carry."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """Kubernetes: the extended resource ``gpus_per_node`` asks for (``amd.com/gpu``, …)."""
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -347,6 +388,25 @@ class Allocation:
                 raise FieldError(name, f"{value!r}: a Kubernetes object name (a-z, 0-9, '-', '.', at most 253)")
         if self.host_path is not None and (not self.host_path.startswith("/") or ".." in self.host_path.split("/")):
             raise FieldError("host_path", f"{self.host_path!r}: an absolute path on the node, without '..'")
+        self._scheduling()
+
+    def _scheduling(self) -> None:
+        """Node selector, tolerations and the GPU resource, to the API's grammar."""
+        for key, value in self.node_selector.items():
+            if not QUALIFIED.fullmatch(key):
+                raise FieldError("node_selector", f"{key!r}: a label key ([prefix/]name, name at most 63 characters)")
+            if not isinstance(value, str) or not LABEL_VALUE.fullmatch(value):
+                raise FieldError(
+                    "node_selector", f"{key}: {value!r} is not a label value (at most 63: a-z, 0-9, '-', '_', '.')"
+                )
+        if not (EXTENDED_RESOURCE.fullmatch(self.gpu_resource) and QUALIFIED.fullmatch(self.gpu_resource)):
+            raise FieldError(
+                "gpu_resource", f"{self.gpu_resource!r}: an extended resource name (domain/name, e.g. nvidia.com/gpu)"
+            )
+        for i, tol in enumerate(self.tolerations):
+            why = _toleration_problem(tol)
+            if why:
+                raise FieldError("tolerations", f"item {i}: {why}")
 
     @property
     def world_size(self) -> int:
