@@ -80,9 +80,17 @@ class Step:
 
     @property
     def tail(self) -> float:
-        """Slowest reader's seconds over the mean: 1.0 when every reader took as long."""
-        mean = sum(r.seconds for r in self.per_reader) / len(self.per_reader)
-        return self.slowest_seconds / mean if mean > 0 else 1.0
+        """Slowest reader's seconds over the mean, of the readers that had something to read (a
+        reader beyond the file count sits idle: counting it would stretch the tail): 1.0 when
+        every reader took as long."""
+        busy = [r.seconds for r in self.per_reader if r.bytes > 0] or [r.seconds for r in self.per_reader]
+        mean = sum(busy) / len(busy)
+        return max(busy) / mean if mean > 0 else 1.0
+
+    @property
+    def idle(self) -> int:
+        """Readers that had nothing to read (more readers than files)."""
+        return sum(1 for r in self.per_reader if r.bytes == 0)
 
     @property
     def ttfb_seconds(self) -> float | None:
@@ -331,64 +339,106 @@ class RestartEstimate:
 
 
 def restart_estimate(
-    result: BurstResult, *, job_bytes: int | None = None, job_readers: int | None = None
+    result: BurstResult,
+    *,
+    job_bytes: int | None = None,
+    job_readers: int | None = None,
+    storage_bps: float | None = None,
 ) -> RestartEstimate:
-    """R for a whole job from a burst: fixed costs + bytes / min(per-reader × readers, ceiling),
-    stretched by the slowest reader's tail. Defaults: the burst's own checkpoint and largest step."""
+    """R for a whole job from a burst (docs/goodput.md, "The model"):
+
+    - read = job bytes / min(per-reader bandwidth × readers, ceiling) × the tail measured at the
+      step that bandwidth comes from (the ceiling's step when the ceiling binds, else the largest);
+    - fixed = one reader's start alone — each rank starts on its own node — + joining the rank
+      group + reading the index, each measured;
+    - ``storage_bps``: the storage's aggregate bandwidth as given ("what if our file system does
+      1.5 TB/s"), in place of the measured ceiling.
+
+    Defaults: the burst's own checkpoint and largest step. Every extrapolation is a warning
+    naming its factor."""
     if not result.steps:
         raise ValueError("a burst with no steps")
     top = max(result.steps, key=lambda s: s.readers)
     single = min(result.steps, key=lambda s: s.readers)
+    busy = [r for r in single.per_reader if r.bytes > 0] or single.per_reader
     per_reader = (
-        min(r.bandwidth or 0.0 for r in single.per_reader)
-        if single.readers == 1
-        else (single.aggregate_bps or 0.0) / single.readers
+        min(r.bandwidth or 0.0 for r in busy) if single.readers == 1 else (single.aggregate_bps or 0.0) / len(busy)
     )
     best, at = result.ceiling
     ceiling = best or 0.0
     job_bytes = job_bytes or result.bytes
     job_readers = job_readers or top.readers
-    cap = ceiling if at is not None and ceiling else float("inf")
+    if storage_bps is not None:
+        cap, capped_by = storage_bps, f"the storage's {storage_bps / 1e9:,.3f} GB/s (given)"
+    elif at is not None and ceiling:
+        cap, capped_by = ceiling, f"the ceiling {ceiling / 1e9:.3f} GB/s (reached at {at} readers)"
+    else:
+        cap, capped_by = float("inf"), "no ceiling (none reached)"
     bandwidth = min(per_reader * job_readers, cap)
+    binds = storage_bps is None and at is not None and bandwidth == cap
+    step = next(s for s in result.steps if s.readers == at) if binds else top
     joining = result.rendezvous_seconds or 0.0
-    fixed = top.startup_seconds + joining + (result.index_seconds or 0.0)
-    tail = top.tail
-    read = job_bytes / bandwidth * tail if bandwidth > 0 else float("inf")
+    fixed = single.startup_seconds + joining + (result.index_seconds or 0.0)
+    read = job_bytes / bandwidth * step.tail if bandwidth > 0 else float("inf")
     g = 1e9
     why = [
-        f"fixed: {top.startup_seconds:.2f} s to start a reader (interpreter, imports, storage)"
+        f"fixed: {single.startup_seconds:.2f} s to start one reader alone (interpreter, imports, storage), as each rank "
+        "starts on its own node"
         + (f" + {joining:.2f} s to join the rank group" if result.rendezvous_seconds is not None else "")
         + f" + {(result.index_seconds or 0.0):.3f} s to read the index = {fixed:.2f} s",
-        f"per-reader bandwidth {per_reader / g:.3f} GB/s (measured alone){'' if at is None else f'; ceiling {ceiling / g:.3f} GB/s, reached at {at} readers'}"
-        + (
-            ""
-            if at is not None
-            else f"; no ceiling within {top.readers} readers (best {ceiling / g:.3f} GB/s)"
-            if ceiling
-            else ""
-        ),
-        f"aggregate for {job_readers:,} readers: min({per_reader / g:.3f} × {job_readers:,}, {'∞' if at is None else f'{ceiling / g:.3f}'}) = {bandwidth / g:.3f} GB/s",
-        f"read: {job_bytes / g:,.3f} GB / {bandwidth / g:.3f} GB/s × tail {tail:.2f} (slowest reader / mean at {top.readers} readers) = {read:,.1f} s",
+        f"per-reader bandwidth {per_reader / g:.3f} GB/s (measured at {single.readers} reader(s)); cap: {capped_by}",
+        f"aggregate for {job_readers:,} readers: min({per_reader / g:.3f} × {job_readers:,}, "
+        f"{'∞' if cap == float('inf') else f'{cap / g:,.3f}'}) = {bandwidth / g:,.3f} GB/s",
+        f"read: {job_bytes / g:,.3f} GB / {bandwidth / g:,.3f} GB/s × tail {step.tail:.2f} (slowest busy reader / mean, "
+        f"at {step.readers} readers: the step that bandwidth comes from) = {read:,.1f} s",
         f"R = {fixed:.2f} + {read:,.1f} = {fixed + read:,.1f} s",
     ]
-    warnings = []
+    return RestartEstimate(
+        fixed + read,
+        fixed,
+        read,
+        step.tail,
+        bandwidth,
+        why,
+        _warnings(result, top, job_bytes, job_readers, at, storage_bps),
+    )
+
+
+def _warnings(
+    result: BurstResult, top: Step, job_bytes: int, job_readers: int, at: int | None, storage_bps: float | None
+) -> list[str]:
+    """Each extrapolation of an estimate, named with its factor."""
+    out = []
     if job_bytes > 10 * result.bytes:
-        warnings.append(f"extrapolates {job_bytes / result.bytes:,.0f}× the {result.bytes:,} bytes measured")
+        out.append(f"extrapolates {job_bytes / result.bytes:,.0f}× the {result.bytes:,} bytes measured")
     if job_readers > 10 * top.readers:
-        warnings.append(
+        out.append(
             f"extrapolates {job_readers / top.readers:,.0f}× the {top.readers} readers measured: a ceiling may lie between"
         )
+    idle = [s for s in result.steps if s.idle]
+    if idle:
+        out.append(
+            f"{idle[0].readers} readers for {result.files} file(s): {idle[0].idle} sat idle (not counted in the tail); "
+            "a burst measures readers up to the file count"
+        )
     if not result.cold:
-        warnings.append("measured warm (from the page cache): a restart reads cold")
-    if at is None and job_readers > top.readers:
-        warnings.append(
-            f"no ceiling within the {top.readers} readers measured: the storage's limit is unknown, so R is a lower bound"
+        out.append("measured warm (from the page cache): a restart reads cold")
+    if storage_bps is None and at is None and job_readers > top.readers:
+        out.append(
+            f"no ceiling within the {top.readers} readers measured: the storage's limit is unknown, so R is a lower bound "
+            "(give the storage's bandwidth to bound it)"
         )
-    if at is not None:
-        warnings.append(
-            "measured on one host: the ceiling may be this host's (its NIC or disk) — run the burst as ranks on several nodes to find the storage's"
+    if result.rendezvous_seconds is None and job_readers > 1:
+        out.append(
+            "the fixed cost holds no rank-group join (a burst run as the ranks of a job measures it): "
+            f"{job_readers:,} ranks joining add to R"
         )
-    return RestartEstimate(fixed + read, fixed, read, tail, bandwidth, why, warnings)
+    if storage_bps is None and at is not None and result.rendezvous_seconds is None:
+        out.append(
+            "measured on one host: the ceiling may be this host's (its NIC or disk) — run the burst as ranks on several "
+            "nodes to find the storage's, or give the storage's bandwidth"
+        )
+    return out
 
 
 __all__ = ["BurstResult", "ReaderFigures", "RestartEstimate", "Step", "burst", "restart_estimate", "run_step"]

@@ -227,3 +227,85 @@ def test_the_burst_runs_as_the_ranks_of_a_job(tmp_path: Path) -> None:
     assert "to join the rank group" in doc["restart"]["explanation"][0]
     for s in doc["steps"]:
         assert sum(r["bytes"] for r in s["per_reader"]) == doc["bytes"] and len(s["per_reader"]) == s["readers"]
+
+
+# -- the model of R (docs/goodput.md, "The model") -----------------------------------------------
+def _timed(readers: int, seconds: list[float], startup: float, nbytes: int = 4 * MB) -> Step:
+    """A step whose readers took ``seconds`` each (0 bytes where the time is 0: an idle reader)."""
+    share = nbytes // max(1, sum(1 for t in seconds if t > 0))
+    figures = [
+        ReaderFigures(i, share if t > 0 else 0, 0.0, t or 0.001, None, 1 if t > 0 else 0) for i, t in enumerate(seconds)
+    ]
+    return Step(readers, figures, startup)
+
+
+def test_r_takes_the_tail_from_the_step_its_bandwidth_comes_from_and_one_readers_start() -> None:
+    """The ceiling reached at 2 readers decides the bandwidth: the tail is that step's (1.0),
+    not the largest step's (a straggler there); the fixed cost is one reader starting alone, as
+    each rank does on its own node — not 4 interpreters importing torch on 2 shared cores."""
+    from drill.burst import restart_estimate
+
+    steps = [
+        _timed(1, [4.0], startup=1.5),
+        _timed(2, [2.0, 2.0], startup=2.0),
+        _timed(4, [1.0, 1.0, 1.0, 3.9], startup=44.0),
+    ]
+    result = BurstResult("ck", 4 * MB, 4, cold=True, replicated=False, steps=steps, index_seconds=0.01)
+    assert result.ceiling[1] == 2
+    est = restart_estimate(result, job_readers=16)
+    assert est.tail == pytest.approx(1.0) and est.fixed_s == pytest.approx(1.51)
+    assert est.read_s == pytest.approx(4 * MB / est.bandwidth_bps) and "at 2 readers" in est.explanation[3]
+
+
+def test_idle_readers_do_not_stretch_the_tail_and_are_warned_about() -> None:
+    """The docs' own 2-file checkpoint swept to 4 readers: two readers idle made the tail 2.11
+    and R absurd. Only readers with something to read count; the warning says why."""
+    from drill.burst import restart_estimate
+
+    steps = [_timed(1, [2.0], startup=1.0, nbytes=2 * MB), _timed(4, [1.0, 1.0, 0.0, 0.0], startup=1.0, nbytes=2 * MB)]
+    result = BurstResult("ck", 2 * MB, 2, cold=True, replicated=False, steps=steps)
+    assert steps[1].tail == pytest.approx(1.0) and steps[1].idle == 2
+    est = restart_estimate(result)
+    assert any("4 readers for 2 file(s): 2 sat idle" in w for w in est.warnings), est.warnings
+
+
+def test_the_storages_bandwidth_given_caps_r() -> None:
+    """ "What if our file system does 1.5 TB/s": the given bandwidth replaces the ceiling measured
+    on one host, and the one-host warning goes."""
+    from drill.burst import restart_estimate
+
+    steps = [
+        _timed(1, [0.004], startup=2.0),
+        _timed(2, [0.008, 0.008], startup=2.0),
+    ]  # 1 GB/s a reader; 1 GB/s at 2: a ceiling
+    result = BurstResult("ck", 4 * MB, 4, cold=True, replicated=False, steps=steps, index_seconds=0.05)
+    est = restart_estimate(result, job_bytes=5_700_000_000_000, job_readers=16_384, storage_bps=1.5e12)
+    assert est.bandwidth_bps == pytest.approx(1.5e12) and est.read_s == pytest.approx(3.8, rel=0.01)
+    assert est.restart_s == pytest.approx(2.05 + 3.8, rel=0.01)
+    assert not any("one host" in w for w in est.warnings) and any("1,425,000×" in w for w in est.warnings)
+
+
+@pytest.mark.slow
+def test_r_for_a_405b_job_on_a_fast_file_system_agrees_with_first_principles(demo_run: Path, tmp_path: Path) -> None:
+    """5.7 TB read by 16,384 GPUs' ranks from a 1.5 TB/s parallel file system: 2.8 GB a node,
+    3.8 s of reading, R ≈ 10–25 s from first principles. A real burst here (cold, 1 → 2 readers)
+    with the storage's bandwidth given lands within 2× of that — it printed 24,909 s before. (One
+    host cannot measure 16,384 ranks joining: R here is the read and one rank's start, and says so.)"""
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    burst = subprocess.run([sys.executable, "-m", "drill", "burst", "--root", str(demo_run), "--readers", "1,2", "--db", db, "--json"],
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert burst.returncode == 0, burst.stderr
+    res = subprocess.run([sys.executable, "-m", "drill", "goodput", "--root", str(demo_run), "--gpus", "16384", "--checkpoint-bytes", "5.7TB",
+                          "--storage-gbps", "1500", "--db", db, "--json"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    est = json.loads(res.stdout)["restart"]["per_gpus"]["16384"]
+    assert 3.8 / 2 <= est["read_s"] <= 3.8 * 2, est["explanation"]  # the read, first principles: 5.7 TB / 1.5 TB/s
+    assert est["read_s"] < est["restart_s"] <= 25 * 2, est[
+        "explanation"
+    ]  # R: 10–25 s, less the join a host cannot measure
+    assert any("no rank-group join" in w for w in est["warnings"]), est["warnings"]
+    assert est["bandwidth_bps"] <= 1.5e12 and "the storage's 1,500.000 GB/s (given)" in est["explanation"][1]
+    bad = subprocess.run(
+        [sys.executable, "-m", "drill", "goodput", "--gpus", "8", "--storage-gbps", "0"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--storage-gbps" in bad.stderr

@@ -12,9 +12,11 @@ from drill.cli.common import (
     DebugOption,
     JsonOption,
     RunRootOption,
+    StorageGbps,
     print_json,
     stderr,
     stdout,
+    storage_bps,
     timeout_flag,
 )
 from drill.errors import UsageError
@@ -55,6 +57,7 @@ def burst(
     replicated: Replicated = False,
     job_bytes: JobBytes = None,
     job_readers: JobReaders = None,
+    storage_gbps: StorageGbps = None,
     timeout: Annotated[
         float,
         typer.Option(
@@ -88,6 +91,7 @@ def burst(
     size = _size(job_bytes, parse_size)
     if job_readers is not None and job_readers < 1:
         raise UsageError(f"--job-readers must be at least 1, not {job_readers}")
+    storage = storage_bps(storage_gbps)
     from drill.interrupts import deadline
 
     with deadline(timeout_flag(timeout), f"drill burst of {root}"):  # its readers are stopped with it
@@ -95,7 +99,7 @@ def burst(
         result = _sweep(uri, counts, cold=not warm, replicated=replicated, as_ranks=world is not None)
     if result is None:  # a rank other than 0: it read its share; rank 0 records and reports
         return None
-    estimate = restart_estimate(result, job_bytes=size, job_readers=job_readers)
+    estimate = restart_estimate(result, job_bytes=size, job_readers=job_readers, storage_bps=storage)
     document = {**result.to_dict(), "restart": estimate.to_dict()}
     burst_id = _record(normalize(root), document, db)
     if json:

@@ -55,6 +55,14 @@ def since_flag(value: str | None) -> datetime | None:
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")]
+StorageGbps = Annotated[
+    float | None,
+    typer.Option(
+        "--storage-gbps",
+        help="The storage's aggregate read bandwidth in GB/s (e.g. 1500 for a 1.5 TB/s file system): "
+        "R from a burst is read at min(per-reader × readers, this) instead of the ceiling measured here.",
+    ),
+]
 SampleOption = Annotated[
     str,
     typer.Option(
@@ -265,6 +273,15 @@ def flag(name: str, parse: Callable[[Any], T], value: Any) -> T:
         return parse(value)
     except ValueError as exc:
         raise UsageError(f"{name}: {exc}") from None
+
+
+def storage_bps(gbps: float | None) -> float | None:
+    """``--storage-gbps`` in bytes per second: a positive number."""
+    if gbps is None:
+        return None
+    if not gbps > 0:
+        raise UsageError(f"--storage-gbps must be a positive number of GB/s, not {gbps:g}")
+    return gbps * 1e9
 
 
 def timeout_flag(seconds: float) -> float:

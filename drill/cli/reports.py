@@ -15,11 +15,13 @@ from drill.cli.common import (
     DbOption,
     DebugOption,
     JsonOption,
+    StorageGbps,
     flag,
     print_json,
     since_flag,
     stderr,
     stdout,
+    storage_bps,
     timeout_flag,
     write_output,
 )
@@ -269,6 +271,7 @@ def goodput(
     since: Since = "30d",
     checkpoint_bytes: CheckpointBytes = None,
     restore_bandwidth: RestoreBandwidth = None,
+    storage_gbps: StorageGbps = None,
     db: DbOption = None,
     json: JsonOption = False,
     debug: DebugOption = False,
@@ -283,6 +286,9 @@ def goodput(
     from drill.goodput import GoodputError, table
 
     measured = None
+    storage = storage_bps(storage_gbps)
+    if storage is not None and root is None:
+        raise UsageError("--storage-gbps caps R from a burst: add --root (with --policy, give --restore-bandwidth)")
     if root is not None:
         if policy or restart_s or restore_bandwidth:
             raise UsageError(
@@ -298,6 +304,7 @@ def goodput(
             checkpoint_bytes,
             db,
             json,
+            storage,
         )
     if policy is not None:
         if restart_s:
@@ -321,7 +328,7 @@ def goodput(
 
 
 def _goodput_from_burst(root: str, gpus: list[int], blocking: list[float], mtbf: float | None, interval: float | None, price: float | None,
-                        checkpoint_bytes: str | None, db: str | None, json: bool) -> None:  # fmt: skip
+                        checkpoint_bytes: str | None, db: str | None, json: bool, storage: float | None = None) -> None:  # fmt: skip
     """R per GPU count from the run's latest burst: every GPU's rank reads its share at once."""
     from drill.api import bursts
     from drill.burst import BurstResult, restart_estimate
@@ -338,7 +345,7 @@ def _goodput_from_burst(root: str, gpus: list[int], blocking: list[float], mtbf:
     rows, estimates = [], []
     try:
         for n in gpus:
-            est = restart_estimate(result, job_bytes=size, job_readers=n)
+            est = restart_estimate(result, job_bytes=size, job_readers=n, storage_bps=storage)
             estimates.append((n, est))
             rows += table(
                 gpus=[n],
