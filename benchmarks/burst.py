@@ -12,6 +12,11 @@
 4. The projected R for a 405B-class checkpoint (5.7 TB) restored by 16,384 GPUs' ranks, from
    the measured ceiling, with the arithmetic (and its warnings: one host's ceiling, 10⁶× the
    bytes measured).
+5. The burst's own ceiling against an independent reader on the same files at the same reader
+   counts — ``fio`` when installed, else plain processes reading with ``os.preadv`` into one
+   buffer and hashing with xxh3, each file dropped from the page cache first, released from one
+   barrier: the ratio drill / independent per step (target: within 15%), so that the burst
+   measures the storage, not drill's readers.
 """
 
 from __future__ import annotations
@@ -62,6 +67,93 @@ def sweep(root: str, readers: str, db: str, env: dict[str, str] | None = None) -
     )
 
 
+def _independent_reader(files: list[tuple[str, int]], barrier, out) -> None:  # type: ignore[no-untyped-def]
+    """One plain reader: positioned reads into one 8 MiB buffer, xxh3 over them; no drill, no torch."""
+    import time
+
+    import xxhash
+
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    barrier.wait()
+    started, done = time.monotonic(), 0
+    for path, _ in files:
+        h = xxhash.xxh3_128()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            offset = 0
+            while n := os.preadv(fd, [view], offset):
+                h.update(view[:n])
+                offset += n
+        finally:
+            os.close(fd)
+        done += offset
+    out.put((started, time.monotonic(), done))
+
+
+def independent(checkpoint: Path, readers: int) -> float:
+    """Aggregate bytes/s of ``readers`` plain processes on the checkpoint's files, cold, shared as
+    the burst shares them, timed from the barrier to the last reader's end."""
+    import multiprocessing
+
+    from drill.restore.partition import assign
+
+    sizes = {p.name: p.stat().st_size for p in checkpoint.iterdir() if p.is_file()}
+    for name in sizes:
+        fd = os.open(checkpoint / name, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(readers), ctx.Queue()
+    shares = [[(str(checkpoint / rel), sizes[rel]) for rel in share] for share in assign(sizes, readers)]
+    procs = [ctx.Process(target=_independent_reader, args=(share, barrier, out)) for share in shares]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=3600) for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(g[2] for g in got) / (max(g[1] for g in got) - min(g[0] for g in got))
+
+
+def fio(checkpoint: Path, readers: int) -> float | None:
+    """fio's aggregate read bandwidth on the same files, ``readers`` jobs, page cache dropped; None without fio."""
+    import shutil
+
+    if shutil.which("fio") is None:
+        return None
+    files = sorted(str(p) for p in checkpoint.iterdir() if p.is_file())
+    res = subprocess.run(["fio", "--name=burst", "--rw=read", "--bs=8m", "--invalidate=1", "--ioengine=psync", "--group_reporting",
+                          f"--numjobs={readers}", "--filename=" + ":".join(files), "--output-format=json"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return float(json.loads(res.stdout)["jobs"][0]["read"]["bw_bytes"])
+
+
+def against_independent(checkpoint: Path, readers: str, db: str, repeat: int = 3) -> list[dict]:
+    """Per reader count: drill's burst step and the independent readers' aggregate (medians of
+    ``repeat``, interleaved: this disk's cold reads vary by ±30% run to run), fio's, the ratio."""
+    drills: dict[int, list[float]] = {}
+    plains: dict[int, list[float]] = {}
+    counts = [int(n) for n in readers.split(",")]
+    for rep in range(repeat):
+        # Alternate which goes first: a VM's disk keeps its own cache below the guest's page
+        # cache, so whichever reads second reads warmer.
+        if rep % 2:
+            for n in counts:
+                plains.setdefault(n, []).append(independent(checkpoint, n))
+        doc = drill("burst", "--root", str(checkpoint.parent), "--readers", readers, "--db", db, "--json")
+        for step in doc["steps"]:
+            drills.setdefault(step["readers"], []).append(step["aggregate_bps"])
+        if not rep % 2:
+            for n in counts:
+                plains.setdefault(n, []).append(independent(checkpoint, n))
+    rows = []
+    for n in sorted(drills):
+        ours, plain, peer = statistics.median(drills[n]), statistics.median(plains[n]), fio(checkpoint, n)
+        rows.append({"readers": n, "drill_bps": ours, "independent_bps": plain, "fio_bps": peer,
+                     "drill/independent": ours / max(plain, peer or 0.0)})  # fmt: skip
+    return rows
+
+
 def rgw_sweep(run: Path, readers: str, db: str) -> dict | None:
     from tests.support import radosgw
 
@@ -92,12 +184,20 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--readers", default="1,2,4")
     ap.add_argument("--no-rgw", action="store_true")
+    ap.add_argument(
+        "--only-independent", action="store_true", help="only part 5: the burst against independent readers"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="drill-burst-", dir=os.environ.get("DRILL_BENCH_DIR")) as tmp:
         run, db = Path(tmp) / "run", f"sqlite:///{tmp}/drill.db"
         subprocess.run([sys.executable, "-m", "drill", "demo", str(run), "--steps", "1", "--save-every", "1", "--n-layer", str(args.gib_layers), "--n-embd", "1024"],
                        check=True, capture_output=True)  # fmt: skip
+        ckpt = sorted(p for p in run.iterdir() if p.name.startswith("step-"))[-1]
+        versus = against_independent(ckpt, args.readers, db, args.repeat)
+        if args.only_independent:
+            _print_versus(versus, args.json)
+            return
         warm, cold = [], []
         restore(run, db, cold=False)  # the first read warms the cache
         for _ in range(args.repeat):
@@ -112,6 +212,7 @@ def main() -> None:
         "cold/warm restore": med(cold, 0) / med(warm, 0),
         "local": {"steps": [(s["readers"], s["aggregate_bps"]) for s in local["steps"]], "ceiling_bps": local["ceiling_bps"], "ceiling_readers": local["ceiling_readers"],
                   "restart": local["restart"]},
+        "versus_independent": versus,
         "radosgw": None if rgw is None else {"steps": [(s["readers"], s["aggregate_bps"]) for s in rgw["steps"]], "ceiling_bps": rgw["ceiling_bps"],
                                              "ceiling_readers": rgw["ceiling_readers"], "restart": rgw["restart"]},
     }  # fmt: skip
@@ -122,6 +223,7 @@ def main() -> None:
     print(f"checkpoint {out['checkpoint_bytes'] / gb:.2f} GB; medians of {args.repeat}:")
     print(f"  warm restore {out['warm']['restore_s']:.3f} s ({out['warm']['throughput_bps'] / gb:.2f} GB/s); cold {out['cold']['restore_s']:.3f} s "
           f"({out['cold']['throughput_bps'] / gb:.2f} GB/s); cold / warm {out['cold/warm restore']:.2f}")  # fmt: skip
+    _print_versus(versus, False)
     for name in ("local", "radosgw"):
         part = out[name]
         if part is None:
@@ -139,6 +241,18 @@ def main() -> None:
             print(f"    {line}")
         for w in part["restart"]["warnings"]:
             print(f"    warning: {w}")
+
+
+def _print_versus(rows: list[dict], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"versus_independent": rows}, indent=1))
+        return
+    gb = 1e9
+    print("  the burst against independent readers (same files, same counts, cold; target: within 15%):")
+    for r in rows:
+        peer = "no fio" if r["fio_bps"] is None else f"fio {r['fio_bps'] / gb:.3f} GB/s"
+        print(f"    {r['readers']} reader(s): drill {r['drill_bps'] / gb:.3f} GB/s, plain readers {r['independent_bps'] / gb:.3f} GB/s, "
+              f"{peer}; drill / best {r['drill/independent']:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

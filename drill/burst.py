@@ -20,8 +20,10 @@ than 10× beyond what was measured.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -167,15 +169,21 @@ def _reader(
     barrier: Any,
     out: Any,
 ) -> None:
-    """One reader process: open the storage, wait for the others, read and hash its files."""
+    """One reader process: import, open the storage, wait for the others, read and hash its files.
+    Everything but the reading happens before the barrier: the window is the storage's."""
     import torch  # noqa: F401 - what a restarting rank imports before it can restore: part of the fixed cost
 
+    from drill.integrity import reading  # noqa: F401 - imported before the clock, not inside the window
     from drill.storage import storage_for
 
-    storage_for(checkpoint, options)
+    storage = storage_for(checkpoint, options)
     ready.put((n, time.monotonic()))
     barrier.wait()
-    out.put(_read_share(checkpoint, files, options, n))
+    out.put(_read_share(storage, checkpoint, files, n))
+    # A reader that is done waits for the others: its exit (a torch interpreter's teardown) would
+    # take a core from the readers still inside the window. A reader that died breaks the wait.
+    with contextlib.suppress(threading.BrokenBarrierError):
+        barrier.wait(timeout=3600)
 
 
 def _shares(sizes: dict[str, int], readers: int, replicated: bool) -> list[list[tuple[str, int]]]:
@@ -219,11 +227,10 @@ def run_step(
     return Step(readers, figures, startups[len(startups) // 2])
 
 
-def _read_share(checkpoint: str, files: list[tuple[str, int]], options: dict[str, Any] | None, n: int) -> ReaderFigures:
+def _read_share(storage: Any, checkpoint: str, files: list[tuple[str, int]], n: int) -> ReaderFigures:
+    """Read and hash one reader's files through a storage opened before the clock started."""
     from drill.integrity.reading import hash_stream
-    from drill.storage import storage_for
 
-    storage = storage_for(checkpoint, options)
     first: list[float] = []
 
     def seen(nbytes: int) -> None:
@@ -254,16 +261,17 @@ def run_step_on_ranks(
     """One step of the sweep as ranks of a job (torchrun, srun, an indexed Job): ranks below
     ``readers`` each read their share, released together through the rank group; rank 0 gets
     the step (others None). Start-up is rank 0's: its process's age when it joined."""
+    from drill.integrity import reading as _  # noqa: F401 - imported before the clock
     from drill.storage import storage_for
 
     reading = dist.rank < readers
     share = _shares(sizes, readers, replicated)[dist.rank] if reading else []
+    storage = storage_for(checkpoint, options)
     if cold and reading:
-        storage = storage_for(checkpoint, options)
         storage.evict({storage.child(checkpoint, rel): size for rel, size in share})  # this node's page cache
     dist.gather(None, f"burst-ready-{readers}")
     dist.broadcast(None, f"burst-go-{readers}")  # the barrier: every reader starts now
-    figures = _read_share(checkpoint, share, options, dist.rank) if reading else None
+    figures = _read_share(storage, checkpoint, share, dist.rank) if reading else None
     gathered = dist.gather(figures, f"burst-done-{readers}")
     if gathered is None:
         return None
