@@ -90,6 +90,19 @@ class DistContext:
         self._await([0], key, stage)
         return pickle.loads(self.store.get(key))  # trusted: written by rank 0 of this very attempt
 
+    def scatter(self, objs: list[Any] | None, stage: str) -> Any:
+        """Rank 0's ``objs[r]`` on rank ``r``, each rank reading only its own: the traffic out of
+        the store is the sum of the items, not the world times all of them."""
+        key = self._key(stage)
+        if self.is_root:
+            assert objs is not None and len(objs) == self.world
+            for rank, obj in enumerate(objs[1:], start=1):
+                self.store.set(f"{key}/{rank}", pickle.dumps(obj))
+            self.store.set(f"{key}/all", "1")
+            return objs[0]
+        self._await([0], f"{key}/all", stage)
+        return pickle.loads(self.store.get(f"{key}/{self.rank}"))  # trusted: written by rank 0 of this very attempt
+
     def gather(self, obj: Any, stage: str) -> list[Any] | None:
         """Every rank's ``obj`` on rank 0 (None elsewhere); names the ranks that never sent."""
         key = self._key(stage)

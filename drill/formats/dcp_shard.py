@@ -1,7 +1,10 @@
 """One rank's share of a DCP checkpoint restored by many ranks at once.
 
 Rank 0 reads ``.metadata`` (once, hashed), checks that the index is plausible and assigns the
-data files to ranks balanced by bytes; every rank gets the index and the assignment from it.
+data files to ranks balanced by bytes; every rank gets from it its own plan — its files and the
+part of the index that describes them (:func:`index_for`), not the whole index: what leaves
+rank 0 is about one index in all, however many ranks there are (the whole index to each of
+16,384 ranks would be 16,384 indexes).
 Each rank then reads its own files through :class:`~drill.formats.dcp.DrillReader` — every
 byte read and hashed exactly once across the job — and loads each chunk stored there into a
 tensor of the chunk's own shape: a checkpoint saved by N ranks restores on any number of
@@ -56,7 +59,7 @@ def shard_items(metadata: Any, files: set[str]) -> list[ReadItem]:
 
 
 def _plan_on_root(storage: Storage, ref: CheckpointRef, reader: DrillReader, world: int) -> tuple[Any, ...]:
-    """Rank 0: read the index once and assign the files; what every rank then receives."""
+    """Rank 0: read the index once and assign the files: (status, the index, the assignment)."""
     try:
         metadata = reader.read_metadata()
     except MetadataUnreadable as exc:
@@ -71,23 +74,56 @@ def _plan_on_root(storage: Storage, ref: CheckpointRef, reader: DrillReader, wor
     return ("ok", metadata, assign({p: sizes.get(p, 0) for p in named}, world))
 
 
+def index_for(metadata: Any, files: set[str]) -> Any:
+    """The part of the index that describes ``files``: their storage entries, and of each
+    tensor stored there its properties and the chunks those files hold — each chunk is in one
+    file, so the parts of all ranks add up to one index."""
+    from dataclasses import replace
+
+    stored = {index: info for index, info in (metadata.storage_data or {}).items() if info.relative_path in files}
+    held: dict[str, set[tuple[int, ...]]] = {}
+    for index in stored:
+        held.setdefault(index.fqn, set()).add(tuple(index.offset or ()))
+    described = {}
+    for fqn, offsets in held.items():
+        md = metadata.state_dict_metadata.get(fqn)
+        if md is not None and is_tensor(md):
+            md = replace(md, chunks=[c for c in md.chunks if tuple(c.offsets) in offsets])
+        if md is not None:
+            described[fqn] = md
+    return replace(metadata, state_dict_metadata=described, storage_data=stored, planner_data=None)
+
+
+def plans(plan: tuple[Any, ...], world: int) -> list[tuple[Any, ...]]:
+    """Each rank's plan from rank 0's — (status, its part of the index, {rank: its files}) —
+    rank 0's holding the whole index and every rank's files."""
+    status, metadata, assignment = plan
+    if status != "ok":
+        return [plan] * world
+    return [("ok", metadata, dict(enumerate(assignment)))] + [
+        ("ok", index_for(metadata, set(assignment[r])), {r: assignment[r]}) for r in range(1, world)
+    ]
+
+
 def restore_shard(storage: Storage, ref: CheckpointRef, ctx: RestoreContext, shard: Shard) -> RestoreResult:
     result = RestoreResult(uri=ref.uri, format="dcp", device=str(ctx.device), index_file=DCP_METADATA)
     result.layout = Layout(format="dcp", required=parts.CANONICAL_PARTS, optimizer_keys="fqn")
     if ref.step is not None:
         result.layout.step_counters["directory name"] = ref.step
     reader = DrillReader(storage, ref.uri, result, ctx)
-    plan = shard.broadcast(_plan_on_root(storage, ref, reader, shard.world) if shard.rank == 0 else None)
+    plan = _receive(storage, ref, reader, shard)
     if plan[0] != "ok":
         result.metadata_error = plan[1]
         result.metadata_code = "metadata-implausible" if plan[0] == "implausible" else None
         return result
-    metadata, shard.assignment = plan[1], plan[2]
+    metadata, files = plan[1], plan[2]
+    mine = set(files[shard.rank])
+    if shard.rank == 0:
+        shard.assignment = [files[r] for r in range(shard.world)]  # rank 0 records every rank's files
     reader._metadata = metadata
     result.index, result.inventory = metadata.storage_data, inventory(metadata)
     result.layout.saved_ranks = saved_ranks(metadata)
     result.layout.notes.append(f"saved by {len(result.layout.saved_ranks) or 1} rank(s); restored by {shard.world}")
-    mine = set(shard.assignment[shard.rank])
     items = shard_items(metadata, mine)
     check_budget(sum(_item_bytes(metadata, i) for i in items), ctx)
     ctx.progress.phase("read", total_bytes=sum(file_sizes(storage, ref.uri, metadata).get(p, 0) for p in mine))
@@ -107,9 +143,19 @@ def restore_shard(storage: Storage, ref: CheckpointRef, ctx: RestoreContext, sha
     return result
 
 
+def _receive(storage: Storage, ref: CheckpointRef, reader: DrillReader, shard: Shard) -> tuple[Any, ...]:
+    """This rank's plan: rank 0 makes every rank's and sends each its own."""
+    if shard.rank != 0:
+        return shard.scatter(None) if shard.scatter is not None else shard.broadcast(None)
+    planned = plans(_plan_on_root(storage, ref, reader, shard.world), shard.world)
+    if shard.scatter is not None:
+        return shard.scatter(planned)
+    return shard.broadcast(planned[0])  # no scatter: the whole plan to every rank
+
+
 def _item_bytes(metadata: Any, item: ReadItem) -> int:
     md = metadata.state_dict_metadata[item.dest_index.fqn]
     return chunk_bytes(md, item.lengths) if is_tensor(md) else 0
 
 
-__all__ = ["ChunkPlanner", "Shard", "restore_shard", "shard_items"]
+__all__ = ["ChunkPlanner", "Shard", "index_for", "plans", "restore_shard", "shard_items"]
