@@ -372,28 +372,18 @@ def restart_estimate(
     per_reader = (
         min(r.bandwidth or 0.0 for r in busy) if single.readers == 1 else (single.aggregate_bps or 0.0) / len(busy)
     )
-    best, at = result.ceiling
-    ceiling = best or 0.0
     job_bytes = job_bytes or result.bytes
     job_readers = job_readers or top.readers
-    if storage_bps is not None:
-        cap, capped_by = storage_bps, f"the storage's {storage_bps / 1e9:,.3f} GB/s (given)"
-    elif at is not None and ceiling:
-        cap, capped_by = ceiling, f"the ceiling {ceiling / 1e9:.3f} GB/s (reached at {at} readers)"
-    else:
-        cap, capped_by = float("inf"), "no ceiling (none reached)"
+    cap, capped_by = _cap(result, storage_bps)
     bandwidth = min(per_reader * job_readers, cap)
+    at = result.ceiling[1]
     binds = storage_bps is None and at is not None and bandwidth == cap
     step = next(s for s in result.steps if s.readers == at) if binds else top
-    joining = result.rendezvous_seconds or 0.0
-    fixed = single.startup_seconds + joining + (result.index_seconds or 0.0)
+    fixed = single.startup_seconds + (result.rendezvous_seconds or 0.0) + (result.index_seconds or 0.0)
     read = job_bytes / bandwidth * step.tail if bandwidth > 0 else float("inf")
     g = 1e9
     why = [
-        f"fixed: {single.startup_seconds:.2f} s to start one reader alone (interpreter, imports, storage), as each rank "
-        "starts on its own node"
-        + (f" + {joining:.2f} s to join the rank group" if result.rendezvous_seconds is not None else "")
-        + f" + {(result.index_seconds or 0.0):.3f} s to read the index = {fixed:.2f} s",
+        _fixed_line(result, single, fixed),
         f"per-reader bandwidth {per_reader / g:.3f} GB/s (measured at {single.readers} reader(s)); cap: {capped_by}",
         f"aggregate for {job_readers:,} readers: min({per_reader / g:.3f} × {job_readers:,}, "
         f"{'∞' if cap == float('inf') else f'{cap / g:,.3f}'}) = {bandwidth / g:,.3f} GB/s",
@@ -401,14 +391,27 @@ def restart_estimate(
         f"at {step.readers} readers: the step that bandwidth comes from) = {read:,.1f} s",
         f"R = {fixed:.2f} + {read:,.1f} = {fixed + read:,.1f} s",
     ]
-    return RestartEstimate(
-        fixed + read,
-        fixed,
-        read,
-        step.tail,
-        bandwidth,
-        why,
-        _warnings(result, top, job_bytes, job_readers, at, storage_bps),
+    warnings = _warnings(result, top, job_bytes, job_readers, at, storage_bps)
+    return RestartEstimate(fixed + read, fixed, read, step.tail, bandwidth, why, warnings)
+
+
+def _cap(result: BurstResult, storage_bps: float | None) -> tuple[float, str]:
+    """What bounds the job's aggregate: the storage's bandwidth given, the ceiling reached, or nothing known."""
+    best, at = result.ceiling
+    if storage_bps is not None:
+        return storage_bps, f"the storage's {storage_bps / 1e9:,.3f} GB/s (given)"
+    if at is not None and best:
+        return best, f"the ceiling {best / 1e9:.3f} GB/s (reached at {at} readers)"
+    return float("inf"), "no ceiling (none reached)"
+
+
+def _fixed_line(result: BurstResult, single: Step, fixed: float) -> str:
+    joining = result.rendezvous_seconds
+    return (
+        f"fixed: {single.startup_seconds:.2f} s to start one reader alone (interpreter, imports, storage), as each rank "
+        "starts on its own node"
+        + (f" + {joining:.2f} s to join the rank group" if joining is not None else "")
+        + f" + {(result.index_seconds or 0.0):.3f} s to read the index = {fixed:.2f} s"
     )
 
 
