@@ -605,14 +605,6 @@ def test_a_trainers_plain_values_load_and_anything_else_stays_refused() -> None:
         load_torch(memoryview(buffer.getvalue()))
 
 
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_refused_side_value_is_a_finding_and_the_rest_is_still_checked(tmp_path: Path, sqlite_url: str) -> None:
     """A class outside the allow-list (a trainer's ``argparse.Namespace`` of arguments) is
     ``unsafe-pickle`` naming it and the file — and everything else in the file is still read

@@ -85,12 +85,7 @@ def restore_share(
     result, error = None, None
     shared = adapter.restores_across_ranks
     if shared:
-        ctx.shard = Shard(
-            dist.rank,
-            dist.world,
-            lambda obj: dist.broadcast(obj, "index"),
-            lambda objs: dist.scatter(objs, "index"),
-        )
+        ctx.shard = Shard(dist.rank, dist.world, lambda objs: dist.scatter(objs, "index"))
     try:
         if shared or dist.is_root:  # a format that cannot share its restore is restored by rank 0 alone
             result = adapter.restore(storage, ref, ctx)

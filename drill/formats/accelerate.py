@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from drill import parts
@@ -143,7 +142,7 @@ class Accelerate(Format):
         return findings, evidence
 
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
-        from drill.formats.base import restore_nested
+        from drill.formats.base import restore_nested, restored_nested_structure
         from drill.formats.bundle import restore_members
 
         result = RestoreResult(uri=ref.uri, format=self.name, device=str(ctx.device))
@@ -155,22 +154,9 @@ class Accelerate(Format):
         for subdir, fmt in _nested(storage, ref.uri, listed):
             sub = restore_nested(fmt, storage, ref, subdir, ctx, result)
             nested[subdir] = sub
-            proof = fmt.restored_structure(
-                sub,
-                storage,
-                sub.uri,
-                {f.relative_path[len(subdir) + 1 :]: f.size for f in sub.files if f.size is not None},
-            )
+            proof = restored_nested_structure(fmt, sub, storage, subdir)
             if proof is not None:
-                proofs.append(
-                    (
-                        [
-                            replace(f, subject=f"{subdir}/{f.subject}") if f.subject and "/" not in f.subject else f
-                            for f in proof[0]
-                        ],
-                        {subdir: proof[1]},
-                    )
-                )
+                proofs.append(proof)
         restore_members(storage, ref.uri, members, ctx, result, lambda loaded: _canonical(loaded, nested, result))
         for findings, evidence in proofs:
             result.structure[0].extend(findings)

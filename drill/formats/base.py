@@ -188,6 +188,19 @@ def restore_nested(
     return sub
 
 
+def restored_nested_structure(fmt: Format, sub: RestoreResult, storage: Storage, subdir: str) -> Structure | None:
+    """``fmt``'s structural proof of the checkpoint :func:`restore_nested` read from ``subdir``,
+    its subjects named within the outer checkpoint, its evidence under ``subdir``."""
+    from dataclasses import replace
+
+    sizes = {f.relative_path[len(subdir) + 1 :]: f.size for f in sub.files if f.size is not None}
+    proof = fmt.restored_structure(sub, storage, sub.uri, sizes)
+    if proof is None:
+        return None
+    named = [replace(f, subject=f"{subdir}/{f.subject}") if f.subject and "/" not in f.subject else f for f in proof[0]]
+    return named, {subdir: proof[1]}
+
+
 def nested_structure(
     fmt: Format, storage: Storage, uri: str, subdir: str, sizes: dict[str, int], allow_classes: tuple[str, ...] = ()
 ) -> Structure | None:

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from drill import parts
-from drill.checkpoints import CheckpointRef, step_of
+from drill.checkpoints import CheckpointRef
 from drill.formats.canonical import Layout, flatten
 from drill.formats.torch_save import TorchSave
 from drill.storage import Entry
@@ -129,11 +129,7 @@ class Composer(TorchSave):
         return canonicalize(obj) if is_composer(obj) else None
 
     def recognize_file(self, entry: Entry) -> CheckpointRef | None:
-        if not (entry.is_file and _FILE.match(entry.name) and entry.size > 0):
-            return None
-        return CheckpointRef(
-            uri=entry.uri, name=entry.name, step=step_of(entry.name), format=self.name, mtime=entry.mtime
-        )
+        return super().recognize_file(entry) if _FILE.match(entry.name) else None
 
 
 __all__ = ["Composer", "canonicalize", "is_composer", "is_composer_keys", "items", "layout_facts"]

@@ -146,11 +146,8 @@ def restore_shard(storage: Storage, ref: CheckpointRef, ctx: RestoreContext, sha
 def _receive(storage: Storage, ref: CheckpointRef, reader: DrillReader, shard: Shard) -> tuple[Any, ...]:
     """This rank's plan: rank 0 makes every rank's and sends each its own."""
     if shard.rank != 0:
-        return shard.scatter(None) if shard.scatter is not None else shard.broadcast(None)
-    planned = plans(_plan_on_root(storage, ref, reader, shard.world), shard.world)
-    if shard.scatter is not None:
-        return shard.scatter(planned)
-    return shard.broadcast(planned[0])  # no scatter: the whole plan to every rank
+        return shard.scatter(None)
+    return shard.scatter(plans(_plan_on_root(storage, ref, reader, shard.world), shard.world))
 
 
 def _item_bytes(metadata: Any, item: ReadItem) -> int:

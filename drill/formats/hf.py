@@ -27,6 +27,7 @@ from drill.formats.base import (
     one_line,
     read_file,
     restore_nested,
+    restored_nested_structure,
     tally,
 )
 from drill.formats.canonical import Layout, flatten, inventory
@@ -214,7 +215,6 @@ def _merge_nested(
     """A checkpoint the Trainer had another library write inside its own (DeepSpeed's
     ``global_stepN/``: the optimizer's partitions and the scheduler, which the Trainer then does
     not save as optimizer.pt and scheduler.pt): the parts the Trainer's files lack come from it."""
-    from dataclasses import replace
 
     own = {k.split(".", 1)[0] for k in got.state}
     for key, value in sub.state.items():
@@ -235,14 +235,10 @@ def _merge_nested(
         layout.step_counters[f"{subdir} {fmt.label} step"] = step
     layout.missing_files.update({f"{subdir}/{n}": why for n, why in theirs.missing_files.items()})
     layout.notes += theirs.notes
-    proof = fmt.restored_structure(
-        sub, storage, sub.uri, {f.relative_path[len(subdir) + 1 :]: f.size for f in sub.files if f.size is not None}
-    )
+    proof = restored_nested_structure(fmt, sub, storage, subdir)
     if proof is not None:
-        result.structure[0].extend(
-            replace(f, subject=f"{subdir}/{f.subject}") if f.subject and "/" not in f.subject else f for f in proof[0]
-        )
-        result.structure[1][subdir] = proof[1]
+        result.structure[0].extend(proof[0])
+        result.structure[1].update(proof[1])
 
 
 def _file_structure(name: str, view: memoryview) -> list[Finding]:

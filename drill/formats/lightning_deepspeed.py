@@ -18,7 +18,15 @@ from typing import Any
 
 from drill import formats, parts
 from drill.checkpoints import CheckpointRef, IncompleteSave, step_of
-from drill.formats.base import Format, RestoreContext, Structure, nested_structure, restore_nested, tally
+from drill.formats.base import (
+    Format,
+    RestoreContext,
+    Structure,
+    nested_structure,
+    restore_nested,
+    restored_nested_structure,
+    tally,
+)
 from drill.formats.canonical import inventory
 from drill.restore import RestoreResult
 from drill.storage import Listing, Storage
@@ -120,17 +128,10 @@ class LightningDeepSpeed(Format):
     def restore(self, storage: Storage, ref: CheckpointRef, ctx: RestoreContext) -> RestoreResult:
         """DeepSpeed's restore of ``checkpoint/``, its files named within the ``.ckpt``, then
         Lightning's state read from the client state."""
-        from dataclasses import replace
-
         result = RestoreResult(uri=ref.uri, format=self.name, device=str(ctx.device))
         deepspeed = formats.get("deepspeed")
         sub = restore_nested(deepspeed, storage, ref, TAG, ctx, result)
-        sizes = {f.relative_path[len(TAG) + 1 :]: f.size for f in sub.files if f.size is not None}
-        proof = deepspeed.restored_structure(sub, storage, sub.uri, sizes) or ([], {})
-        named = [
-            replace(f, subject=f"{TAG}/{f.subject}") if f.subject and "/" not in f.subject else f for f in proof[0]
-        ]
-        result.structure = (named, {TAG: proof[1]})
+        result.structure = restored_nested_structure(deepspeed, sub, storage, TAG) or ([], {})
         layout = sub.layout
         if layout is not None:
             layout.missing_files = {f"{TAG}/{n}": why for n, why in layout.missing_files.items()}

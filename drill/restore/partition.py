@@ -36,9 +36,7 @@ class Shard:
 
     rank: int
     world: int
-    broadcast: Callable[[Any], Any]
-    """Rank 0's value on every rank."""
-    scatter: Callable[[list[Any] | None], Any] | None = None
+    scatter: Callable[[list[Any] | None], Any]
     """Rank 0's list, one item per rank: each rank gets its own (its plan, not everyone's)."""
     assignment: list[list[str]] = field(default_factory=list)
     """Every rank's files (filled in by the restore)."""
