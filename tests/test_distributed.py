@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -372,13 +373,9 @@ def test_32_ranks_hold_o_n_connections_and_a_lost_rank_is_found_within_the_bound
     assert recorded.status == "error" and "rank 7 on" in (recorded.message or "")
 
 
-def test_torchrun_max_restarts_records_each_attempt_once_and_keeps_the_exit_code(
-    sharded_run: Path, tmp_path: Path
-) -> None:
-    """torchrun restarts the group after rank 1 dies in attempt 0: attempt 0's record is closed
-    (never left running), attempt 1 meets in keys of its own and passes; torchrun's exit code is
-    its own, the verdict file keeps drill's. (In a network namespace of its own: torchrun's
-    stores bind every interface.)"""
+def _isolated(command: list[str]) -> list[str]:
+    """``command`` in a network namespace of its own with only loopback up: torchrun's stores
+    bind every interface. Skips the test where ``unshare -n`` is not allowed."""
     import shutil
 
     if (
@@ -386,27 +383,153 @@ def test_torchrun_max_restarts_records_each_attempt_once_and_keeps_the_exit_code
         or subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0
     ):
         pytest.skip("unshare -n is not available: torchrun's stores would listen on every interface")
+    return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command]
+
+
+def _torchrun(args: list[str], *, ranks: int = 2, restarts: int = 0) -> list[str]:
+    return _isolated(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+         "--max-restarts", str(restarts), "-m", "drill", "run", *args]
+    )  # fmt: skip
+
+
+def test_torchrun_max_restarts_records_each_attempt_once_and_keeps_the_exit_code(
+    sharded_run: Path, tmp_path: Path
+) -> None:
+    """torchrun restarts the group after rank 1 dies in attempt 0: attempt 0's record is closed
+    (never left running) as an error naming rank 1, attempt 1 meets in keys of its own and
+    passes; torchrun's exit code is its own, the verdict file keeps drill's."""
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     verdict = tmp_path / "v.json"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "-m", "drill", "run",
-                "--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--lost-after", "5", "--verdict-file", str(verdict)]  # fmt: skip
-    env = {**os.environ, "DRILL_FAILPOINTS": "restored@1:0=kill", "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(
-        ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *torchrun],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
+    torchrun = _torchrun(
+        [
+            "--root",
+            str(sharded_run),
+            "--db",
+            db,
+            "-q",
+            "--no-replay",
+            "--lost-after",
+            "5",
+            "--verdict-file",
+            str(verdict),
+        ],
+        restarts=1,
     )
+    env = {**os.environ, "DRILL_FAILPOINTS": "restored@1:0=kill", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(torchrun, env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     drills = sorted(history(db=db), key=lambda d: d.id)
     assert [d.status for d in drills][-1] == "passed" and all(d.status != "running" for d in drills), [
         (d.status, d.message) for d in drills
     ]
-    assert len(drills) == 2 and drills[0].status in ("aborted", "error")
+    assert len(drills) == 2 and drills[0].status == "error" and "rank 1 on" in (drills[0].message or "")
     assert json.loads(verdict.read_text())["status"] == "passed"
     res = subprocess.run([sys.executable, "-m", "drill", "verdict", str(verdict)], capture_output=True, text=True)
     assert res.returncode == 0 and f"drill #{drills[1].id} passed" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("failpoint", "rank", "stage"),
+    [("discover@1=kill", 1, "discover"), ("plan@1=kill", 1, "plan"), ("restored@1=kill", 1, "restore"),
+     ("restored@0=kill", 0, "restore"), ("checks@0=kill", 0, "checks")],
+)  # fmt: skip
+def test_under_torchrun_the_rank_that_died_is_named_not_the_agents_sigterm(
+    sharded_run: Path, tmp_path: Path, failpoint: str, rank: int, stage: str
+) -> None:
+    """torchrun's agent SIGTERMs the survivors as soon as one rank dies: the survivors ask the
+    rank group who died. One record, ``error``, naming the rank, its host, pid and stage — closed
+    by rank 1 when rank 0 is the one that died; never ``aborted``, never left ``running``. Killed
+    at its first stage, rank 1 may die before rank 0 opened a record: then nothing is recorded and
+    rank 0 says who stopped it."""
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    verdict = tmp_path / "v.json"
+    args = ["--root", str(sharded_run), "--db", db, "-q", "--no-replay", "--verdict-file", str(verdict)]
+    env = {**os.environ, "DRILL_FAILPOINTS": failpoint, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(_torchrun(args), env=env, capture_output=True, text=True, timeout=300)
+    named = rf"rank {rank} on \S+ \(pid \d+\) died at '{stage}' \(its process is gone: killed or crashed\)"
+    drills = history(db=db)
+    if not drills and stage == "discover":
+        assert re.search(
+            named + r"; its launcher then stopped this rank before the drill began \(nothing was recorded\)", res.stderr
+        ), res.stderr[-3000:]
+        return
+    (recorded,) = drills
+    assert recorded.status == "error" and re.search(named, recorded.message or ""), (
+        recorded.status,
+        recorded.message,
+        res.stderr[-3000:],
+    )
+    written = json.loads(verdict.read_text())
+    assert (written["id"], written["status"], written["exit_code"], written["rank"]) == (
+        recorded.id,
+        "error",
+        5,
+        1 if rank == 0 else 0,
+    )
+
+
+def test_under_torchrun_an_operators_sigterm_is_aborted_and_the_agents_death_is_named(
+    sharded_run: Path, tmp_path: Path
+) -> None:
+    """Both ranks parked mid-restore. A SIGTERM to torchrun (an operator, a scheduler) reaches
+    every rank alive: ``aborted``, no rank blamed. The agent SIGKILLed instead takes the store it
+    hosts: rank 0 records an ``error`` naming torchrun's agent, not itself."""
+    for n, (sig, parked) in enumerate([(signal.SIGTERM, "restored=hold"), (signal.SIGKILL, "restored@1=hold")]):
+        db = f"sqlite:///{tmp_path / f'drill-{n}.db'}"
+        release = tmp_path / f"release-{n}"
+        env = {
+            **os.environ,
+            "DRILL_FAILPOINTS": parked,
+            "DRILL_FAILPOINTS_RELEASE": str(release),
+            "OMP_NUM_THREADS": "1",
+        }
+        args = ["--root", str(sharded_run), "--db", db, "-q", "--no-replay"]
+        agent = subprocess.Popen(_torchrun(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            ranks = [0, 1] if sig == signal.SIGTERM else [1]
+            _await_files([Path(f"{release}.{r}") for r in ranks], agent)
+            agent.send_signal(sig)
+            if sig == signal.SIGKILL:
+                agent.wait(timeout=60)
+                (recorded,) = _await_closed(db)
+                release.touch()  # rank 1 goes on, finds the store gone, and leaves
+            else:
+                agent.communicate(timeout=120)
+                (recorded,) = history(db=db)
+        finally:
+            release.touch()
+            if agent.poll() is None:
+                agent.kill()
+            agent.communicate()
+        if sig == signal.SIGTERM:
+            assert recorded.status == "aborted" and recorded.message == "interrupted by SIGTERM during restore", (
+                recorded.message
+            )
+        else:
+            assert recorded.status == "error" and re.search(
+                r"the rendezvous store went away: torchrun's agent at \S+ hosting it died or was stopped",
+                recorded.message or "",
+            ), recorded.message
+
+
+def _await_files(files: list[Path], proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(f.exists() for f in files):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"never parked: {files}"
+        time.sleep(0.05)
+
+
+def _await_closed(db: str, timeout: float = 120) -> list:
+    """The drills once none is running (rank 0 closes its record when it finds the store gone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        drills = history(db=db)
+        if drills and all(d.status != "running" for d in drills):
+            return drills
+        assert time.monotonic() < deadline, [(d.status, d.message) for d in drills]
+        time.sleep(0.1)
 
 
 def test_the_contract_wants_rng_and_loader_state_from_every_saved_rank() -> None:

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 
 from drill.cli.common import exit_with, stderr
 from drill.cli.ending import leave_verdict, report
+from drill.dist.failure import RankFailure
 from drill.errors import DrillError, ExitCode, UsageError
+from drill.interrupts import Interrupted
 from drill.verdict import DrillStatus
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ def run_ranks(
     except BaseException as exc:  # refused before the drill began, or stopped: the others must not wait
         if dist is not None:
             _tell_the_others(dist, exc)
+            _name_the_dead(dist, exc)
         raise
     finally:
         if dist is not None:
@@ -74,16 +77,31 @@ def _drill(request: DrillRequest, dist: DistContext | None, *, db: str | None, q
 
 def _tell_the_others(dist: DistContext, exc: BaseException) -> None:
     """Publish why this rank stops; rank 0 also publishes the exit code every rank takes."""
+    signalled = isinstance(exc, (KeyboardInterrupt, Interrupted))
     if isinstance(exc, DrillError):
         cause, code = exc.message, int(exc.exit_code)
-    elif isinstance(exc, KeyboardInterrupt):
-        cause, code = "interrupted (SIGINT)", int(ExitCode.INTERRUPTED)
+    elif signalled:
+        cause, code = str(exc) or "interrupted by SIGINT", int(ExitCode.INTERRUPTED)
     else:
         cause, code = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}", int(ExitCode.ERROR)
-    dist.fail(cause)
+    dist.fail(cause, signalled=signalled)
     if dist.is_root:
         status = DrillStatus.FAILED if code == ExitCode.NOTHING_TO_DRILL else DrillStatus.ERROR
         dist.publish("verdict", (None, status.value, code, cause))
+
+
+def _name_the_dead(dist: DistContext, exc: BaseException) -> None:
+    """A signal before the drill began: when a peer died, that is what stopped this rank (its
+    launcher ends the job when one rank dies) — :class:`RankFailure` naming it."""
+    if not isinstance(exc, (KeyboardInterrupt, Interrupted)):
+        return
+    dead = dist.casualties()
+    if dead:
+        shown = "; ".join(why for _, why in dead[:20])
+        raise RankFailure(
+            f"{shown}; its launcher then stopped this rank before the drill began (nothing was recorded)",
+            [r for r, _ in dead],
+        ) from None
 
 
 def _close_for_lost_root(outcome: DrillOutcome, db: str | None) -> None:

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from drill.dist.failure import RankFailure
+from drill.dist.failure import RankFailure, StoreLost
 from drill.dist.liveness import DEFAULT_INTERVAL, DEFAULT_LOST_AFTER, Guarded, Heartbeat, Watch, publish_failure
-from drill.dist.rendezvous import INIT_ENV, attempt_prefix, open_store
+from drill.dist.rendezvous import INIT_ENV, attempt_prefix, open_store, store_host
 from drill.errors import UsageError
 
 DEFAULT_RANK_TIMEOUT = 600.0
@@ -70,6 +70,8 @@ class DistContext:
     heartbeat: Heartbeat | None = None
     watch: Watch | None = None
     hosts_store: bool = False
+    store_host: str = "rank 0"
+    """Who hosts the rendezvous store, in words: ``rank 0``, ``torchrun's agent at HOST:PORT``, ``the file store at PATH``."""
     reported: bool = False
     """This rank sent its share to rank 0."""
     root_lost: str | None = None
@@ -88,6 +90,8 @@ class DistContext:
             self.store.set(key, pickle.dumps(obj))
             return obj
         self._await([0], key, stage)
+        assert self.watch is not None
+        self.watch.describe(0)  # rank 0 is known from now on, even should the store go away with it
         return pickle.loads(self.store.get(key))  # trusted: written by rank 0 of this very attempt
 
     def scatter(self, objs: list[Any] | None, stage: str) -> Any:
@@ -121,12 +125,17 @@ class DistContext:
 
     def _key(self, stage: str) -> str:
         self._calls[stage] += 1
-        self.store.set(f"at/{self.rank}", stage)
         return f"{stage}#{self._calls[stage]}"
 
     def _await(self, ranks: list[int], key: str, stage: str, arrived: Any = None) -> None:
         """Until ``key`` is set; :class:`RankFailure` as soon as one of ``ranks`` is lost or
-        failed, or when they have not all arrived within the rank timeout."""
+        failed, when they have not all arrived within the rank timeout, or when the store is gone."""
+        try:
+            self._await_ranks(ranks, key, stage, arrived)
+        except StoreLost as gone:
+            raise self._store_gone(stage, gone) from None
+
+    def _await_ranks(self, ranks: list[int], key: str, stage: str, arrived: Any) -> None:
         assert self.watch is not None
         poll = timedelta(seconds=min(0.5, self.watch_interval / 2))
         deadline = time.monotonic() + self.timeout
@@ -134,13 +143,8 @@ class DistContext:
             try:
                 self.store.wait([key], poll)
                 return
-            except Exception:  # noqa: BLE001 - a timed-out wait, or the store's host is gone
-                if not self._store_alive():
-                    self.root_lost = "the rendezvous store it hosted went away"
-                    raise RankFailure(
-                        f"rank 0 was lost while this rank waited at '{stage}': the rendezvous store it hosted went away",
-                        [0],
-                    ) from None
+            except TimeoutError:
+                pass
             waiting = [r for r in ranks if arrived is None or not arrived(r)] if time.monotonic() > deadline else ranks
             lost = self.watch.lost(ranks, stage)
             if arrived is not None and lost:
@@ -153,7 +157,7 @@ class DistContext:
                 )
                 raise RankFailure(shown, [r for r, _ in lost])
             if time.monotonic() > deadline:
-                who = "; ".join(f"{self.watch.describe(r)} last reached '{self._at(r)}'" for r in waiting[:20])
+                who = "; ".join(f"{self.watch.describe(r)} last reached '{self.watch.at(r)}'" for r in waiting[:20])
                 raise RankFailure(
                     f"{_ranks(waiting)} did not reach '{stage}' within {self.timeout:g} s, though alive (hung): {who}",
                     waiting,
@@ -163,17 +167,31 @@ class DistContext:
     def watch_interval(self) -> float:
         return self.heartbeat.interval if self.heartbeat is not None else DEFAULT_INTERVAL
 
-    def _store_alive(self) -> bool:
-        try:
-            self.store.check(["joined"])
-            return True
-        except Exception:  # noqa: BLE001
-            return False
+    def _store_gone(self, stage: str, lost: StoreLost) -> RankFailure:
+        """The store went away under this rank: its host is gone. When rank 0 hosted it, rank 0
+        was lost; when torchrun's agent did, the agent was — and rank 0, if it lives, records it."""
+        if self.store_host == "rank 0":
+            self.root_lost = "the rendezvous store it hosted went away"
+            return RankFailure(f"rank 0 was lost while this rank waited at '{stage}': {self.root_lost}", [0])
+        if not self.is_root and self.watch is not None and self.watch.casualties([0], 0.0):
+            self.root_lost = f"it died, and {self.store_host} went away with the rendezvous store"
+        return RankFailure(f"{lost.message} while this rank waited at '{stage}'", [])
 
-    def _at(self, rank: int) -> str:
-        return (
-            self.store.get(f"at/{rank}").decode(errors="replace") if self.store.check([f"at/{rank}"]) else "(nothing)"
-        )
+    def casualties(self, ranks: list[int] | None = None) -> list[tuple[int, str]]:
+        """The ranks (all the others by default) that died or failed — not those stopped by the
+        same signal as this one — looking for at most a few heartbeats; [] when the store is gone."""
+        assert self.watch is not None
+        others = [r for r in (range(self.world) if ranks is None else ranks) if r != self.rank]
+        window = min(10.0, max(2.0, 3 * self.watch_interval))
+        try:
+            return self.watch.casualties(others, window)
+        except Exception:  # noqa: BLE001 - the store is gone: nothing more can be learnt through it
+            return []
+
+    def reached(self, stage: str) -> None:
+        """Say which of the drill's stages this rank is in (what the others name should it die
+        or hang there)."""
+        self.store.set(f"at/{self.rank}", stage)
 
     # -- the verdict, and a rank's failure --------------------------------------------------
     def publish(self, key: str, value: Any) -> None:
@@ -188,9 +206,10 @@ class DistContext:
             self.timeout = saved
         return pickle.loads(self.store.get(f"published/{key}"))  # trusted: written by rank 0 of this very attempt
 
-    def fail(self, cause: str) -> None:
-        """This rank stops early: the ranks waiting for it hear why at once."""
-        publish_failure(self.store, self.rank, cause)
+    def fail(self, cause: str, *, signalled: bool = False) -> None:
+        """This rank stops early: the ranks waiting for it hear why at once (``signalled``: a
+        signal stopped it — it did not fail)."""
+        publish_failure(self.store, self.rank, cause, signalled=signalled)
 
     def close(self) -> None:
         """Leave the group. Rank 0, when it hosts the store, stays until every rank still
@@ -239,8 +258,8 @@ def connect(
         # a lost rank as many missed beats as before (env:// — a TCPStore — has no such cost).
         interval = max(interval, world / FILE_STORE_RANKS)
         lost_after = max(lost_after, 5 * interval)
-    guarded = Guarded(store)
-    ctx = DistContext(rank, world, guarded, rank_timeout, lost_after, hosts_store=hosts)
+    guarded = Guarded(store, store_host())
+    ctx = DistContext(rank, world, guarded, rank_timeout, lost_after, hosts_store=hosts, store_host=guarded.host)
     ctx.heartbeat = Heartbeat(guarded, rank, interval)
     ctx.watch = Watch(guarded, world, lost_after, rank_timeout)
     return ctx

@@ -15,4 +15,13 @@ class RankFailure(DrillError):
         self.ranks = ranks
 
 
-__all__ = ["RankFailure"]
+class StoreLost(RankFailure):
+    """The rendezvous store stopped answering: its host (rank 0, or torchrun's agent) is gone."""
+
+    def __init__(self, host: str, cause: BaseException) -> None:
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+        super().__init__(f"the rendezvous store went away: {host} hosting it died or was stopped ({first})", [])
+        self.host = host
+
+
+__all__ = ["RankFailure", "StoreLost"]

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from drill.dist.failure import StoreLost
+
 DEFAULT_INTERVAL = 1.0
 DEFAULT_LOST_AFTER = 15.0
 _FIRST_PAUSE, _LAST_PAUSE = 0.001, 0.05
@@ -27,10 +29,13 @@ costs a millisecond, one that waits is seen within 50 ms."""
 
 
 class Guarded:
-    """The store behind one lock: the heartbeat thread and the drill share a connection."""
+    """The store behind one lock: the heartbeat thread and the drill share a connection. Any
+    failure of the store itself is :class:`~drill.dist.failure.StoreLost` naming its ``host``
+    (c10d's own errors carry C++ stack traces)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, host: str = "rank 0") -> None:
         self.store = store
+        self.host = host
         self.lock = threading.Lock()
 
     def wait(self, keys: list[str], timeout: timedelta) -> None:
@@ -41,9 +46,8 @@ class Guarded:
         deadline = time.monotonic() + timeout.total_seconds()
         pause = _FIRST_PAUSE
         while True:
-            with self.lock:
-                if self.store.check(keys):
-                    return
+            if self.check(keys):
+                return
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"waited {timeout.total_seconds():g} s for {', '.join(keys)}")
@@ -55,7 +59,10 @@ class Guarded:
 
         def locked(*args: Any) -> Any:
             with self.lock:
-                return op(*args)
+                try:
+                    return op(*args)
+                except Exception as exc:  # noqa: BLE001 - a store that fails is a store that is gone
+                    raise StoreLost(self.host, exc) from None
 
         return locked
 
@@ -93,6 +100,8 @@ class Watch:
     join_timeout: float
     started: float = field(default_factory=time.monotonic)
     seen: dict[int, tuple[bytes, float]] = field(default_factory=dict)
+    known: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """(host, pid) of each rank as it announced itself: still known once the store is gone."""
 
     def lost(self, ranks: list[int], stage: str) -> list[tuple[int, str]]:
         """Each of ``ranks`` that failed, died or never joined, with what happened to it
@@ -143,10 +152,76 @@ class Watch:
 
     def _who(self, rank: int) -> tuple[str, str] | None:
         """(host, pid) as the rank announced itself; None before it did."""
-        if not self.store.check([f"who/{rank}"]):
-            return None
-        host, _, pid = self.store.get(f"who/{rank}").decode(errors="replace").partition(" ")
-        return host, pid
+        if rank not in self.known:
+            try:
+                if not self.store.check([f"who/{rank}"]):
+                    return None
+                host, _, pid = self.store.get(f"who/{rank}").decode(errors="replace").partition(" ")
+            except Exception:  # noqa: BLE001 - the store is gone: what this rank knew is all there is
+                return None
+            self.known[rank] = (host, pid)
+        return self.known[rank]
+
+    def casualties(self, ranks: list[int], window: float) -> list[tuple[int, str]]:
+        """Each of ``ranks`` that died or failed, as opposed to one stopped by the same signal as
+        this rank — what a launcher's SIGTERM does not say. A rank that said a signal stopped it is
+        alive; one that published its failure failed; one on this host whose process is gone died;
+        one elsewhere whose heartbeat does not move within ``window`` seconds died (a rank alive
+        beats every interval, whatever it is doing). A rank that never announced itself is not
+        judged here."""
+        found: list[tuple[int, str]] = []
+        remote: dict[int, tuple[str, str]] = {}
+        try:
+            failed: bool | None = int(self.store.add("failed", 0)) > 0
+        except StoreLost:
+            failed = None  # the store is gone: only what this host can see of its own ranks
+        for r in ranks:
+            if failed and self.store.check([f"fail/{r}"]):
+                if not self.store.check([f"sig/{r}"]):
+                    cause = self.store.get(f"fail/{r}").decode(errors="replace")
+                    found.append((r, f"{self.describe(r)} failed at '{self.at(r)}': {cause}"))
+                continue
+            who = self.known.get(r) if failed is None else self._who(r)
+            if who is None:
+                continue
+            if who[0] == socket.gethostname() and who[1].isdigit():
+                if not _alive(int(who[1])):
+                    found.append(
+                        (r, f"{self.describe(r)} died at '{self.at(r)}' (its process is gone: killed or crashed)")
+                    )
+            elif failed is not None:
+                remote[r] = who
+        return found + self._silent(remote, window)
+
+    def _silent(self, ranks: dict[int, tuple[str, str]], window: float) -> list[tuple[int, str]]:
+        """The ranks on other hosts whose heartbeat did not move within ``window`` seconds."""
+        if not ranks:
+            return []
+        keys = [f"hb/{r}" for r in ranks]
+        first = dict(zip(ranks, self.store.multi_get(keys), strict=True))
+        deadline, still = time.monotonic() + window, set(ranks)
+        while still and time.monotonic() < deadline:
+            time.sleep(min(0.2, window / 10))
+            now = dict(zip(ranks, self.store.multi_get(keys), strict=True))
+            still = {r for r in still if now[r] == first[r]}
+        return [
+            (
+                r,
+                f"{self.describe(r)} died at '{self.at(r)}': no heartbeat for {window:g} s (killed, crashed, or its node was lost)",
+            )
+            for r in sorted(still)
+        ]
+
+    def at(self, rank: int) -> str:
+        """The last stage ``rank`` said it reached."""
+        try:
+            return (
+                self.store.get(f"at/{rank}").decode(errors="replace")
+                if self.store.check([f"at/{rank}"])
+                else "(nothing)"
+            )
+        except StoreLost:
+            return "(unknown: the store is gone)"
 
     def describe(self, rank: int) -> str:
         """``rank 1 on node7 (pid 4242)``, as far as it announced itself."""
@@ -174,9 +249,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def publish_failure(store: Guarded, rank: int, cause: str) -> None:
-    """Tell the waiting ranks at once why this rank stops (best effort: the store may be gone)."""
+def publish_failure(store: Guarded, rank: int, cause: str, *, signalled: bool = False) -> None:
+    """Tell the waiting ranks at once why this rank stops (best effort: the store may be gone);
+    ``signalled``: a signal stopped it, it did not fail (see :meth:`Watch.casualties`)."""
     try:
+        if signalled:
+            store.set(f"sig/{rank}", "1")
         store.set(f"fail/{rank}", cause[:500])
         store.add("failed", 1)
     except Exception:  # noqa: BLE001 - the heartbeat's silence will tell them instead

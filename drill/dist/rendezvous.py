@@ -44,6 +44,16 @@ def where() -> str:
     return f"env://{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
 
 
+def store_host() -> str:
+    """Who hosts the store this process meets the others in, in words (for messages)."""
+    init = os.environ.get(INIT_ENV)
+    if init and init.startswith("file://"):
+        return f"the file store at {urlparse(init).path}"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        return f"torchrun's agent at {os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    return "rank 0"
+
+
 def open_store(rank: int, world: int, timeout: float) -> tuple[Any, bool]:
     """This attempt's store, as seen by ``rank`` of ``world``, and whether this process hosts
     it (then it must outlive the other ranks' last read); :class:`UsageError` when the
@@ -111,4 +121,4 @@ def _listen(addr: str, port: int) -> socket.socket:
         ) from None
 
 
-__all__ = ["INIT_ENV", "attempt_prefix", "open_store", "where"]
+__all__ = ["INIT_ENV", "attempt_prefix", "open_store", "store_host", "where"]

@@ -7,6 +7,7 @@ the drill and publishes the verdict, which every rank exits with.
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -74,15 +75,39 @@ def settle(d: Drill, outcome: DrillOutcome) -> DrillOutcome:
         dist.publish("verdict", (outcome.id, outcome.status.value, int(outcome.exit_code), outcome.message))
         return outcome
     if outcome.status in (DrillStatus.ERROR, DrillStatus.ABORTED) and not dist.reported:
-        dist.fail(outcome.message or outcome.status.value)
+        dist.fail(outcome.message or outcome.status.value, signalled=d.guard.signum is not None)
     try:
-        timeout = d.request.timeout if d.request.timeout is not None else float("inf")
-        left = max(1.0, timeout - (time.perf_counter() - d.started))
-        outcome.id, status, code, outcome.message = dist.wait_for("verdict", left)
+        outcome.id, status, code, outcome.message = _take_verdict(d)
         outcome.status, outcome.exit_code = DrillStatus(status), ExitCode(code)
     except Exception as exc:  # noqa: BLE001 - rank 0 is gone: this rank cannot know the verdict
         outcome.status, outcome.exit_code, outcome.message = DrillStatus.ERROR, ExitCode.ERROR, str(exc)
     return outcome
+
+
+def _take_verdict(d: Drill) -> Any:
+    """Rank 0's verdict. A signal — before or while this rank waits — is what a launcher sends
+    every rank when one dies: if rank 0 died, :class:`~drill.dist.failure.RankFailure` naming it
+    (and this rank closes its record); if it lives, it records how the drill ended: wait for that."""
+    from drill.dist.failure import RankFailure
+    from drill.interrupts import Interrupted, InterruptGuard
+
+    dist = d.dist
+    dist.reached("verdict")
+    timeout = d.request.timeout if d.request.timeout is not None else float("inf")
+    left = max(1.0, timeout - (time.perf_counter() - d.started))
+    with InterruptGuard() as guard:
+        try:
+            if d.guard.signum is None:
+                return dist.wait_for("verdict", left)
+        except Interrupted:
+            guard.quiet()  # from now on a signal only counts; a third one exits
+        signum = d.guard.signum or guard.signum or signal.SIGTERM
+        dist.fail(f"interrupted by {signal.Signals(signum).name}", signalled=True)
+        dead = dist.casualties([0])
+        if dead:
+            dist.root_lost = dead[0][1]
+            raise RankFailure(dead[0][1], [0])
+        return dist.wait_for("verdict", min(left, 60.0))
 
 
 __all__ = ["follow_discovery", "follow_plan", "lead_discovery", "restore_across_ranks", "settle", "share_plan"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -31,6 +32,7 @@ from drill.claims import evidence_of
 from drill.device import resolve_device
 from drill.discover import discover
 from drill.errors import DrillError, ExitCode, NothingToDrill, UsageError, one_line
+from drill.failpoints import failpoint
 from drill.findings import CheckResult, CheckStatus, not_run
 from drill.formats import resolve_format
 from drill.formats.base import RestoreContext
@@ -151,6 +153,9 @@ class Drill:
     def stage(self, name: str, fn: Stage, *, announce: bool = True) -> None:
         """Run one stage unless an earlier one stopped the drill; record its checks. A stage
         that will do no work (a replay switched off) is not announced as if it did."""
+        if self.dist is not None:
+            self.dist.reached(name)
+        failpoint(name)
         if self.stopped is not None:
             return
         self.outcome.phase = name
@@ -192,6 +197,21 @@ class Drill:
                 if self.scratch_copy is not None:
                     shutil.rmtree(self.scratch_copy, ignore_errors=True)
 
+    def _signal_explained(self) -> None:
+        """A launcher's SIGTERM is how a job ends when one of its ranks dies: torchrun's agent, and
+        srun, stop the survivors first. When a peer died or failed, that is the drill's end — an
+        ``error`` naming it — not the signal that followed."""
+        if self.guard.signum is None or self.dist is None or not self.dist.is_root:
+            return  # the other ranks ask only whether rank 0 lives (see ranks.settle)
+        dead = self.dist.casualties()
+        if dead:
+            shown = "; ".join(why for _, why in dead[:20]) + (
+                f"; and {len(dead) - 20} more ranks" if len(dead) > 20 else ""
+            )
+            name = signal.Signals(self.guard.signum).name
+            self.drill_error = f"{shown}; its launcher then stopped this rank ({name})"
+            self.guard.signum = None
+
     def finish(self) -> DrillOutcome:
         """The verdict, from the checks and what happened to drill itself; recorded once."""
         o = self.outcome
@@ -201,6 +221,7 @@ class Drill:
         o.checks = [self.results.get(name) or not_run(name, why) for name in ORDER]
         if "integrity" in self.results:
             o.evidence_level = evidence_of(self.results["integrity"])
+        self._signal_explained()
         if self.request.slo is not None and not self.guard.signum:
             o.slo_breaches = self.request.slo.breaches(o.timings.restore, o.timings.ttfs)
         verdict = decide(
