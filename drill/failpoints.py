@@ -5,7 +5,7 @@ rank: ``restored@1=kill`` kills rank 1 (SIGKILL) just before it reports its rest
 ``restored@1=hang`` stops it there for good, ``restored=hold`` parks every rank there until
 the file ``$DRILL_FAILPOINTS_RELEASE`` exists (each leaves ``<that file>.<rank>`` on arrival,
 so a test can act while all of them are parked), ``restored@1:0=kill`` acts on attempt 0 of a
-restarted job only (``$TORCHELASTIC_RESTART_COUNT``). Unset — always, outside tests — every
+restarted job only (``$TORCHELASTIC_RESTART_COUNT``, a requeued Slurm job's ``$SLURM_RESTART_COUNT``). Unset — always, outside tests — every
 failpoint is one dictionary lookup that does nothing. (Like etcd's gofail or TiKV's fail-rs.)
 """
 
@@ -27,7 +27,8 @@ def _armed(name: str) -> str | None:
     spec = os.environ.get(ENV)
     if not spec:
         return None
-    rank, attempt = _rank(), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    env = os.environ
+    rank, attempt = _rank(), env.get("TORCHELASTIC_RESTART_COUNT") or env.get("SLURM_RESTART_COUNT") or "0"
     for pair in spec.split(","):
         where, _, action = pair.strip().partition("=")
         point, _, only = where.partition("@")

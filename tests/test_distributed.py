@@ -424,6 +424,7 @@ def test_torchrun_max_restarts_records_each_attempt_once_and_keeps_the_exit_code
         (d.status, d.message) for d in drills
     ]
     assert len(drills) == 2 and drills[0].status == "error" and "rank 1 on" in (drills[0].message or "")
+    assert drills[1].options.get("earlier_attempts") == [drills[0].id]  # one torchrun run id: the attempts are linked
     assert json.loads(verdict.read_text())["status"] == "passed"
     res = subprocess.run([sys.executable, "-m", "drill", "verdict", str(verdict)], capture_output=True, text=True)
     assert res.returncode == 0 and f"drill #{drills[1].id} passed" in res.stderr
@@ -839,7 +840,7 @@ def test_a_job_that_can_never_run_fails_within_a_minute(
         r"can never run as asked \(Slurm's reason: Partition(Config|TimeLimit)\)", res.stderr
     ), res.stderr
     (recorded,) = history(db=db)
-    assert recorded.status == "error" and "job output: " in (recorded.message or "")
+    assert recorded.status == "error" and "job output" not in (recorded.message or "")  # it never ran: none was written
     from drill import __version__
 
     versions = get_drill(recorded.id, db=db).versions
@@ -964,6 +965,60 @@ def test_ctrl_c_on_submit_cancels_a_running_job_whose_drill_records_itself_abort
     assert recorded.status == "aborted", (recorded.status, recorded.message, err)
     assert proc.returncode == recorded.exit_code and proc.returncode in (130, 143)
     assert not _queue(slurm_cluster).strip()
+
+
+def test_an_operators_scancel_of_a_pending_job_is_aborted_not_by_drill(
+    sharded_run: Path, tmp_path: Path, slurm_cluster
+) -> None:
+    """Someone else's ``scancel`` is not a failure of the drill, and a job that never ran wrote
+    no output to point at: ``aborted``, saying drill did not cancel it (and who did, where Slurm's
+    accounting knows)."""
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = _policy(
+        tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n"
+    )
+    proc = _submit_process(policy, db, slurm_cluster)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the event: drill submit says the job is pending
+        if ": pending" in line:
+            break
+    job = re.search(r"slurm job (\d+)", line).group(1)
+    subprocess.run(["scancel", job], env={**os.environ, **slurm_cluster.env}, check=True)
+    _, err = proc.communicate(timeout=120)
+    (recorded,) = history(db=db)
+    assert recorded.status == "aborted" and re.search(
+        rf"slurm job {job} was cancelled while pending, not by drill \(cancelled by \S+", recorded.message or ""
+    ), (recorded.message, err)
+    assert "job output" not in (recorded.message or "") and proc.returncode == 143
+
+
+def test_a_requeued_job_links_its_attempts_and_submit_exits_with_the_last(
+    sharded_run: Path, tmp_path: Path, slurm_cluster
+) -> None:
+    """Slurm requeues a running job (a node lost, an administrator's ``scontrol requeue``): the
+    same job id runs the drill again. The first attempt's record is closed, never left running;
+    the second names it as its earlier attempt; ``drill submit`` exits with the last verdict."""
+    env = {**os.environ, **slurm_cluster.env}
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  ranks_per_node: 2\n  log_dir: {tmp_path}\n")
+    proc = _submit_process(policy, db, slurm_cluster, env={"DRILL_FAILPOINTS": "restored@1:0=hang"})
+    deadline = time.monotonic() + 180
+    while not ((tmp_path / "drill.db").exists() and [d for d in history(db=db) if d.status == "running"]):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.2)
+    (first,) = history(db=db)
+    job = first.job_id.split(":")[1].split("#")[0]
+    subprocess.run(["scontrol", "requeue", job], env=env, check=True)
+    while "PENDING" not in _queue(slurm_cluster):  # requeued jobs wait two minutes to start again: not here
+        assert time.monotonic() < deadline, _queue(slurm_cluster)
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True)
+    _, err = proc.communicate(timeout=300)
+    earlier, last = sorted(history(db=db), key=lambda d: d.id)
+    assert earlier.id == first.id and earlier.status == "aborted", (earlier.status, earlier.message)
+    assert last.status == "passed" and last.job_id == first.job_id, (last.status, last.message, err)
+    assert last.options.get("earlier_attempts") == [first.id] and last.options.get("attempt") == 2
+    assert proc.returncode == 0, err
 
 
 def test_a_scheduler_stopping_cancels_its_pending_job_and_records_it(

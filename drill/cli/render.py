@@ -90,6 +90,15 @@ def _latency(o: DrillOutcome) -> str:
     return f"restore {human_seconds(t.restore)} = " + " + ".join(parts)
 
 
+def _job(o: DrillOutcome) -> str:
+    """``slurm:12#ab (attempt 2: the job was restarted; earlier: drill #7)``."""
+    earlier = (o.options or {}).get("earlier_attempts")
+    if not earlier:
+        return str(o.job_id)
+    shown = ", ".join(f"#{i}" for i in earlier)
+    return f"{o.job_id} (attempt {len(earlier) + 1}: the job was restarted; earlier: drill {shown})"
+
+
 def render_outcome(console: Out, o: DrillOutcome, where: str | None = None) -> None:
     """What ``drill run`` prints: every check with its evidence line, findings, the verdict."""
     table = _table(show_header=True, header_style="bold")
@@ -116,7 +125,7 @@ def render_outcome(console: Out, o: DrillOutcome, where: str | None = None) -> N
     if o.distributed:
         render_ranks(console, o.distributed)
     if o.job_id:
-        console.print(f"batch job {o.job_id}", markup=False)
+        console.print(f"batch job {_job(o)}", markup=False)
     if o.id is not None:
         console.print(f"recorded in {where or 'the record database'}  (drill show {o.id})", markup=False, style="dim")
     if o.status is DrillStatus.FAILED and ck is not None:
@@ -289,7 +298,7 @@ def render_drill(console: Out, o: DrillOutcome) -> None:
     if o.message:
         rows.insert(1, ("why", o.message))
     if o.job_id:
-        rows.append(("batch job", o.job_id))
+        rows.append(("batch job", _job(o)))
     table = _table(show_header=False)
     table.add_column(style="bold")
     table.add_column()

@@ -70,16 +70,18 @@ def follow(job: Job, *, queue_timeout: float, poll: float = 1.0, on_state: Any =
     once if the batch system says it can never run, and when ``stop(state)`` returns a reason
     (a scheduler stopping); an interrupt (Ctrl-C, SIGTERM) cancels it too and raises
     :class:`Interrupted` carrying how it ended."""
-    started = time.monotonic()
+    started = queued = time.monotonic()
     pending_for, last, running = 0.0, None, False
     try:
         while (now := job.state()) is not None:
             st, reason = now
             if st != last and on_state is not None:
                 on_state(st, reason)
+            if st == "PENDING" and last not in (None, "PENDING"):
+                queued = time.monotonic()  # requeued: the queue timeout counts from here
             last, running = st, running or st not in ("PENDING", "CONFIGURING")
             if st == "PENDING":
-                pending_for = time.monotonic() - started
+                pending_for = time.monotonic() - queued
                 never = job.never_runs(reason)
                 if never or pending_for > queue_timeout:
                     job.cancel()

@@ -163,17 +163,33 @@ def final(job_id: str, env: dict[str, str] | None = None) -> tuple[str, int | No
         fields = dict(re.findall(r"(\w+)=(\S*)", res.stdout))
         code = fields.get("ExitCode", "")
         host = fields.get("BatchHost") or None
-        return (
-            fields.get("JobState", "UNKNOWN"),
-            int(code.split(":")[0]) if code[:1].isdigit() else None,
-            fields.get("Reason", "None"),
-            host,
-        )
+        st = fields.get("JobState", "UNKNOWN")
+        reason = (_cancelled_by(job_id, env) if st == "CANCELLED" else None) or fields.get("Reason", "None")
+        return st, int(code.split(":")[0]) if code[:1].isdigit() else None, reason, host
     res = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode,NodeList"], env)
     if res.returncode == 0 and res.stdout.strip():
         st, code, nodes = (res.stdout.strip().splitlines()[0].split("|") + ["", ""])[:3]
         return st.split()[0], int(code.split(":")[0]) if code[:1].isdigit() else None, "None", nodes or None
     return "UNKNOWN", None, "the job left the queue and Slurm no longer knows how it ended", None
+
+
+def _cancelled_by(job_id: str, env: dict[str, str] | None) -> str | None:
+    """``cancelled by alice``: who cancelled the job, where Slurm's accounting says (``sacct``'s
+    ``CANCELLED by UID``); None without accounting."""
+    import pwd
+
+    try:
+        res = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State"], env)
+    except SubmitError:
+        return None
+    found = re.search(r"CANCELLED by (\d+)", res.stdout) if res.returncode == 0 else None
+    if found is None:
+        return None
+    uid = int(found.group(1))
+    try:
+        return f"cancelled by {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"cancelled by uid {uid}"
 
 
 def cancel(job_id: str, env: dict[str, str] | None = None) -> None:

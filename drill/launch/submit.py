@@ -11,6 +11,7 @@ CronJob — the manifests are rendered for an admin to apply.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -189,29 +190,46 @@ def reconcile(records: Any, policy: Policy, trigger: str, end: JobEnd, job: str,
     cancelled the job) if the job died under it — or, when the job never got as far as
     recording one, a record saying why, on the job's node, with its output and the cause it printed."""
     drill_id = records.by_job(job)
-    status, code = DrillStatus.ERROR, ExitCode.ERROR
-    if end.cancelled_by is not None:
-        status, code = DrillStatus.ABORTED, exit_code_for(DrillStatus.ABORTED, signum=end.cancelled_on)
-    why = f"{end.name} ended {end.state}" + (f" ({end.reason})" if end.reason and end.reason != "None" else "")
-    if end.cancelled_by is not None:
-        why = f"{end.cancelled_by}: {end.name} was cancelled while {'running' if end.was_running else 'pending'}"
-    elif end.state in ("QUEUE_TIMEOUT", "NEVER_RUNS"):
-        why = f"{end.name} was cancelled: {end.reason}"
+    status, code, why = _how_it_ended(end)
+    shown = (
+        output if output and (end.was_running or os.path.exists(output)) else None
+    )  # a job that never ran wrote none
     if drill_id is None:
-        cause = last_words(output) if output else None
+        cause = last_words(shown) if shown else None
         reason = (
             f"{why}{' before the drill recorded anything' if end.was_running else ''}"
             + (f": {cause}" if cause else "")
-            + f" (job output: {output})"
+            + (f" (job output: {shown})" if shown else "")
         )
         drill_id = records.record_lost(
             _start(policy, trigger, job), status=status, exit_code=int(code), reason=reason, host=end.host
         )
     else:
         records.close_dead_drill(
-            drill_id, status=status, exit_code=int(code), reason=f"{why} (job output: {output})"
+            drill_id, status=status, exit_code=int(code), reason=f"{why} (job output: {shown})" if shown else why
         )  # no-op when the drill closed itself
     return records.get(drill_id)
+
+
+def _how_it_ended(end: JobEnd) -> tuple[DrillStatus, ExitCode, str]:
+    """The verdict a job's end gives a drill that did not record its own: ``aborted`` when it was
+    cancelled — by drill (an interrupt, a scheduler stopping) or by someone else (``scancel``,
+    an administrator), named — else ``error`` with the batch system's final state."""
+    was = "running" if end.was_running else "pending"
+    if end.cancelled_by is not None:
+        code = exit_code_for(DrillStatus.ABORTED, signum=end.cancelled_on)
+        return DrillStatus.ABORTED, code, f"{end.cancelled_by}: {end.name} was cancelled while {was}"
+    if end.state == "CANCELLED":
+        who = (
+            end.reason
+            if end.reason.startswith("cancelled by")
+            else "cancelled by scancel: an operator, an administrator or Slurm"
+        )
+        return DrillStatus.ABORTED, ExitCode.TERMINATED, f"{end.name} was cancelled while {was}, not by drill ({who})"
+    if end.state in ("QUEUE_TIMEOUT", "NEVER_RUNS"):
+        return DrillStatus.ERROR, ExitCode.ERROR, f"{end.name} was cancelled: {end.reason}"
+    why = f"{end.name} ended {end.state}" + (f" ({end.reason})" if end.reason and end.reason != "None" else "")
+    return DrillStatus.ERROR, ExitCode.ERROR, why
 
 
 OUTPUT_TAIL = 20_000

@@ -541,7 +541,11 @@ def _restored_step(state: dict, fallback: int | None) -> int | None:
 
 
 def job_id_from_env() -> str | None:
-    """The batch job this drill runs in: ``$DRILL_JOB_ID``, else Slurm's job id."""
-    if os.environ.get("DRILL_JOB_ID"):
-        return os.environ["DRILL_JOB_ID"][:128]
-    return f"slurm:{os.environ['SLURM_JOB_ID']}" if os.environ.get("SLURM_JOB_ID") else None
+    """The batch job this drill runs in: ``$DRILL_JOB_ID``, else Slurm's job id, else torchrun's
+    run id (each attempt of a restarted job runs under the same one: their records are linked)."""
+    env = os.environ
+    if env.get("DRILL_JOB_ID"):
+        return env["DRILL_JOB_ID"][:128]
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm:{env['SLURM_JOB_ID']}"
+    return f"torchrun:{env['TORCHELASTIC_RUN_ID']}"[:128] if env.get("TORCHELASTIC_RUN_ID") else None

@@ -61,6 +61,14 @@ def checkpoint_row(s: Session, run_root: str, info: Any) -> Checkpoint:
     return ckpt
 
 
+def _attempts(s: Session, d: Drill) -> dict[str, Any]:
+    """A restarted batch job's drill names the attempts before it (its job id is theirs)."""
+    if not d.job_id:
+        return {}
+    earlier = list(s.scalars(select(Drill.id).where(Drill.job_id == d.job_id, Drill.id < d.id).order_by(Drill.id)))
+    return {"attempt": len(earlier) + 1, "earlier_attempts": earlier} if earlier else {}
+
+
 def write_outcome(s: Session, d: Drill, o: DrillOutcome) -> None:
     """Everything the outcome says, onto the drill's row and its child rows (idempotent)."""
     d.status, d.exit_code, d.message, d.error = o.status.value, int(o.exit_code), o.message, o.error
@@ -72,7 +80,7 @@ def write_outcome(s: Session, d: Drill, o: DrillOutcome) -> None:
     d.bytes_read, d.throughput_bps = o.bytes_read, o.throughput_bps
     d.distributed, d.job_id = jsonable(o.distributed) if o.distributed else None, o.job_id
     d.page_cache = jsonable(o.page_cache) if o.page_cache else None
-    d.options = jsonable(o.options) if o.options else None
+    d.options = jsonable({**o.options, **_attempts(s, d)}) if o.options or d.job_id else None
     d.replay_verdict = o.replay.verdict if o.replay else None
     d.replay_reason = o.replay.reason if o.replay else None
     if o.checkpoint is not None:

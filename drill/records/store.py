@@ -21,7 +21,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from drill.claims import DEFAULT_MIN_EVIDENCE, good_enough
-from drill.errors import DatabaseError, NotFound, UnreadableRecord, one_line
+from drill.errors import DatabaseError, ExitCode, NotFound, UnreadableRecord, one_line
 from drill.findings import CheckResult
 from drill.pipeline.outcome import DrillOutcome
 from drill.pipeline.recorder import DrillStart
@@ -118,7 +118,26 @@ class Records(LedgerMixin, LeaseMixin, ReportingMixin, SavesMixin, BurstsMixin):
             )
             s.add(drill)
             s.flush()
+            if start.job_id:
+                self._close_earlier_attempts(s, drill)
             return drill.id
+
+    def _close_earlier_attempts(self, s: Session, drill: Drill) -> None:
+        """A batch job restarted (Slurm's requeue, torchrun's ``--max-restarts``) runs the drill
+        again under the same job id: an earlier attempt still ``running`` ended when its job
+        was restarted — closed ``aborted``, naming the attempt that continues it."""
+        earlier = s.scalars(
+            select(Drill).where(
+                Drill.job_id == drill.job_id, Drill.id < drill.id, Drill.status == DrillStatus.RUNNING.value
+            )
+        )
+        for d in earlier:
+            d.status, d.exit_code, d.finished_at = DrillStatus.ABORTED.value, int(ExitCode.TERMINATED), utcnow()
+            d.message = d.error = (
+                f"its batch job {drill.job_id} was restarted: continued by drill #{drill.id} "
+                f"(last phase reached: {d.phase})"
+            )
+            self._seal(s, d.id, "restart")
 
     def record_lost(
         self, start: DrillStart, *, status: DrillStatus, exit_code: int, reason: str, host: str | None = None
