@@ -733,6 +733,82 @@ def slurm_cluster():
         yield cluster
 
 
+@pytest.fixture(scope="module")
+def slurm_nodes():
+    """Three Slurm nodes on this host, each in namespaces of its own (host names n1–n3)."""
+    from tests.support.slurm import NodesCluster, available
+
+    if not available():
+        pytest.skip("Slurm is not installed (Debian: apt-get install slurm-wlm munge)")
+    why = NodesCluster.possible()
+    if why:
+        pytest.skip(f"several Slurm nodes on one host: {why}")
+    with NodesCluster(3) as cluster:
+        yield cluster
+
+
+def _await_running(db: str, tmp_path: Path, proc: subprocess.Popen, timeout: float = 180) -> list:
+    deadline = time.monotonic() + timeout
+    while not ((tmp_path / "drill.db").exists() and [d for d in history(db=db) if d.status == "running"]):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.2)
+    return history(db=db)
+
+
+def test_on_two_slurm_nodes_a_killed_rank_is_named_with_its_node(
+    sharded_run: Path, tmp_path: Path, slurm_nodes
+) -> None:
+    """Rank 1 on node n2 is killed mid-restore; srun ends the step. Rank 0, on n1, cannot see
+    n2's processes: the rank group's heartbeats say rank 1 died — one ``error`` record naming
+    rank 1, its node and stage."""
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = _policy(
+        tmp_path, sharded_run, f"  launcher: slurm\n  nodes: 2\n  ranks_per_node: 1\n  log_dir: {tmp_path}\n  rendezvous: {tmp_path}\n"
+    )
+    proc = _submit_process(policy, db, slurm_nodes, env={"DRILL_FAILPOINTS": "restored@1=kill"})
+    _, err = proc.communicate(timeout=300)
+    drills = history(db=db) if (tmp_path / "drill.db").exists() else []
+    assert len(drills) == 1, err
+    (recorded,) = drills
+    assert recorded.status == "error" and re.search(r"rank 1 on n2 \(pid \d+\) died at 'restore'", recorded.message or ""), (
+        recorded.status, recorded.message, err,
+    )  # fmt: skip
+    assert recorded.host == "n1" and proc.returncode == 5
+
+
+def test_a_node_set_down_mid_job_requeues_it_and_the_attempts_are_linked(
+    sharded_run: Path, tmp_path: Path, slurm_nodes
+) -> None:
+    """A node of the job is set DOWN while the drill runs: Slurm requeues the job (one job id) and
+    runs it again on the nodes left. The first attempt's record is closed, the second names it,
+    and ``drill submit`` exits with the second's verdict."""
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    policy = _policy(
+        tmp_path, sharded_run, f"  launcher: slurm\n  nodes: 2\n  ranks_per_node: 1\n  log_dir: {tmp_path}\n  rendezvous: {tmp_path}\n"
+    )
+    proc = _submit_process(policy, db, slurm_nodes, env={"DRILL_FAILPOINTS": "restored@1:0=hang"})
+    (first,) = _await_running(db, tmp_path, proc)
+    job = first.job_id.split(":")[1].split("#")[0]
+    nodes = slurm_nodes.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
+    down = "n2" if "n2" in nodes or "[1-2]" in nodes else "n3"
+    try:
+        slurm_nodes.run("scontrol", "update", f"nodename={down}", "state=down", "reason=drill-test")
+        slurm_nodes.run("scontrol", "update", f"nodename={down}", "state=drain", "reason=drill-test")  # kept out
+        deadline = time.monotonic() + 120
+        while "PENDING" not in slurm_nodes.run("squeue", "-h", "-j", job, "-o", "%T").stdout:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        slurm_nodes.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # no two-minute requeue hold here
+        _, err = proc.communicate(timeout=300)
+    finally:
+        slurm_nodes.run("scontrol", "update", f"nodename={down}", "state=resume")
+    earlier, last = sorted(history(db=db), key=lambda d: d.id)
+    assert earlier.id == first.id and earlier.status in ("aborted", "error"), (earlier.status, earlier.message)
+    assert last.status == "passed" and last.job_id == first.job_id, (last.message, err)
+    assert down not in {r["host"] for r in last.distributed["ranks"]}, last.distributed["ranks"]
+    assert last.options.get("earlier_attempts") == [first.id] and proc.returncode == 0, err
+
+
 def _submit(policy: Path, db: str, monkeypatch: pytest.MonkeyPatch, slurm, *extra: str):
     from typer.testing import CliRunner
 
@@ -910,8 +986,8 @@ def test_a_job_killed_under_the_drill_closes_its_record(
 
 
 def _submit_process(policy: Path, db: str, slurm, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "drill", "submit", "--policy", str(policy), "--db", db], env={**os.environ, **slurm.env, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen([*slurm.client, sys.executable, "-m", "drill", "submit", "--policy", str(policy), "--db", db],
+                            env={**os.environ, **slurm.env, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
 def _queue(slurm) -> str:
