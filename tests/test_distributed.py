@@ -763,7 +763,9 @@ def test_on_two_slurm_nodes_a_killed_rank_is_named_with_its_node(
     rank 1, its node and stage."""
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     policy = _policy(
-        tmp_path, sharded_run, f"  launcher: slurm\n  nodes: 2\n  ranks_per_node: 1\n  log_dir: {tmp_path}\n  rendezvous: {tmp_path}\n"
+        tmp_path,
+        sharded_run,
+        f"  launcher: slurm\n  nodes: 2\n  ranks_per_node: 1\n  log_dir: {tmp_path}\n  rendezvous: {tmp_path}\n",
     )
     proc = _submit_process(policy, db, slurm_nodes, env={"DRILL_FAILPOINTS": "restored@1=kill"})
     _, err = proc.communicate(timeout=300)
@@ -784,7 +786,9 @@ def test_a_node_set_down_mid_job_requeues_it_and_the_attempts_are_linked(
     and ``drill submit`` exits with the second's verdict."""
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     policy = _policy(
-        tmp_path, sharded_run, f"  launcher: slurm\n  nodes: 2\n  ranks_per_node: 1\n  log_dir: {tmp_path}\n  rendezvous: {tmp_path}\n"
+        tmp_path,
+        sharded_run,
+        f"  launcher: slurm\n  nodes: 2\n  ranks_per_node: 1\n  log_dir: {tmp_path}\n  rendezvous: {tmp_path}\n",
     )
     proc = _submit_process(policy, db, slurm_nodes, env={"DRILL_FAILPOINTS": "restored@1:0=hang"})
     (first,) = _await_running(db, tmp_path, proc)

@@ -19,6 +19,7 @@ import os
 import pickle
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -94,16 +95,21 @@ class DistContext:
         self.watch.describe(0)  # rank 0 is known from now on, even should the store go away with it
         return pickle.loads(self.store.get(key))  # trusted: written by rank 0 of this very attempt
 
-    def scatter(self, objs: list[Any] | None, stage: str) -> Any:
+    def scatter(self, objs: Iterable[Any] | None, stage: str) -> Any:
         """Rank 0's ``objs[r]`` on rank ``r``, each rank reading only its own: the traffic out of
-        the store is the sum of the items, not the world times all of them."""
+        the store is the sum of the items, not the world times all of them. ``objs`` may be made
+        as it is sent (a generator): rank 0 then holds one item at a time."""
         key = self._key(stage)
         if self.is_root:
-            assert objs is not None and len(objs) == self.world
-            for rank, obj in enumerate(objs[1:], start=1):
-                self.store.set(f"{key}/{rank}", pickle.dumps(obj))
+            assert objs is not None
+            items = iter(objs)
+            first = next(items)
+            sent = 0
+            for sent, obj in enumerate(items, start=1):
+                self.store.set(f"{key}/{sent}", pickle.dumps(obj))
+            assert sent == self.world - 1, (sent, self.world)
             self.store.set(f"{key}/all", "1")
-            return objs[0]
+            return first
         self._await([0], f"{key}/all", stage)
         return pickle.loads(self.store.get(f"{key}/{self.rank}"))  # trusted: written by rank 0 of this very attempt
 

@@ -37,6 +37,12 @@ class Guarded:
         self.store = store
         self.host = host
         self.lock = threading.Lock()
+        self.sent = 0
+        """Bytes of the values this process has set in the store (what it sent through it)."""
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.sent += len(value)
+        self.__getattr__("set")(key, value)
 
     def wait(self, keys: list[str], timeout: timedelta) -> None:
         """Until every key is set, or :class:`TimeoutError` after ``timeout``. Never one

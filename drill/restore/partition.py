@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +36,9 @@ class Shard:
 
     rank: int
     world: int
-    scatter: Callable[[list[Any] | None], Any]
-    """Rank 0's list, one item per rank: each rank gets its own (its plan, not everyone's)."""
+    scatter: Callable[[Iterable[Any] | None], Any]
+    """Rank 0's items, one per rank (a list, or made as sent): each rank gets its own (its plan,
+    not everyone's)."""
     assignment: list[list[str]] = field(default_factory=list)
     """Every rank's files (filled in by the restore)."""
 
