@@ -166,7 +166,8 @@ def _reader(
     files: list[tuple[str, int]],
     options: dict[str, Any] | None,
     ready: Any,
-    barrier: Any,
+    go: Any,
+    done: Any,
     out: Any,
 ) -> None:
     """One reader process: import, open the storage, wait for the others, read and hash its files.
@@ -178,12 +179,12 @@ def _reader(
 
     storage = storage_for(checkpoint, options)
     ready.put((n, time.monotonic()))
-    barrier.wait()
+    go.wait()
     out.put(_read_share(storage, checkpoint, files, n))
     # A reader that is done waits for the others: its exit (a torch interpreter's teardown) would
     # take a core from the readers still inside the window. A reader that died breaks the wait.
     with contextlib.suppress(threading.BrokenBarrierError):
-        barrier.wait(timeout=3600)
+        done.wait(timeout=3600)
 
 
 def _shares(sizes: dict[str, int], readers: int, replicated: bool) -> list[list[tuple[str, int]]]:
@@ -203,21 +204,26 @@ def run_step(
     replicated: bool,
     options: dict[str, Any] | None = None,
 ) -> Step:
-    """One step of the sweep: ``readers`` processes released together from one barrier."""
+    """One step of the sweep: ``readers`` processes released together from one barrier. Cold, the
+    checkpoint leaves the page cache once every reader is ready, just before the barrier: every
+    step reads from the same state, however long its readers took to start (on a VM, storage
+    below the guest's cache forgets within seconds of a drop, so a drop before a slow start
+    would make the steps with more readers read colder)."""
     from drill.storage import storage_for
 
     storage = storage_for(checkpoint, options)
-    if cold:
-        storage.evict({storage.child(checkpoint, rel): size for rel, size in sizes.items()})
     ctx = multiprocessing.get_context("spawn")  # torch-free children: nothing inherited, nothing forked mid-thread
-    ready, out, barrier = ctx.Queue(), ctx.Queue(), ctx.Barrier(readers)
-    procs = [ctx.Process(target=_reader, args=(n, checkpoint, share, options, ready, barrier, out), daemon=True)
+    ready, out, go, done = ctx.Queue(), ctx.Queue(), ctx.Barrier(readers + 1), ctx.Barrier(readers)
+    procs = [ctx.Process(target=_reader, args=(n, checkpoint, share, options, ready, go, done, out), daemon=True)
              for n, share in enumerate(_shares(sizes, readers, replicated))]  # fmt: skip
     launched = time.monotonic()
     for p in procs:
         p.start()
     try:
         startups = sorted(ready.get(timeout=600)[1] - launched for _ in procs)
+        if cold:
+            storage.evict({storage.child(checkpoint, rel): size for rel, size in sizes.items()})
+        go.wait(timeout=600)
         figures = sorted((out.get(timeout=3600) for _ in procs), key=lambda r: r.reader)
     finally:
         for p in procs:
