@@ -8,6 +8,9 @@ hashes its share of the files (balanced by bytes) and rank 0 writes ``drill-mani
 
     from drill.integrations.hf import DrillSealCallback
     trainer = Trainer(..., callbacks=[DrillSealCallback(key=drill.sdk.load_key())])
+
+And its replay: :func:`trainer_replay` resumes the run's own ``Trainer`` from a checkpoint and
+hands drill one step at a time (a replay entrypoint in one line: see docs/replay.md).
 """
 
 from __future__ import annotations
@@ -38,4 +41,144 @@ class DrillSealCallback(TrainerCallback):
             self.reports.append(report)
 
 
-__all__ = ["DrillSealCallback"]
+# -- replay -----------------------------------------------------------------------------------
+PLAIN = (str, int, float, bool, type(None))
+
+
+def saved_arguments(checkpoint: str) -> dict[str, Any]:
+    """The ``TrainingArguments`` a run saved beside a checkpoint (``training_args.bin``), as
+    plain values: read inert (:mod:`drill.formats.inert` — nothing in the file is imported or
+    run), keeping the fields ``TrainingArguments`` takes whose values are plain (strings,
+    numbers, lists of them); its objects (accelerator state, devices, enums) are left out."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    from drill.formats.hf import TRAINING_ARGS
+    from drill.formats.inert import load_inert
+    from drill.storage.local import read_regular
+
+    obj, _ = load_inert(memoryview(read_regular(os.path.join(checkpoint, TRAINING_ARGS), 64 << 20)))
+    saved = getattr(obj, "fields", {})
+    takes = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+
+    def plain(value: Any) -> bool:
+        if isinstance(value, (list, tuple)):
+            return all(isinstance(v, PLAIN) for v in value)
+        return isinstance(value, PLAIN)
+
+    return {k: v for k, v in saved.items() if k in takes and plain(v)}
+
+
+class TrainerReplay:
+    """A replay target (see docs/replay.md) that resumes a ``transformers.Trainer`` from a
+    ``checkpoint-N`` exactly as the run would — ``trainer.train(resume_from_checkpoint=...)``:
+    the model's weights, the optimizer, the scheduler, every rank's RNG and the data position
+    all restored by the Trainer's own code — and hands over one optimizer step per
+    :meth:`step`: the Trainer runs in a thread that pauses after each step it logs."""
+
+    def __init__(self, trainer: Any) -> None:
+        import queue
+        import threading
+
+        self.trainer = trainer
+        self._out: queue.Queue[Any] = queue.Queue()
+        self._go = threading.Semaphore(0)
+        self._thread: threading.Thread | None = None
+        self._checkpoint: str | None = None
+        trainer.add_callback(_Pacer(self._out, self._go))
+
+    def restore(self, checkpoint: str) -> None:
+        """Start the Trainer on the checkpoint; return once it has loaded everything and is
+        about to take its first step."""
+        import threading
+
+        self._checkpoint = checkpoint
+        self._thread = threading.Thread(target=self._train, name="drill-hf-replay", daemon=True)
+        self._thread.start()
+        self._next("restoring")
+
+    def step(self) -> dict[str, Any]:
+        self._go.release()
+        return self._next("replaying")
+
+    def _train(self) -> None:
+        try:
+            self.trainer.train(resume_from_checkpoint=self._checkpoint)
+            self._out.put(
+                StopIteration(f"the Trainer stopped at step {self.trainer.state.global_step} (its max_steps)")
+            )
+        except BaseException as exc:  # noqa: BLE001 - handed to the replay's own thread, which raises it
+            self._out.put(exc)
+
+    def _next(self, doing: str) -> Any:
+        got = self._out.get()
+        if isinstance(got, StopIteration):
+            raise RuntimeError(f"{got} while {doing}")
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+
+class _Pacer(TrainerCallback):
+    """Hands each logged step to the replay and waits for the next :meth:`TrainerReplay.step`."""
+
+    def __init__(self, out: Any, go: Any) -> None:
+        self.out, self.go = out, go
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.out.put("restored")
+        self.go.acquire()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if logs and "loss" in logs:
+            self.out.put(
+                {
+                    "step": state.global_step,
+                    "loss": logs["loss"],
+                    "grad_norm": logs.get("grad_norm"),
+                    "lr": logs.get("learning_rate"),
+                }
+            )
+            self.go.acquire()
+
+
+def trainer_replay(
+    checkpoint: str,
+    device: Any,
+    *,
+    train_dataset: Any,
+    model: Any = None,
+    scratch: str | None = None,
+    **trainer_kwargs: Any,
+) -> TrainerReplay:
+    """The replay target of a ``Trainer`` run, from what the run saved: its ``TrainingArguments``
+    (:func:`saved_arguments`), the model built from the checkpoint's ``config.json`` (the class
+    its ``architectures`` names; or ``model``) — its weights, optimizer, scheduler, RNG and data
+    position are then the checkpoint's — and the run's dataset, which only the user can give.
+    The replay logs every step (compared with ``trainer_state.json``'s ``log_history``) and
+    writes nothing into the run: its output goes to ``scratch`` (a new temporary directory)."""
+    import tempfile
+
+    import transformers
+    from transformers import AutoConfig, Trainer, TrainingArguments
+
+    kwargs = saved_arguments(checkpoint)
+    kwargs.update(
+        output_dir=scratch or tempfile.mkdtemp(prefix="drill-hf-replay-"), save_strategy="no", report_to=[],
+        logging_strategy="steps", logging_steps=1, disable_tqdm=True, use_cpu=getattr(device, "type", str(device)) == "cpu",
+    )  # fmt: skip
+    kwargs.pop("logging_dir", None)
+    if model is None:
+        config = AutoConfig.from_pretrained(checkpoint)
+        architectures = getattr(config, "architectures", None) or []
+        if not architectures or not hasattr(transformers, architectures[0]):
+            raise ValueError(
+                f"{checkpoint}/config.json names no model class transformers has ({architectures}): pass model="
+            )
+        model = getattr(transformers, architectures[0])(config)
+    trainer = Trainer(model=model, args=TrainingArguments(**kwargs), train_dataset=train_dataset, **trainer_kwargs)
+    return TrainerReplay(trainer)
+
+
+__all__ = ["DrillSealCallback", "TrainerReplay", "saved_arguments", "trainer_replay"]
