@@ -22,6 +22,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from drill.integrity.sealing import SealReport
+from drill.replay.paced import PacedReplay
 from drill.sdk.sealed import record_save, seal_across_ranks
 
 
@@ -70,77 +71,39 @@ def saved_arguments(checkpoint: str) -> dict[str, Any]:
     return {k: v for k, v in saved.items() if k in takes and plain(v)}
 
 
-class TrainerReplay:
+class TrainerReplay(PacedReplay):
     """A replay target (see docs/replay.md) that resumes a ``transformers.Trainer`` from a
     ``checkpoint-N`` exactly as the run would — ``trainer.train(resume_from_checkpoint=...)``:
     the model's weights, the optimizer, the scheduler, every rank's RNG and the data position
-    all restored by the Trainer's own code — and hands over one optimizer step per
-    :meth:`step`: the Trainer runs in a thread that pauses after each step it logs."""
+    all restored by the Trainer's own code — one optimizer step per :meth:`step`."""
 
     def __init__(self, trainer: Any) -> None:
-        import queue
-        import threading
-
+        super().__init__()
         self.trainer = trainer
-        self._out: queue.Queue[Any] = queue.Queue()
-        self._go = threading.Semaphore(0)
-        self._thread: threading.Thread | None = None
-        self._checkpoint: str | None = None
-        trainer.add_callback(_Pacer(self._out, self._go))
+        trainer.add_callback(_Pacer(self))
 
-    def restore(self, checkpoint: str) -> None:
-        """Start the Trainer on the checkpoint; return once it has loaded everything and is
-        about to take its first step."""
-        import threading
-
-        self._checkpoint = checkpoint
-        self._thread = threading.Thread(target=self._train, name="drill-hf-replay", daemon=True)
-        self._thread.start()
-        self._next("restoring")
-
-    def step(self) -> dict[str, Any]:
-        self._go.release()
-        return self._next("replaying")
-
-    def _train(self) -> None:
-        try:
-            self.trainer.train(resume_from_checkpoint=self._checkpoint)
-            self._out.put(
-                StopIteration(f"the Trainer stopped at step {self.trainer.state.global_step} (its max_steps)")
-            )
-        except BaseException as exc:  # noqa: BLE001 - handed to the replay's own thread, which raises it
-            self._out.put(exc)
-
-    def _next(self, doing: str) -> Any:
-        got = self._out.get()
-        if isinstance(got, StopIteration):
-            raise RuntimeError(f"{got} while {doing}")
-        if isinstance(got, BaseException):
-            raise got
-        return got
+    def run(self) -> None:
+        self.trainer.train(resume_from_checkpoint=self.checkpoint)
 
 
 class _Pacer(TrainerCallback):
-    """Hands each logged step to the replay and waits for the next :meth:`TrainerReplay.step`."""
+    """Hands each logged step to the replay, and waits for the next."""
 
-    def __init__(self, out: Any, go: Any) -> None:
-        self.out, self.go = out, go
+    def __init__(self, replay: PacedReplay) -> None:
+        self.replay = replay
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.out.put("restored")
-        self.go.acquire()
+        self.replay.restored()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if logs and "loss" in logs:
-            self.out.put(
-                {
-                    "step": state.global_step,
-                    "loss": logs["loss"],
-                    "grad_norm": logs.get("grad_norm"),
-                    "lr": logs.get("learning_rate"),
-                }
-            )
-            self.go.acquire()
+            record = {
+                "step": state.global_step,
+                "loss": logs["loss"],
+                "grad_norm": logs.get("grad_norm"),
+                "lr": logs.get("learning_rate"),
+            }
+            self.replay.stepped(record)
 
 
 def trainer_replay(
