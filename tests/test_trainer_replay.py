@@ -1,6 +1,6 @@
-"""Replay built in for the trainers drill recognises: the Hugging Face Trainer's recipe
-(examples/hf_trainer) replays the run it trained, a replay on other data diverges naming the
-step, and every shipped policy names replay code that exists."""
+"""Replay built in for the trainers drill recognises: the recipes for the Hugging Face Trainer
+(examples/hf_trainer) and Lightning (examples/lightning) replay the runs they trained, a replay
+on other data diverges naming the step, and every shipped policy names replay code that exists."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "examples" / "hf_trainer"
+LIGHTNING = ROOT / "examples" / "lightning"
 
 pytestmark = pytest.mark.slow
 
@@ -25,9 +26,19 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def _drill(run: Path, replay: str, tmp_path: Path) -> dict:
+@pytest.fixture(scope="module")
+def lightning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("lightning")
+    run = tmp_path_factory.mktemp("lightning") / "run"
+    subprocess.run(
+        [sys.executable, str(LIGHTNING / "train.py"), str(run)], check=True, capture_output=True, timeout=600
+    )
+    return run
+
+
+def _drill(run: Path, replay: str, tmp_path: Path, checkpoint: str = "checkpoint-4") -> dict:
     res = subprocess.run(
-        [sys.executable, "-m", "drill", "run", "--root", str(run), "--checkpoint", "checkpoint-4", "--replay", replay,
+        [sys.executable, "-m", "drill", "run", "--root", str(run), "--checkpoint", checkpoint, "--replay", replay,
          "--db", f"sqlite:///{tmp_path / 'drill.db'}", "--json", "-q"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -65,6 +76,36 @@ def test_a_trainer_replay_on_other_data_diverges_naming_the_step(hf_run: Path, t
     assert doc["replay"]["reason"].startswith("loss diverged at step 5:"), doc["replay"]["reason"]
 
 
+def test_the_lightning_recipe_replays_its_run(lightning_run: Path, tmp_path: Path) -> None:
+    """Lightning resumes the run's own module (built from the checkpoint's hyper-parameters) from
+    the end of epoch 0: steps 9–13 match the run's ``metrics.csv``."""
+    doc = _drill(lightning_run, f"{LIGHTNING / 'replay.py'}:build_replay", tmp_path, "epoch=0-step=8.ckpt")
+    replay = doc["replay"]
+    assert replay["verdict"] == "passed", replay
+    assert [s["step"] for s in replay["steps"]] == [9, 10, 11, 12, 13]
+
+
+def test_a_lightning_replay_on_other_data_diverges_naming_the_step(lightning_run: Path, tmp_path: Path) -> None:
+    """The run's module resumed on data it did not train on: the first replayed step leaves the
+    run's ``metrics.csv``, named. (Another learning rate would not do: the optimizer's state,
+    restored from the checkpoint, carries the run's own.)"""
+    other = tmp_path / "other_replay.py"
+    other.write_text(
+        f"import sys\nsys.path.append({str(LIGHTNING)!r})\n"
+        "import torch\n"
+        "from model import Regression\n"
+        "from drill.integrations.lightning import lightning_replay\n\n"
+        "def build_replay(*, run_dir, checkpoint, device):\n"
+        "    g = torch.Generator().manual_seed(1)\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(32, 8, generator=g), torch.randn(32, 1, generator=g))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=4)\n"
+        "    return lightning_replay(checkpoint, device, module=Regression, train_dataloaders=loader)\n"
+    )
+    doc = _drill(lightning_run, f"{other}:build_replay", tmp_path, "epoch=0-step=8.ckpt")
+    assert doc["replay"]["verdict"] == "diverged", doc["replay"]
+    assert doc["replay"]["reason"].startswith("loss diverged at step 9:"), doc["replay"]["reason"]
+
+
 def test_the_saved_arguments_are_the_runs_and_are_read_inert(hf_run: Path) -> None:
     from drill.integrations.hf import saved_arguments
 
@@ -97,4 +138,4 @@ def test_every_shipped_policy_names_replay_code_that_exists() -> None:
         if file is not None:
             assert f"def {entrypoint.rpartition(':')[2]}(" in Path(file).read_text(), (policy.name, entrypoint)
         checked.append(policy.name)
-    assert {"hf-trainer.yaml", "policy.yaml"} <= set(checked), checked
+    assert {"hf-trainer.yaml", "lightning.yaml", "policy.yaml"} <= set(checked), checked
