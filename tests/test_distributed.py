@@ -1094,7 +1094,9 @@ def test_a_requeued_job_links_its_attempts_and_submit_exits_with_the_last(
         time.sleep(0.2)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True)
     _, err = proc.communicate(timeout=300)
-    earlier, last = sorted(history(db=db), key=lambda d: d.id)
+    drills = sorted(history(db=db), key=lambda d: d.id)
+    assert len(drills) == 2, (err, [(d.status, d.message) for d in drills])
+    earlier, last = drills
     assert earlier.id == first.id and earlier.status == "aborted", (earlier.status, earlier.message)
     assert last.status == "passed" and last.job_id == first.job_id, (last.status, last.message, err)
     assert last.options.get("earlier_attempts") == [first.id] and last.options.get("attempt") == 2

@@ -49,6 +49,10 @@ FINAL_STATES = {
 }
 
 
+MAX_UNANSWERED = 120
+"""Polls (about a second apart) without an answer from Slurm before the job counts as ended."""
+
+
 class SubmitError(Exception):
     """Slurm refused the job, or could not be asked; the message is Slurm's own."""
 
@@ -146,14 +150,24 @@ def submit(script: str, env: dict[str, str] | None = None) -> str:
     return res.stdout.strip().split(";")[0]
 
 
+UNANSWERED = "UNANSWERED"
+"""What :func:`state` says while neither ``squeue`` nor ``scontrol`` answers (a busy controller)."""
+
+
 def state(job_id: str, env: dict[str, str] | None = None) -> tuple[str, str] | None:
-    """(state, reason) while the job is queued or running; None once it has left the queue."""
+    """(state, reason) while the job is queued or running; None once it has ended. ``squeue``
+    first; when it shows nothing — a job between states (a requeue), or a controller too busy
+    to answer — ``scontrol`` decides: a job it knows in a state that is not final lives on, and
+    :data:`UNANSWERED` when neither answers."""
     res = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r"], env)
     line = res.stdout.strip()
-    if res.returncode != 0 or not line:
-        return None
-    st, _, reason = line.partition("|")
-    return st, reason
+    if res.returncode == 0 and line:
+        st, _, reason = line.partition("|")
+        return st, reason
+    st, _, reason, _ = final(job_id, env)
+    if st == "UNKNOWN":
+        return None if res.returncode == 0 else (UNANSWERED, "squeue and scontrol did not answer")
+    return None if st.split()[0] in FINAL_STATES else (st, reason)
 
 
 def final(job_id: str, env: dict[str, str] | None = None) -> tuple[str, int | None, str, str | None]:
@@ -204,10 +218,13 @@ class SlurmJob:
     env: dict[str, str] | None = None
     kind: str = "slurm job"
 
+    unanswered: int = 0
+
     def state(self) -> tuple[str, str] | None:
         now = state(self.job_id, self.env)
-        if now is None:
-            return None
+        self.unanswered = self.unanswered + 1 if now is not None and now[0] == UNANSWERED else 0
+        if now is None or self.unanswered > MAX_UNANSWERED:
+            return None  # ended, or the controller is gone: final() says what it can
         return now[0], f"Slurm's reason: {now[1]}" if now[1] and now[1] != "None" else ""
 
     def never_runs(self, reason: str) -> bool:
