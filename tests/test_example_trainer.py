@@ -102,3 +102,62 @@ def test_a_file_entrypoint_the_run_names_inside_itself_is_refused(
     codes = [f["code"] for c in json.loads(result.stdout)["checks"] for f in c["findings"]]
     assert result.exit_code == 1 and "replay-entrypoint-refused" in codes
     assert not marker.exists()
+
+
+RESUMED_RUN = """
+import json, sys, warnings
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+import torch
+import drill.sdk
+from trainer import THREADS, Training
+
+run, restart = Path(sys.argv[1]), sys.argv[2] == "restart"
+torch.set_num_threads(THREADS)
+torch.use_deterministic_algorithms(True)
+run.mkdir(parents=True)
+(run / "run.json").write_text(json.dumps({"device": "cpu"}))
+
+def train(t, log, until, saves):
+    while t.train_state.step < until:
+        r = t.step()
+        log.append(r.step, loss=r.loss, grad_norm=r.grad_norm, batch=r.batch)
+        if r.step in saves:
+            log.sync()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                drill.sdk.save(t.stateful(), checkpoint_id=str(run / f"step-{r.step}"), no_dist=True)
+
+with drill.sdk.StepLog(run) as log:  # the first attempt: a checkpoint at step 10, then it dies at 15
+    train(Training(), log, 15, {10})
+t = Training()  # the second resumes from step 10: steps 11-15 are logged again
+drill.sdk.load(t.stateful(), str(run / "step-10"), record=False)
+if restart:
+    t.loader.position = 0  # the bug: its sampler restarts the epoch
+with drill.sdk.StepLog(run) as log:
+    train(t, log, 30, {20, 30})
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("restart", [False, True], ids=["continues", "restarts-the-epoch"])
+def test_the_data_order_after_a_resume_must_continue_the_original(
+    tmp_path: Path, sqlite_url: str, cli: CliRunner, restart: bool
+) -> None:
+    """A run dies after its step-10 save and resumes from it, logging steps 11–15 again. Where
+    the resume continues the data, step-20 passes; where the resumed sampler restarts the epoch,
+    the drill of step-20 fails naming step 11 — though its own replay matches the resumed run."""
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-c", RESUMED_RUN, str(run), "restart" if restart else "continue", str(EXAMPLE)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    result = invoke(
+        cli, "run", "--root", str(run), "--checkpoint", "step:20", "--replay", REPLAY, "--db", sqlite_url, "--json"
+    )
+    replay = json.loads(result.stdout)["replay"]
+    if not restart:
+        assert result.exit_code == 0 and replay["verdict"] == "passed", replay
+        return
+    assert result.exit_code == 1 and replay["verdict"] == "diverged", replay
+    assert replay["reason"].startswith("data order after a resume diverged at step 11: batch "), replay["reason"]
+    codes = [f["code"] for c in json.loads(result.stdout)["checks"] for f in c["findings"]]
+    assert "replay-diverged-data" in codes

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from drill import safe_json
 from drill.checkpoints import step_of
+from drill.replay.compare import Divergence
 from drill.runlog.steplog import STEP_LOG, StepRecord, parse_step_log
 from drill.storage import Storage, scheme_of, storage_for
 from drill.storage.local import read_regular
@@ -35,6 +36,9 @@ class Reference:
     steps: dict[int, StepRecord] = field(default_factory=dict)
     device: str | None = None
     """Device type the original run trained on, where recorded."""
+    resumed: Divergence | None = None
+    """The first step that a resumed run logged again with another batch than the run first
+    saw there: its data did not continue where it left off (the step log keeps both)."""
 
     @property
     def has_data_order(self) -> bool:
@@ -58,7 +62,8 @@ def _from_step_log(storage: Storage, run_dir: str) -> Reference | None:
     text = _read_text(storage, storage.child(run_dir, STEP_LOG))
     if text is None:
         return None
-    ref = Reference(source=STEP_LOG, steps={r.step: r for r in parse_step_log(text.splitlines())})
+    records = parse_step_log(text.splitlines())
+    ref = Reference(source=STEP_LOG, steps={r.step: r for r in records}, resumed=_resumed_off(records))
     run_json = _read_text(storage, storage.child(run_dir, "run.json"))
     try:
         doc = safe_json.loads(run_json) if run_json else {}
@@ -66,6 +71,19 @@ def _from_step_log(storage: Storage, run_dir: str) -> Reference | None:
     except (ValueError, RecursionError):
         pass
     return ref
+
+
+def _resumed_off(records: list[StepRecord]) -> Divergence | None:
+    """A run resumed from a checkpoint logs the steps after it again: each must see the batch
+    the run first saw at that step. The first that does not, or None."""
+    first: dict[int, StepRecord] = {}
+    found: Divergence | None = None
+    for r in records:
+        seen = first.setdefault(r.step, r)
+        if seen is not r and seen.batch and r.batch and seen.batch != r.batch:
+            if found is None or r.step < found.step:
+                found = Divergence(r.step, "data", seen.batch, r.batch)
+    return found
 
 
 def _from_hf(storage: Storage, run_dir: str) -> Reference | None:

@@ -149,13 +149,30 @@ def _replay(
     outcome.steps = [(reference.steps.get(got.step), got) for got in replayed]
     if outcome.verdict in (ERROR, REFUSED):
         return outcome
+    return _judge(outcome, reference, replayed, step, wanted, tol, spec)
+
+
+def _judge(
+    outcome: ReplayOutcome, reference: Reference, replayed: list[StepRecord], step: int, wanted: list[int],
+    tol: Tolerance, spec: ReplaySpec,
+) -> ReplayOutcome:  # fmt: skip
+    """The verdict on replayed steps: they resumed where the checkpoint is, match the original run
+    step by step, and the checkpoint's own history kept the run's data order across resumes."""
     if replayed and replayed[0].step != step + 1:
         outcome.verdict = DIVERGED
         outcome.divergence = Divergence(replayed[0].step, "step", step + 1, replayed[0].step)
         outcome.reason = f"the restored objects resumed at step {replayed[0].step}, not {step + 1}"
         return outcome
     outcome.divergence = compare_steps(reference.steps, replayed, tol)
-    if outcome.divergence is not None:
+    resumed = reference.resumed
+    if outcome.divergence is None and resumed is not None and resumed.step <= max(wanted):
+        outcome.divergence = resumed  # the checkpoint's own history left the original run's data order
+        outcome.verdict = DIVERGED
+        outcome.reason = (
+            f"data order after a resume diverged at step {resumed.step}: batch {resumed.actual}, where the run "
+            f"first saw {resumed.expected} (the run was resumed, and its data did not continue where it left off)"
+        )
+    elif outcome.divergence is not None:
         outcome.verdict, outcome.reason = DIVERGED, outcome.divergence.describe()
     else:
         exact = tol.rtol == 0 and tol.atol == 0
