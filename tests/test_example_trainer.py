@@ -161,3 +161,28 @@ def test_the_data_order_after_a_resume_must_continue_the_original(
     assert replay["reason"].startswith("data order after a resume diverged at step 11: batch "), replay["reason"]
     codes = [f["code"] for c in json.loads(result.stdout)["checks"] for f in c["findings"]]
     assert "replay-diverged-data" in codes
+
+
+@pytest.mark.slow
+def test_a_rank_whose_data_did_not_continue_after_a_resume_is_named(
+    tmp_path: Path, sqlite_url: str, cli: CliRunner
+) -> None:
+    """Each rank keeps its own step log (``StepLog(run, rank=r)``: ``drill-steps.rank<r>.jsonl``).
+    The run's own log continued its data after the resume; rank 1's did not, from step 12: the
+    drill names the step and the rank."""
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-c", RESUMED_RUN, str(run), "continue", str(EXAMPLE)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    first = [(s, f"{s:016x}") for s in range(1, 16)]
+    resumed = [(s, f"{s:016x}" if s < 12 else f"{s + 1000:016x}") for s in range(11, 31)]
+    with drill.sdk.StepLog(run, rank=1) as log:
+        for step, batch in first + resumed:
+            log.append(step, loss=1.0 / step, batch=batch)
+    assert (run / "drill-steps.rank1.jsonl").read_text().count('"rank":1') == len(first) + len(resumed)
+    result = invoke(
+        cli, "run", "--root", str(run), "--checkpoint", "step:20", "--replay", REPLAY, "--db", sqlite_url, "--json"
+    )
+    replay = json.loads(result.stdout)["replay"]
+    assert result.exit_code == 1 and replay["reason"].startswith(
+        f"data order after a resume diverged at step 12 on rank 1: batch {1012:016x}, where the run first saw {12:016x}"
+    ), replay["reason"]

@@ -39,10 +39,17 @@ class Divergence:
     expected: object
     actual: object
     delta: float | None = None
+    rank: int | None = None
+    """The rank whose log it is, where every rank logs (None: the run's own log)."""
+
+    @property
+    def where(self) -> str:
+        """``step 11`` or ``step 11 on rank 3``."""
+        return f"step {self.step}" + (f" on rank {self.rank}" if self.rank else "")
 
     def describe(self) -> str:
         if self.what == "data":
-            return f"data order diverged at step {self.step}: batch {self.actual}, the original run saw {self.expected}"
+            return f"data order diverged at {self.where}: batch {self.actual}, the original run saw {self.expected}"
         rel = f" (relative {self.delta:.2e})" if self.delta is not None else ""
         return (
             f"{self.what} diverged at step {self.step}: {self.actual!r}, the original run logged {self.expected!r}{rel}"

@@ -25,7 +25,7 @@ from pathlib import Path
 from drill import safe_json
 from drill.checkpoints import step_of
 from drill.replay.compare import Divergence
-from drill.runlog.steplog import STEP_LOG, StepRecord, parse_step_log
+from drill.runlog.steplog import RANK_LOG, STEP_LOG, StepRecord, parse_step_log
 from drill.storage import Storage, scheme_of, storage_for
 from drill.storage.local import read_regular
 
@@ -64,6 +64,10 @@ def _from_step_log(storage: Storage, run_dir: str) -> Reference | None:
         return None
     records = parse_step_log(text.splitlines())
     ref = Reference(source=STEP_LOG, steps={r.step: r for r in records}, resumed=_resumed_off(records))
+    for rank, rank_records in _rank_logs(storage, run_dir):
+        off = _resumed_off(rank_records, rank)
+        if off is not None and (ref.resumed is None or (off.step, rank) < (ref.resumed.step, ref.resumed.rank or 0)):
+            ref.resumed = off
     run_json = _read_text(storage, storage.child(run_dir, "run.json"))
     try:
         doc = safe_json.loads(run_json) if run_json else {}
@@ -73,7 +77,7 @@ def _from_step_log(storage: Storage, run_dir: str) -> Reference | None:
     return ref
 
 
-def _resumed_off(records: list[StepRecord]) -> Divergence | None:
+def _resumed_off(records: list[StepRecord], rank: int | None = None) -> Divergence | None:
     """A run resumed from a checkpoint logs the steps after it again: each must see the batch
     the run first saw at that step. The first that does not, or None."""
     first: dict[int, StepRecord] = {}
@@ -82,8 +86,23 @@ def _resumed_off(records: list[StepRecord]) -> Divergence | None:
         seen = first.setdefault(r.step, r)
         if seen is not r and seen.batch and r.batch and seen.batch != r.batch:
             if found is None or r.step < found.step:
-                found = Divergence(r.step, "data", seen.batch, r.batch)
+                found = Divergence(r.step, "data", seen.batch, r.batch, rank=rank)
     return found
+
+
+def _rank_logs(storage: Storage, run_dir: str) -> list[tuple[int, list[StepRecord]]]:
+    """Each rank's own step log (``drill-steps.rank<r>.jsonl``), where ranks keep them."""
+    try:
+        names = [e.name for e in storage.list(run_dir) if not e.is_dir]
+    except OSError:
+        return []
+    logs = []
+    for name in sorted(names):
+        matched = RANK_LOG.match(name)
+        text = _read_text(storage, storage.child(run_dir, name)) if matched else None
+        if matched and text is not None:
+            logs.append((int(matched.group(1)), parse_step_log(text.splitlines())))
+    return logs
 
 
 def _from_hf(storage: Storage, run_dir: str) -> Reference | None:

@@ -169,7 +169,7 @@ def _judge(
         outcome.divergence = resumed  # the checkpoint's own history left the original run's data order
         outcome.verdict = DIVERGED
         outcome.reason = (
-            f"data order after a resume diverged at step {resumed.step}: batch {resumed.actual}, where the run "
+            f"data order after a resume diverged at {resumed.where}: batch {resumed.actual}, where the run "
             f"first saw {resumed.expected} (the run was resumed, and its data did not continue where it left off)"
         )
     elif outcome.divergence is not None:

@@ -1,13 +1,18 @@
 """The original run's record of what it did at each step, for later comparison.
 
 One JSON object a line in ``drill-steps.jsonl`` in the run directory. Floats are written with
-``repr`` precision, so a loss read back is bit-for-bit the float that was logged.
+``repr`` precision, so a loss read back is bit-for-bit the float that was logged. In a run of
+many ranks each rank may keep its own: rank 0 writes ``drill-steps.jsonl`` (the run's log, the
+global loss), rank ``r`` ≥ 1 ``drill-steps.rank<r>.jsonl`` (what that rank saw: its batches,
+its local loss) — one file per writer, so no two processes append to one file on a shared
+filesystem.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,17 +33,31 @@ class StepRecord:
     """Fingerprint of the batch's token/sample ids (xxh3-64 hex)."""
     lr: float | None = None
     tokens: int | None = None
+    rank: int | None = None
+    """The rank that logged it, in a run where each rank keeps its own log."""
+
+
+def rank_log(rank: int | None) -> str:
+    """The step log's file name for ``rank`` (None or 0: the run's own, ``drill-steps.jsonl``)."""
+    return STEP_LOG if not rank else f"drill-steps.rank{rank}.jsonl"
+
+
+RANK_LOG = re.compile(r"^drill-steps\.rank([1-9][0-9]*)\.jsonl\Z")
 
 
 class StepLog:
-    """Appends :class:`StepRecord` lines; ``sync()`` makes them durable (call it at each save)."""
+    """Appends :class:`StepRecord` lines; ``sync()`` makes them durable (call it at each save).
+    ``rank``: this process is that rank of a run where every rank logs (see the module)."""
 
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir) / STEP_LOG
+    def __init__(self, run_dir: str | os.PathLike[str], *, rank: int | None = None) -> None:
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise ValueError(f"rank must be a non-negative integer, not {rank!r}")
+        self.rank = rank
+        self.path = Path(run_dir) / rank_log(rank)
         self._file = open(self.path, "a", encoding="utf-8")
 
     def append(self, step: int, *, loss: float, **fields: Any) -> None:
-        record = StepRecord(step=step, loss=float(loss), **fields)
+        record = StepRecord(step=step, loss=float(loss), rank=self.rank, **fields)
         doc = {k: v for k, v in asdict(record).items() if v is not None}
         self._file.write(json.dumps(doc, separators=(",", ":")) + "\n")
 
@@ -73,10 +92,13 @@ def parse_step_log(lines: Iterable[str]) -> list[StepRecord]:
         try:
             doc = safe_json.loads(line)
             record = StepRecord(
-                **{k: doc[k] for k in ("step", "loss", "grad_norm", "batch", "lr", "tokens") if k in doc}
+                **{k: doc[k] for k in ("step", "loss", "grad_norm", "batch", "lr", "tokens", "rank") if k in doc}
             )
         except (ValueError, TypeError, KeyError, RecursionError):
             continue
-        if isinstance(record.step, int) and isinstance(record.loss, (int, float)):
+        rank_ok = record.rank is None or (
+            isinstance(record.rank, int) and not isinstance(record.rank, bool) and record.rank >= 0
+        )
+        if isinstance(record.step, int) and isinstance(record.loss, (int, float)) and rank_ok:
             records.append(record)
     return records
