@@ -242,5 +242,13 @@ class NodesCluster(SlurmCluster):
         (self.dir / "hosts").write_text("127.0.0.1 localhost\n" + names)  # each namespace's /etc/hosts
 
     def _teardown(self) -> None:
+        """Every process still in a node's namespaces (a ``slurmstepd`` outlives its ``slurmd``),
+        stopped by pid; then the namespaces."""
         for ns in self.ns.values():
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
