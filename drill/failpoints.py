@@ -2,7 +2,7 @@
 
 ``$DRILL_FAILPOINTS`` holds ``name=action`` pairs separated by commas, optionally for one
 rank: ``restored@1=kill`` kills rank 1 (SIGKILL) just before it reports its restore,
-``restored@1=hang`` stops it there for good, ``restored=hold`` parks every rank there until
+``restored@1=hang`` stops it there for good, ``migrated=term`` sends the process SIGTERM there (as a launcher would), ``restored=hold`` parks every rank there until
 the file ``$DRILL_FAILPOINTS_RELEASE`` exists (each leaves ``<that file>.<rank>`` on arrival,
 so a test can act while all of them are parked), ``restored@1:0=kill`` acts on attempt 0 of a
 restarted job only (``$TORCHELASTIC_RESTART_COUNT``, a requeued Slurm job's ``$SLURM_RESTART_COUNT``). Unset — always, outside tests — every
@@ -52,6 +52,8 @@ def failpoint(name: str) -> None:
             time.sleep(0.05)
     elif action == "raise":
         raise RuntimeError(f"failpoint {name}")
+    elif action == "term":
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 __all__ = ["ENV", "RELEASE_ENV", "failpoint"]

@@ -91,6 +91,21 @@ class InterruptGuard:
 
 
 @contextmanager
+def held_off() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block is done (then arrive as usual): for work that must
+    not stop half-way — a database's schema being created or migrated, which a signal between
+    two statements would leave neither old nor new. Main thread only; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+@contextmanager
 def deadline(seconds: float | None, what: str) -> Iterator[None]:
     """Raise :class:`~drill.errors.DrillError` (exit 5) if the block runs past ``seconds``.
     Deadlines nest: an inner one never extends an outer one (a command's ``--timeout`` bounds

@@ -10,6 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
+from drill.failpoints import failpoint
 from drill.records.db import resolve_url
 from drill.records.models import Base
 
@@ -23,6 +24,7 @@ def run_migrations(connection) -> None:  # type: ignore[no-untyped-def]
         # SQLite cannot ALTER most things; batch mode rebuilds tables instead.
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        on_version_apply=lambda **_: failpoint("migrated"),  # tests: a signal between two revisions
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -106,3 +106,20 @@ def _exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_signal_while_the_schema_is_made_waits_until_it_is_whole(tmp_path: Path) -> None:
+    """SIGTERM between two migrations of a new database (a launcher stopping a drill on its first
+    use of the file): the signal waits for the schema — the process still ends by it — and the
+    next command finds a database at head, never one "damaged or edited outside drill"."""
+    import sys
+
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    env = {**os.environ, "DRILL_FAILPOINTS": "migrated=term"}
+    stopped = subprocess.run(
+        [sys.executable, "-m", "drill", "db", "upgrade", "--db", db], env=env, capture_output=True, text=True
+    )
+    assert stopped.returncode == 143 and "interrupted by SIGTERM" in stopped.stderr, stopped.stderr
+    again = subprocess.run([sys.executable, "-m", "drill", "db", "upgrade", "--db", db], capture_output=True, text=True)
+    assert again.returncode == 0 and "is up to date" in again.stdout + again.stderr, again.stderr
+    assert history(db=db) == []

@@ -309,6 +309,8 @@ def upgrade(url: str) -> tuple[str | None, str]:
     """Migrate the database at ``url`` to head; returns (revision before, revision after)."""
     from alembic import command
 
+    from drill.interrupts import held_off
+
     engine = _make_engine(url)
     try:
         before, tables = _stamp_and_tables(engine)  # first use of an SQLite file holds its migrate lock here
@@ -316,7 +318,7 @@ def upgrade(url: str) -> tuple[str | None, str]:
             raise _unstamped(engine)
         if before is not None and before not in _known_revisions():
             raise DatabaseError(_newer(url, before, head_revision()))
-        with engine.begin() as conn:
+        with held_off(), engine.begin() as conn:  # a signal mid-migration would leave a schema half made
             command.upgrade(alembic_config(conn), "head")
         return before, head_revision()
     except SQLAlchemyError as exc:
