@@ -5,6 +5,7 @@ on other data diverges naming the step, and every shipped policy names replay co
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,13 +37,14 @@ def lightning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def _drill(run: Path, replay: str, tmp_path: Path, checkpoint: str = "checkpoint-4") -> dict:
+def _drill(run: Path, replay: str, tmp_path: Path, checkpoint: str = "checkpoint-4", env: dict | None = None) -> dict:
     res = subprocess.run(
         [sys.executable, "-m", "drill", "run", "--root", str(run), "--checkpoint", checkpoint, "--replay", replay,
          "--db", f"sqlite:///{tmp_path / 'drill.db'}", "--json", "-q"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})},
     )  # fmt: skip
     assert res.stdout, res.stderr[-3000:]
+    assert "SLURM auto-requeueing" not in res.stderr  # the replay is not the batch job it runs in
     return json.loads(res.stdout)
 
 
@@ -79,7 +81,8 @@ def test_a_trainer_replay_on_other_data_diverges_naming_the_step(hf_run: Path, t
 def test_the_lightning_recipe_replays_its_run(lightning_run: Path, tmp_path: Path) -> None:
     """Lightning resumes the run's own module (built from the checkpoint's hyper-parameters) from
     the end of epoch 0: steps 9–13 match the run's ``metrics.csv``."""
-    doc = _drill(lightning_run, f"{LIGHTNING / 'replay.py'}:build_replay", tmp_path, "epoch=0-step=8.ckpt")
+    in_a_job = {"SLURM_JOB_ID": "5", "SLURM_JOB_NAME": "nightly", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}
+    doc = _drill(lightning_run, f"{LIGHTNING / 'replay.py'}:build_replay", tmp_path, "epoch=0-step=8.ckpt", in_a_job)
     replay = doc["replay"]
     assert replay["verdict"] == "passed", replay
     assert [s["step"] for s in replay["steps"]] == [9, 10, 11, 12, 13]

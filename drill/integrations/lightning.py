@@ -100,6 +100,12 @@ def lightning_replay(
         "enable_progress_bar": False, "enable_model_summary": False, "max_epochs": -1,
         "default_root_dir": scratch or tempfile.mkdtemp(prefix="drill-lightning-replay-"),
     }  # fmt: skip
+    if "plugins" not in trainer_kwargs:
+        from lightning.pytorch.plugins.environments import LightningEnvironment
+
+        # The replay is one process, not the batch job it may run in: no SLURM environment
+        # (whose SIGUSR1 handler would requeue the drill's own job), whatever $SLURM_* says.
+        trainer_kwargs["plugins"] = [LightningEnvironment()]
     trainer_kwargs["callbacks"] = [*trainer_kwargs.get("callbacks", []), _Pacer()]
     trainer = L.Trainer(**{**defaults, **trainer_kwargs})
     fit = {k: v for k, v in (("train_dataloaders", train_dataloaders), ("datamodule", datamodule)) if v is not None}
