@@ -1000,21 +1000,26 @@ def _queue(slurm) -> str:
     ).stdout
 
 
+def _pending_job(sharded_run: Path, tmp_path: Path, db: str, slurm) -> tuple[subprocess.Popen, str]:
+    """``drill submit`` of a job that stays pending (a drained partition), once it says so; its id."""
+    policy = _policy(
+        tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n"
+    )
+    proc = _submit_process(policy, db, slurm)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the event: drill submit says the job is pending
+        if ": pending" in line:
+            break
+    return proc, re.search(r"slurm job (\d+)", line).group(1)
+
+
 def test_ctrl_c_on_submit_cancels_a_pending_job_and_records_it_aborted(
     sharded_run: Path, tmp_path: Path, slurm_cluster
 ) -> None:
     import signal
 
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    policy = _policy(
-        tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n"
-    )
-    proc = _submit_process(policy, db, slurm_cluster)
-    assert proc.stderr is not None
-    for line in proc.stderr:  # the event: drill submit says the job is pending
-        if ": pending" in line:
-            break
-    job = re.search(r"slurm job (\d+)", line).group(1)
+    proc, job = _pending_job(sharded_run, tmp_path, db, slurm_cluster)
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -1054,15 +1059,7 @@ def test_an_operators_scancel_of_a_pending_job_is_aborted_not_by_drill(
     no output to point at: ``aborted``, saying drill did not cancel it (and who did, where Slurm's
     accounting knows)."""
     db = f"sqlite:///{tmp_path / 'drill.db'}"
-    policy = _policy(
-        tmp_path, sharded_run, f"  launcher: slurm\n  partition: drained\n  queue_timeout: 1h\n  log_dir: {tmp_path}\n"
-    )
-    proc = _submit_process(policy, db, slurm_cluster)
-    assert proc.stderr is not None
-    for line in proc.stderr:  # the event: drill submit says the job is pending
-        if ": pending" in line:
-            break
-    job = re.search(r"slurm job (\d+)", line).group(1)
+    proc, job = _pending_job(sharded_run, tmp_path, db, slurm_cluster)
     subprocess.run(["scancel", job], env={**os.environ, **slurm_cluster.env}, check=True)
     _, err = proc.communicate(timeout=120)
     (recorded,) = history(db=db)
@@ -1082,11 +1079,8 @@ def test_a_requeued_job_links_its_attempts_and_submit_exits_with_the_last(
     db = f"sqlite:///{tmp_path / 'drill.db'}"
     policy = _policy(tmp_path, sharded_run, f"  launcher: slurm\n  ranks_per_node: 2\n  log_dir: {tmp_path}\n")
     proc = _submit_process(policy, db, slurm_cluster, env={"DRILL_FAILPOINTS": "restored@1:0=hang"})
+    (first,) = _await_running(db, tmp_path, proc)
     deadline = time.monotonic() + 180
-    while not ((tmp_path / "drill.db").exists() and [d for d in history(db=db) if d.status == "running"]):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        time.sleep(0.2)
-    (first,) = history(db=db)
     job = first.job_id.split(":")[1].split("#")[0]
     subprocess.run(["scontrol", "requeue", job], env=env, check=True)
     while "PENDING" not in _queue(slurm_cluster):  # requeued jobs wait two minutes to start again: not here

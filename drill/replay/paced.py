@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import queue
 import threading
+from abc import ABC, abstractmethod
 from typing import Any
 
 
-class PacedReplay:
+class PacedReplay(ABC):
     """Subclasses write :meth:`run`: the framework's resume from ``self.checkpoint``."""
 
     def __init__(self) -> None:
@@ -23,8 +24,9 @@ class PacedReplay:
         self._out: queue.Queue[Any] = queue.Queue()
         self._go = threading.Semaphore(0)
 
+    @abstractmethod
     def run(self) -> None:
-        raise NotImplementedError
+        """The framework's own resume from ``self.checkpoint``, run to its end (in the loop's thread)."""
 
     # -- drill's side (the replay's main thread) -------------------------------------------
     def restore(self, checkpoint: str) -> None:
