@@ -118,6 +118,15 @@ class Proof:
     """Parts a pass accepted as missing (``--allow-missing``): what it did not prove."""
     record: str | None = None
     """The record's seal as read (:class:`RecordSeal` state); None where it was not read back."""
+    environment: str | None = None
+    """Where the replay ran: ``current`` (drill's own environment) or ``candidate (…what
+    changed…)`` (``--python``); None where no replay ran."""
+
+    @property
+    def restorable_under(self) -> str:
+        """``current``, ``candidate (torch 2.13.0 → 2.14.0)``, or ``–``: the environment a passed
+        replay proved the checkpoint resumes under."""
+        return self.environment if self.replayed and self.environment else "–"
 
     @property
     def replayed(self) -> bool:
@@ -142,6 +151,7 @@ class Proof:
             "replay": self.replay,
             "sample": self.sample,
             "allowed_missing": list(self.allowed_missing),
+            "restorable_under": self.restorable_under,
         }
 
 
@@ -156,7 +166,22 @@ def proof_of(outcome: Any) -> Proof:
         sample=outcome.sample,
         allowed_missing=allowed,
         record=outcome.seal.state if getattr(outcome, "seal", None) is not None else None,
+        environment=_replayed_under(outcome),
     )
+
+
+def _replayed_under(outcome: Any) -> str | None:
+    """``current`` or ``candidate (…)``, from the replay check's evidence; None without one."""
+    check = next((c for c in getattr(outcome, "checks", None) or [] if c.name == "replay"), None)
+    environment = (check.evidence or {}).get("environment") if check is not None else None
+    if not isinstance(environment, dict):
+        return None
+    candidate = environment.get("candidate")
+    if not isinstance(candidate, dict):
+        return "current"
+    changed = environment.get("changed") or {}
+    shown = ", ".join(f"{name} {was} → {now}" for name, (was, now) in list(changed.items())[:3])
+    return f"candidate ({shown or 'same versions, its own code'})"
 
 
 def good_enough(outcome: Any, *, min_evidence: str = DEFAULT_MIN_EVIDENCE, require_replay: bool = False) -> bool:

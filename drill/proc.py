@@ -29,6 +29,13 @@ _BOOT = (
 )
 
 
+_BOOT_OTHER = (
+    "import sys, os, json; u = json.loads(sys.argv[1]); "
+    "sys.path[:] = [p for p in sys.path if not any(os.path.abspath(p or '.') == d or os.path.abspath(p or '.').startswith(d + os.sep) for d in u)]; "
+    "import runpy; sys.argv = sys.argv[2:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
+"""The boot of another environment's interpreter: its own import path, less the untrusted directories."""
+
 _claimed = False
 
 
@@ -219,8 +226,12 @@ def trusted_path(untrusted: Iterable[str]) -> list[str]:
     return [p for p in dict.fromkeys(absolute) if not inside(p, untrusted)]
 
 
-def python_command(module: str, *args: str, untrusted: Iterable[str] = ()) -> list[str]:
-    """The command line that runs ``python -m module args…`` in an isolated interpreter."""
+def python_command(module: str, *args: str, untrusted: Iterable[str] = (), python: str | None = None) -> list[str]:
+    """The command line that runs ``python -m module args…`` in an isolated interpreter: this
+    one, on this process's import path; or ``python`` (another environment's) on its own."""
+    if python is not None:
+        drop = [os.path.abspath(u) for u in untrusted if u and "://" not in u]
+        return [python, "-I", "-c", _BOOT_OTHER, json.dumps(drop), module, *args]
     return [sys.executable, "-I", "-c", _BOOT, json.dumps(trusted_path(untrusted)), module, *args]
 
 

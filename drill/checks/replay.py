@@ -40,6 +40,9 @@ def _evidence(outcome: Any) -> dict[str, Any]:
         "tolerance": None
         if outcome.tolerance is None
         else {"rtol": outcome.tolerance.rtol, "atol": outcome.tolerance.atol},
+        "environment": outcome.environment,
+        "ranks": outcome.ranks,
+        "saved_ranks": outcome.saved_ranks,
         "restore_seconds": outcome.restore_seconds,
         "seconds": outcome.seconds,
         "steps": replay_rows(outcome),
@@ -82,7 +85,7 @@ def check_replay(inputs: CheckInputs) -> CheckResult:
             check=NAME,
             code=f"replay-diverged-{div.what}" if div else "replay-diverged",
             severity=Severity.ERROR,
-            subject=f"step {div.step}" if div else None,
+            subject=div.where if div else None,
             message=f"{outcome.reason}: a resume from this checkpoint would not continue the original run",
             expected=div.expected if div else None,
             actual=div.actual if div else None,

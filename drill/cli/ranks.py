@@ -16,7 +16,8 @@ from drill.cli.common import exit_with, stderr
 from drill.cli.ending import leave_verdict, report
 from drill.dist.failure import RankFailure
 from drill.errors import DrillError, ExitCode, UsageError
-from drill.interrupts import Interrupted
+from drill.failpoints import failpoint
+from drill.interrupts import Interrupted, held_off
 from drill.verdict import DrillStatus
 
 if TYPE_CHECKING:
@@ -35,20 +36,27 @@ def run_ranks(
     verdict_file: str | None,
 ) -> None:
     """One rank of a distributed drill: rank 0 records and reports, the others only restore."""
-    from drill.dist.context import connect
+    from drill.dist.context import casualties_before_joining, connect
     from drill.records.db import resolve_url, safe_url
 
     for name, value in (("--rank-timeout", rank_timeout), ("--lost-after", lost_after)):
         if value <= 0:
             raise UsageError(f"{name} must be positive, not {value:g}")
-    dist = connect(rank_timeout, lost_after=lost_after)
+    try:
+        failpoint("joining")
+        dist = connect(rank_timeout, lost_after=lost_after)
+    except (KeyboardInterrupt, Interrupted) as exc:  # a loaded rank may hear of a peer's death before it joined
+        with held_off():
+            _name_the_dead(casualties_before_joining(rank_timeout, lost_after), exc)
+        raise
     request = local_device(request)
     try:
         outcome = _drill(request, dist, db=db, quiet=quiet)
     except BaseException as exc:  # refused before the drill began, or stopped: the others must not wait
         if dist is not None:
             _tell_the_others(dist, exc)
-            _name_the_dead(dist, exc)
+            if isinstance(exc, (KeyboardInterrupt, Interrupted)):
+                _name_the_dead(dist.casualties(), exc)
         raise
     finally:
         if dist is not None:
@@ -90,12 +98,9 @@ def _tell_the_others(dist: DistContext, exc: BaseException) -> None:
         dist.publish("verdict", (None, status.value, code, cause))
 
 
-def _name_the_dead(dist: DistContext, exc: BaseException) -> None:
+def _name_the_dead(dead: list[tuple[int, str]], exc: BaseException) -> None:
     """A signal before the drill began: when a peer died, that is what stopped this rank (its
     launcher ends the job when one rank dies) — :class:`RankFailure` naming it."""
-    if not isinstance(exc, (KeyboardInterrupt, Interrupted)):
-        return
-    dead = dist.casualties()
     if dead:
         shown = "; ".join(why for _, why in dead[:20])
         raise RankFailure(

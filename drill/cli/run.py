@@ -60,6 +60,20 @@ Replay = Annotated[
 ]
 ReplaySteps = Annotated[int, typer.Option("--replay-steps", help="K: training steps to replay and compare.")]
 ReplayTimeout = Annotated[float, typer.Option("--replay-timeout", help="Wall-clock limit for the replay, seconds.")]
+CandidatePython = Annotated[
+    str | None,
+    typer.Option(
+        "--python",
+        help="Replay under this interpreter: a candidate environment (a newer torch or trainer) that has drill installed; the record says what changed.",
+    ),
+]
+ReplayRanks = Annotated[
+    int | None,
+    typer.Option(
+        "--replay-ranks",
+        help="Processes that replay (default: as many as saved the checkpoint; another number reshards, compared with the run's global loss).",
+    ),
+]
 Rtol = Annotated[
     float | None,
     typer.Option("--rtol", help="Relative tolerance for loss/grad norm (default: exact on the same device type)."),
@@ -137,6 +151,8 @@ def run(
     replay: Replay = None,
     replay_steps: ReplaySteps = 5,
     replay_timeout: ReplayTimeout = 300.0,
+    replay_ranks: ReplayRanks = None,
+    python: CandidatePython = None,
     rtol: Rtol = None,
     atol: Atol = None,
     no_replay: NoReplay = False,
@@ -312,6 +328,8 @@ def build_request(opts: dict) -> DrillRequest:
             entrypoint=opts["replay"] and anchored(opts["replay"], os.getcwd()),
             steps=opts["replay_steps"],
             timeout=opts["replay_timeout"],
+            ranks=opts["replay_ranks"],
+            python=opts["python"] and os.path.abspath(opts["python"]),
             tolerance=tolerance,
             enabled=not opts["no_replay"],
         )

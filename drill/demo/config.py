@@ -79,9 +79,9 @@ class DemoConfig:
             "config": self.to_dict(),
             "device": device,
             "ranks": ranks,
-            # How drill replays this run: the entrypoint that rebuilds its training objects.
-            # A run sharded over several ranks names none: its replay needs its ranks.
-            "replay": "drill.demo.replay:build_replay" if ranks == 1 else None,
+            # How drill replays this run: the entrypoint that rebuilds its training objects
+            # (in a process group of its own when several ranks replay it).
+            "replay": "drill.demo.replay:build_replay",
         }
         (run_dir / RUN_FILE).write_text(json.dumps(doc, indent=2) + "\n")
 

@@ -2,8 +2,11 @@
 data-loader state, saved with DCP as a genuinely sharded checkpoint (``__<rank>_<n>.distcp``).
 
 ``drill demo DIR --ranks N`` starts N processes of this module (gloo, a ``file://``
-rendezvous: nothing listens on a port). Each rank trains its slice of every global batch;
-rank 0 logs the global loss and the global batch's fingerprint and applies retention. Each
+rendezvous: nothing listens on a port). Each rank trains its slice of every global batch and
+logs what it saw (``drill-steps.rank<r>.jsonl``: its slice's fingerprint, its local loss);
+rank 0 also logs the global loss and the global batch's fingerprint (``drill-steps.jsonl``)
+and applies retention. The replay (:mod:`drill.demo.replay`) rebuilds these objects in a
+process group of its own — by N ranks, or resharded by M that divide the global batch. Each
 checkpoint is sealed as it is saved (``drill.sdk.save``: every rank hashes what it writes,
 rank 0 writes the manifest before it commits ``.metadata``).
 """
@@ -70,16 +73,21 @@ def _wait_all(procs: list[tuple[subprocess.Popen, Any]], timeout: float) -> None
 
 
 # -- one rank -------------------------------------------------------------------------------
-def _objects(cfg: DemoConfig, rank: int, world: int) -> dict[str, Any]:
+def objects(cfg: DemoConfig, rank: int, world: int, saved: int | None = None) -> dict[str, Any]:
+    """The training objects of ``rank`` of ``world``; ``saved``: the ranks the run trained with
+    (its global batch is ``batch_size × saved``, whatever ``world`` replays it)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from drill.demo.data import ShuffledWindowLoader, synthetic_corpus
     from drill.demo.model import TinyGPT
-    from drill.demo.state import WarmupCosine
+    from drill.demo.state import TrainState, WarmupCosine
     from drill.demo.train import seed_everything
 
+    global_batch = cfg.batch_size * (saved or world)
+    if global_batch % world:
+        raise ValueError(f"a global batch of {global_batch} does not split over {world} ranks")
     seed_everything(cfg.seed)  # the same initial weights on every rank
     model = TinyGPT(cfg)
     mesh = init_device_mesh("cpu", (world,))
@@ -89,12 +97,13 @@ def _objects(cfg: DemoConfig, rank: int, world: int) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(cfg.warmup_steps, cfg.steps))
     tokens = synthetic_corpus(cfg.vocab_size, cfg.corpus_tokens, cfg.seed)
-    loader = ShuffledWindowLoader(tokens, cfg.block_size, cfg.batch_size * world, cfg.seed)  # the global batch
+    loader = ShuffledWindowLoader(tokens, cfg.block_size, global_batch, cfg.seed)
     seed_everything(cfg.seed + 1 + rank)  # each rank its own dropout stream
-    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader, "step": 0, "tokens": 0}
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader, "train": TrainState()}
 
 
-def _step(o: dict[str, Any], cfg: DemoConfig, rank: int, world: int) -> dict[str, Any]:
+def step(o: dict[str, Any], rank: int, world: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One optimizer step: (what this rank saw, the run's global view)."""
     import torch
     import torch.distributed as dist
 
@@ -102,10 +111,8 @@ def _step(o: dict[str, Any], cfg: DemoConfig, rank: int, world: int) -> dict[str
 
     o["model"].train()
     x_all, y_all = o["loader"].next_batch()
-    x, y = (
-        x_all[rank * cfg.batch_size : (rank + 1) * cfg.batch_size],
-        y_all[rank * cfg.batch_size : (rank + 1) * cfg.batch_size],
-    )
+    share = x_all.shape[0] // world
+    x, y = x_all[rank * share : (rank + 1) * share], y_all[rank * share : (rank + 1) * share]
     loss = o["model"](x, y)
     o["optimizer"].zero_grad(set_to_none=True)
     loss.backward()
@@ -113,33 +120,28 @@ def _step(o: dict[str, Any], cfg: DemoConfig, rank: int, world: int) -> dict[str
     lr = o["optimizer"].param_groups[0]["lr"]
     o["optimizer"].step()
     o["scheduler"].step()
-    o["step"] += 1
-    o["tokens"] += x_all.numel()
+    o["train"].step += 1
+    o["train"].tokens_seen += x_all.numel()
     mean = loss.detach().clone()
     dist.all_reduce(mean)
-    grad = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    return {
-        "step": o["step"],
-        "loss": mean.item() / world,
-        "grad_norm": float(grad),
-        "batch": batch_fingerprint(x_all),
-        "lr": lr,
-        "tokens": o["tokens"],
-    }
+    grad = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    common = {"step": o["train"].step, "grad_norm": grad, "lr": lr, "tokens": o["train"].tokens_seen}
+    mine = {**common, "loss": loss.item(), "batch": batch_fingerprint(x)}
+    return mine, {**common, "loss": mean.item() / world, "batch": batch_fingerprint(x_all)}
 
 
-def _state(o: dict[str, Any], rank: int) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    from drill.demo.state import RNGState
+def stateful(o: dict[str, Any], rank: int) -> dict[str, Any]:
+    """What a checkpoint of this rank holds, as ``Stateful`` objects: saved from them, and a
+    replay loads into them."""
+    from drill.demo.state import ModelState, OptimizerState, PerRank, RNGState
 
     return {
-        parts.MODEL: get_model_state_dict(o["model"]),
-        parts.OPTIMIZER: get_optimizer_state_dict(o["model"], o["optimizer"]),
-        parts.LR_SCHEDULER: o["scheduler"].state_dict(),
-        parts.DATALOADER: {f"rank_{rank}": o["loader"].state_dict()},
-        parts.RNG: {f"rank_{rank}": RNGState().state_dict()},
-        parts.TRAIN_STATE: {"step": o["step"], "tokens_seen": o["tokens"]},
+        parts.MODEL: ModelState(o["model"]),
+        parts.OPTIMIZER: OptimizerState(o["model"], o["optimizer"]),
+        parts.LR_SCHEDULER: o["scheduler"],
+        parts.DATALOADER: PerRank(o["loader"], rank),
+        parts.RNG: PerRank(RNGState(), rank),
+        parts.TRAIN_STATE: o["train"],
     }
 
 
@@ -150,8 +152,8 @@ def _save(o: dict[str, Any], run_dir: Path, cfg: DemoConfig, rank: int) -> None:
     from drill.integrity.keys import load_key
     from drill.sdk.sealed import save
 
-    path = checkpoint_dir(run_dir, o["step"])
-    save(_state(o, rank), str(path), key=load_key(), thread_count=1)  # every rank hashes what it writes; rank 0 seals
+    path = checkpoint_dir(run_dir, o["train"].step)
+    save(stateful(o, rank), str(path), key=load_key(), thread_count=1)  # every rank hashes what it writes; rank 0 seals
     if rank == 0:
         apply_retention(run_dir, cfg.keep)
     dist.barrier()
@@ -169,17 +171,16 @@ def main(run_dir: str) -> None:
     cfg = DemoConfig(**json.loads((path / RANKS_FILE).read_text())["config"])
     try:
         with deterministic(cfg.threads):
-            o = _objects(cfg, rank, world)
-            log = StepLog(path) if rank == 0 else None
-            while o["step"] < cfg.steps:
-                record = _step(o, cfg, rank, world)
-                if log is not None:
+            o = objects(cfg, rank, world)
+            logs = [StepLog(path, rank=rank), *([StepLog(path)] if rank == 0 else [])]  # its own; the run's
+            while o["train"].step < cfg.steps:
+                for log, record in zip(logs, step(o, rank, world), strict=False):
                     log.append(record.pop("step"), **record)
-                if o["step"] % cfg.save_every == 0:
-                    if log is not None:
+                if o["train"].step % cfg.save_every == 0:
+                    for log in logs:
                         log.sync()
                     _save(o, path, cfg, rank)
-            if log is not None:
+            for log in logs:
                 log.close()
         dist.barrier()  # no rank tears gloo down while a peer is still talking to it
     finally:

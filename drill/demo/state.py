@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from drill.sdk.state import ModelState, OptimizerState, RNGState, TrainState
+from drill.sdk.state import ModelState, OptimizerState, PerRank, RNGState, TrainState
 
 
 class WarmupCosine:
@@ -22,4 +22,4 @@ class WarmupCosine:
         return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-__all__ = ["ModelState", "OptimizerState", "RNGState", "TrainState", "WarmupCosine"]
+__all__ = ["ModelState", "OptimizerState", "PerRank", "RNGState", "TrainState", "WarmupCosine"]

@@ -236,12 +236,17 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def connect(
-    rank_timeout: float = DEFAULT_RANK_TIMEOUT, *, lost_after: float = DEFAULT_LOST_AFTER, interval: float | None = None
+    rank_timeout: float = DEFAULT_RANK_TIMEOUT,
+    *,
+    lost_after: float = DEFAULT_LOST_AFTER,
+    interval: float | None = None,
+    announce: bool = True,
 ) -> DistContext | None:
     """Join the job this process is a rank of; None for a single-process drill.
 
     When the process group of a trainer that embeds drill already exists, drill meets in its
-    store (under a key space of its own); otherwise in the rendezvous the launcher names."""
+    store (under a key space of its own); otherwise in the rendezvous the launcher names.
+    ``announce=False`` only looks: no heartbeat, so the others never count this rank as joined."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -266,9 +271,31 @@ def connect(
         lost_after = max(lost_after, 5 * interval)
     guarded = Guarded(store, store_host())
     ctx = DistContext(rank, world, guarded, rank_timeout, lost_after, hosts_store=hosts, store_host=guarded.host)
-    ctx.heartbeat = Heartbeat(guarded, rank, interval)
+    ctx.heartbeat = Heartbeat(guarded, rank, interval) if announce else None
     ctx.watch = Watch(guarded, world, lost_after, rank_timeout)
     return ctx
 
 
-__all__ = ["DEFAULT_RANK_TIMEOUT", "INIT_ENV", "DistContext", "RankFailure", "connect", "launched_world"]
+def casualties_before_joining(rank_timeout: float, lost_after: float) -> list[tuple[int, str]]:
+    """The ranks that died or failed, asked by a rank a signal stopped before it joined — a
+    launcher ends the whole job when one rank dies, and a slow rank may hear of it first. Looks
+    for at most ~10 s without joining; [] when the rendezvous cannot be reached or this rank was
+    to host it (then nobody else could have joined)."""
+    try:
+        ctx = connect(min(rank_timeout, 10.0), lost_after=lost_after, announce=False)
+    except Exception:  # noqa: BLE001 - nothing more can be learnt
+        return []
+    if ctx is None or ctx.hosts_store:
+        return []
+    return ctx.casualties()
+
+
+__all__ = [
+    "DEFAULT_RANK_TIMEOUT",
+    "INIT_ENV",
+    "DistContext",
+    "RankFailure",
+    "casualties_before_joining",
+    "connect",
+    "launched_world",
+]

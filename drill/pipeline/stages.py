@@ -78,6 +78,8 @@ class Drill:
     """The seal key, if one is configured (never recorded)."""
     scratch_copy: str | None = None
     """The local copy of a remote checkpoint, removed when the drill ends."""
+    candidate: dict[str, Any] | None = None
+    """The candidate environment the replay runs under (``--python``), as probed before the drill began."""
     guard: InterruptGuard = field(default_factory=InterruptGuard)
     dist: Any = None
     """The :class:`~drill.dist.context.DistContext` when many ranks run this drill."""
@@ -280,6 +282,11 @@ def preflight(d: Drill) -> None:
 
 def _entrypoint_exists(d: Drill) -> None:
     spec = d.request.replay
+    if spec.enabled and spec.python:  # a usage error before anything is recorded
+        from drill.replay.candidate import environment
+
+        d.candidate = environment(spec.python)
+        return  # the entrypoint is looked for on the candidate's import path, by the replay
     if not (spec.enabled and spec.entrypoint):
         return
     if not entrypoint_findable(spec.entrypoint, replay_dir(d)):
@@ -496,13 +503,6 @@ def _replay(d: Drill) -> ReplayOutcome:
     if broken:
         return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"{broken[0].name} failed: {broken[0].summary}")
     saved = restore.layout.saved_ranks if restore.layout is not None else []
-    if len(saved) > 1:
-        return ReplayOutcome(
-            verdict=NOT_REPLAYABLE,
-            reason=f"saved by {len(saved)} ranks, each with its own data shard, loader position and RNG streams: drill replays in one process, "
-            "which cannot take those steps as the run did (multi-rank replay is not supported)",
-            hint="the drill proves the restore and the state's consistency across ranks; pass --no-replay to say so, or replay a single-rank run",
-        )
     if not formats.get(ref.format).replays_through_dcp and request.replay.entrypoint is None:
         return ReplayOutcome(
             verdict=NOT_REPLAYABLE,
@@ -515,6 +515,8 @@ def _replay(d: Drill) -> ReplayOutcome:
         step=d.restored_step,
         device=str(d.device),
         storage_options=request.storage_options,
+        saved_ranks=max(1, len(saved)),
+        candidate=d.candidate,
     )
 
 

@@ -115,7 +115,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "schedule": {"cron": STR, "timezone": STR, "start_window": _duration},
     "contract": {"allow_missing": _parts_list, "require": _parts_list, "finite_scan": STR, "allow_classes": _str_list},
     "integrity": {"require_sealed": BOOL, "sample": STR, "coverage_days": NUM, "key_file": STR},
-    "replay": {"enabled": BOOL, "entrypoint": STR, "steps": INT, "rtol": NUM, "atol": NUM, "timeout": _duration},
+    "replay": {"enabled": BOOL, "entrypoint": STR, "steps": INT, "ranks": INT, "python": STR, "rtol": NUM, "atol": NUM, "timeout": _duration},
     "slo": {"max_restore_seconds": _duration, "max_ttfs_seconds": _duration},
     "alerts": {"webhook": STR, "command": STR, "timeout": _duration, "retries": INT, "on": _str_list},
     "limits": {"timeout": _duration, "memory": _size},
@@ -207,11 +207,12 @@ def parse_policy(text: str, file: str = "<policy>") -> Policy:
     if errors.problems:
         raise PolicyError(sorted(errors.problems, key=lambda p: (p.line or 0, p.field)))
     built["checkpoints"] = _relative_root(built["checkpoints"], file)
-    if (
-        "replay" in built and built["replay"].entrypoint and file != "<policy>"
-    ):  # a file entrypoint travels with its policy
+    if "replay" in built and file != "<policy>":  # a file entrypoint and an interpreter travel with their policy
+        here, replay = os.path.dirname(os.path.abspath(file)), built["replay"]
         built["replay"] = replace(
-            built["replay"], entrypoint=anchored(built["replay"].entrypoint, os.path.dirname(os.path.abspath(file)))
+            replay,
+            entrypoint=replay.entrypoint and anchored(replay.entrypoint, here),
+            python=replay.python and os.path.join(here, os.path.expanduser(replay.python)),
         )
     try:
         path = file if file == "<policy>" else os.path.abspath(file)  # a re-run, a batch job's --chdir: the same file

@@ -221,8 +221,15 @@ class Replay:
     """Absolute tolerance for loss and grad norm."""
     timeout: float = 300.0
     """Wall-clock seconds for the replay (child start, restore, K steps)."""
+    ranks: int | None = None
+    """Processes that replay; default as many as saved the checkpoint (another number reshards)."""
+    python: str | None = None
+    """A candidate environment's interpreter to replay under (a newer torch, the next trainer
+    commit); relative to the policy file's directory."""
 
     def __post_init__(self) -> None:
+        if self.ranks is not None and self.ranks < 1:
+            raise FieldError("ranks", f"must be at least 1, got {self.ranks}")
         if self.entrypoint is not None and not ENTRYPOINT.match(self.entrypoint):
             raise FieldError("entrypoint", f"{self.entrypoint!r} must be module:function or path/to/file.py:function")
         if self.steps < 1:

@@ -31,7 +31,13 @@ def request_from_policy(policy: Policy, trigger: str) -> DrillRequest:
         format=policy.checkpoints.format,
         allow_classes=policy.contract.allow_classes,
         replay=ReplaySpec(
-            entrypoint=r.entrypoint, steps=r.steps, timeout=r.timeout, tolerance=tolerance, enabled=r.enabled
+            entrypoint=r.entrypoint,
+            steps=r.steps,
+            timeout=r.timeout,
+            tolerance=tolerance,
+            enabled=r.enabled,
+            ranks=r.ranks,
+            python=r.python,
         ),
         policy=policy.name,
         policy_file=policy.path or None,

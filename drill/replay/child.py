@@ -5,6 +5,14 @@ at the timeout, a crash cannot take drill down, and the device memory it used is
 it exits. It talks to the parent through one pipe, in JSON: ``["restored"]``, ``["step",
 record]``…, ``["done"]``, ``["refused", why]`` or ``["error", traceback]``.
 
+In a replay by several ranks each child is one rank of a process group (gloo on CPU, NCCL on
+GPUs) that meets in a store its parent hosts: the target builds its parallel training
+objects (DDP, FSDP2) in it, the checkpoint loads through DCP across the group, and each step
+sends ``["step", rank_record, run_record]`` — what this rank saw, and the run's global view
+(None when the target gives only one). Before a DCP load each child sends ``["keys", missing,
+untaken]``: the keys its objects ask for that the checkpoint lacks, and those it holds that
+they do not take.
+
 An entrypoint the run directory names (``run.json``) is imported only if its code lies
 outside the run directory and the checkpoint; one the user or policy names is trusted.
 """
@@ -111,6 +119,7 @@ def main(
     device: str,
     steps: int,
     options: dict[str, Any],
+    world: dict[str, Any] | None = None,
 ) -> None:
     # stdout belongs to the parent's --json document: the trainer's prints go to stderr.
     os.dup2(2, 1)
@@ -123,7 +132,7 @@ def main(
             trust_explicit(entrypoint, run_dir)
         elif local:
             check_origin(entrypoint, (run_dir, checkpoint))
-        _replay(conn, entrypoint, run_dir, checkpoint, device, steps, options)
+        _replay(conn, entrypoint, run_dir, checkpoint, device, steps, options, world)
     except Refused as exc:
         _send(conn, "refused", str(exc))
     except BaseException:  # noqa: BLE001 - the traceback is the evidence
@@ -137,7 +146,14 @@ def _send(conn: Any, kind: str, *payload: Any) -> None:
 
 
 def _replay(
-    conn: Any, entrypoint: str, run_dir: str, checkpoint: str, device: str, steps: int, options: dict[str, Any]
+    conn: Any,
+    entrypoint: str,
+    run_dir: str,
+    checkpoint: str,
+    device: str,
+    steps: int,
+    options: dict[str, Any],
+    world: dict[str, Any] | None,
 ) -> None:
     import torch
 
@@ -146,6 +162,8 @@ def _replay(
 
     use_options(options)
     dev = torch.device(device)
+    if world is not None:
+        dev = _join(world, dev)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     target = resolve_entrypoint(entrypoint)(run_dir=run_dir, checkpoint=checkpoint, device=dev)
@@ -156,14 +174,45 @@ def _replay(
     if hasattr(target, "restore"):  # a target that loads its own (non-DCP) checkpoint
         target.restore(checkpoint)
     else:
-        load_into(storage_for(checkpoint, options), checkpoint, target.stateful())
+        tell = lambda match: _send(conn, "keys", match.missing, match.untaken)  # noqa: E731
+        load_into(
+            storage_for(checkpoint, options), checkpoint, target.stateful(), distributed=world is not None, on_keys=tell
+        )
     _send(conn, "restored")
     for _ in range(steps):
         record = target.step()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        _send(conn, "step", _plain(record))
+        if world is None:
+            _send(conn, "step", _plain(record))
+        else:
+            mine, run = record if isinstance(record, tuple) else (record, None)
+            _send(conn, "step", _plain(mine), None if run is None else _plain(run))
+    if world is not None:
+        import torch.distributed as dist
+
+        dist.barrier()  # no rank tears the group down while a peer still talks to it
+        dist.destroy_process_group()
     _send(conn, "done")
+
+
+def _join(world: dict[str, Any], dev: Any) -> Any:
+    """Join the replay's process group as ``world["rank"]`` of ``world["size"]``; the device
+    this rank replays on (rank r of a GPU replay takes the host's GPU r)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    rank, size = int(world["rank"]), int(world["size"])
+    host, _, port = str(world["store"]).rpartition(":")
+    wait = timedelta(seconds=float(world["timeout"]))
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=wait)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=wait)
+    return dev
 
 
 def _plain(record: Any) -> dict[str, Any]:
@@ -183,8 +232,11 @@ def _plain(record: Any) -> dict[str, Any]:
 if __name__ == "__main__":
     from multiprocessing.connection import Connection
 
-    fd, entry, trust, run, ckpt, dev, k, opts = sys.argv[1:9]
-    main(Connection(int(fd), readable=False), entry, trust, run, ckpt, dev, int(k), json.loads(opts))
+    fd, entry, trust, run, ckpt, dev, k, opts, *world = sys.argv[1:10]
+    main(
+        Connection(int(fd), readable=False), entry, trust, run, ckpt, dev, int(k), json.loads(opts),
+        json.loads(world[0]) if world else None,
+    )  # fmt: skip
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # the verdict is sent: tearing torch's modules down would only hold the drill up

@@ -35,25 +35,28 @@ CROSS_DEVICE = Tolerance(rtol=1e-3, atol=1e-5)
 class Divergence:
     step: int
     what: str
-    """``data`` (batch fingerprint), ``loss`` or ``grad_norm``."""
+    """``data`` (batch fingerprint), ``loss``, ``grad_norm``, or ``keys`` (the objects do not take
+    the checkpoint's: ``expected`` the keys it holds that they do not take, ``actual`` those they
+    ask for that it lacks)."""
     expected: object
     actual: object
     delta: float | None = None
     rank: int | None = None
-    """The rank whose log it is, where every rank logs (None: the run's own log)."""
+    """The rank whose own log it is (None: the run's log)."""
 
     @property
     def where(self) -> str:
         """``step 11`` or ``step 11 on rank 3``."""
-        return f"step {self.step}" + (f" on rank {self.rank}" if self.rank else "")
+        return f"step {self.step}" + (f" on rank {self.rank}" if self.rank is not None else "")
 
     def describe(self) -> str:
+        if self.what == "keys":
+            return f"keys differ at step {self.step}: the checkpoint holds {self.expected!r} untaken; the objects ask for {self.actual!r}"
         if self.what == "data":
             return f"data order diverged at {self.where}: batch {self.actual}, the original run saw {self.expected}"
         rel = f" (relative {self.delta:.2e})" if self.delta is not None else ""
-        return (
-            f"{self.what} diverged at step {self.step}: {self.actual!r}, the original run logged {self.expected!r}{rel}"
-        )
+        logged = "the original run logged" if self.rank is None else "that rank logged"
+        return f"{self.what} diverged at {self.where}: {self.actual!r}, {logged} {self.expected!r}{rel}"
 
 
 def compare_steps(reference: dict[int, StepRecord], replayed: list[StepRecord], tol: Tolerance) -> Divergence | None:

@@ -36,13 +36,11 @@ class Reference:
     steps: dict[int, StepRecord] = field(default_factory=dict)
     device: str | None = None
     """Device type the original run trained on, where recorded."""
+    ranks: dict[int, dict[int, StepRecord]] = field(default_factory=dict)
+    """Each rank's own record, where ranks keep one (``drill-steps.rank<r>.jsonl``)."""
     resumed: Divergence | None = None
     """The first step that a resumed run logged again with another batch than the run first
     saw there: its data did not continue where it left off (the step log keeps both)."""
-
-    @property
-    def has_data_order(self) -> bool:
-        return any(r.batch for r in self.steps.values())
 
 
 MAX_LOG_BYTES = 256 << 20
@@ -65,8 +63,9 @@ def _from_step_log(storage: Storage, run_dir: str) -> Reference | None:
     records = parse_step_log(text.splitlines())
     ref = Reference(source=STEP_LOG, steps={r.step: r for r in records}, resumed=_resumed_off(records))
     for rank, rank_records in _rank_logs(storage, run_dir):
+        ref.ranks[rank] = {r.step: r for r in rank_records}
         off = _resumed_off(rank_records, rank)
-        if off is not None and (ref.resumed is None or (off.step, rank) < (ref.resumed.step, ref.resumed.rank or 0)):
+        if off is not None and (ref.resumed is None or (off.step, rank) < (ref.resumed.step, _order(ref.resumed.rank))):
             ref.resumed = off
     run_json = _read_text(storage, storage.child(run_dir, "run.json"))
     try:
@@ -75,6 +74,11 @@ def _from_step_log(storage: Storage, run_dir: str) -> Reference | None:
     except (ValueError, RecursionError):
         pass
     return ref
+
+
+def _order(rank: int | None) -> int:
+    """Where the run's own log sorts among ranks' logs at one step: after them all."""
+    return 1 << 62 if rank is None else rank
 
 
 def _resumed_off(records: list[StepRecord], rank: int | None = None) -> Divergence | None:

@@ -2,52 +2,34 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import subprocess
+import re
 import sys
 import time
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from typing import Any
 
 from drill import safe_json
-from drill.proc import child_preexec, message_by, python_command, trusted_path
+from drill.proc import trusted_path
 from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE, Divergence, Tolerance, compare_steps
+from drill.replay.outcome import DIVERGED, ERROR, NOT_REPLAYABLE, NOT_RUN, PASSED, REFUSED, ReplayOutcome
+from drill.replay.processes import run_children
 from drill.replay.reference import Reference, load_reference
 from drill.replay.spec import ENTRYPOINT, ReplaySpec, anchored, entrypoint_file
-from drill.replay.zygote import take as take_zygote
 from drill.runlog.steplog import STEP_LOG, StepRecord
 from drill.storage import Storage, storage_for
 
 FRAMEWORK_LOG = Tolerance(rtol=1e-3, atol=1e-4)
 """Frameworks round what they log (HF: 4 decimals): compare to that precision."""
+RESHARDED = Tolerance(rtol=1e-5, atol=1e-6)
+"""Another number of ranks sums the same numbers in another order (the loss's all-reduce, the
+grad norm's shards): a replay resharded from N to M ranks that is right agrees to ~1e-6."""
 
-PASSED, DIVERGED, NOT_REPLAYABLE, ERROR, REFUSED = "passed", "diverged", "not replayable", "error", "refused"
-NOT_RUN = "not run"
-"""The replay was switched off (``--no-replay``, a policy's ``replay.enabled: false``): a gap the drill chose."""
-
-
-@dataclass(slots=True, kw_only=True)
-class ReplayOutcome:
-    verdict: str
-    reason: str
-    steps: list[tuple[StepRecord | None, StepRecord]] = field(default_factory=list)
-    """(reference, replayed) per replayed step."""
-    divergence: Divergence | None = None
-    tolerance: Tolerance | None = None
-    reference_source: str | None = None
-    first_step_at: float | None = None
-    """perf_counter when the first replayed step finished (for time-to-first-step)."""
-    restore_seconds: float | None = None
-    seconds: float = 0.0
-    traceback: str | None = None
-    entrypoint: str | None = None
-    """The ``module:function`` that built the training objects (None: none was found)."""
-    entrypoint_source: str | None = None
-    """Who named it: ``--replay`` (or a policy's ``replay.entrypoint``), or the run's ``run.json``."""
-    hint: str | None = None
-    """What would make it replayable, when something would."""
+__all__ = [
+    "DIVERGED", "ERROR", "NOT_REPLAYABLE", "NOT_RUN", "PASSED", "REFUSED", "ReplayOutcome",
+    "entrypoint_findable", "entrypoint_for", "run_replay", "tolerance_for",
+]  # fmt: skip
 
 
 def entrypoint_for(run_dir: str, spec: ReplaySpec, storage: Storage | None = None) -> tuple[str | None, bool]:
@@ -81,11 +63,13 @@ def entrypoint_findable(entrypoint: str, run_dir: str) -> bool:
     return importlib.machinery.PathFinder.find_spec(top, [*trusted_path((run_dir,)), run_dir]) is not None
 
 
-def tolerance_for(reference: Reference, device: str, spec: ReplaySpec) -> Tolerance:
+def tolerance_for(reference: Reference, device: str, spec: ReplaySpec, *, resharded: bool = False) -> Tolerance:
     if spec.tolerance is not None:
         return spec.tolerance
     if reference.source != STEP_LOG:
         return FRAMEWORK_LOG
+    if resharded:
+        return RESHARDED
     same = reference.device is None or reference.device.split(":")[0] == device.split(":")[0]
     return SAME_DEVICE if same else CROSS_DEVICE
 
@@ -98,12 +82,24 @@ def run_replay(
     step: int | None,
     device: str,
     storage_options: dict[str, Any] | None = None,
+    saved_ranks: int = 1,
+    candidate: dict[str, Any] | None = None,
 ) -> ReplayOutcome:
-    """Replay K steps after ``checkpoint`` (at ``step``) and compare with the original run; the
-    outcome names the entrypoint that ran and who named it."""
+    """Replay K steps after ``checkpoint`` (at ``step``, saved by ``saved_ranks``) by as many
+    ranks — or by ``spec.ranks``: resharded — and compare with the original run; the outcome
+    names the entrypoint that ran and who named it. ``candidate``: the environment of
+    ``spec.python`` as probed before the drill began (:mod:`drill.replay.candidate`)."""
+    from drill.replay.candidate import changes, environment
+
     storage = storage_for(run_dir, storage_options)
     entrypoint, explicit = entrypoint_for(run_dir, spec, storage)
-    outcome = _replay(spec, run_dir, checkpoint, step, device, storage, storage_options, entrypoint, explicit)
+    world = (spec.ranks or saved_ranks, saved_ranks)
+    outcome = _replay(spec, run_dir, checkpoint, step, device, storage, storage_options, entrypoint, explicit, world)
+    outcome.ranks, outcome.saved_ranks = world
+    current = environment()
+    outcome.environment = {"current": current}
+    if candidate is not None:
+        outcome.environment.update(candidate=candidate, changed=changes(current, candidate))
     if entrypoint is not None:
         outcome.entrypoint, outcome.entrypoint_source = entrypoint, "--replay" if explicit else "run.json"
     return outcome
@@ -111,7 +107,7 @@ def run_replay(
 
 def _replay(
     spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | None, device: str, storage: Storage,
-    storage_options: dict[str, Any] | None, entrypoint: str | None, explicit: bool,
+    storage_options: dict[str, Any] | None, entrypoint: str | None, explicit: bool, world: tuple[int, int],
 ) -> ReplayOutcome:  # fmt: skip
     started = time.perf_counter()
     if entrypoint is None:
@@ -137,33 +133,109 @@ def _replay(
             verdict=NOT_REPLAYABLE,
             reason=f"the original run's record ({reference.source}) ends at step {last}: nothing after step {step} to compare",
             reference_source=reference.source,
+            hint="drill an older checkpoint: the replay compares with the steps the run logged after it",
         )
     k = max(wanted) - step
-    tol = tolerance_for(reference, device, spec)
-    outcome = _run_child(
-        entrypoint, explicit, run_dir, checkpoint, device, k, spec.timeout, started, storage_options or {}
-    )
-    outcome.tolerance = tol
-    outcome.reference_source = reference.source
-    replayed = [got for _, got in outcome.steps]
-    outcome.steps = [(reference.steps.get(got.step), got) for got in replayed]
+    ranks, saved = world
+    tol = tolerance_for(reference, device, spec, resharded=ranks != saved)
+    trust = "explicit" if explicit else "implicit"
+    args = [entrypoint, trust, run_dir, checkpoint, device, str(k), json.dumps(storage_options or {})]
+    outcome = run_children(
+        args, ranks=ranks, grouped=ranks > 1 or saved > 1, timeout=spec.timeout, started=started,
+        untrusted=(run_dir, checkpoint), python=spec.python,
+    )  # fmt: skip
+    outcome.tolerance, outcome.reference_source, outcome.saved_ranks = tol, reference.source, saved
     if outcome.verdict in (ERROR, REFUSED):
+        outcome.steps = [(reference.steps.get(got.step), got) for _, got in outcome.steps]
         return outcome
-    return _judge(outcome, reference, replayed, step, wanted, tol, spec)
+    outcome.keys_untaken = [k for k in outcome.keys_untaken if not _another_ranks(k, ranks)]
+    if outcome.keys_missing or outcome.keys_untaken:
+        return _keys_diverged(outcome, step)
+    streams = _streams(outcome, reference)
+    if not streams:
+        return _nothing_to_compare(outcome)
+    return _judge(outcome, reference, streams, step, wanted, tol, spec)
+
+
+_RANK_KEY = re.compile(r"(?:^|\.)rank_(\d+)(?:\.|$)")
+
+
+def _another_ranks(key: str, ranks: int) -> bool:
+    """A key of per-rank state (``….rank_<r>.…``) of a rank a resharded replay does not have."""
+    found = _RANK_KEY.search(key)
+    return found is not None and int(found.group(1)) >= ranks
+
+
+def _keys_diverged(outcome: ReplayOutcome, step: int) -> ReplayOutcome:
+    """The replay's objects do not take the checkpoint as it was saved: the keys, by name."""
+    missing, untaken = outcome.keys_missing, outcome.keys_untaken
+    outcome.verdict = DIVERGED
+    outcome.divergence = Divergence(step, "keys", untaken, missing)
+    parts = []
+    if missing:
+        parts.append(f"they ask for {len(missing)} key(s) it does not hold ({_some(missing)})")
+    if untaken:
+        parts.append(f"it holds {len(untaken)} key(s) they do not take ({_some(untaken)})")
+    ending = "the resume fails" if missing else "a resume would silently drop that state"
+    outcome.reason = f"the replay's training objects do not take the checkpoint as saved: {'; '.join(parts)}: {ending}"
+    outcome.hint = (
+        "a renamed or removed parameter or state entry: map the old keys on load (a state-dict hook), or keep the names"
+    )
+    return outcome
+
+
+def _some(keys: list[str]) -> str:
+    return ", ".join(keys[:5]) + (f", … {len(keys) - 5} more" if len(keys) > 5 else "")
+
+
+def _streams(
+    outcome: ReplayOutcome, reference: Reference
+) -> list[tuple[int | None, dict[int, StepRecord], list[StepRecord]]]:
+    """What is compared with what: the run's view (its global loss) with the run's log, and —
+    by as many ranks as saved it — each rank's own with that rank's log. ``outcome.steps``
+    becomes the steps shown: the run's view, else rank 0's."""
+    run = [got for _, got in outcome.steps]
+    streams: list[tuple[int | None, dict[int, StepRecord], list[StepRecord]]] = (
+        [(None, reference.steps, run)] if run else []
+    )
+    if not outcome.resharded:
+        mine = sorted((r, got) for r, got in outcome.rank_steps.items() if r in reference.ranks)
+        streams += [(r, reference.ranks[r], got) for r, got in mine]
+    shown, against = (run, reference.steps) if run else (outcome.rank_steps.get(0, []), reference.ranks.get(0, {}))
+    outcome.steps = [(against.get(got.step), got) for got in shown]
+    return streams
+
+
+def _nothing_to_compare(outcome: ReplayOutcome) -> ReplayOutcome:
+    outcome.verdict = NOT_REPLAYABLE
+    if outcome.resharded:
+        outcome.reason = (
+            f"resharded from {outcome.saved_ranks} to {outcome.ranks} ranks, the replay compares the run's global "
+            "view, which the replay target's step() did not give"
+        )
+        outcome.hint = "return (this rank's record, the run's record) from step(): the run's as rank 0 logged it"
+    else:
+        outcome.reason = f"replayed by {outcome.ranks} ranks, but no rank logged its own steps and the target gave no run view to compare"
+        outcome.hint = (
+            "log each rank's steps (StepLog(run_dir, rank=r)) or return (rank record, run record) from step()"
+        )
+    return outcome
 
 
 def _judge(
-    outcome: ReplayOutcome, reference: Reference, replayed: list[StepRecord], step: int, wanted: list[int],
-    tol: Tolerance, spec: ReplaySpec,
+    outcome: ReplayOutcome, reference: Reference, streams: list[tuple[int | None, dict[int, StepRecord], list[StepRecord]]],
+    step: int, wanted: list[int], tol: Tolerance, spec: ReplaySpec,
 ) -> ReplayOutcome:  # fmt: skip
     """The verdict on replayed steps: they resumed where the checkpoint is, match the original run
-    step by step, and the checkpoint's own history kept the run's data order across resumes."""
+    step by step (each rank its own log), and the checkpoint's own history kept the run's data
+    order across resumes."""
+    replayed = streams[0][2]
     if replayed and replayed[0].step != step + 1:
         outcome.verdict = DIVERGED
         outcome.divergence = Divergence(replayed[0].step, "step", step + 1, replayed[0].step)
         outcome.reason = f"the restored objects resumed at step {replayed[0].step}, not {step + 1}"
         return outcome
-    outcome.divergence = compare_steps(reference.steps, replayed, tol)
+    outcome.divergence = first_divergence(streams, tol)
     resumed = reference.resumed
     if outcome.divergence is None and resumed is not None and resumed.step <= max(wanted):
         outcome.divergence = resumed  # the checkpoint's own history left the original run's data order
@@ -174,115 +246,55 @@ def _judge(
         )
     elif outcome.divergence is not None:
         outcome.verdict, outcome.reason = DIVERGED, outcome.divergence.describe()
+        if outcome.resharded:
+            outcome.reason += (
+                f" (resharded from {outcome.saved_ranks} to {outcome.ranks} ranks, compared within rtol={tol.rtol:g}: "
+                "randomness each rank draws for itself — dropout streams — cannot survive a reshard)"
+            )
     else:
-        exact = tol.rtol == 0 and tol.atol == 0
-        compared = (
-            "data order, loss and grad norm"
-            if reference.has_data_order
-            else "loss and grad norm (the record has no batch fingerprints: data order not compared)"
-        )
         outcome.verdict = PASSED
-        outcome.reason = f"{len(replayed)} steps after step {step} match the original run {'bit for bit' if exact else f'within rtol={tol.rtol:g}, atol={tol.atol:g}'}: {compared}"
+        outcome.reason = _passed(outcome, reference, streams, step, tol)
         if len(wanted) < spec.steps:
             outcome.reason += f" ({len(wanted)} of the {spec.steps} steps asked for: the original run's record ({reference.source}) has no more after step {step})"
     return outcome
 
 
-def _run_child(
-    entrypoint: str,
-    explicit: bool,
-    run_dir: str,
-    checkpoint: str,
-    device: str,
-    steps: int,
-    timeout: float,
-    started: float,
-    options: dict[str, Any],
-) -> ReplayOutcome:
-    # Not a fork of this process: one that has used torch's thread pools would deadlock. The
-    # child forked before any of that ran (drill.replay.zygote), or else a fresh interpreter.
-    # Isolated: nothing in the run directory or the checkpoint is on its import path.
-    trust = "explicit" if explicit else "implicit"
-    args = [entrypoint, trust, run_dir, checkpoint, device, str(steps), json.dumps(options)]
-    proc, read_fd = _start_child(args, untrusted=(run_dir, checkpoint))
-    receive = Connection(read_fd, writable=False)
-    outcome = ReplayOutcome(verdict=ERROR, reason="")
-    try:
-        _listen(receive, proc, outcome, steps, started, time.monotonic() + timeout, timeout)
-    except BaseException:
-        proc.kill()  # interrupted: the child goes at once, not after its grace time
-        raise
-    finally:
-        outcome.seconds = time.perf_counter() - started
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        receive.close()
-    return outcome
+def first_divergence(
+    streams: list[tuple[int | None, dict[int, StepRecord], list[StepRecord]]], tol: Tolerance
+) -> Divergence | None:
+    """The earliest step where any stream left the original run. At one step, what a rank
+    computes alone (its batch, its loss) before what the ranks share (the grad norm, reduced
+    over all of them: it moves everywhere at once), and a rank's own log before the run's —
+    the divergence named is the one that says which rank left the run."""
+    found = [
+        dataclasses.replace(d, rank=rank)
+        for rank, ref, got in streams
+        if (d := compare_steps(ref, got, tol)) is not None
+    ]
+    return min(found, key=lambda d: (d.step, _LOCAL_FIRST.get(d.what, 3), d.rank is None, d.rank or 0), default=None)
 
 
-def _start_child(args: list[str], untrusted: tuple[str, ...]) -> tuple[Any, int]:
-    """The replay child and the descriptor its messages arrive on."""
-    zygote = take_zygote()
-    if zygote is not None:
-        return zygote.launch(args, trusted_path(untrusted))
-    read_fd, write_fd = os.pipe()
-    proc = subprocess.Popen(
-        python_command("drill.replay.child", str(write_fd), *args, untrusted=untrusted),
-        pass_fds=(write_fd,),
-        stdin=subprocess.DEVNULL,
-        stdout=_stderr_fd(),
-        preexec_fn=child_preexec(),
+_LOCAL_FIRST = {"data": 0, "loss": 1, "grad_norm": 2}
+
+
+def _passed(
+    outcome: ReplayOutcome, reference: Reference, streams: list[tuple[int | None, dict[int, StepRecord], list[StepRecord]]],
+    step: int, tol: Tolerance,
+) -> str:  # fmt: skip
+    exact = tol.rtol == 0 and tol.atol == 0
+    has_data = any(r.batch for _, ref, _ in streams for r in ref.values())
+    compared = (
+        "data order, loss and grad norm"
+        if has_data
+        else "loss and grad norm (the record has no batch fingerprints: data order not compared)"
     )
-    os.close(write_fd)
-    return proc, read_fd
-
-
-def _listen(
-    receive: Connection, proc: Any, outcome: ReplayOutcome, steps: int, started: float, deadline: float, timeout: float
-) -> None:
-    """Fill ``outcome`` from the child's messages (JSON: the parent never unpickles what a
-    child sends) until it is done, fails, dies or runs out of time."""
-    phase = "starting"
-    while True:
-        if not message_by(receive, deadline):
-            proc.kill()
-            outcome.reason = f"replay timed out after {timeout:g} s ({phase}, {len(outcome.steps)} of {steps} steps done); the child was killed"
-            return
-        try:
-            kind, *rest = safe_json.loads(receive.recv_bytes())
-        except EOFError:
-            proc.wait(5)
-            outcome.reason = f"the replay process died ({_exit(proc.returncode)}) while {phase}"
-            return
-        if kind == "restored":
-            outcome.restore_seconds, phase = time.perf_counter() - started, "replaying"
-        elif kind == "step":
-            outcome.steps.append((None, StepRecord(**rest[0])))
-            outcome.first_step_at = outcome.first_step_at or time.perf_counter()
-        elif kind == "refused":
-            outcome.verdict, outcome.reason = REFUSED, rest[0]
-            return
-        elif kind == "error":
-            outcome.traceback = rest[0]
-            outcome.reason = f"the replay raised while {phase}: {rest[0].strip().splitlines()[-1]}"
-            return
-        elif kind == "done":
-            outcome.verdict = PASSED
-            return
-
-
-def _stderr_fd() -> int:
-    """The trainer's prints go to our stderr (stdout carries data), or nowhere if it has no fd."""
-    try:
-        return sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):
-        return subprocess.DEVNULL
-
-
-def _exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    by = ""
+    if outcome.resharded:
+        by = f" (resharded: saved by {outcome.saved_ranks} ranks, replayed by {outcome.ranks}; the run's global view)"
+    elif outcome.ranks > 1:
+        own = sum(1 for rank, _, _ in streams if rank is not None)
+        by = f" (by {outcome.ranks} ranks; {own} of them compared with their own logs)"
+    return (
+        f"{len(streams[0][2])} steps after step {step} match the original run "
+        f"{'bit for bit' if exact else f'within rtol={tol.rtol:g}, atol={tol.atol:g}'}: {compared}{by}"
+    )

@@ -39,8 +39,17 @@ class ReplaySpec:
     timeout: float = 300.0
     """Wall-clock seconds for the whole replay (child start, restore, K steps)."""
     enabled: bool = True
+    python: str | None = None
+    """A candidate environment's interpreter the replay runs under (None: drill's own)."""
+    ranks: int | None = None
+    """Processes that replay; None: as many as saved the checkpoint. Another number reshards
+    (compared with the run's global view)."""
 
     def __post_init__(self) -> None:
+        if self.ranks is not None and (
+            isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1
+        ):
+            raise ValueError(f"replay ranks must be an integer of at least 1, not {self.ranks!r}")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"replay steps must be an integer of at least 1, not {self.steps!r}")
         if not self.timeout > 0 or self.timeout == float("inf"):

@@ -161,8 +161,11 @@ def _serve(request_fd: int, result_fd: int, parent: int) -> NoReturn:  # pragma:
 
         from drill.replay.child import main
 
-        entry, trust, run, ckpt, dev, k, opts = request["args"]
-        main(Connection(result_fd, readable=False), entry, trust, run, ckpt, dev, int(k), json.loads(opts))
+        entry, trust, run, ckpt, dev, k, opts, *world = request["args"]
+        main(
+            Connection(result_fd, readable=False), entry, trust, run, ckpt, dev, int(k), json.loads(opts),
+            json.loads(world[0]) if world else None,
+        )  # fmt: skip
         code = 0
     except BaseException:  # noqa: BLE001 - the drill learns of it from the closed result pipe
         traceback.print_exc()

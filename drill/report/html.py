@@ -270,7 +270,7 @@ def _checkpoints(rows: list[CheckpointRow]) -> str:
         [escape(k.name), escape(str(k.step) if k.step is not None else "–"), retained[k.retained],
          '<b style="color:var(--ok)">proven</b>' if k.proven else '<b style="color:var(--bad)">not proven</b>',
          (f"#{k.last_drill_id} " + _badge(k.last_status) + f" {t.when(k.last_drilled_at)}") if k.last_drill_id else _badge(None),
-         escape(k.evidence_level or "–"), escape(k.proof.replay if k.proof else "–"), escape(t.size(k.bytes_on_storage)),
+         escape(k.evidence_level or "–"), escape(k.proof.replay if k.proof else "–"), escape(k.proof.restorable_under if k.proof else "–"), escape(t.size(k.bytes_on_storage)),
          escape(t.size(k.bytes_verified)), escape(t.when(k.verified_at)), str(k.drills_in_window), escape(t.sealed_at_save(k.sealed_at_save))]
         for k in rows
     ]  # fmt: skip
@@ -283,6 +283,7 @@ def _checkpoints(rows: list[CheckpointRow]) -> str:
             "last drill",
             "evidence",
             "replay",
+            "restorable under",
             "on storage",
             "bytes verified",
             "verified",

@@ -100,10 +100,10 @@ def _run(run: RunSection) -> list[str]:
         lines += [f"_Note: {cell(run.retention_note)}_", ""]
     lines += ["### Checkpoints", ""]
     lines += _table(
-        ["checkpoint", "step", "retained", "proven restorable", "last drill", "evidence", "replay", "on storage", "bytes verified", "verified", "sealed at save"],
+        ["checkpoint", "step", "retained", "proven restorable", "last drill", "evidence", "replay", "restorable under", "on storage", "bytes verified", "verified", "sealed at save"],
         [[k.name, k.step if k.step is not None else "–", {True: "yes", False: "purged", None: "unknown"}[k.retained],
           "yes" if k.proven else "no", f"#{k.last_drill_id} {k.last_status} {t.when(k.last_drilled_at)}" if k.last_drill_id else "never",
-          k.evidence_level or "–", k.proof.replay if k.proof else "–", t.size(k.bytes_on_storage), t.size(k.bytes_verified), t.when(k.verified_at),
+          k.evidence_level or "–", k.proof.replay if k.proof else "–", k.proof.restorable_under if k.proof else "–", t.size(k.bytes_on_storage), t.size(k.bytes_verified), t.when(k.verified_at),
           t.sealed_at_save(k.sealed_at_save)]
          for k in run.checkpoints],
     )  # fmt: skip

@@ -2,10 +2,10 @@
 
 One JSON object a line in ``drill-steps.jsonl`` in the run directory. Floats are written with
 ``repr`` precision, so a loss read back is bit-for-bit the float that was logged. In a run of
-many ranks each rank may keep its own: rank 0 writes ``drill-steps.jsonl`` (the run's log, the
-global loss), rank ``r`` ≥ 1 ``drill-steps.rank<r>.jsonl`` (what that rank saw: its batches,
-its local loss) — one file per writer, so no two processes append to one file on a shared
-filesystem.
+many ranks, rank 0 writes ``drill-steps.jsonl`` (the run's log: the global loss, the global
+batch) and each rank ``r`` may also keep its own, ``drill-steps.rank<r>.jsonl`` (what that rank
+saw: its slice of the batch, its local loss) — one file per writer, so no two processes append
+to one file on a shared filesystem. A replay by as many ranks compares each rank with its own.
 """
 
 from __future__ import annotations
@@ -38,16 +38,17 @@ class StepRecord:
 
 
 def rank_log(rank: int | None) -> str:
-    """The step log's file name for ``rank`` (None or 0: the run's own, ``drill-steps.jsonl``)."""
-    return STEP_LOG if not rank else f"drill-steps.rank{rank}.jsonl"
+    """The step log's file name for ``rank`` (None: the run's own, ``drill-steps.jsonl``)."""
+    return STEP_LOG if rank is None else f"drill-steps.rank{rank}.jsonl"
 
 
-RANK_LOG = re.compile(r"^drill-steps\.rank([1-9][0-9]*)\.jsonl\Z")
+RANK_LOG = re.compile(r"^drill-steps\.rank(0|[1-9][0-9]*)\.jsonl\Z")
 
 
 class StepLog:
     """Appends :class:`StepRecord` lines; ``sync()`` makes them durable (call it at each save).
-    ``rank``: this process is that rank of a run where every rank logs (see the module)."""
+    ``rank``: this is that rank's own log, in a run where every rank logs (see the module);
+    None: the run's log."""
 
     def __init__(self, run_dir: str | os.PathLike[str], *, rank: int | None = None) -> None:
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):

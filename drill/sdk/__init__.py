@@ -35,7 +35,9 @@ from drill.verifier import seal
 
 _LAZY = {
     **dict.fromkeys(("save", "async_save", "SealingWriter", "SealReport", "SaveBusy", "sealing"), "drill.sdk.sealed"),
-    **dict.fromkeys(("ModelState", "OptimizerState", "RNGState", "TrainState", "fingerprint"), "drill.sdk.state"),
+    **dict.fromkeys(
+        ("ModelState", "OptimizerState", "PerRank", "RNGState", "TrainState", "fingerprint"), "drill.sdk.state"
+    ),
 }
 """Names imported on first use: they import torch, which a script that only logs steps need not."""
 
@@ -44,6 +46,6 @@ __getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [
-    "STEP_LOG", "CheckpointCorrupt", "LoadReport", "ModelState", "OptimizerState", "RNGState", "SaveBusy", "TrainState", "fingerprint", "SealConflict", "SealReport", "SealResult", "SealingWriter", "StepLog", "StepRecord", "StorageProblem",
+    "STEP_LOG", "CheckpointCorrupt", "LoadReport", "ModelState", "OptimizerState", "PerRank", "RNGState", "SaveBusy", "TrainState", "fingerprint", "SealConflict", "SealReport", "SealResult", "SealingWriter", "StepLog", "StepRecord", "StorageProblem",
     "async_save", "flush_records", "last_good", "load", "load_key", "read_run_file", "read_step_log", "save", "seal", "sealing", "verified",
 ]  # fmt: skip

@@ -114,6 +114,21 @@ class RNGState:
                 torch.cuda.set_rng_state(s.cpu(), int(i))
 
 
+class PerRank:
+    """State each rank holds its own of (its data-loader position, its RNG streams), saved under
+    ``rank_<r>`` so that N ranks' copies sit side by side in one checkpoint; each rank loads
+    its own back (a replay by fewer ranks, the first ones')."""
+
+    def __init__(self, inner: Any, rank: int) -> None:
+        self.inner, self.key = inner, f"rank_{rank}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {self.key: self.inner.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state[self.key])
+
+
 def fingerprint(batch: torch.Tensor) -> str:
     """xxh3-64 of a batch's bytes: the data order, comparable across runs and devices (what
     :meth:`drill.sdk.StepLog.append` records as ``batch`` and a replay compares exactly). Hash
@@ -122,4 +137,4 @@ def fingerprint(batch: torch.Tensor) -> str:
     return xxhash.xxh3_64_hexdigest(flat.view(torch.uint8).numpy().tobytes())
 
 
-__all__ = ["ModelState", "OptimizerState", "RNGState", "TrainState", "fingerprint"]
+__all__ = ["ModelState", "OptimizerState", "PerRank", "RNGState", "TrainState", "fingerprint"]

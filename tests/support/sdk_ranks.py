@@ -21,12 +21,12 @@ def main(checkpoint: str, out: Path) -> None:
 
     import drill.sdk
     from drill.demo.config import DemoConfig
-    from drill.demo.distributed import _objects
+    from drill.demo.distributed import objects
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method=os.environ["DRILL_DIST_INIT"], rank=rank, world_size=world)
     cfg = DemoConfig(**json.loads((Path(checkpoint).parent / "run.json").read_text())["config"])
-    o = _objects(cfg, rank, world)
+    o = objects(cfg, rank, world)
     ours = {
         "model": get_model_state_dict(o["model"]),
         "optimizer": get_optimizer_state_dict(o["model"], o["optimizer"]),
