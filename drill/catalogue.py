@@ -543,6 +543,13 @@ CODES: dict[str, Code] = _codes(
         "The replayed gradient norm differs from the original run's beyond tolerance.",
         "check optimizer and model state",
     ),
+    (
+        "replay-diverged-keys",
+        (ERR,),
+        "replay",
+        "The replay's training objects do not take the checkpoint's keys: they ask for keys it lacks, or leave keys it holds.",
+        "a renamed or removed parameter: map the old keys on load (a state-dict hook), or keep the names",
+    ),
     # the durable copy
     (
         "durable-missing",
