@@ -121,7 +121,7 @@ def test_the_markdown_report_escapes_what_it_did_not_write(history_db: tuple[str
         if (
             line.startswith("| ") and "step-" in line and "step-" in line.split("|")[1]
         ):  # every checkpoint row keeps its columns
-            header_cols = 11
+            header_cols = 12
             assert len(re.findall(r"(?<!\\)\|", line)) == header_cols + 1, line
     assert "drill run --checkpoint" in md and "### What your measured restore time costs" in md
     assert re.search(r"head `[0-9a-f]{64}` \(entry 5, drill #5\)", md)
