@@ -112,7 +112,7 @@ import torch
 import drill.sdk
 from trainer import THREADS, Training
 
-run, restart = Path(sys.argv[1]), sys.argv[2] == "restart"
+run, mode = Path(sys.argv[1]), sys.argv[2]
 torch.set_num_threads(THREADS)
 torch.use_deterministic_algorithms(True)
 run.mkdir(parents=True)
@@ -128,37 +128,54 @@ def train(t, log, until, saves):
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
                 drill.sdk.save(t.stateful(), checkpoint_id=str(run / f"step-{r.step}"), no_dist=True)
 
+def resume(step, bug):
+    t = Training()
+    drill.sdk.load(t.stateful(), str(run / f"step-{step}"), record=False)
+    if bug:
+        t.loader.position = 0  # the bug: its sampler restarts the epoch
+    return t
+
 with drill.sdk.StepLog(run) as log:  # the first attempt: a checkpoint at step 10, then it dies at 15
     train(Training(), log, 15, {10})
-t = Training()  # the second resumes from step 10: steps 11-15 are logged again
-drill.sdk.load(t.stateful(), str(run / "step-10"), record=False)
-if restart:
-    t.loader.position = 0  # the bug: its sampler restarts the epoch
-with drill.sdk.StepLog(run) as log:
-    train(t, log, 30, {20, 30})
+if mode == "second-restarts":  # the first resume is right; it dies at 25, the second resume is not
+    with drill.sdk.StepLog(run) as log:
+        train(resume(10, False), log, 25, {20})
+    with drill.sdk.StepLog(run) as log:
+        train(resume(20, True), log, 40, {30, 40})
+else:  # the second attempt resumes from step 10: steps 11-15 are logged again
+    with drill.sdk.StepLog(run) as log:
+        train(resume(10, mode == "restart"), log, 30, {20, 30})
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("restart", [False, True], ids=["continues", "restarts-the-epoch"])
+@pytest.mark.parametrize(
+    ("mode", "checkpoint", "diverged_at"),
+    [("continue", "step:20", None), ("restart", "step:20", 11), ("second-restarts", "step:30", 21)],
+    ids=["continues", "restarts-the-epoch", "second-resume-restarts-the-epoch"],
+)
 def test_the_data_order_after_a_resume_must_continue_the_original(
-    tmp_path: Path, sqlite_url: str, cli: CliRunner, restart: bool
+    tmp_path: Path, sqlite_url: str, cli: CliRunner, mode: str, checkpoint: str, diverged_at: int | None
 ) -> None:
     """A run dies after its step-10 save and resumes from it, logging steps 11–15 again. Where
     the resume continues the data, step-20 passes; where the resumed sampler restarts the epoch,
-    the drill of step-20 fails naming step 11 — though its own replay matches the resumed run."""
+    the drill of step-20 fails naming step 11 — though its own replay matches the resumed run.
+    And a second resume within the run (KempnerForge#57): the first, from step 10, is right; the
+    second, from step 20, restarts the epoch: step-30 fails naming step 21."""
     run = tmp_path / "run"
-    subprocess.run([sys.executable, "-c", RESUMED_RUN, str(run), "restart" if restart else "continue", str(EXAMPLE)],
+    subprocess.run([sys.executable, "-c", RESUMED_RUN, str(run), mode, str(EXAMPLE)],
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     result = invoke(
-        cli, "run", "--root", str(run), "--checkpoint", "step:20", "--replay", REPLAY, "--db", sqlite_url, "--json"
+        cli, "run", "--root", str(run), "--checkpoint", checkpoint, "--replay", REPLAY, "--db", sqlite_url, "--json"
     )
     replay = json.loads(result.stdout)["replay"]
-    if not restart:
+    if diverged_at is None:
         assert result.exit_code == 0 and replay["verdict"] == "passed", replay
         return
     assert result.exit_code == 1 and replay["verdict"] == "diverged", replay
-    assert replay["reason"].startswith("data order after a resume diverged at step 11: batch "), replay["reason"]
+    assert replay["reason"].startswith(f"data order after a resume diverged at step {diverged_at}: batch "), replay[
+        "reason"
+    ]
     codes = [f["code"] for c in json.loads(result.stdout)["checks"] for f in c["findings"]]
     assert "replay-diverged-data" in codes
 
