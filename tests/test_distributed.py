@@ -18,6 +18,7 @@ import pytest
 from drill import get_drill, history
 from drill.checks.contract import check_dataloader, check_rng
 from drill.formats.canonical import Layout
+from tests.support.ranks import launch
 
 pytestmark = pytest.mark.slow
 
@@ -30,41 +31,6 @@ def sharded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     return run
-
-
-def launch(
-    world: int, args: list[str], tmp_path: Path, *, env: dict[str, str] | None = None, timeout: float = 180
-) -> list[subprocess.CompletedProcess]:
-    """``drill run ARGS`` as ``world`` ranks, each its own process, as srun would start them."""
-    rdzv = tmp_path / f"rdzv-{time.monotonic_ns()}"
-    rdzv.mkdir()
-    procs = []
-    for rank in range(world):
-        rank_env = {
-            **os.environ,
-            **(env or {}),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "DRILL_DIST_INIT": f"file://{rdzv}/store",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "drill", "run", *args],
-                env=rank_env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    results = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    return results
 
 
 def _data_files(ckpt: Path) -> dict[str, int]:

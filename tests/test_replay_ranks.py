@@ -15,6 +15,7 @@ import pytest
 
 from drill.demo.config import DemoConfig
 from drill.demo.distributed import train_distributed
+from tests.support.ranks import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 DDP = ROOT / "examples" / "ddp"
@@ -22,7 +23,8 @@ DDP = ROOT / "examples" / "ddp"
 pytestmark = pytest.mark.slow
 
 PLANTED = """
-import os, torch
+import json, os, torch
+import torch.distributed as dist
 from trainer import Training
 
 class Planted(Training):
@@ -36,6 +38,9 @@ class Planted(Training):
         return super().step()
 
 def build_replay(*, run_dir, checkpoint, device):
+    if os.environ.get("WHERE"):  # which drill rank started this replay rank (RANK is inherited)
+        with open(os.path.join(os.environ["WHERE"], f"replay-rank{dist.get_rank()}"), "w") as f:
+            json.dump({"drill_rank": os.environ.get("RANK"), "pid": os.getpid(), "parent": os.getppid()}, f)
     return Planted()
 """
 
@@ -153,3 +158,34 @@ def test_the_fsdp2_run_saved_by_4_ranks_replays_on_2_within_the_resharding_toler
         assert replay["reason"].startswith("5 steps after step 10 match the original run within rtol=1e-05, atol=1e-06")
         assert f"(resharded: saved by 4 ranks, replayed by {ranks}; the run's global view)" in replay["reason"]
         assert (check["evidence"]["ranks"], check["evidence"]["saved_ranks"]) == (int(ranks), 4)
+
+
+def test_a_distributed_drill_runs_each_rank_of_the_replay_on_its_own_drill_rank(ddp_run: Path, tmp_path: Path) -> None:
+    """Two drill ranks (srun-style), a checkpoint saved by 2: drill rank r starts replay rank r
+    — on its own host, in a real job — and the replay's ranks meet in the drill's rendezvous.
+    Rank 0 judges and records: every rank compared with its own log."""
+    (tmp_path / "planted.py").write_text(PLANTED)
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    args = ["--root", str(ddp_run), "--checkpoint", "step:10", "--db", db, "--json", "-q",
+            "--replay", f"{tmp_path / 'planted.py'}:build_replay"]  # fmt: skip
+    ranks = launch(2, args, tmp_path, env={"PYTHONPATH": str(DDP), "WHERE": str(tmp_path)})
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
+    replay = json.loads(ranks[0].stdout)["replay"]
+    assert replay["verdict"] == "passed" and "(by 2 ranks; 2 of them compared with their own logs)" in replay["reason"]
+    started_by = {r: json.loads((tmp_path / f"replay-rank{r}").read_text())["drill_rank"] for r in (0, 1)}
+    assert started_by == {0: "0", 1: "1"}
+
+
+def test_in_a_distributed_drill_a_replay_rank_that_dies_is_named_by_rank_0(ddp_run: Path, tmp_path: Path) -> None:
+    """Replay rank 1 (started by drill rank 1) exits at step 11: drill rank 1 tells the others
+    through the drill's store, replay rank 0 — blocked in DDP's all-reduce — is stopped at once,
+    and rank 0's record is an ``error`` naming rank 1 (not the stop it caused)."""
+    (tmp_path / "planted.py").write_text(PLANTED)
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    args = ["--root", str(ddp_run), "--checkpoint", "step:10", "--db", db, "--json", "-q", "--replay-timeout", "600",
+            "--replay", f"{tmp_path / 'planted.py'}:build_replay"]  # fmt: skip
+    ranks = launch(2, args, tmp_path, env={"PYTHONPATH": str(DDP), "PLANT": "die"})
+    assert [r.returncode for r in ranks] == [5, 5], [r.stderr[-2000:] for r in ranks]
+    doc = json.loads(ranks[0].stdout)
+    assert doc["status"] == "error" and doc["replay"]["verdict"] == "error", doc["replay"]
+    assert doc["replay"]["reason"] == "the replay process of rank 1 died (exit code 3) while replaying", doc["replay"]

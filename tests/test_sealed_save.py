@@ -112,7 +112,7 @@ def test_the_sharded_demo_saves_sealed_on_every_rank_and_loads_on_one_and_two(tm
     """The 2-rank demo saves through drill.sdk.save: the seal covers both ranks' shards; one
     process restores it (drill run), and two ranks do (distributed drill)."""
     from drill import history
-    from tests.test_distributed import launch
+    from tests.support.ranks import launch
 
     run = tmp_path / "run"
     subprocess.run(

@@ -36,6 +36,15 @@ def attempt_prefix() -> str:
     return f"drill/{run}/{attempt}/"
 
 
+def store_address() -> str:
+    """The store this process meets the others in, as another process would open it:
+    ``file:///path`` or ``tcp://host:port`` (a distributed replay's ranks meet there too)."""
+    init = os.environ.get(INIT_ENV) or "env://"
+    if init.startswith("file://"):
+        return f"file://{urlparse(init).path}"
+    return f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '0')}"
+
+
 def where() -> str:
     """The rendezvous this process would use, in words (for messages)."""
     init = os.environ.get(INIT_ENV)

@@ -62,6 +62,10 @@ def run_drill(
         drill.stage("restore", restore_stage)  # read + hash + load onto the device
         drill.stage("checks", check_stage)  # integrity, files, load, keys, contract
         drill.stage("replay", replay_stage, announce=request.replay.enabled)  # replay
+        if drill.follows_replay:
+            from drill.pipeline.ranks import follow_replay
+
+            follow_replay(drill)  # its own rank of a replay that spans the drill's ranks
     outcome = drill.finish()
     if dist is not None:
         from drill.pipeline.ranks import settle

@@ -55,6 +55,7 @@ def restore_across_ranks(d: Drill, adapter: Any, ctx: RestoreContext) -> Restore
     reports = restore_share(d.dist, adapter, d.storage, d.inputs.ref, ctx, d.request.expectations.finite_scan)
     if reports is None:
         d.stop(f"rank {d.dist.rank} restored its share; rank 0 checks and records the drill")
+        d.follows_replay = True
         return None
     d.outcome.distributed = figures(reports, ctx.shard)
     merged = merge(reports)
@@ -62,6 +63,58 @@ def restore_across_ranks(d: Drill, adapter: Any, ctx: RestoreContext) -> Restore
         ctx.shard = None
         adapter.finish_merged(merged, d.storage, d.inputs.ref, ctx)
     return merged
+
+
+class DrillPeers:
+    """The drill's other ranks as the replay sees them (:class:`~drill.replay.processes.Peers`):
+    rank 0 says what to run through the drill's store, each rank runs its own rank of the
+    replay, and a rank whose replay ends tells the others at once."""
+
+    def __init__(self, dist: Any) -> None:
+        from drill.dist.rendezvous import attempt_prefix, store_address
+
+        self.dist, self.size, self.started = dist, dist.world, False
+        self.store, self.prefix = store_address(), f"{attempt_prefix()}replay-group/"
+
+    def start(self, job: dict[str, Any] | None) -> None:
+        if not self.started:
+            self.started = True
+            self.dist.broadcast(job, "replay")
+
+    def failed(self) -> str | None:
+        try:
+            if int(self.dist.store.add("replay-failed", 0)) > 0:
+                return f"stopped: {self.dist.store.get('replay-why').decode(errors='replace')}"
+        except Exception:  # noqa: BLE001 - the store is gone: the drill's own watch says so
+            return None
+        return None
+
+    def fail(self, why: str) -> None:
+        if int(self.dist.store.add("replay-failed", 1)) == 1:
+            self.dist.store.set("replay-why", why)
+
+    def collect(self, part: dict[str, Any]) -> list[dict[str, Any]]:
+        return self.dist.gather(part, "replay-parts") or []
+
+
+def follow_replay(d: Drill) -> None:
+    """A rank other than 0: its own rank of the replay, when rank 0 starts one that spans the
+    drill's ranks; what it saw goes to rank 0, which judges and records."""
+    from drill.replay.processes import PASSED, Placement, part_of, run_children
+
+    job = d.dist.broadcast(None, "replay")
+    if job is None:
+        return
+    peers = DrillPeers(d.dist)
+    d.dist.reached("replay")
+    outcome = run_children(
+        job["args"], placement=Placement(job["ranks"], True, d.dist.rank, peers.store, peers.prefix),
+        timeout=job["timeout"], started=time.perf_counter(), untrusted=tuple(job["untrusted"]), python=job["python"],
+        stop=peers.failed,
+    )  # fmt: skip
+    if outcome.verdict != PASSED and not outcome.interrupted:
+        peers.fail(f"rank {d.dist.rank}: {outcome.reason}")
+    d.dist.gather(part_of(outcome, secondary=outcome.interrupted), "replay-parts")
 
 
 def settle(d: Drill, outcome: DrillOutcome) -> DrillOutcome:
@@ -72,6 +125,11 @@ def settle(d: Drill, outcome: DrillOutcome) -> DrillOutcome:
 
     dist = d.dist
     if dist.is_root:
+        if d.peers is None or not d.peers.started:
+            try:
+                dist.broadcast(None, "replay")  # the others wait to hear whether a replay spans them
+            except Exception:  # noqa: BLE001 - the store is gone: the verdict's publishing says so
+                pass
         dist.publish("verdict", (outcome.id, outcome.status.value, int(outcome.exit_code), outcome.message))
         return outcome
     if outcome.status in (DrillStatus.ERROR, DrillStatus.ABORTED) and not dist.reported:

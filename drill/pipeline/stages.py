@@ -80,6 +80,10 @@ class Drill:
     """The local copy of a remote checkpoint, removed when the drill ends."""
     candidate: dict[str, Any] | None = None
     """The candidate environment the replay runs under (``--python``), as probed before the drill began."""
+    follows_replay: bool = False
+    """A rank other than 0 that restored its share: it runs its rank of a replay rank 0 starts."""
+    peers: Any = None
+    """Rank 0's :class:`~drill.pipeline.ranks.DrillPeers`, once its replay stage ran."""
     guard: InterruptGuard = field(default_factory=InterruptGuard)
     dist: Any = None
     """The :class:`~drill.dist.context.DistContext` when many ranks run this drill."""
@@ -499,6 +503,8 @@ def _replay(d: Drill) -> ReplayOutcome:
     if not request.replay.enabled:
         why = f"disabled by policy {request.policy} (replay.enabled: false)" if request.policy else "--no-replay"
         return ReplayOutcome(verdict=NOT_RUN, reason=f"replay not run ({why}): the drill proves the restore only")
+    if d.dist is not None:
+        d.peers = ranks.DrillPeers(d.dist)
     broken = [d.results[n] for n in LOADING_CHECKS if n in d.results and d.results[n].status is CheckStatus.FAILED]
     if broken:
         return ReplayOutcome(verdict=NOT_REPLAYABLE, reason=f"{broken[0].name} failed: {broken[0].summary}")
@@ -517,6 +523,7 @@ def _replay(d: Drill) -> ReplayOutcome:
         storage_options=request.storage_options,
         saved_ranks=max(1, len(saved)),
         candidate=d.candidate,
+        peers=d.peers,
     )
 
 

@@ -197,17 +197,25 @@ def _replay(
 
 
 def _join(world: dict[str, Any], dev: Any) -> Any:
-    """Join the replay's process group as ``world["rank"]`` of ``world["size"]``; the device
-    this rank replays on (rank r of a GPU replay takes the host's GPU r)."""
+    """Join the replay's process group as ``world["rank"]`` of ``world["size"]``, meeting in
+    ``world["store"]`` (``tcp://host:port`` or ``file:///path``) under ``world["prefix"]``; the
+    device this rank replays on (rank r of a GPU replay takes its host's GPU r mod their count)."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
     rank, size = int(world["rank"]), int(world["size"])
-    host, _, port = str(world["store"]).rpartition(":")
     wait = timedelta(seconds=float(world["timeout"]))
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=wait)
+    where = str(world["store"])
+    if where.startswith("file://"):
+        store: Any = dist.FileStore(where[len("file://") :], -1)
+        store.set_timeout(wait)
+    else:
+        host, _, port = where.removeprefix("tcp://").rpartition(":")
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=wait)
+    if world.get("prefix"):
+        store = dist.PrefixStore(str(world["prefix"]), store)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
     backend = "nccl" if dev.type == "cuda" else "gloo"

@@ -29,6 +29,10 @@ class ReplayOutcome:
     """Keys the replay's objects asked for that the checkpoint does not hold (any rank)."""
     keys_untaken: list[str] = field(default_factory=list)
     """Keys the checkpoint holds that no rank's objects took: state a resume would drop."""
+    keys_told: bool = False
+    """The replay's objects said which keys they take (a DCP load; a target's own ``restore`` does not)."""
+    interrupted: bool = False
+    """Ended because another rank's replay did (that one is the cause, not this)."""
     divergence: Divergence | None = None
     tolerance: Tolerance | None = None
     reference_source: str | None = None

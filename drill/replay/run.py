@@ -14,7 +14,7 @@ from drill import safe_json
 from drill.proc import trusted_path
 from drill.replay.compare import CROSS_DEVICE, SAME_DEVICE, Divergence, Tolerance, compare_steps
 from drill.replay.outcome import DIVERGED, ERROR, NOT_REPLAYABLE, NOT_RUN, PASSED, REFUSED, ReplayOutcome
-from drill.replay.processes import run_children
+from drill.replay.processes import Peers, Placement, merge_parts, part_of, run_children
 from drill.replay.reference import Reference, load_reference
 from drill.replay.spec import ENTRYPOINT, ReplaySpec, anchored, entrypoint_file
 from drill.runlog.steplog import STEP_LOG, StepRecord
@@ -84,17 +84,26 @@ def run_replay(
     storage_options: dict[str, Any] | None = None,
     saved_ranks: int = 1,
     candidate: dict[str, Any] | None = None,
+    peers: Peers | None = None,
 ) -> ReplayOutcome:
     """Replay K steps after ``checkpoint`` (at ``step``, saved by ``saved_ranks``) by as many
     ranks — or by ``spec.ranks``: resharded — and compare with the original run; the outcome
     names the entrypoint that ran and who named it. ``candidate``: the environment of
-    ``spec.python`` as probed before the drill began (:mod:`drill.replay.candidate`)."""
+    ``spec.python`` as probed before the drill began (:mod:`drill.replay.candidate`).
+    ``peers``: the other ranks of a distributed drill — a replay of as many ranks as the drill
+    has runs one rank on each (always told whether a replay runs)."""
     from drill.replay.candidate import changes, environment
 
     storage = storage_for(run_dir, storage_options)
     entrypoint, explicit = entrypoint_for(run_dir, spec, storage)
     world = (spec.ranks or saved_ranks, saved_ranks)
-    outcome = _replay(spec, run_dir, checkpoint, step, device, storage, storage_options, entrypoint, explicit, world)
+    try:
+        outcome = _replay(
+            spec, run_dir, checkpoint, step, device, storage, storage_options, entrypoint, explicit, world, peers
+        )
+    finally:
+        if peers is not None:
+            peers.start(None)  # no replay after all: the others stop waiting for one
     outcome.ranks, outcome.saved_ranks = world
     current = environment()
     outcome.environment = {"current": current}
@@ -108,6 +117,7 @@ def run_replay(
 def _replay(
     spec: ReplaySpec, run_dir: str, checkpoint: str, step: int | None, device: str, storage: Storage,
     storage_options: dict[str, Any] | None, entrypoint: str | None, explicit: bool, world: tuple[int, int],
+    peers: Peers | None,
 ) -> ReplayOutcome:  # fmt: skip
     started = time.perf_counter()
     if entrypoint is None:
@@ -140,10 +150,24 @@ def _replay(
     tol = tolerance_for(reference, device, spec, resharded=ranks != saved)
     trust = "explicit" if explicit else "implicit"
     args = [entrypoint, trust, run_dir, checkpoint, device, str(k), json.dumps(storage_options or {})]
-    outcome = run_children(
-        args, ranks=ranks, grouped=ranks > 1 or saved > 1, timeout=spec.timeout, started=started,
-        untrusted=(run_dir, checkpoint), python=spec.python,
-    )  # fmt: skip
+    untrusted = (run_dir, checkpoint)
+    if peers is not None and peers.size == ranks:  # one rank of the replay on each rank of the drill
+        peers.start(
+            {"args": args, "ranks": ranks, "timeout": spec.timeout, "python": spec.python, "untrusted": untrusted}
+        )
+        placement = Placement(ranks, True, 0, peers.store, peers.prefix)
+        outcome = run_children(
+            args, placement=placement, timeout=spec.timeout, started=started, untrusted=untrusted, python=spec.python,
+            stop=peers.failed,
+        )  # fmt: skip
+        if outcome.verdict != PASSED and not outcome.interrupted:
+            peers.fail(f"rank 0: {outcome.reason}")
+        merge_parts(outcome, peers.collect(part_of(outcome, secondary=outcome.interrupted)))
+    else:
+        outcome = run_children(
+            args, placement=Placement(ranks, ranks > 1 or saved > 1), timeout=spec.timeout, started=started,
+            untrusted=untrusted, python=spec.python,
+        )  # fmt: skip
     outcome.tolerance, outcome.reference_source, outcome.saved_ranks = tol, reference.source, saved
     if outcome.verdict in (ERROR, REFUSED):
         outcome.steps = [(reference.steps.get(got.step), got) for _, got in outcome.steps]
