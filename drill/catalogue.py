@@ -550,6 +550,13 @@ CODES: dict[str, Code] = _codes(
         "The replay's training objects do not take the checkpoint's keys: they ask for keys it lacks, or leave keys it holds.",
         "a renamed or removed parameter: map the old keys on load (a state-dict hook), or keep the names",
     ),
+    (
+        "replay-diverged-classes",
+        (ERR,),
+        "replay",
+        "Under a candidate environment the checkpoint does not restore: a class or module it needs moved or was renamed.",
+        "keep an alias at the old import path, or convert the checkpoint before upgrading",
+    ),
     # the durable copy
     (
         "durable-missing",

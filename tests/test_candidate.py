@@ -53,19 +53,20 @@ def my_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def _candidate(base: Path, *, renamed: bool) -> Path:
+def _candidate(base: Path, *, renamed: bool, moved: bool = False) -> Path:
     """A virtualenv of its own (no pip: nothing downloaded) that sees this one's packages —
     torch, drill — and holds the next commit's trainer code, ``nexttrainer``, which drill's
     own environment does not have."""
-    env = base / ("renamed" if renamed else "same")
+    env = base / ("renamed" if renamed else "moved" if moved else "same")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
     code = env / "code"
     code.mkdir()
     (code / "nexttrainer.py").write_text(NEXT_COMMIT.format(renamed=renamed))
     site = next(env.glob("lib/python3*/site-packages"))
-    (site / "candidate.pth").write_text(
-        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n{code}\n{EXAMPLE}\n"
-    )
+    lines = [f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})", str(code), str(EXAMPLE)]
+    if moved:  # a torch whose DCP metadata class moved (as 2.4 could not load 2.3's: pytorch#133923)
+        lines.append("import torch.distributed.checkpoint.metadata as m; m.__dict__.pop('TensorStorageMetadata', None)")
+    (site / "candidate.pth").write_text("\n".join(lines) + "\n")
     return env / "bin" / "python"
 
 
@@ -95,6 +96,20 @@ def test_a_candidate_whose_model_renames_a_parameter_fails_naming_the_key(my_run
     assert environment["candidate"]["executable"] == str(python)
     assert environment["candidate"]["packages"]["torch"] == environment["current"]["packages"]["torch"]
     assert environment["changed"] == {}  # the same packages: what changed is the trainer's code
+
+
+def test_a_candidate_where_a_class_the_checkpoint_names_moved_fails_naming_it(my_run: Path, tmp_path: Path) -> None:
+    python = _candidate(tmp_path, renamed=False, moved=True)
+    res = _drill(my_run, tmp_path, "--replay", "nexttrainer:build_replay", "--python", str(python))
+    doc = json.loads(res.stdout)
+    replay = doc["replay"]
+    assert res.returncode == 1 and replay["verdict"] == "diverged", (replay, res.stderr[-2000:])
+    assert replay["reason"].startswith(
+        "under the candidate environment the checkpoint does not restore: it needs "
+        "torch.distributed.checkpoint.metadata.TensorStorageMetadata, which the candidate's code no longer has"
+    ), replay["reason"]
+    (check,) = [c for c in doc["checks"] if c["name"] == "replay"]
+    assert check["findings"][0]["code"] == "replay-diverged-classes"
 
 
 def test_an_unchanged_candidate_passes_and_the_record_says_which_environment(my_run: Path, tmp_path: Path) -> None:

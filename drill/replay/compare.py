@@ -35,7 +35,8 @@ CROSS_DEVICE = Tolerance(rtol=1e-3, atol=1e-5)
 class Divergence:
     step: int
     what: str
-    """``data`` (batch fingerprint), ``loss``, ``grad_norm``, or ``keys`` (the objects do not take
+    """``data`` (batch fingerprint), ``loss``, ``grad_norm``, ``classes`` (a class or module the
+    checkpoint needs is gone from the code: ``expected``), or ``keys`` (the objects do not take
     the checkpoint's: ``expected`` the keys it holds that they do not take, ``actual`` those they
     ask for that it lacks)."""
     expected: object
@@ -50,6 +51,8 @@ class Divergence:
         return f"step {self.step}" + (f" on rank {self.rank}" if self.rank is not None else "")
 
     def describe(self) -> str:
+        if self.what == "classes":
+            return f"the checkpoint needs {self.expected}, which the code no longer has"
         if self.what == "keys":
             return f"keys differ at step {self.step}: the checkpoint holds {self.expected!r} untaken; the objects ask for {self.actual!r}"
         if self.what == "data":

@@ -171,7 +171,8 @@ def _replay(
     outcome.tolerance, outcome.reference_source, outcome.saved_ranks = tol, reference.source, saved
     if outcome.verdict in (ERROR, REFUSED):
         outcome.steps = [(reference.steps.get(got.step), got) for _, got in outcome.steps]
-        return outcome
+        moved = _moved(outcome, entrypoint) if spec.python is not None else None
+        return _classes_diverged(outcome, step, moved) if moved else outcome
     outcome.keys_untaken = [k for k in outcome.keys_untaken if not _another_ranks(k, ranks)]
     if outcome.keys_missing or outcome.keys_untaken:
         return _keys_diverged(outcome, step)
@@ -205,6 +206,43 @@ def _keys_diverged(outcome: ReplayOutcome, step: int) -> ReplayOutcome:
     outcome.hint = (
         "a renamed or removed parameter or state entry: map the old keys on load (a state-dict hook), or keep the names"
     )
+    return outcome
+
+
+_MOVED = (
+    re.compile(r"No module named '(?P<module>[\w.]+)'"),
+    re.compile(r"Can't get attribute '(?P<name>\w+)' on <module '(?P<module>[\w.]+)'"),
+    re.compile(r"module '(?P<module>[\w.]+)' has no attribute '(?P<name>\w+)'"),
+    re.compile(r"cannot import name '(?P<name>\w+)' from '(?P<module>[\w.]+)'"),
+)
+
+
+def _moved(outcome: ReplayOutcome, entrypoint: str) -> str | None:
+    """The class or module a replay under a candidate environment could not find while it
+    restored — one the checkpoint (or the code that reads it) names and the candidate no longer
+    has; None for anything else, and for the entrypoint's own module (the candidate lacks the
+    trainer: its installation, not the checkpoint)."""
+    if "while starting" not in outcome.reason:
+        return None
+    for pattern in _MOVED:
+        found = pattern.search(outcome.reason)
+        if found:
+            module, name = found.group("module"), found.groupdict().get("name")
+            if module.split(".")[0] == entrypoint.rpartition(":")[0].split(".")[0] and name is None:
+                return None
+            return f"{module}.{name}" if name else module
+    return None
+
+
+def _classes_diverged(outcome: ReplayOutcome, step: int, moved: str) -> ReplayOutcome:
+    cause = outcome.reason.rpartition(": ")[2]
+    outcome.verdict = DIVERGED
+    outcome.divergence = Divergence(step, "classes", moved, None)
+    outcome.reason = (
+        f"under the candidate environment the checkpoint does not restore: it needs {moved}, which the "
+        f"candidate's code no longer has where it was ({cause}): the resume fails"
+    )
+    outcome.hint = "a class or module that moved or was renamed in the new version: keep an alias at the old path, or convert the checkpoint"
     return outcome
 
 
