@@ -769,7 +769,9 @@ def test_a_node_set_down_mid_job_requeues_it_and_the_attempts_are_linked(
         _, err = proc.communicate(timeout=300)
     finally:
         slurm_nodes.run("scontrol", "update", f"nodename={down}", "state=resume")
-    earlier, last = sorted(history(db=db), key=lambda d: d.id)
+    drills = sorted(history(db=db), key=lambda d: d.id)
+    assert len(drills) == 2, (proc.returncode, [(d.status, d.message) for d in drills], err[-3000:])
+    earlier, last = drills
     assert earlier.id == first.id and earlier.status in ("aborted", "error"), (earlier.status, earlier.message)
     assert last.status == "passed" and last.job_id == first.job_id, (last.message, err)
     assert down not in {r["host"] for r in last.distributed["ranks"]}, last.distributed["ranks"]
