@@ -150,24 +150,7 @@ def _replay(
     tol = tolerance_for(reference, device, spec, resharded=ranks != saved)
     trust = "explicit" if explicit else "implicit"
     args = [entrypoint, trust, run_dir, checkpoint, device, str(k), json.dumps(storage_options or {})]
-    untrusted = (run_dir, checkpoint)
-    if peers is not None and peers.size == ranks:  # one rank of the replay on each rank of the drill
-        peers.start(
-            {"args": args, "ranks": ranks, "timeout": spec.timeout, "python": spec.python, "untrusted": untrusted}
-        )
-        placement = Placement(ranks, True, 0, peers.store, peers.prefix)
-        outcome = run_children(
-            args, placement=placement, timeout=spec.timeout, started=started, untrusted=untrusted, python=spec.python,
-            stop=peers.failed,
-        )  # fmt: skip
-        if outcome.verdict != PASSED and not outcome.interrupted:
-            peers.fail(f"rank 0: {outcome.reason}")
-        merge_parts(outcome, peers.collect(part_of(outcome, secondary=outcome.interrupted)))
-    else:
-        outcome = run_children(
-            args, placement=Placement(ranks, ranks > 1 or saved > 1), timeout=spec.timeout, started=started,
-            untrusted=untrusted, python=spec.python,
-        )  # fmt: skip
+    outcome = _run(args, spec, world, (run_dir, checkpoint), started, peers)
     outcome.tolerance, outcome.reference_source, outcome.saved_ranks = tol, reference.source, saved
     if outcome.verdict in (ERROR, REFUSED):
         outcome.steps = [(reference.steps.get(got.step), got) for _, got in outcome.steps]
@@ -180,6 +163,29 @@ def _replay(
     if not streams:
         return _nothing_to_compare(outcome)
     return _judge(outcome, reference, streams, step, wanted, tol, spec)
+
+
+def _run(
+    args: list[str], spec: ReplaySpec, world: tuple[int, int], untrusted: tuple[str, str], started: float,
+    peers: Peers | None,
+) -> ReplayOutcome:  # fmt: skip
+    """The replay's processes: one rank on each rank of a distributed drill of as many (every
+    rank's part merged here, on rank 0), else all of them on this host."""
+    ranks, saved = world
+    if peers is None or peers.size != ranks:
+        return run_children(
+            args, placement=Placement(ranks, ranks > 1 or saved > 1), timeout=spec.timeout, started=started,
+            untrusted=untrusted, python=spec.python,
+        )  # fmt: skip
+    peers.start({"args": args, "ranks": ranks, "timeout": spec.timeout, "python": spec.python, "untrusted": untrusted})
+    outcome = run_children(
+        args, placement=Placement(ranks, True, 0, peers.store, peers.prefix), timeout=spec.timeout, started=started,
+        untrusted=untrusted, python=spec.python, stop=peers.failed,
+    )  # fmt: skip
+    if outcome.verdict != PASSED and not outcome.interrupted:
+        peers.fail(f"rank 0: {outcome.reason}")
+    merge_parts(outcome, peers.collect(part_of(outcome, secondary=outcome.interrupted)))
+    return outcome
 
 
 _RANK_KEY = re.compile(r"(?:^|\.)rank_(\d+)(?:\.|$)")
