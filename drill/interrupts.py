@@ -94,15 +94,28 @@ class InterruptGuard:
 def held_off() -> Iterator[None]:
     """SIGINT and SIGTERM wait until the block is done (then arrive as usual): for work that must
     not stop half-way — a database's schema being created or migrated, which a signal between
-    two statements would leave neither old nor new. Main thread only; elsewhere a no-op."""
+    two statements would leave neither old nor new. Main thread only; elsewhere a no-op.
+
+    The handlers are swapped, not the signal mask: a process-directed signal reaches whichever
+    thread does not block it — a distributed drill's heartbeat thread — and Python then runs the
+    handler in the main thread all the same; a handler that only notes the signal holds it off
+    whatever thread took it. The first signal noted is raised again after the block."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    noted: list[int] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        noted.append(signum)
+
+    previous = {sig: signal.signal(sig, note) for sig in SIGNALS}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if noted:
+            signal.raise_signal(noted[0])
 
 
 @contextmanager

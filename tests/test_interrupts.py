@@ -123,3 +123,30 @@ def test_a_signal_while_the_schema_is_made_waits_until_it_is_whole(tmp_path: Pat
     again = subprocess.run([sys.executable, "-m", "drill", "db", "upgrade", "--db", db], capture_output=True, text=True)
     assert again.returncode == 0 and "is up to date" in again.stdout + again.stderr, again.stderr
     assert history(db=db) == []
+
+
+HELD_WITH_A_THREAD = """
+import sys, threading, time
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a heartbeat's, a store's
+from drill.cli.common import terminate_as_interrupt
+from drill.records.db import upgrade
+terminate_as_interrupt()
+try:
+    upgrade(sys.argv[1])
+except KeyboardInterrupt as exc:
+    print(f"stopped after the migration: {exc}")
+"""
+
+
+def test_a_signal_a_second_thread_takes_still_waits_for_the_schema(tmp_path: Path) -> None:
+    """A process-directed SIGTERM reaches whichever thread does not block it — in a distributed
+    drill, the heartbeat thread — and Python runs the handler in the main thread all the same:
+    holding the signal off by the main thread's mask alone left the schema half made (tables,
+    no revision) under torchrun. With a second thread running, the schema is still whole."""
+    import sys
+
+    db = f"sqlite:///{tmp_path / 'drill.db'}"
+    env = {**os.environ, "DRILL_FAILPOINTS": "migrated=term"}
+    res = subprocess.run([sys.executable, "-c", HELD_WITH_A_THREAD, db], env=env, capture_output=True, text=True)
+    assert "stopped after the migration: interrupted by SIGTERM" in res.stdout, res.stderr[-2000:]
+    assert history(db=db) == []  # at head: not "holds drill's tables but no schema revision"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,7 +76,9 @@ def test_a_trainer_replay_on_other_data_diverges_naming_the_step(hf_run: Path, t
     )
     doc = _drill(hf_run, f"{other}:build_replay", tmp_path)
     assert doc["status"] == "failed" and doc["replay"]["verdict"] == "diverged", doc["replay"]
-    assert doc["replay"]["reason"].startswith("loss diverged at step 5:"), doc["replay"]["reason"]
+    # untrained on random tokens, both losses sit near ln(64): the loss may agree to the log's
+    # four decimals while the gradients do not — either way the first replayed step is named
+    assert re.match(r"(loss|grad_norm) diverged at step 5:", doc["replay"]["reason"]), doc["replay"]["reason"]
 
 
 def test_the_lightning_recipe_replays_its_run(lightning_run: Path, tmp_path: Path) -> None:
