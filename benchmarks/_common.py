@@ -44,6 +44,36 @@ def outer(cmd: list[str] | str, env: dict[str, str] | None = None) -> float:
     return time.perf_counter() - t
 
 
+def cores() -> int:
+    """The cores this process may run on: what a limit or a peer at its best uses."""
+    return len(os.sched_getaffinity(0))
+
+
+def outer_cpu(cmds: list[list[str]]) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system, every process) of ``cmds`` run side by side."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in cmds]
+    if any(p.wait() != 0 for p in procs):
+        raise subprocess.CalledProcessError(1, cmds[0])
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def shares(files: list[str], n: int) -> list[list[str]]:
+    """``files`` dealt into at most ``n`` lists of about equal bytes, biggest first: how
+    several processes of a one-file-at-a-time tool split a checkpoint between them."""
+    out: list[tuple[int, list[str]]] = [(0, []) for _ in range(max(1, min(n, len(files))))]
+    for f in sorted(files, key=os.path.getsize, reverse=True):
+        out.sort(key=lambda s: s[0])
+        size, names = out[0]
+        out[0] = (size + os.path.getsize(f), [*names, f])
+    return [names for _, names in out if names]
+
+
 def warm(path: Path) -> None:
     """Read every file under ``path`` once, so that what follows runs from the page cache."""
     for p in path.rglob("*"):

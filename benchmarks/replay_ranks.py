@@ -57,8 +57,11 @@ def bare_resume(run: Path, ckpt: Path, scratch: Path) -> float:
     rdzv = scratch / f"rdzv-{time.monotonic_ns()}"
     t = time.perf_counter()
     procs = [
-        subprocess.Popen([sys.executable, "-c", BARE_RESUME, str(run), str(ckpt), str(rdzv)],
-                         env={**ENV, "RANK": str(r), "WORLD_SIZE": "2"}, stdout=subprocess.DEVNULL)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-c", BARE_RESUME, str(run), str(ckpt), str(rdzv)],
+            env={**ENV, "RANK": str(r), "WORLD_SIZE": "2"},
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
         for r in range(2)
     ]
     if any(p.wait() != 0 for p in procs):
@@ -114,7 +117,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"checkpoint: {size / 1e6:.1f} MB saved by 2 ranks (FSDP2, CPU); {os.cpu_count()} CPUs; median of {args.repeat}")
+    print(
+        f"checkpoint: {size / 1e6:.1f} MB saved by 2 ranks (FSDP2, CPU); {os.cpu_count()} CPUs; median of {args.repeat}"
+    )
     print(f"(a) restore alone (drill run --no-replay)          {a:6.2f} s")
     print(f"(b) bare 2-rank resume to its first step           {b:6.2f} s")
     print(f"(c) drill run + 2-rank replay, first step compared {c:6.2f} s   (drill's ttfs {t:.2f} s)")
