@@ -64,11 +64,6 @@ class Job(Protocol):
         """(state, exit code, reason, host) of the ended job."""
         ...
 
-    def requeue_lost_node(self) -> bool:
-        """The ended job lost a node under it and is back in the queue (as the batch system's
-        own node-failure handling does, where a race let the job end first); False otherwise."""
-        ...
-
 
 def follow(job: Job, *, queue_timeout: float, poll: float = 1.0, on_state: Any = None, stop: Any = None) -> JobEnd:
     """Follow ``job`` to its end. Cancel it if it waits in the queue past ``queue_timeout``, at
@@ -78,12 +73,7 @@ def follow(job: Job, *, queue_timeout: float, poll: float = 1.0, on_state: Any =
     started = queued = time.monotonic()
     pending_for, last, running = 0.0, None, False
     try:
-        while (now := job.state()) is not None or job.requeue_lost_node():
-            if now is None:  # requeued: its next state is PENDING again
-                if on_state is not None:
-                    on_state("REQUEUED", "a node under it failed: drill requeued it")
-                last = "REQUEUED"
-                continue
+        while (now := job.state()) is not None:
             st, reason = now
             if st != last and on_state is not None:
                 on_state(st, reason)

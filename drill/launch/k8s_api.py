@@ -117,9 +117,6 @@ class KubeJob:
     def never_runs(self, reason: str) -> bool:
         return reason.startswith("Unschedulable") and any(w in reason for w in NEVER_SCHEDULES)
 
-    def requeue_lost_node(self) -> bool:
-        return False  # a Job's pods are rescheduled by its controller (backoffLimit), not by drill
-
     def cancel(self) -> None:
         from kubernetes import client
         from kubernetes.client.rest import ApiException

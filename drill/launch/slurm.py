@@ -22,7 +22,6 @@ import secrets
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,11 +206,6 @@ def _cancelled_by(job_id: str, env: dict[str, str] | None) -> str | None:
         return f"cancelled by uid {uid}"
 
 
-MAX_REQUEUES = 3
-"""Requeues drill asks for a job that lost a node under it (a cluster losing node after node
-should not drill forever)."""
-
-
 def cancel(job_id: str, env: dict[str, str] | None = None) -> None:
     _run(["scancel", job_id], env)
 
@@ -225,7 +219,6 @@ class SlurmJob:
     kind: str = "slurm job"
 
     unanswered: int = 0
-    requeued: int = 0
 
     def state(self) -> tuple[str, str] | None:
         now = state(self.job_id, self.env)
@@ -242,35 +235,6 @@ class SlurmJob:
 
     def final(self) -> tuple[str, int | None, str, str | None]:
         return final(self.job_id, self.env)
-
-    def requeue_lost_node(self) -> bool:
-        """A node of the job went down or failed under it and the job ended FAILED or NODE_FAIL,
-        stopped by a signal (SIGTERM, SIGKILL: not a verdict of drill's), rather than requeued —
-        srun ended the step and the script before Slurm ended the job for the node: requeue it,
-        as Slurm's own node-failure handling would have, where the job allows requeues (at most
-        :data:`MAX_REQUEUES` times)."""
-        res = _run(["scontrol", "show", "job", "-o", self.job_id], self.env)
-        fields = dict(re.findall(r"(\w+)=(\S*)", res.stdout)) if res.returncode == 0 else {}
-        if fields.get("JobState") not in ("FAILED", "NODE_FAIL") or fields.get("Requeue") != "1":
-            return False
-        code, _, signal = fields.get("ExitCode", "").partition(":")
-        if code not in ("143", "137") and signal in ("", "0"):
-            return False  # drill's own verdict (1, 5…), not a job stopped under it
-        nodes = fields.get("NodeList", "")
-        if self.requeued >= MAX_REQUEUES or not nodes or nodes == "(null)":
-            return False
-        lost = _run(["sinfo", "-h", "-N", "-n", nodes, "-t", "down,fail,failing", "-o", "%N"], self.env)
-        if lost.returncode != 0 or not lost.stdout.strip():
-            return False
-        self.requeued += 1
-        if _run(["scontrol", "requeue", self.job_id], self.env).returncode != 0:
-            return False
-        deadline = time.monotonic() + 60  # back in the queue: squeue may not show it at once
-        while time.monotonic() < deadline:
-            if state(self.job_id, self.env) is not None:
-                return True
-            time.sleep(0.2)
-        return False
 
 
 def wait(
