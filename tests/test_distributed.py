@@ -550,7 +550,7 @@ def test_the_slurm_script_holds_the_allocation_and_no_password(
     )
     assert res.exit_code == 0, res.stderr
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu", "#SBATCH --account=ml",
-                 "#SBATCH --qos=low", "#SBATCH --time=15", f"#SBATCH --output={tmp_path}/drill-%j.out", 'export DRILL_DIST_INIT="file://$rdzv/store"',
+                 "#SBATCH --qos=low", "#SBATCH --time=15", f"#SBATCH --output={tmp_path}/drill-%j.out", "#SBATCH --open-mode=append", 'export DRILL_DIST_INIT="file://$rdzv/store"',
                  'rm -rf /shared/rdzv/drill-rdzv-"$SLURM_JOB_ID"-*', 'rdzv="$(mktemp -d /shared/rdzv/drill-rdzv-"$SLURM_JOB_ID"-"${SLURM_RESTART_COUNT:-0}"-XXXXXXXX)"',
                  "trap 'rm -rf \"$rdzv\"; exit 143' TERM", f"export DRILL_VERDICT_FILE={tmp_path}/drill-\"$SLURM_JOB_ID\".verdict.json",
                  f"-m drill verdict {tmp_path}/drill-\"$SLURM_JOB_ID\".verdict.json"):  # fmt: skip
@@ -770,7 +770,9 @@ def test_a_node_set_down_mid_job_requeues_it_and_the_attempts_are_linked(
     finally:
         slurm_nodes.run("scontrol", "update", f"nodename={down}", "state=resume")
     drills = sorted(history(db=db), key=lambda d: d.id)
-    assert len(drills) == 2, (proc.returncode, [(d.status, d.message) for d in drills], err[-3000:])
+    output = (tmp_path / f"drill-{job}.out").read_text()[-3000:] if (tmp_path / f"drill-{job}.out").exists() else ""
+    state = slurm_nodes.run("scontrol", "show", "job", job).stdout
+    assert len(drills) == 2, (proc.returncode, [(d.status, d.message) for d in drills], err[-3000:], output, state)
     earlier, last = drills
     assert earlier.id == first.id and earlier.status in ("aborted", "error"), (earlier.status, earlier.message)
     assert last.status == "passed" and last.job_id == first.job_id, (last.message, err)

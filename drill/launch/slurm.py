@@ -93,6 +93,7 @@ def render(policy: Policy, *, db_url: str | None, trigger: str = "policy", nonce
         f"#SBATCH --ntasks-per-node={a.ranks_per_node}",
         f"#SBATCH --time={time_limit_minutes(policy)}",
         f"#SBATCH --output={log_dir(policy)}/drill-%j.out",
+        "#SBATCH --open-mode=append",  # a requeued job's earlier attempts stay in its output
     ]
     if a.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={a.gpus_per_node}")
