@@ -19,6 +19,7 @@ from drill import get_drill, history
 from drill.checks.contract import check_dataloader, check_rng
 from drill.formats.canonical import Layout
 from tests.support.ranks import launch
+from tests.support.ranks import start as _start
 
 pytestmark = pytest.mark.slow
 
@@ -82,30 +83,6 @@ def test_a_corrupt_shard_fails_the_distributed_drill_and_is_recorded_once(sharde
     assert "__2_0.distcp" in ranks[0].stdout and "drill: rank 1: failed:" in ranks[1].stderr
     (recorded,) = history(db=db)
     assert recorded.status == "failed"
-
-
-def _start(
-    world: int, args: list[str], rdzv: Path, *, env: dict[str, str] | None = None, ranks: range | None = None
-) -> list[subprocess.Popen]:
-    procs = []
-    for rank in ranks if ranks is not None else range(world):
-        rank_env = {
-            **os.environ,
-            **(env or {}),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "DRILL_DIST_INIT": f"file://{rdzv}",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "drill", "run", *args],
-                env=rank_env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    return procs
 
 
 def _finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[subprocess.CompletedProcess]:

@@ -16,24 +16,7 @@ def launch(
     """``drill run ARGS`` as ``world`` ranks, each its own process, as srun would start them."""
     rdzv = tmp_path / f"rdzv-{time.monotonic_ns()}"
     rdzv.mkdir()
-    procs = []
-    for rank in range(world):
-        rank_env = {
-            **os.environ,
-            **(env or {}),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "DRILL_DIST_INIT": f"file://{rdzv}/store",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "drill", "run", *args],
-                env=rank_env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+    procs = start(world, args, rdzv / "store", env=env)
     results = []
     for p in procs:
         try:
@@ -43,3 +26,29 @@ def launch(
             out, err = p.communicate()
         results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     return results
+
+
+def start(
+    world: int, args: list[str], rdzv: Path, *, env: dict[str, str] | None = None, ranks: range | None = None
+) -> list[subprocess.Popen]:
+    """``drill run ARGS`` started as ``ranks`` (all of ``world`` by default), meeting in the
+    file store ``rdzv``; the caller waits for them."""
+    procs = []
+    for rank in ranks if ranks is not None else range(world):
+        rank_env = {
+            **os.environ,
+            **(env or {}),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "DRILL_DIST_INIT": f"file://{rdzv}",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "drill", "run", *args],
+                env=rank_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+        )
+    return procs
